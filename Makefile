@@ -1,0 +1,41 @@
+# NSTF — the two commands of the README, and a few more.
+#   make run    build if needed, fetch the default model if missing, generate text
+#   make test   build and run every test
+BUILD      ?= build
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT     ?= What are three good reasons to learn the C programming language?
+N_PREDICT  ?= 128
+CMAKE_ARGS ?=
+
+.PHONY: all build run test model deps clean test-asan
+
+all: build
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(MODEL):
+	sh scripts/fetch_model.sh $(MODEL)
+
+model: $(MODEL)
+
+run: build $(MODEL)
+	./$(BUILD)/nstf run -m $(MODEL) --chat -p "$(PROMPT)" -n $(N_PREDICT)
+
+test: build $(MODEL)
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the whole CPU suite.
+test-asan:
+	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DNSTF_SANITIZE=address,undefined"
+
+# System packages the build needs (Debian). CI calls this; a developer may too.
+deps:
+	sh scripts/install_deps.sh
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,31 @@
+/* mem.c — aligned, checked allocation. */
+#include "core/mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void *nstf_alloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes || posix_memalign(&p, 64, rounded) != 0) {
+        nstf_set_error(NSTF_ERR_OOM, "out of host memory allocating %zu bytes for %s", bytes,
+                       what ? what : "a buffer");
+        return NULL;
+    }
+    return p;
+}
+
+void *nstf_calloc(size_t n, size_t size, const char *what) {
+    uint64_t bytes;
+    if (!nstf_mul_ok(n, size, &bytes) || bytes > SIZE_MAX) {
+        nstf_set_error(NSTF_ERR_OOM, "allocation size overflow for %s (%zu x %zu)",
+                       what ? what : "a buffer", n, size);
+        return NULL;
+    }
+    void *p = nstf_alloc((size_t)bytes, what);
+    if (p) memset(p, 0, (size_t)bytes);
+    return p;
+}
+
+void nstf_free(void *p) { free(p); }

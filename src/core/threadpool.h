@@ -1,0 +1,38 @@
+/* threadpool.h — a fixed pool of worker threads for data-parallel ops.
+ *
+ * nstf_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once for every
+ * ith in [0, nth) — the calling thread runs ith = 0 — and returns when all
+ * have finished. Workers spin briefly on an atomic generation counter
+ * before sleeping on a condition variable, because a decode step issues a
+ * few hundred short parallel regions and a futex wake per region would
+ * cost more than the work. A pool of 1 runs fn inline. */
+#ifndef NSTF_CORE_THREADPOOL_H
+#define NSTF_CORE_THREADPOOL_H
+
+#include "core/status.h"
+
+typedef struct nstf_pool nstf_pool;
+typedef void (*nstf_pool_fn)(void *ctx, int ith, int nth);
+
+/* n_threads >= 1. */
+nstf_status nstf_pool_create(int n_threads, nstf_pool **out);
+void nstf_pool_free(nstf_pool *pool);
+int nstf_pool_size(const nstf_pool *pool);
+void nstf_pool_run(nstf_pool *pool, nstf_pool_fn fn, void *ctx);
+
+/* Number of online CPU cores (>= 1). */
+int nstf_cpu_count(void);
+
+/* Split [0, n) into nth near-equal chunks aligned to `align`; chunk ith is
+ * [*lo, *hi). */
+static inline void nstf_split_range(int64_t n, int64_t align, int ith, int nth, int64_t *lo,
+                                    int64_t *hi) {
+    int64_t units = (n + align - 1) / align;
+    int64_t per = units / nth, rem = units % nth;
+    int64_t u0 = ith * per + (ith < rem ? ith : rem);
+    int64_t u1 = u0 + per + (ith < rem ? 1 : 0);
+    *lo = u0 * align < n ? u0 * align : n;
+    *hi = u1 * align < n ? u1 * align : n;
+}
+
+#endif

@@ -1,0 +1,141 @@
+/* gguf.h — GGUF v2/v3 reader (mmap, validate-before-trust) and writer.
+ *
+ * The reader checks everything before any pointer into the file is handed
+ * out: magic, version, counts against the bytes left, string lengths,
+ * key/value types, array element types and lengths, n_dims (1..4), every
+ * dim > 0, the product of dims and the byte size without overflow, type
+ * ids, alignment (a power of two), data offsets aligned and inside the
+ * file, and tensor names unique. A malformed file yields NSTF_ERR_FORMAT
+ * with a message naming the file and the problem.
+ *
+ * Strings inside a gguf are not NUL-terminated; they are (len, ptr) views
+ * into the mapping, valid until nstf_gguf_close(). */
+#ifndef NSTF_IO_GGUF_H
+#define NSTF_IO_GGUF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+#define NSTF_GGUF_MAX_DIMS 4
+#define NSTF_GGUF_DEFAULT_ALIGNMENT 32
+
+typedef enum nstf_gguf_vtype {
+    NSTF_GGUF_UINT8 = 0,
+    NSTF_GGUF_INT8 = 1,
+    NSTF_GGUF_UINT16 = 2,
+    NSTF_GGUF_INT16 = 3,
+    NSTF_GGUF_UINT32 = 4,
+    NSTF_GGUF_INT32 = 5,
+    NSTF_GGUF_FLOAT32 = 6,
+    NSTF_GGUF_BOOL = 7,
+    NSTF_GGUF_STRING = 8,
+    NSTF_GGUF_ARRAY = 9,
+    NSTF_GGUF_UINT64 = 10,
+    NSTF_GGUF_INT64 = 11,
+    NSTF_GGUF_FLOAT64 = 12,
+} nstf_gguf_vtype;
+
+typedef struct nstf_gguf_str {
+    uint64_t len;
+    const char *ptr; /* not NUL-terminated */
+} nstf_gguf_str;
+
+typedef struct nstf_gguf_kv {
+    nstf_gguf_str key;
+    nstf_gguf_vtype type;
+    union {
+        uint64_t u64;  /* any unsigned integer type, and bool (0/1) */
+        int64_t i64;   /* any signed integer type */
+        double f64;    /* FLOAT32 / FLOAT64 */
+        nstf_gguf_str str;
+    } val;
+    /* ARRAY only: element type and count; elements of fixed size are
+     * little-endian raw data at arr_data; string arrays are decoded into
+     * arr_strs (allocated by the reader). Nested arrays are rejected. */
+    nstf_gguf_vtype arr_type;
+    uint64_t arr_n;
+    const void *arr_data;
+    nstf_gguf_str *arr_strs;
+} nstf_gguf_kv;
+
+typedef struct nstf_gguf_tensor {
+    nstf_gguf_str name;
+    uint32_t n_dims;
+    int64_t ne[NSTF_GGUF_MAX_DIMS]; /* ne[0] is the innermost (row length); unused dims are 1 */
+    nstf_type type;
+    uint64_t offset;  /* relative to the data section */
+    uint64_t n_elems;
+    uint64_t n_bytes;
+    const void *data; /* inside the mapping */
+} nstf_gguf_tensor;
+
+typedef struct nstf_gguf {
+    char *path;         /* for messages */
+    uint32_t version;
+    uint64_t alignment;
+    uint64_t n_kv;
+    nstf_gguf_kv *kv;
+    uint64_t n_tensors;
+    nstf_gguf_tensor *tensors;
+    uint64_t data_offset; /* start of the tensor data section in the file */
+    const uint8_t *base;  /* the whole file */
+    uint64_t size;
+    bool mapped;          /* base is an mmap (else borrowed memory) */
+} nstf_gguf;
+
+/* mmap and validate `path`. */
+nstf_status nstf_gguf_open(const char *path, nstf_gguf **out);
+/* Validate an in-memory image (borrowed: must outlive the result); `name`
+ * is used in messages. Used by tests and the fuzzer. */
+nstf_status nstf_gguf_open_memory(const void *data, uint64_t size, const char *name,
+                                  nstf_gguf **out);
+void nstf_gguf_close(nstf_gguf *g);
+
+const nstf_gguf_kv *nstf_gguf_find_kv(const nstf_gguf *g, const char *key);
+const nstf_gguf_tensor *nstf_gguf_find_tensor(const nstf_gguf *g, const char *name);
+
+/* Typed getters. Missing key -> NSTF_ERR_FORMAT naming the key (unless a
+ * *_or default variant is used); wrong type or out of range ->
+ * NSTF_ERR_FORMAT. Integer getters accept any integer type whose value
+ * fits. */
+nstf_status nstf_gguf_get_u32(const nstf_gguf *g, const char *key, uint32_t *out);
+nstf_status nstf_gguf_get_f32(const nstf_gguf *g, const char *key, float *out);
+nstf_status nstf_gguf_get_bool(const nstf_gguf *g, const char *key, bool *out);
+nstf_status nstf_gguf_get_str(const nstf_gguf *g, const char *key, nstf_gguf_str *out);
+uint32_t nstf_gguf_get_u32_or(const nstf_gguf *g, const char *key, uint32_t dflt);
+float nstf_gguf_get_f32_or(const nstf_gguf *g, const char *key, float dflt);
+bool nstf_gguf_get_bool_or(const nstf_gguf *g, const char *key, bool dflt);
+/* Array of the given element type; returns the kv. */
+nstf_status nstf_gguf_get_arr(const nstf_gguf *g, const char *key, nstf_gguf_vtype elem_type,
+                              const nstf_gguf_kv **out);
+/* Compare a gguf string with a C string. */
+bool nstf_gguf_str_eq(nstf_gguf_str s, const char *c);
+
+/* ---- writer -------------------------------------------------------------- */
+
+typedef struct nstf_gguf_writer nstf_gguf_writer;
+
+nstf_status nstf_gguf_writer_create(nstf_gguf_writer **out);
+void nstf_gguf_writer_free(nstf_gguf_writer *w);
+/* Key/values are written in the order added; adding a key twice is an error. */
+nstf_status nstf_gguf_writer_set_u32(nstf_gguf_writer *w, const char *key, uint32_t v);
+nstf_status nstf_gguf_writer_set_i32(nstf_gguf_writer *w, const char *key, int32_t v);
+nstf_status nstf_gguf_writer_set_u64(nstf_gguf_writer *w, const char *key, uint64_t v);
+nstf_status nstf_gguf_writer_set_f32(nstf_gguf_writer *w, const char *key, float v);
+nstf_status nstf_gguf_writer_set_bool(nstf_gguf_writer *w, const char *key, bool v);
+nstf_status nstf_gguf_writer_set_str(nstf_gguf_writer *w, const char *key, const char *v);
+/* Arrays of fixed-size elements (copied) and of strings (copied). */
+nstf_status nstf_gguf_writer_set_arr(nstf_gguf_writer *w, const char *key, nstf_gguf_vtype elem,
+                                     const void *data, uint64_t n);
+nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
+                                         const char *const *strs, uint64_t n);
+/* Tensor data is copied. ne[0] is the innermost dim. */
+nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
+                                        uint32_t n_dims, const int64_t *ne, const void *data);
+/* Write version 3 with the given alignment (0 = default 32). */
+nstf_status nstf_gguf_writer_write(nstf_gguf_writer *w, const char *path, uint32_t alignment);
+
+#endif
