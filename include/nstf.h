@@ -36,6 +36,63 @@ const char *nstf_last_error(void);
 /* A short name for a status code ("malformed file"). */
 const char *nstf_status_str(nstf_status s);
 
+/* ---- generation ----------------------------------------------------------- */
+
+/* Sampling: repetition penalty -> top-k -> top-p -> min-p -> temperature ->
+ * draw (llama.cpp's default order). temp <= 0 is greedy. */
+typedef struct nstf_sampler_params {
+    float temp;           /* 0 = greedy; default 0.8 */
+    int top_k;            /* <= 0: off; default 40 */
+    float top_p;          /* 1.0: off; default 0.95 */
+    float min_p;          /* 0.0: off; default 0.05 */
+    float repeat_penalty; /* 1.0: off; default 1.0 */
+    int repeat_last_n;    /* tokens the penalty looks back over; default 64 */
+    uint64_t seed;        /* generator seed; same seed, same text */
+} nstf_sampler_params;
+
+typedef struct nstf_session nstf_session;
+
+typedef struct nstf_session_params {
+    int n_ctx;          /* KV cache positions; 0 = min(trained context, 4096) */
+    int n_batch;        /* most prompt tokens per forward; default 512 */
+    int n_threads;      /* CPU threads; 0 = every core */
+    const char *device; /* "cpu", "gpu" or "auto" (default: GPU if present) */
+    bool verbose;       /* log model and device details to stderr */
+} nstf_session_params;
+
+typedef struct nstf_gen_stats {
+    int64_t n_prompt;   /* prompt tokens evaluated */
+    int64_t n_gen;      /* tokens generated (sampled) */
+    int64_t n_decode;   /* single-token forward passes run while generating */
+    double prompt_ms;   /* wall time of prompt processing */
+    double gen_ms;      /* wall time of generation (sampling + the n_decode passes) */
+    double load_ms;     /* model load time */
+} nstf_gen_stats;
+
+/* Called with each generated token's bytes (possibly a partial UTF-8
+ * sequence); return false to stop generating. */
+typedef bool (*nstf_piece_fn)(void *user, int32_t token, const char *piece, size_t len);
+
+nstf_sampler_params nstf_sampler_default_params(void);
+nstf_session_params nstf_session_default_params(void);
+
+/* Load a GGUF model and prepare a session (KV cache, threads). */
+nstf_status nstf_session_open(const char *model_path, const nstf_session_params *p,
+                              nstf_session **out);
+void nstf_session_close(nstf_session *s);
+
+/* Generate up to n_predict tokens after `prompt`. With chat set, the prompt
+ * is one user turn rendered with the model's chat template (system may be
+ * NULL for the template's default). The KV cache is reset first. Stops at
+ * an end-of-generation token unless ignore_eos. */
+nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat,
+                                  const char *system, const nstf_sampler_params *sp,
+                                  int n_predict, bool ignore_eos, nstf_piece_fn cb, void *user,
+                                  nstf_gen_stats *stats);
+
+/* A seed from the clock and process id, for when none is given. */
+uint64_t nstf_time_seed(void);
+
 /* Version of the library. */
 #define NSTF_VERSION_STRING "0.1.0"
 

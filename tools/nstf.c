@@ -1,3 +1,42 @@
-/* nstf.c — placeholder CLI entry (replaced by the real CLI). */
+/* nstf.c — the nstf command line: `nstf run`, `nstf inspect`, ...
+ * Every failure is one line on stderr and a non-zero exit. */
 #include <stdio.h>
-int main(void) { puts("nstf"); return 0; }
+#include <string.h>
+
+#include "nstf.h"
+
+int cmd_run(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "nstf %s — run Llama-family models on CPU (CUDA and HIP backends in progress)\n"
+            "\n"
+            "usage: nstf <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  run       generate text from a GGUF model (nstf run --help)\n"
+            "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
+            "  help      this text\n",
+            NSTF_VERSION_STRING);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("nstf %s\n", NSTF_VERSION_STRING);
+        return 0;
+    }
+    fprintf(stderr, "nstf: unknown command '%s' (try nstf --help)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,192 @@
+/* session.c — load a model into a session, prefill, generate. */
+#include "model/session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/mem.h"
+
+double nstf_time_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+uint64_t nstf_time_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+}
+
+nstf_session_params nstf_session_default_params(void) {
+    nstf_session_params p = {.n_ctx = 0, .n_batch = 512, .n_threads = 0, .device = "auto", .verbose = false};
+    return p;
+}
+
+nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, nstf_session **out) {
+    *out = NULL;
+    nstf_session_params p = pp ? *pp : nstf_session_default_params();
+    if (!path || !*path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no model path given");
+    if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
+    if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
+    if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
+    if (!p.device) p.device = "auto";
+    if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
+    if (strcmp(p.device, "gpu") == 0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)");
+
+    double t0 = nstf_time_ms();
+    nstf_session *s = nstf_calloc(1, sizeof *s, "session");
+    if (!s) return NSTF_ERR_OOM;
+    s->params = p;
+    nstf_gguf *g = NULL;
+    nstf_status st = nstf_gguf_open(path, &g);
+    if (st == NSTF_OK) {
+        st = nstf_llama_load(g, &s->model);
+        if (st != NSTF_OK) nstf_gguf_close(g);
+    }
+    if (st == NSTF_OK) st = nstf_tokenizer_from_gguf(g, &s->tok);
+    if (st == NSTF_OK && nstf_tokenizer_n_vocab(s->tok) != s->model->cfg.n_vocab)
+        st = nstf_set_error(NSTF_ERR_FORMAT, "%s: tokenizer has %d tokens but the embedding has %d rows", path,
+                            nstf_tokenizer_n_vocab(s->tok), s->model->cfg.n_vocab);
+    if (st == NSTF_OK) {
+        int n_ctx = p.n_ctx ? p.n_ctx : (s->model->cfg.n_ctx_train < 4096 ? s->model->cfg.n_ctx_train : 4096);
+        if (p.n_ctx > s->model->cfg.n_ctx_train && p.verbose)
+            fprintf(stderr, "nstf: context %d is longer than the %d the model was trained for\n", p.n_ctx,
+                    s->model->cfg.n_ctx_train);
+        s->params.n_ctx = n_ctx;
+        st = nstf_llama_state_init(&s->state, &s->model->cfg, n_ctx, p.n_batch);
+    }
+    if (st == NSTF_OK) st = nstf_pool_create(p.n_threads ? p.n_threads : nstf_cpu_count(), &s->pool);
+    if (st == NSTF_OK) {
+        s->cpu.pool = s->pool;
+        const nstf_llama_config *c = &s->model->cfg;
+        int widest = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
+        if (c->n_heads * c->head_dim > widest) widest = c->n_heads * c->head_dim;
+        st = nstf_cpu_reserve(&s->cpu, s->state.n_batch, widest);
+    }
+    if (st != NSTF_OK) {
+        nstf_session_close(s);
+        return st;
+    }
+    s->load_ms = nstf_time_ms() - t0;
+    if (p.verbose) {
+        const nstf_llama_config *c = &s->model->cfg;
+        fprintf(stderr,
+                "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n"
+                "nstf: device cpu, %d threads, context %d, batch %d, state %.1f MiB, loaded in %.0f ms\n",
+                path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
+                c->n_ctx_train, nstf_pool_size(s->pool), s->state.n_ctx, s->state.n_batch,
+                (double)s->state.block_bytes / (1 << 20), s->load_ms);
+    }
+    *out = s;
+    return NSTF_OK;
+}
+
+void nstf_session_close(nstf_session *s) {
+    if (!s) return;
+    nstf_cpu_release(&s->cpu);
+    nstf_pool_free(s->pool);
+    nstf_llama_state_free(&s->state);
+    nstf_tokenizer_free(s->tok);
+    nstf_llama_free(s->model);
+    nstf_free(s);
+}
+
+nstf_status nstf_session_prefill(nstf_session *s, const int32_t *tokens, int n, int pos0) {
+    if (pos0 + n > s->state.n_ctx)
+        return nstf_set_error(NSTF_ERR_RANGE,
+                              "the prompt (%d tokens) does not fit the context of %d tokens; raise -c or shorten it",
+                              pos0 + n, s->state.n_ctx);
+    for (int i = 0; i < n; i += s->state.n_batch) {
+        int chunk = n - i < s->state.n_batch ? n - i : s->state.n_batch;
+        NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens + i, chunk, pos0 + i, false));
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n, float *out) {
+    if (n > s->state.n_ctx)
+        return nstf_set_error(NSTF_ERR_RANGE, "%d tokens do not fit the context of %d", n, s->state.n_ctx);
+    const int64_t nv = s->model->cfg.n_vocab;
+    for (int i = 0; i < n; i += s->state.n_batch) {
+        int chunk = n - i < s->state.n_batch ? n - i : s->state.n_batch;
+        NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens + i, chunk, i, true));
+        memcpy(out + (int64_t)i * nv, s->state.logits, (size_t)chunk * (size_t)nv * sizeof(float));
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat, const char *system,
+                                  const nstf_sampler_params *sp, int n_predict, bool ignore_eos,
+                                  nstf_piece_fn cb, void *user, nstf_gen_stats *stats) {
+    nstf_gen_stats st = {0};
+    st.load_ms = s->load_ms;
+    if (!prompt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no prompt given");
+    if (n_predict < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "-n %d must be >= 0", n_predict);
+    nstf_sampler_params spp = sp ? *sp : nstf_sampler_default_params();
+    char *text = NULL;
+    if (chat) {
+        nstf_chat_msg msgs[2];
+        int nm = 0;
+        if (system) msgs[nm++] = (nstf_chat_msg){"system", system};
+        msgs[nm++] = (nstf_chat_msg){"user", prompt};
+        NSTF_TRY(nstf_chat_render(s->model->file, msgs, nm, true, &text));
+    }
+    const char *in = chat ? text : prompt;
+    int32_t *ids = NULL;
+    int64_t n_ids = 0;
+    nstf_status r = nstf_tokenizer_encode(s->tok, in, strlen(in), nstf_tokenizer_wants_bos(s->tok), chat, &ids, &n_ids);
+    free(text);
+    if (r != NSTF_OK) return r;
+    if (n_ids == 0) {
+        free(ids);
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "the prompt is empty and the model adds no BOS token");
+    }
+    if (n_ids >= s->state.n_ctx) {
+        nstf_status e = nstf_set_error(NSTF_ERR_RANGE,
+                                       "the prompt is %lld tokens but the context holds %d; raise -c or shorten the prompt",
+                                       (long long)n_ids, s->state.n_ctx);
+        free(ids);
+        return e;
+    }
+    nstf_sampler smp;
+    r = nstf_sampler_init(&smp, &spp, s->model->cfg.n_vocab);
+    if (r != NSTF_OK) {
+        free(ids);
+        return r;
+    }
+    for (int64_t i = 0; i < n_ids; i++) nstf_sampler_accept(&smp, ids[i]);
+
+    double t0 = nstf_time_ms();
+    r = nstf_session_prefill(s, ids, (int)n_ids, 0);
+    double t1 = nstf_time_ms();
+    st.n_prompt = n_ids;
+    st.prompt_ms = t1 - t0;
+    int pos = (int)n_ids;
+    char piece[256];
+    while (r == NSTF_OK && st.n_gen < n_predict) {
+        int32_t tok = nstf_sampler_sample(&smp, s->state.logits);
+        nstf_sampler_accept(&smp, tok);
+        st.n_gen++;
+        if (!ignore_eos && nstf_tokenizer_is_eog(s->tok, tok)) break;
+        int64_t len = nstf_tokenizer_piece(s->tok, tok, piece, sizeof piece);
+        if (len < 0) len = 0;
+        if (len > (int64_t)sizeof piece) len = sizeof piece;
+        if (cb && !cb(user, tok, piece, (size_t)len)) break;
+        if (st.n_gen >= n_predict) break;
+        if (pos >= s->state.n_ctx) break; /* context full: stop, as llama.cpp does without shifting */
+        r = nstf_llama_forward(s->model, &s->state, &s->cpu, &tok, 1, pos, false);
+        pos++;
+        st.n_decode++;
+    }
+    st.gen_ms = nstf_time_ms() - t1;
+    nstf_sampler_free(&smp);
+    free(ids);
+    if (stats) *stats = st;
+    return r;
+}

@@ -1,0 +1,59 @@
+/* cli_util.c — strict number parsing for the CLI. */
+#include "cli_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno) {
+        fprintf(stderr, "nstf: %s expects an integer, got '%s'\n", flag, s);
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "nstf: %s %ld is out of range (%ld..%ld)\n", flag, v, min, max);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+bool cli_parse_u64(const char *flag, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || *s == '-') {
+        fprintf(stderr, "nstf: %s expects a non-negative integer, got '%s'\n", flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v)) {
+        fprintf(stderr, "nstf: %s expects a number, got '%s'\n", flag, s);
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(stderr, "nstf: %s %g is out of range (%g..%g)\n", flag, v, min, max);
+        return false;
+    }
+    *out = (float)v;
+    return true;
+}
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "nstf: %s needs a value (see --help)\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}

@@ -1,0 +1,46 @@
+/* cmd_inspect.c — `nstf inspect FILE`: metadata and tensor table. */
+#include <stdio.h>
+#include <string.h>
+
+#include "io/gguf.h"
+
+int cmd_inspect(int argc, char **argv);
+
+int cmd_inspect(int argc, char **argv) {
+    const char *path = NULL;
+    bool all = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: nstf inspect [--all] MODEL.gguf\n"
+                   "  prints the GGUF version, metadata and tensor table;\n"
+                   "  --all also prints long arrays (the vocabulary) in full\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--all")) {
+            all = true;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "nstf inspect: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "nstf inspect: one file at a time\n");
+            return 2;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "nstf inspect: no file given (nstf inspect MODEL.gguf)\n");
+        return 2;
+    }
+    nstf_gguf *g;
+    if (nstf_gguf_open(path, &g) != NSTF_OK) {
+        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        return 1;
+    }
+    nstf_status st = nstf_gguf_print(g, stdout, all);
+    nstf_gguf_close(g);
+    if (st != NSTF_OK) {
+        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        return 1;
+    }
+    return 0;
+}
