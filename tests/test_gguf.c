@@ -560,6 +560,9 @@ static void test_round_trip(uint32_t alignment) {
     if (alignment)
         CHECK(nstf_gguf_writer_write_memory(w, 3, &(void *){0}, &(uint64_t){0}) == NSTF_ERR_INVALID_ARG,
               "alignment 3 rejected");
+    CHECK(nstf_gguf_writer_write(w, NSTF_BUILD_DIR "/no-such-dir/x.gguf", alignment) == NSTF_ERR_IO &&
+              strstr(nstf_last_error(), "no-such-dir/x.gguf: cannot create"),
+          "write to a missing directory: %s", nstf_last_error());
     nstf_gguf_writer_free(w);
 
     uint64_t align = alignment ? alignment : 32;

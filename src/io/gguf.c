@@ -932,12 +932,10 @@ nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, n
 
 static uint64_t pad_to(uint64_t x, uint64_t a) { return (a - x % a) % a; }
 
-nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignment, void **out,
-                                          uint64_t *size) {
-    if (!w || !out || !size)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: write_memory: NULL argument");
-    *out = NULL;
-    *size = 0;
+/* Header, key/values, tensor infos and the padding up to the data section,
+ * into `b`; resolves *alignment (0 = general.alignment if set, else 32). */
+static nstf_status build_header(nstf_gguf_writer *w, uint32_t *alignment_io, bytebuf *b) {
+    uint32_t alignment = *alignment_io;
     if (alignment == 0) alignment = w->has_alignment ? w->alignment : NSTF_GGUF_DEFAULT_ALIGNMENT;
     if (w->has_alignment && w->alignment != alignment)
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
@@ -946,42 +944,70 @@ nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignmen
     if (alignment == 0 || (alignment & (alignment - 1)) != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: alignment %u is not a power of two",
                               alignment);
+    *alignment_io = alignment;
     bool add_align = alignment != NSTF_GGUF_DEFAULT_ALIGNMENT && !w->has_alignment;
-    bytebuf b = {0};
-    nstf_status st = bb_put(&b, "GGUF", 4);
-    if (st == NSTF_OK) st = bb_u32(&b, 3);
-    if (st == NSTF_OK) st = bb_u64(&b, w->n_t);
-    if (st == NSTF_OK) st = bb_u64(&b, w->n_kv + add_align);
-    if (st == NSTF_OK) st = bb_put(&b, w->kv.p, w->kv.n);
+    nstf_status st = bb_put(b, "GGUF", 4);
+    if (st == NSTF_OK) st = bb_u32(b, 3);
+    if (st == NSTF_OK) st = bb_u64(b, w->n_t);
+    if (st == NSTF_OK) st = bb_u64(b, w->n_kv + add_align);
+    if (st == NSTF_OK) st = bb_put(b, w->kv.p, w->kv.n);
     if (st == NSTF_OK && add_align) {
-        st = bb_str(&b, "general.alignment");
-        if (st == NSTF_OK) st = bb_u32(&b, NSTF_GGUF_UINT32);
-        if (st == NSTF_OK) st = bb_u32(&b, alignment);
+        st = bb_str(b, "general.alignment");
+        if (st == NSTF_OK) st = bb_u32(b, NSTF_GGUF_UINT32);
+        if (st == NSTF_OK) st = bb_u32(b, alignment);
     }
     uint64_t off = 0;
     for (uint64_t i = 0; i < w->n_t && st == NSTF_OK; i++) {
         const wtensor *t = &w->t[i];
-        st = bb_str(&b, t->name);
-        if (st == NSTF_OK) st = bb_u32(&b, t->n_dims);
-        for (uint32_t d = 0; d < t->n_dims && st == NSTF_OK; d++) st = bb_u64(&b, (uint64_t)t->ne[d]);
-        if (st == NSTF_OK) st = bb_u32(&b, (uint32_t)t->type);
-        if (st == NSTF_OK) st = bb_u64(&b, off);
-        off += t->n_bytes + pad_to(t->n_bytes, alignment);
+        st = bb_str(b, t->name);
+        if (st == NSTF_OK) st = bb_u32(b, t->n_dims);
+        for (uint32_t d = 0; d < t->n_dims && st == NSTF_OK; d++) st = bb_u64(b, (uint64_t)t->ne[d]);
+        if (st == NSTF_OK) st = bb_u32(b, (uint32_t)t->type);
+        if (st == NSTF_OK) st = bb_u64(b, off);
+        if (st == NSTF_OK && (!nstf_add_ok(off, t->n_bytes + pad_to(t->n_bytes, alignment), &off)))
+            st = nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: total data size overflows");
     }
+    for (uint64_t p = pad_to(b->n, alignment); p && st == NSTF_OK; p--) st = bb_put(b, "", 1);
+    return st;
+}
+
+/* Where the data section goes: a byte buffer or a FILE. */
+typedef struct {
+    bytebuf *b;
+    FILE *f;
+    const char *path;
+} sink;
+
+static nstf_status sink_put(sink *s, const void *d, uint64_t n) {
+    if (s->b) return bb_put(s->b, d, n);
+    if (n && fwrite(d, 1, (size_t)n, s->f) != n)
+        return nstf_set_error(NSTF_ERR_IO, "%s: write failed: %s", s->path, strerror(errno));
+    return NSTF_OK;
+}
+
+/* Every tensor's bytes, each padded to the alignment. */
+static nstf_status emit_data(const nstf_gguf_writer *w, uint32_t alignment, sink *s) {
     static const uint8_t zeros[256];
-    uint64_t p = pad_to(b.n, alignment);
-    /* Padding may exceed sizeof zeros for large alignments: write in pieces. */
-    for (uint64_t k; p && st == NSTF_OK; p -= k) {
-        k = p < sizeof zeros ? p : sizeof zeros;
-        st = bb_put(&b, zeros, k);
-    }
-    for (uint64_t i = 0; i < w->n_t && st == NSTF_OK; i++) {
-        st = bb_put(&b, w->t[i].data, w->t[i].n_bytes);
-        for (uint64_t q = pad_to(w->t[i].n_bytes, alignment), k; q && st == NSTF_OK; q -= k) {
+    for (uint64_t i = 0; i < w->n_t; i++) {
+        NSTF_TRY(sink_put(s, w->t[i].data, w->t[i].n_bytes));
+        for (uint64_t q = pad_to(w->t[i].n_bytes, alignment), k; q; q -= k) {
             k = q < sizeof zeros ? q : sizeof zeros;
-            st = bb_put(&b, zeros, k);
+            NSTF_TRY(sink_put(s, zeros, k));
         }
     }
+    return NSTF_OK;
+}
+
+nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignment, void **out,
+                                          uint64_t *size) {
+    if (!w || !out || !size)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: write_memory: NULL argument");
+    *out = NULL;
+    *size = 0;
+    bytebuf b = {0};
+    nstf_status st = build_header(w, &alignment, &b);
+    sink s = {.b = &b};
+    if (st == NSTF_OK) st = emit_data(w, alignment, &s);
     if (st != NSTF_OK) {
         free(b.p);
         return st;
@@ -991,26 +1017,26 @@ nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignmen
     return NSTF_OK;
 }
 
+/* Streams the data section to the file: no second copy of the weights. */
 nstf_status nstf_gguf_writer_write(nstf_gguf_writer *w, const char *path, uint32_t alignment) {
-    if (!path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: NULL path");
-    void *img;
-    uint64_t size;
-    NSTF_TRY(nstf_gguf_writer_write_memory(w, alignment, &img, &size));
+    if (!w || !path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: write: NULL argument");
+    bytebuf b = {0};
+    nstf_status st = build_header(w, &alignment, &b);
+    if (st != NSTF_OK) {
+        free(b.p);
+        return st;
+    }
     FILE *f = fopen(path, "wb");
     if (!f) {
         int e = errno;
-        nstf_free(img);
+        free(b.p);
         return nstf_set_error(NSTF_ERR_IO, "%s: cannot create: %s", path, strerror(e));
     }
-    size_t wrote = fwrite(img, 1, (size_t)size, f);
-    int e = errno;
-    nstf_free(img);
-    if (wrote != size) {
-        fclose(f);
-        return nstf_set_error(NSTF_ERR_IO, "%s: write failed after %zu of %llu bytes: %s", path, wrote,
-                              (ull)size, strerror(e));
-    }
-    if (fclose(f) != 0)
-        return nstf_set_error(NSTF_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-    return NSTF_OK;
+    sink s = {.f = f, .path = path};
+    st = sink_put(&s, b.p, b.n);
+    free(b.p);
+    if (st == NSTF_OK) st = emit_data(w, alignment, &s);
+    if (fclose(f) != 0 && st == NSTF_OK)
+        st = nstf_set_error(NSTF_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    return st;
 }
