@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -113,6 +114,14 @@ nstf_status nstf_gguf_get_arr(const nstf_gguf *g, const char *key, nstf_gguf_vty
                               const nstf_gguf_kv **out);
 /* Compare a gguf string with a C string. */
 bool nstf_gguf_str_eq(nstf_gguf_str s, const char *c);
+/* "uint32", "string", ...; "?" for an unknown id. */
+const char *nstf_gguf_vtype_name(uint32_t t);
+
+/* Human-readable dump (for `nstf inspect`): version, alignment, counts,
+ * every key/value (arrays as type[count] with the first few elements;
+ * long strings and arrays are shortened unless `all_kv`), a tensor table
+ * (name, type, dims, bytes, offset) and the total bytes per type. */
+nstf_status nstf_gguf_print(const nstf_gguf *g, FILE *f, bool all_kv);
 
 /* ---- writer -------------------------------------------------------------- */
 
@@ -135,7 +144,12 @@ nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
 /* Tensor data is copied. ne[0] is the innermost dim. */
 nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
                                         uint32_t n_dims, const int64_t *ne, const void *data);
-/* Write version 3 with the given alignment (0 = default 32). */
+/* Write version 3 with the given alignment (0 = default 32; otherwise a
+ * power of two). general.alignment is written when it is not 32. Every
+ * tensor's data is padded to the alignment, the last one included. */
 nstf_status nstf_gguf_writer_write(nstf_gguf_writer *w, const char *path, uint32_t alignment);
+/* The same image in memory: free *out with nstf_free; *size is its length. */
+nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignment, void **out,
+                                          uint64_t *size);
 
 #endif
