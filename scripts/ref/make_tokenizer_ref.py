@@ -119,6 +119,11 @@ CASES = [
     "tab\tseparated\tvalues\n1\t2\t3\n",
     "`code` **bold** _it_ ~~strike~~ [link](url)",
     "The year 2024 had 366 days.",
+    # bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d have no byte-level token in
+    # SmolLM2's vocabulary: HF drops them (so does llama.cpp)
+    "ctrl\x04\x06 bytes\x13\x1d and DEL\x7f",
+    # nor for the UTF-8 lead bytes 0xF1, 0xF2 (planes 4-11, unassigned)
+    "plane5 \U00050000 plane14 \U000E0041 plane16 \U0010FFFD",
 ]
 
 
@@ -139,7 +144,9 @@ def main():
         for s in CASES:
             ids = tok.encode(s, add_special_tokens=False).ids
             # the reference must round-trip through the HF decoder too
-            assert tok.decode(ids, skip_special_tokens=False) == s, repr(s)
+            # (except where the vocabulary lacks a byte)
+            if "\x04" not in s and "\U00050000" not in s:
+                assert tok.decode(ids, skip_special_tokens=False) == s, repr(s)
             out.write(s.encode("utf-8").hex() + "\t" + " ".join(map(str, ids)) + "\n")
     print(f"wrote {len(CASES)} cases to {out_path}")
     return 0

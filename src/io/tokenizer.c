@@ -704,9 +704,8 @@ static nstf_status gpt2_word(enc_state *e, const uint8_t *w, int32_t n) {
         gpt2_try_pair(e, l, rn);
     }
     for (int32_t i = 0; i >= 0; i = e->sym_next[i]) {
-        int32_t id = e->sym_id[i];
-        if (id < 0) id = t->unk; /* a byte with no byte-level token */
-        if (id >= 0) NSTF_TRY(id_push(e->out, id));
+        /* a byte without a byte-level token is dropped, as HF and llama.cpp do */
+        if (e->sym_id[i] >= 0) NSTF_TRY(id_push(e->out, e->sym_id[i]));
     }
     return NSTF_OK;
 }
