@@ -12,7 +12,9 @@
  *      Llama-2 templates given as strings, and GGUFs made with the writer;
  *   6. a tiny SentencePiece model (tests/data/spm_tiny.gguf) against
  *      sentencepiece's ids (scripts/ref/make_spm_ref.py);
- *   7. pre-tokenizer selection on a hand-made byte-level vocabulary.
+ *   7. pre-tokenizer selection on a hand-made byte-level vocabulary, and
+ *      the Llama-3 pre-tokenizer on SmolLM2's vocabulary against HF
+ *      (tests/data/tokenizer_smollm2_llama3pre_ref.txt).
  * The SmolLM2 parts need models/SmolLM2-135M-Instruct.Q4_1.gguf; without it
  * they are skipped and the program exits 77 if everything else passed. */
 #include <stdio.h>
@@ -494,6 +496,58 @@ static void check_pre_tokenizers(void) {
     remove(path);
 }
 
+/* The model's vocabulary and merges rewritten into a GGUF whose
+ * tokenizer.ggml.pre is "llama-bpe": checks the Llama-3 pre-tokenizer and
+ * ignore_merges against HF on a real vocabulary. */
+static char **dup_strs(const nstf_gguf_kv *kv) {
+    char **v = malloc(kv->arr_n * sizeof *v);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        v[i] = malloc(kv->arr_strs[i].len + 1);
+        memcpy(v[i], kv->arr_strs[i].ptr, kv->arr_strs[i].len);
+        v[i][kv->arr_strs[i].len] = 0;
+    }
+    return v;
+}
+
+static void check_llama3_pre(const nstf_gguf *src) {
+    const char *path = NSTF_BUILD_DIR "/test_tokenizer_llama3pre.gguf";
+    const nstf_gguf_kv *tk = NULL, *ty = NULL, *mk = NULL;
+    CHECK(nstf_gguf_get_arr(src, "tokenizer.ggml.tokens", NSTF_GGUF_STRING, &tk) == NSTF_OK &&
+          nstf_gguf_get_arr(src, "tokenizer.ggml.token_type", NSTF_GGUF_INT32, &ty) == NSTF_OK &&
+          nstf_gguf_get_arr(src, "tokenizer.ggml.merges", NSTF_GGUF_STRING, &mk) == NSTF_OK,
+          "vocab arrays: %s", nstf_last_error());
+    if (!tk || !ty || !mk) return;
+    char **toks = dup_strs(tk), **merges = dup_strs(mk);
+    nstf_gguf_writer *w = NULL;
+    nstf_status s = nstf_gguf_writer_create(&w);
+    if (!s) s = nstf_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+    if (!s) s = nstf_gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama-bpe");
+    if (!s) s = nstf_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, tk->arr_n);
+    if (!s) s = nstf_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", NSTF_GGUF_INT32, ty->arr_data, ty->arr_n);
+    if (!s) s = nstf_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges, mk->arr_n);
+    if (!s) s = nstf_gguf_writer_write(w, path, 0);
+    nstf_gguf_writer_free(w);
+    for (uint64_t i = 0; i < tk->arr_n; i++) free(toks[i]);
+    for (uint64_t i = 0; i < mk->arr_n; i++) free(merges[i]);
+    free(toks);
+    free(merges);
+    CHECK(s == NSTF_OK, "writing %s: %s", path, nstf_last_error());
+    nstf_gguf *g = NULL;
+    nstf_tokenizer *t = NULL;
+    if (s == NSTF_OK) s = nstf_gguf_open(path, &g);
+    if (s == NSTF_OK) s = nstf_tokenizer_from_gguf(g, &t);
+    CHECK(s == NSTF_OK, "llama3-pre tokenizer: %s", nstf_last_error());
+    if (s == NSTF_OK) {
+        ref_case *c;
+        int n = load_ref("tests/data/tokenizer_smollm2_llama3pre_ref.txt", &c);
+        check_ref(t, c, n, "smollm2 vocab + llama3 pre");
+        free_ref(c, n);
+    }
+    nstf_tokenizer_free(t);
+    nstf_gguf_close(g);
+    remove(path);
+}
+
 /* ---- SentencePiece --------------------------------------------------------- */
 
 static void check_spm(void) {
@@ -568,6 +622,7 @@ int main(void) {
         CHECK(s == NSTF_OK && out && strcmp(out, want) == 0, "SmolLM2 chat: [%s]", out ? out : nstf_last_error());
         free(out);
         time_encode(t);
+        check_llama3_pre(g);
     }
     nstf_tokenizer_free(t);
     nstf_gguf_close(g);

@@ -139,6 +139,8 @@ def main():
     with open(out_ref, "w", encoding="utf-8", newline="\n") as out:
         out.write("# tiny SentencePiece BPE reference: <hex UTF-8 input> TAB <ids>\n")
         out.write("# encoded by sentencepiece without BOS; model trained by this script\n")
+        out.write("# by design, llama.cpp-style encoders differ from sentencepiece only where the text\n"
+                  "# holds special-token text (</s>...) parsed as specials: no case here does\n")
         out.write(f"# made by scripts/ref/make_spm_ref.py with sentencepiece "
                   f"{importlib.metadata.version('sentencepiece')}, gguf {importlib.metadata.version('gguf')}, "
                   f"vocab {sp.get_piece_size()}\n")

@@ -12,7 +12,13 @@ BOS, special tokens parsed) and writes one case per line:
 
 Lines starting with '#' are comments (versions, model sha256).
 
-usage: python3 make_tokenizer_ref.py MODEL.gguf OUT.txt
+A second file does the same with the Llama-3 pre-tokenizer over the same
+vocabulary (Split on the Llama-3 regex, ByteLevel without its own regex,
+BPE with ignore_merges), which is what a GGUF with tokenizer.ggml.pre =
+"llama-bpe" asks for; the test rewrites the model's vocabulary into such a
+GGUF to check that pre-tokenizer.
+
+usage: python3 make_tokenizer_ref.py MODEL.gguf OUT.txt [OUT_LLAMA3PRE.txt]
 """
 import hashlib
 import importlib.metadata
@@ -39,14 +45,25 @@ def load_vocab(path):
     return vocab, ttype, mlist, pre
 
 
-def build(vocab, ttype, mlist):
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def build(vocab, ttype, mlist, llama3=False):
     v = {t: i for i, t in enumerate(vocab)}
     merges = [tuple(m.split(" ", 1)) for m in mlist]
-    tok = Tokenizer(models.BPE(vocab=v, merges=merges, unk_token=None, fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tok = Tokenizer(models.BPE(vocab=v, merges=merges, unk_token=None, fuse_unk=False,
+                               ignore_merges=llama3))
+    if llama3:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(LLAMA3_RE), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ])
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ])
     tok.decoder = decoders.ByteLevel()
     specials = [AddedToken(t, special=True, normalized=False, lstrip=False, rstrip=False)
                 for t, ty in zip(vocab, ttype) if ty == 3]
@@ -127,20 +144,12 @@ CASES = [
 ]
 
 
-def main():
-    if len(sys.argv) != 3:
-        print(__doc__)
-        return 2
-    model_path, out_path = sys.argv[1], sys.argv[2]
-    with open(model_path, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
-    vocab, ttype, mlist, pre = load_vocab(model_path)
-    tok = build(vocab, ttype, mlist)
+def write_ref(tok, out_path, title, sha, pre):
     with open(out_path, "w", encoding="utf-8", newline="\n") as out:
-        out.write("# SmolLM2 tokenizer reference: <hex UTF-8 input> TAB <ids>\n")
+        out.write(f"# {title}: <hex UTF-8 input> TAB <ids>\n")
         out.write("# encoded without BOS, special tokens parsed (HF AddedTokens)\n")
         out.write(f"# made by scripts/ref/make_tokenizer_ref.py with tokenizers {tokenizers.__version__}, gguf {importlib.metadata.version('gguf')}\n")
-        out.write(f"# model SmolLM2-135M-Instruct.Q4_1.gguf sha256 {sha} (tokenizer.ggml.pre = {pre})\n")
+        out.write(f"# model SmolLM2-135M-Instruct.Q4_1.gguf sha256 {sha}, pre-tokenizer {pre}\n")
         for s in CASES:
             ids = tok.encode(s, add_special_tokens=False).ids
             # the reference must round-trip through the HF decoder too
@@ -149,6 +158,20 @@ def main():
                 assert tok.decode(ids, skip_special_tokens=False) == s, repr(s)
             out.write(s.encode("utf-8").hex() + "\t" + " ".join(map(str, ids)) + "\n")
     print(f"wrote {len(CASES)} cases to {out_path}")
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        print(__doc__)
+        return 2
+    model_path, out_path = sys.argv[1], sys.argv[2]
+    with open(model_path, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    vocab, ttype, mlist, pre = load_vocab(model_path)
+    write_ref(build(vocab, ttype, mlist), out_path, "SmolLM2 tokenizer reference", sha, pre)
+    if len(sys.argv) == 4:
+        write_ref(build(vocab, ttype, mlist, llama3=True), sys.argv[3],
+                  "SmolLM2 vocabulary with the Llama-3 pre-tokenizer (ignore_merges)", sha, "llama-bpe")
     return 0
 
 

@@ -21,7 +21,15 @@
  *      (add_space_prefix), replace ' ' by U+2581, start from UTF-8 chars,
  *      merge the adjacent pair whose concatenation is the highest-scored
  *      token (leftmost on ties), and emit <0xNN> byte tokens for symbols
- *      that are not in the vocabulary. */
+ *      that are not in the vocabulary.
+ * Choices worth knowing: pre-tokenizer "default" is the GPT-2 regex (not
+ * llama.cpp's four-regex default); llama3/llama-bpe set ignore_merges (a
+ * pre-token that is itself a token is emitted whole, as HF does); a byte
+ * with no byte-level token is dropped (HF and llama.cpp do the same;
+ * SmolLM2 lacks 0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2...);
+ * user-defined tokens are matched only with parse_special (llama.cpp
+ * matches them always); SentencePiece merges only into normal,
+ * user-defined and unused pieces, as sentencepiece does. */
 #include "io/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
