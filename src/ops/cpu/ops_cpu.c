@@ -289,8 +289,9 @@ void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, i
 
 /* ---- attention ------------------------------------------------------------ */
 
-#define ATTN_KCHUNK 128    /* keys scored per step (stack score buffer) */
+#define ATTN_KCHUNK 64     /* keys scored per step (stack score buffer) */
 #define ATTN_MAX_D 256     /* output dims accumulated per pass (stack) */
+#define ATTN_MAX_G 8       /* query heads sharing one pass over K/V */
 #define ATTN_SPLIT_MIN 256 /* fewest keys per split-KV segment */
 #define ATTN_PART_FLOATS 16384 /* split-KV partials buffer: 64 KiB of stack */
 
@@ -312,74 +313,116 @@ static inline float attn_dot(const float *q, const float *k, int n) {
     return s;
 }
 
-/* One query against keys [j0, j1) with an online softmax (running max m,
- * running sum l): acc[0..nd) = sum_j e^(s_j - m) v_j[d0..d0+nd), unnormalised.
- * Scores go through a stack buffer ATTN_KCHUNK keys at a time; when a
- * chunk raises the max, acc and l are rescaled by e^(m_old - m_new). */
-static void attn_span(const float *qh /* [head_dim] */,
+/* Rows ahead to prefetch. K/V rows of one kv head are strided by
+ * n_kv_heads * head_dim floats, a gap pattern the hardware prefetcher
+ * follows poorly: this made an 8192-position decode ~2x faster on the
+ * development machine (AMD EPYC). Only rows inside the span are fetched. */
+#define ATTN_PREFETCH 8
+
+static inline void attn_prefetch(const float *row, int n) {
+#if NSTF_CPU_AVX2
+    for (int i = 0; i < n; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+#else
+    (void)row;
+    (void)n;
+#endif
+}
+
+/* Scratch of one attn_span call: scores, running max / sum, accumulators
+ * for up to ATTN_MAX_G heads (~12 KiB, on the worker's stack). */
+typedef struct {
+    float sc[ATTN_MAX_G][ATTN_KCHUNK];
+    float m[ATTN_MAX_G], l[ATTN_MAX_G];
+    float acc[ATTN_MAX_G][ATTN_MAX_D];
+} attn_scratch;
+
+/* n_g query heads (contiguous in q, all on one kv head) against keys
+ * [j0, j1) with an online softmax (running max m, running sum l):
+ * acc[g][0..nd) = sum_j e^(s_gj - m_g) v_j[d0..d0+nd), unnormalised.
+ * K and V rows are walked once for all n_g heads (the GQA reuse: the
+ * second head onward reads them from L1, not memory). Scores go through
+ * the stack ATTN_KCHUNK keys at a time; when a chunk raises a head's max,
+ * its acc and l are rescaled by e^(m_old - m_new). */
+static void attn_span(const float *qg /* [n_g, head_dim] */,
                       const float *kh /* [n_ctx, kv_stride] from this kv head */,
                       const float *vh /* [n_ctx, kv_stride] from this kv head */,
-                      int64_t kv_stride, int head_dim, float scale, int64_t j0, int64_t j1,
-                      int d0, int nd, float *acc /* [nd] */, float *m_out, float *l_out) {
-    float sc[ATTN_KCHUNK];
-    float m = -INFINITY, l = 0;
-    for (int d = 0; d < nd; d++) acc[d] = 0;
+                      int64_t kv_stride, int head_dim, int n_g, float scale, int64_t j0,
+                      int64_t j1, int d0, int nd, attn_scratch *w) {
+    for (int g = 0; g < n_g; g++) {
+        w->m[g] = -INFINITY;
+        w->l[g] = 0;
+        for (int d = 0; d < nd; d++) w->acc[g][d] = 0;
+    }
     for (int64_t jc = j0; jc < j1; jc += ATTN_KCHUNK) {
         int n = j1 - jc < ATTN_KCHUNK ? (int)(j1 - jc) : ATTN_KCHUNK;
-        float cmax = -INFINITY;
         for (int j = 0; j < n; j++) {
-            sc[j] = scale * attn_dot(qh, kh + (jc + j) * kv_stride, head_dim);
-            cmax = sc[j] > cmax ? sc[j] : cmax;
+            const float *kj = kh + (jc + j) * kv_stride;
+            if (jc + j + ATTN_PREFETCH < j1) attn_prefetch(kj + ATTN_PREFETCH * kv_stride, head_dim);
+            for (int g = 0; g < n_g; g++)
+                w->sc[g][j] = scale * attn_dot(qg + g * head_dim, kj, head_dim);
         }
-        if (cmax > m) {
-            float corr = expf(m - cmax); /* 0 on the first chunk (m = -inf) */
-            l *= corr;
-            for (int d = 0; d < nd; d++) acc[d] *= corr;
-            m = cmax;
-        }
-        int j = 0;
+        for (int g = 0; g < n_g; g++) {
+            float *sc = w->sc[g], cmax = -INFINITY;
+            for (int j = 0; j < n; j++) cmax = sc[j] > cmax ? sc[j] : cmax;
+            if (cmax > w->m[g]) {
+                float corr = expf(w->m[g] - cmax); /* 0 on the first chunk (m = -inf) */
+                w->l[g] *= corr;
+                for (int d = 0; d < nd; d++) w->acc[g][d] *= corr;
+                w->m[g] = cmax;
+            }
+            float l = 0;
+            int j = 0;
 #if NSTF_CPU_AVX2
-        __m256 vm = _mm256_set1_ps(m), vl = _mm256_setzero_ps();
-        for (; j + 8 <= n; j += 8) {
-            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
-            _mm256_storeu_ps(sc + j, e);
-            vl = _mm256_add_ps(vl, e);
-        }
-        l += hsum256(vl);
+            __m256 vm = _mm256_set1_ps(w->m[g]), vl = _mm256_setzero_ps();
+            for (; j + 8 <= n; j += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+                _mm256_storeu_ps(sc + j, e);
+                vl = _mm256_add_ps(vl, e);
+            }
+            l = hsum256(vl);
 #endif
-        for (; j < n; j++) {
-            sc[j] = expf(sc[j] - m);
-            l += sc[j];
+            for (; j < n; j++) {
+                sc[j] = expf(sc[j] - w->m[g]);
+                l += sc[j];
+            }
+            w->l[g] += l;
         }
         const float *v = vh + jc * kv_stride + d0;
-        j = 0;
+        int j = 0;
 #if NSTF_CPU_AVX2
         /* four keys per pass over acc: a quarter of the acc loads/stores */
         for (; j + 4 <= n; j += 4) {
             const float *v0 = v + j * kv_stride, *v1 = v0 + kv_stride, *v2 = v1 + kv_stride,
                         *v3 = v2 + kv_stride;
-            __m256 p0 = _mm256_set1_ps(sc[j]), p1 = _mm256_set1_ps(sc[j + 1]),
-                   p2 = _mm256_set1_ps(sc[j + 2]), p3 = _mm256_set1_ps(sc[j + 3]);
-            int d = 0;
-            for (; d + 8 <= nd; d += 8) {
-                __m256 a = _mm256_loadu_ps(acc + d);
-                a = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + d), a);
-                a = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + d), a);
-                a = _mm256_fmadd_ps(p2, _mm256_loadu_ps(v2 + d), a);
-                a = _mm256_fmadd_ps(p3, _mm256_loadu_ps(v3 + d), a);
-                _mm256_storeu_ps(acc + d, a);
+            for (int jj = 0; jj < 4 && jc + j + ATTN_PREFETCH + jj < j1; jj++)
+                attn_prefetch(v0 + (ATTN_PREFETCH + jj) * kv_stride, nd);
+            for (int g = 0; g < n_g; g++) {
+                const float *sc = w->sc[g] + j;
+                float *acc = w->acc[g];
+                __m256 p0 = _mm256_set1_ps(sc[0]), p1 = _mm256_set1_ps(sc[1]),
+                       p2 = _mm256_set1_ps(sc[2]), p3 = _mm256_set1_ps(sc[3]);
+                int d = 0;
+                for (; d + 8 <= nd; d += 8) {
+                    __m256 a = _mm256_loadu_ps(acc + d);
+                    a = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + d), a);
+                    a = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + d), a);
+                    a = _mm256_fmadd_ps(p2, _mm256_loadu_ps(v2 + d), a);
+                    a = _mm256_fmadd_ps(p3, _mm256_loadu_ps(v3 + d), a);
+                    _mm256_storeu_ps(acc + d, a);
+                }
+                for (; d < nd; d++)
+                    acc[d] += sc[0] * v0[d] + sc[1] * v1[d] + sc[2] * v2[d] + sc[3] * v3[d];
             }
-            for (; d < nd; d++)
-                acc[d] += sc[j] * v0[d] + sc[j + 1] * v1[d] + sc[j + 2] * v2[d] + sc[j + 3] * v3[d];
         }
 #endif
         for (; j < n; j++) {
             const float *vj = v + j * kv_stride;
-            for (int d = 0; d < nd; d++) acc[d] += sc[j] * vj[d];
+            for (int g = 0; g < n_g; g++) {
+                float p = w->sc[g][j], *acc = w->acc[g];
+                for (int d = 0; d < nd; d++) acc[d] += p * vj[d];
+            }
         }
     }
-    *m_out = m;
-    *l_out = l;
 }
 
 typedef struct {
@@ -388,66 +431,76 @@ typedef struct {
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
     float scale;
-    int n_seg;              /* split-KV segments per (t, h); 1 = no split */
+    int n_gb;               /* head batches per kv head: ceil(group / ATTN_MAX_G) */
+    int n_seg;              /* split-KV segments per batch; 1 = no split */
     float *part;            /* [n_tok * n_heads * n_seg, head_dim + 2] when n_seg > 1 */
     int64_t n_items;
     atomic_llong next;      /* next item to take (dynamic schedule) */
 } attn_ctx;
 
-/* Items are (t, h[, seg]), handed out by an atomic counter because rows
- * differ in cost (token t sees pos0 + t + 1 keys). The latest tokens,
- * the costliest, go first. */
+/* Items are (t, kv head, head batch[, seg]), handed out by an atomic
+ * counter because rows differ in cost (token t sees pos0 + t + 1 keys).
+ * The latest tokens, the costliest, go first. */
 static void attn_fn(void *p, int ith, int nth) {
     attn_ctx *c = p;
     const int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
     const int64_t kv_stride = (int64_t)c->n_kv_heads * hd;
-    float acc[ATTN_MAX_D];
+    attn_scratch w;
     for (;;) {
         int64_t it = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
         if (it >= c->n_items) break;
         int seg = (int)(it % c->n_seg);
-        int64_t pair = it / c->n_seg;
-        int h = (int)(pair % c->n_heads);
-        int64_t t = c->n_tok - 1 - pair / c->n_heads;
+        int64_t r = it / c->n_seg;
+        int gb = (int)(r % c->n_gb);
+        r /= c->n_gb;
+        int kvh = (int)(r % c->n_kv_heads);
+        int64_t t = c->n_tok - 1 - r / c->n_kv_heads;
+        int h0 = kvh * group + gb * ATTN_MAX_G;
+        int n_g = group - gb * ATTN_MAX_G < ATTN_MAX_G ? group - gb * ATTN_MAX_G : ATTN_MAX_G;
         int64_t n_keys = c->pos0 + t + 1;
-        const float *qh = c->q + (t * c->n_heads + h) * hd;
-        const float *kh = c->k + (int64_t)(h / group) * hd;
-        const float *vh = c->v + (int64_t)(h / group) * hd;
-        float m, l;
+        const float *qg = c->q + (t * c->n_heads + h0) * hd;
+        const float *kh = c->k + (int64_t)kvh * hd, *vh = c->v + (int64_t)kvh * hd;
         if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
             int64_t j0, j1;
             nstf_split_range(n_keys, 64, seg, c->n_seg, &j0, &j1);
-            float *dst = c->part + ((t * c->n_heads + h) * c->n_seg + seg) * (hd + 2);
-            attn_span(qh, kh, vh, kv_stride, hd, c->scale, j0, j1, 0, hd, dst + 2, &m, &l);
-            dst[0] = m;
-            dst[1] = l;
+            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j0, j1, 0, hd, &w);
+            for (int g = 0; g < n_g; g++) {
+                float *dst = c->part + ((t * c->n_heads + h0 + g) * c->n_seg + seg) * (hd + 2);
+                dst[0] = w.m[g];
+                dst[1] = w.l[g];
+                memcpy(dst + 2, w.acc[g], (size_t)hd * 4);
+            }
             continue;
         }
-        float *oh = c->out + (t * c->n_heads + h) * hd;
         for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
             int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
-            attn_span(qh, kh, vh, kv_stride, hd, c->scale, 0, n_keys, d0, nd, acc, &m, &l);
-            float inv = 1.0f / l;
-            for (int d = 0; d < nd; d++) oh[d0 + d] = acc[d] * inv;
+            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, 0, n_keys, d0, nd, &w);
+            for (int g = 0; g < n_g; g++) {
+                float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
+                for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
+            }
         }
     }
     (void)ith;
     (void)nth;
 }
 
-/* Parallel over (token, head) pairs. When there are too few pairs to keep
- * the pool busy (decode: n_tok = 1) and the context is long, each pair's
- * keys are also split into segments (flash-decoding); every segment leaves
- * (m, l, acc) in a stack buffer and the caller merges them. */
+/* Parallel over (token, kv head, batch of its query heads). When there are
+ * too few such items to keep the pool busy (decode: n_tok = 1) and the
+ * context is long, each item's keys are also split into segments
+ * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
+ * buffer and the caller merges them. */
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
-    const int64_t n_pairs = n_tok * n_heads, min_keys = pos0 + 1;
+    const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
+    const int64_t n_base = n_tok * n_kv_heads * n_gb, n_pairs = n_tok * n_heads;
+    const int64_t min_keys = pos0 + 1;
     int n_seg = 1;
-    if (nth > 1 && n_pairs < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
-        int64_t want = (4 * (int64_t)nth + n_pairs - 1) / n_pairs;
+    if (nth > 1 && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+        int64_t want = (4 * (int64_t)nth + n_base - 1) / n_base;
         int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
         int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
         int64_t s = want < by_keys ? want : by_keys;
@@ -455,9 +508,9 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         n_seg = s > 1 ? (int)s : 1;
     }
     attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
-                  n_seg, part, n_pairs * n_seg, 0};
+                  n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
-    /* work ~ keys x head_dim x 2 per pair */
+    /* work ~ keys x head_dim x 2 per (token, head) */
     cpu_run(cpu, attn_fn, &c, n_pairs * (pos0 + (n_tok + 1) / 2) * head_dim * 2);
     if (n_seg == 1) return;
     for (int64_t pr = 0; pr < n_pairs; pr++) {
