@@ -30,8 +30,11 @@ static int cpu_threads(const nstf_cpu *cpu) {
     return cpu && cpu->pool ? nstf_pool_size(cpu->pool) : 1;
 }
 
-static void cpu_run(const nstf_cpu *cpu, nstf_pool_fn fn, void *ctx, int64_t work) {
-    if (cpu_threads(cpu) > 1 && work >= PAR_MIN_WORK)
+/* Runs fn over the pool when there is enough work and more than one unit
+ * to split (ops split over rows: a single row runs inline). */
+static void cpu_run(const nstf_cpu *cpu, nstf_pool_fn fn, void *ctx, int64_t work,
+                    int64_t units) {
+    if (cpu_threads(cpu) > 1 && work >= PAR_MIN_WORK && units > 1)
         nstf_pool_run(cpu->pool, fn, ctx);
     else
         fn(ctx, 0, 1);
@@ -95,7 +98,7 @@ void nstf_cpu_get_rows(nstf_cpu *cpu, nstf_type type, const void *table, const i
                        float *out, int64_t n_tok, int64_t dim) {
     get_rows_ctx c = {type, table, 0, ids, out, n_tok, dim};
     if (!nstf_type_row_bytes(type, dim, &c.row_bytes)) return;
-    cpu_run(cpu, get_rows_fn, &c, n_tok * dim);
+    cpu_run(cpu, get_rows_fn, &c, n_tok * dim, n_tok);
 }
 
 /* ---- rmsnorm -------------------------------------------------------------- */
@@ -142,7 +145,7 @@ static void rmsnorm_fn(void *p, int ith, int nth) {
 void nstf_cpu_rmsnorm(nstf_cpu *cpu, const float *x, const float *w, float *y, int64_t n_tok,
                       int64_t dim, float eps) {
     rmsnorm_ctx c = {x, w, y, n_tok, dim, eps};
-    cpu_run(cpu, rmsnorm_fn, &c, n_tok * dim);
+    cpu_run(cpu, rmsnorm_fn, &c, n_tok * dim, n_tok);
 }
 
 /* ---- add, swiglu (elementwise) -------------------------------------------- */
@@ -166,7 +169,7 @@ static void add_fn(void *p, int ith, int nth) {
 
 void nstf_cpu_add(nstf_cpu *cpu, const float *a, const float *b, float *y, int64_t n) {
     ew_ctx c = {a, b, y, n};
-    cpu_run(cpu, add_fn, &c, n);
+    cpu_run(cpu, add_fn, &c, n, n / 64);
 }
 
 /* y = gate * up / (1 + e^-gate); a = gate, b = up */
@@ -190,7 +193,7 @@ static void swiglu_fn(void *p, int ith, int nth) {
 
 void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n) {
     ew_ctx c = {gate, up, y, n};
-    cpu_run(cpu, swiglu_fn, &c, 8 * n); /* an exp and a divide per element */
+    cpu_run(cpu, swiglu_fn, &c, 8 * n, n / 64); /* an exp and a divide per element */
 }
 
 /* ---- rope ----------------------------------------------------------------- */
@@ -284,7 +287,7 @@ static void rope_fn(void *p, int ith, int nth) {
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode) {
     rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode};
-    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim);
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -511,7 +514,7 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
-    cpu_run(cpu, attn_fn, &c, n_pairs * (pos0 + (n_tok + 1) / 2) * head_dim * 2);
+    cpu_run(cpu, attn_fn, &c, n_pairs * (pos0 + (n_tok + 1) / 2) * head_dim * 2, c.n_items);
     if (n_seg == 1) return;
     for (int64_t pr = 0; pr < n_pairs; pr++) {
         const float *ps = part + pr * n_seg * (head_dim + 2);
@@ -583,5 +586,5 @@ static void argmax_fn(void *p, int ith, int nth) {
 
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n) {
     argmax_ctx c = {x, out, n_rows, n};
-    cpu_run(cpu, argmax_fn, &c, n_rows * n);
+    cpu_run(cpu, argmax_fn, &c, n_rows * n, n_rows);
 }
