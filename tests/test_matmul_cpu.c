@@ -58,7 +58,7 @@ static void model_quantize_x(const float *x, int8_t *q, float *d, float *s, int6
     }
 }
 
-/* sum_b (d_w * d_x) * isum_b + m_w * s_b, as the kernels compute it. */
+/* sum_b (d_w * d_x) * isum_b (+ m_w * s_b for Q4_1), as the kernels compute it. */
 static double model_dot(nstf_type t, const uint8_t *row, const int8_t *q, const float *d,
                         const float *s, int64_t nb) {
     double acc = 0.0;
@@ -69,22 +69,17 @@ static double model_dot(nstf_type t, const uint8_t *row, const int8_t *q, const 
             const nstf_block_q8_0 *bl = (const nstf_block_q8_0 *)row + b;
             for (int j = 0; j < 32; j++) isum += bl->qs[j] * xb[j];
             acc += (double)isum * (double)(nstf_fp16_to_f32(bl->d) * d[b]);
-        } else {
-            const uint8_t *qs;
-            float dw, mw;
-            if (t == NSTF_TYPE_Q4_1) {
-                const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)row + b;
-                qs = bl->qs;
-                dw = nstf_fp16_to_f32(bl->d);
-                mw = nstf_fp16_to_f32(bl->m);
-            } else {
-                const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)row + b;
-                qs = bl->qs;
-                dw = nstf_fp16_to_f32(bl->d);
-                mw = -8.0f * dw;
-            }
-            for (int j = 0; j < 16; j++) isum += (qs[j] & 15) * xb[j] + (qs[j] >> 4) * xb[j + 16];
-            acc += (double)isum * (double)(dw * d[b]) + (double)mw * (double)s[b];
+        } else if (t == NSTF_TYPE_Q4_1) {
+            const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)row + b;
+            for (int j = 0; j < 16; j++)
+                isum += (bl->qs[j] & 15) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+            acc += (double)isum * (double)(nstf_fp16_to_f32(bl->d) * d[b]) +
+                   (double)nstf_fp16_to_f32(bl->m) * (double)s[b];
+        } else { /* Q4_0: (q - 8) * xq summed exactly in integers */
+            const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)row + b;
+            for (int j = 0; j < 16; j++)
+                isum += ((bl->qs[j] & 15) - 8) * xb[j] + ((bl->qs[j] >> 4) - 8) * xb[j + 16];
+            acc += (double)isum * (double)(nstf_fp16_to_f32(bl->d) * d[b]);
         }
     }
     return acc;

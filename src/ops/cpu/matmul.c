@@ -6,7 +6,7 @@
  * (int8 q[32], fp32 d = amax / 127, fp32 s = d * sum(q)) — ggml's q8_1 with
  * fp32 scales — and every weight block meets them in an integer dot product:
  *   Q4_1 (d, m, nibble q):  d*dx*sum(q*xq) + m*s
- *   Q4_0 (d, nibble q):     d*dx*sum(q*xq) - 8*d*s     (q - 8 folded into s)
+ *   Q4_0 (d, nibble q):     d*dx*(sum(q*xq) - 8*sum(xq))   (exact in int32)
  *   Q8_0 (d, int8 q):       d*dx*sum(q*xq)             (sign trick, below)
  * with AVX2 _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs)
  * and _mm256_madd_epi16 (-> int32), one fp32 FMA per block. The 4-bit
@@ -48,10 +48,12 @@
 /* ---- scratch ------------------------------------------------------------- */
 
 /* Layout of quantized activations in the arena: q [n_tok][nb][32] int8,
- * then d [n_tok][nb] fp32, then s [n_tok][nb] fp32, each 64-byte aligned. */
+ * then d [n_tok][nb] fp32, s [n_tok][nb] fp32 (d * sum(q)) and
+ * sum [n_tok][nb] int32 (sum(q)), each 64-byte aligned. */
 typedef struct {
     int8_t *q;
     float *d, *s;
+    int32_t *sum;
     int64_t nb; /* blocks per token */
 } xq_buf;
 
@@ -63,7 +65,9 @@ static bool xq_bytes(int64_t n_tok, int64_t n_in, uint64_t *out) {
     q = (q + 63) & ~(uint64_t)63;
     f = (f + 63) & ~(uint64_t)63;
     uint64_t total;
-    if (!nstf_add_ok(q, f, &total) || !nstf_add_ok(total, f, &total)) return false;
+    if (!nstf_add_ok(q, f, &total) || !nstf_add_ok(total, f, &total) ||
+        !nstf_add_ok(total, f, &total))
+        return false;
     return nstf_add_ok(total, 64, out); /* + slack so a tile may read past the end */
 }
 
@@ -78,6 +82,7 @@ static bool xq_carve(nstf_cpu *cpu, int64_t n_tok, int64_t n_in, xq_buf *b) {
     b->q = (int8_t *)base;
     b->d = (float *)(base + q);
     b->s = (float *)(base + q + f);
+    b->sum = (int32_t *)(base + q + 2 * f);
     b->nb = nb;
     return true;
 }
@@ -109,7 +114,8 @@ void nstf_cpu_release(nstf_cpu *cpu) {
  * Per block of 32: amax = max|x|, d = amax / 127, id = 127 / amax (0 if
  * amax == 0), q = round-half-even(x * id), s = d * sum(q). The AVX2 and
  * scalar versions compute bit-identical results. */
-static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int64_t nb) {
+static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_t *sum,
+                           int64_t nb) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
 #if NSTF_MATMUL_AVX2
@@ -128,8 +134,8 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int64_
         __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
         __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
         __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        __m256i vs = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vs), _mm256_extracti128_si256(vs, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
         int isum = _mm_cvtsi128_si32(s4);
@@ -150,6 +156,7 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int64_
 #endif
         d[b] = dd;
         s[b] = dd * (float)isum;
+        sum[b] = isum;
     }
 }
 
@@ -170,8 +177,8 @@ typedef struct {
 enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
 enum { KIND_F32, KIND_F16, KIND_BF16 };
 
-#define RM_Q 4
-#define RN_Q 3
+#define RM_Q 8 /* rows per quantized tile: the 8 lanes of a vector */
+#define RN_Q 4
 #define RM_F 4
 #define RN_F 2
 
@@ -186,9 +193,10 @@ static ALWAYS_INLINE float fp16_load(const uint8_t *p) {
 /* 16 packed bytes -> 32 nibbles in element order (low nibbles = elements
  * 0..15, high nibbles = 16..31). */
 static ALWAYS_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
-    __m128i v = _mm_loadu_si128((const __m128i *)qs);
-    __m256i w = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-    return _mm256_and_si256(w, _mm256_set1_epi8(0x0f));
+    /* same 16 bytes in both halves (a load), shift the upper half by 4 */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
 }
 
 /* Sums of four vectors -> one __m128 {sum a, sum b, sum c, sum d}. */
@@ -218,53 +226,126 @@ static ALWAYS_INLINE float hsum1(__m256 a) {
         }                                                                                   \
     } while (0)
 
-static ALWAYS_INLINE void tile_quant(const int kind, const int RM, const int RN,
-                                     const uint8_t *w, uint64_t row_bytes, const int8_t *xq,
-                                     const float *xd, const float *xs, int64_t nb, float *y,
-                                     int64_t ldy) {
-    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34;
+/* Quantized tile: 8 weight rows x RN tokens. Lane r of every vector belongs
+ * to weight row r (rows past rm repeat row rm - 1 and are not stored), so
+ * the per-block scales of the 8 rows form one vector and each token's 8
+ * results are stored with one (masked) store. Per block and token the 8
+ * rows' maddubs results are summed to one int32 lane each by a hadd tree:
+ * for 4-bit weights in int16 (|sum of 16 products| <= 16*15*127 = 30480
+ * fits), for Q8_0 after _mm256_madd_epi16 in int32. */
+/* Sum of 2 vectors' halves, interleaved: unpack{lo,hi} + add is cheaper than
+ * vphaddw here (measured on Zen 3: hadd ~1/cycle, unpack/add 3-4/cycle). */
+static ALWAYS_INLINE __m256i fold16(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+}
+static ALWAYS_INLINE __m256i fold32(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+static ALWAYS_INLINE __m256i fold64(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+static ALWAYS_INLINE __m256i reduce8_q4(const __m256i p[8]) {
+    /* per 128-bit half, int16 lanes after each level: rows (0,1)x4, (0..3)x2, (0..7)x1 */
+    __m256i c = fold64(fold32(fold16(p[0], p[1]), fold16(p[2], p[3])),
+                       fold32(fold16(p[4], p[5]), fold16(p[6], p[7])));
+    /* the two 128-bit halves hold partial sums of rows 0..7: widen and add */
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(c)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(c, 1)));
+}
+static ALWAYS_INLINE __m256i reduce8_q8(const __m256i p[8]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][4];
+    __m256i q[8], a[4];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) q[r] = _mm256_madd_epi16(p[r], ones);
 #pragma GCC unroll 4
-    for (int r = 0; r < RM; r++)
+    for (int r = 0; r < 4; r++) /* per half: rows (2r, 2r+1) x 2 */
+        a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(q[2 * r], q[2 * r + 1]),
+                                _mm256_unpackhi_epi32(q[2 * r], q[2 * r + 1]));
+    /* per half: rows 0..3 and rows 4..7 */
+    __m256i b0 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
+    __m256i b1 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+                            _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t *w,
+                                     uint64_t row_bytes, int rm, const int8_t *xq,
+                                     const float *xd, const float *xs, const int32_t *xsum,
+                                     int64_t nb, float *y, int64_t ldy) {
+    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34;
+    const uint8_t *wr[8];
+    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    /* gather the 8 rows' scale words when the row offsets fit the int32 index */
+    const bool gather = false && row_bytes * 8 + (uint64_t)nb * bbytes < (1u << 31);
+    const __m256i vidx = _mm256_setr_epi32(
+        (int)(wr[0] - w), (int)(wr[1] - w), (int)(wr[2] - w), (int)(wr[3] - w),
+        (int)(wr[4] - w), (int)(wr[5] - w), (int)(wr[6] - w), (int)(wr[7] - w));
+    /* bytes {0,1,4,5,8,9,12,13} = low halves (d), {2,3,...} = high halves (m) */
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256 acc[4];
 #pragma GCC unroll 4
-        for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
 
     for (int64_t b = 0; b < nb; b++) {
+        const uint64_t off = (uint64_t)b * bbytes;
+        /* scales of the 8 rows: first 4 bytes of each block (d, and m for Q4_1) */
+        __m256i h;
+        if (gather) {
+            h = _mm256_i32gather_epi32((const int *)(w + off), vidx, 1);
+        } else {
+            uint32_t u[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) memcpy(&u[r], wr[r] + off, 4);
+            h = _mm256_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3], (int)u[4],
+                                  (int)u[5], (int)u[6], (int)u[7]);
+        }
+        h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, split), 0xd8);
+        const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 mv = _mm256_setzero_ps();
+        if (kind == KIND_Q4_1) mv = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+
+        __m256i wv[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            if (kind == KIND_Q8_0)
+                wv[r] = _mm256_loadu_si256((const __m256i *)(wr[r] + off + 2));
+            else
+                wv[r] = unpack_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
+        }
 #pragma GCC unroll 4
-        for (int r = 0; r < RM; r++) {
-            const uint8_t *blk = w + r * row_bytes + b * bbytes;
-            float dw = fp16_load(blk);
-            __m256 dwv = _mm256_set1_ps(dw);
+        for (int t = 0; t < RN; t++) {
+            const __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
+            __m256i p[8], isum;
             if (kind == KIND_Q8_0) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                __m256i aw = _mm256_sign_epi8(wv, wv);
-#pragma GCC unroll 4
-                for (int t = 0; t < RN; t++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
-                    __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
-                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    __m256 dd = _mm256_mul_ps(dwv, _mm256_broadcast_ss(xd + t * nb + b));
-                    acc[r][t] = _mm256_fmadd_ps(f, dd, acc[r][t]);
-                }
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    p[r] = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]),
+                                                _mm256_sign_epi8(xv, wv[r]));
+                isum = reduce8_q8(p);
             } else {
-                float mw = kind == KIND_Q4_1 ? fp16_load(blk + 2) : -8.0f * dw;
-                __m256 mv = _mm256_zextps128_ps256(_mm_set_ss(mw));
-                __m256i wv = unpack_nibbles(blk + (kind == KIND_Q4_1 ? 4 : 2));
-#pragma GCC unroll 4
-                for (int t = 0; t < RN; t++) {
-                    __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
-                    __m256i p = _mm256_maddubs_epi16(wv, xv);
-                    __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    __m256 dd = _mm256_mul_ps(dwv, _mm256_broadcast_ss(xd + t * nb + b));
-                    acc[r][t] = _mm256_fmadd_ps(f, dd, acc[r][t]);
-                    /* m * s lands in lane 0; the lanes are summed at the end */
-                    acc[r][t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[r][t]);
-                }
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) p[r] = _mm256_maddubs_epi16(wv[r], xv);
+                isum = reduce8_q4(p);
             }
+            if (kind == KIND_Q4_0) /* q - 8: subtract 8 * sum(xq), exactly */
+                isum = _mm256_sub_epi32(isum,
+                                        _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]), 3));
+            __m256 dd = _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+            if (kind == KIND_Q4_1)
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
         }
     }
-    STORE_TILE(RM, RN, acc, y, ldy);
+    if (rm == 8) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
+    }
 }
 
 static ALWAYS_INLINE __m256 load8_w(const int kind, const uint8_t *row, int64_t i) {
@@ -327,7 +408,8 @@ static ALWAYS_INLINE void tile_float(const int kind, const int RM, const int RN,
 #if !NSTF_MATMUL_AVX2
 static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
                               uint64_t row_bytes, const int8_t *xq, const float *xd,
-                              const float *xs, int64_t nb, float *y, int64_t ldy) {
+                              const float *xs, const int32_t *xsum, int64_t nb, float *y,
+                              int64_t ldy) {
     for (int r = 0; r < rm; r++)
         for (int t = 0; t < rn; t++) {
             float acc = 0.0f;
@@ -339,23 +421,18 @@ static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
                     const nstf_block_q8_0 *bl = (const nstf_block_q8_0 *)(w + r * row_bytes) + b;
                     for (int j = 0; j < QK; j++) isum += bl->qs[j] * xb[j];
                     acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
-                } else {
-                    const uint8_t *qs;
-                    float dw, mw;
-                    if (wtype == NSTF_TYPE_Q4_1) {
-                        const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)(w + r * row_bytes) + b;
-                        qs = bl->qs;
-                        dw = nstf_fp16_to_f32(bl->d);
-                        mw = nstf_fp16_to_f32(bl->m);
-                    } else {
-                        const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)(w + r * row_bytes) + b;
-                        qs = bl->qs;
-                        dw = nstf_fp16_to_f32(bl->d);
-                        mw = -8.0f * dw;
-                    }
+                } else if (wtype == NSTF_TYPE_Q4_1) {
+                    const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)(w + r * row_bytes) + b;
                     for (int j = 0; j < QK / 2; j++)
-                        isum += (qs[j] & 0x0f) * xb[j] + (qs[j] >> 4) * xb[j + 16];
-                    acc += (float)isum * (dw * dx) + mw * sx;
+                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx) +
+                           nstf_fp16_to_f32(bl->m) * sx;
+                } else {
+                    const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)(w + r * row_bytes) + b;
+                    for (int j = 0; j < QK / 2; j++)
+                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+                    isum -= 8 * xsum[t * nb + b];
+                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
                 }
             }
             y[t * ldy + r] = acc;
@@ -377,26 +454,22 @@ static void tile_float_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
 
 /* ---- tile dispatch --------------------------------------------------------- */
 #if NSTF_MATMUL_AVX2
-typedef void (*qtile_fn)(const uint8_t *, uint64_t, const int8_t *, const float *,
-                         const float *, int64_t, float *, int64_t);
+typedef void (*qtile_fn)(const uint8_t *, uint64_t, int, const int8_t *, const float *,
+                         const float *, const int32_t *, int64_t, float *, int64_t);
 typedef void (*ftile_fn)(const uint8_t *, uint64_t, const float *, int64_t, float *, int64_t);
 
-#define DEF_QTILE(K, RM, RN)                                                                 \
-    static void qtile_##K##_##RM##_##RN(const uint8_t *w, uint64_t rb, const int8_t *xq,     \
-                                        const float *xd, const float *xs, int64_t nb,        \
-                                        float *y, int64_t ldy) {                             \
-        tile_quant(KIND_##K, RM, RN, w, rb, xq, xd, xs, nb, y, ldy);                         \
+#define DEF_QTILE(K, RN)                                                                     \
+    static void qtile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const int8_t *xq,    \
+                                 const float *xd, const float *xs, const int32_t *xsum,      \
+                                 int64_t nb, float *y, int64_t ldy) {                        \
+        tile_quant(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                   \
     }
-#define DEF_QTILES_K(K)                                                                      \
-    DEF_QTILE(K, 1, 1) DEF_QTILE(K, 1, 2) DEF_QTILE(K, 1, 3) DEF_QTILE(K, 2, 1)              \
-    DEF_QTILE(K, 2, 2) DEF_QTILE(K, 2, 3) DEF_QTILE(K, 3, 1) DEF_QTILE(K, 3, 2)              \
-    DEF_QTILE(K, 3, 3) DEF_QTILE(K, 4, 1) DEF_QTILE(K, 4, 2) DEF_QTILE(K, 4, 3)
+#define DEF_QTILES_K(K) DEF_QTILE(K, 1) DEF_QTILE(K, 2) DEF_QTILE(K, 3) DEF_QTILE(K, 4)
 DEF_QTILES_K(Q4_0)
 DEF_QTILES_K(Q4_1)
 DEF_QTILES_K(Q8_0)
-#define QTILE_ROW(K, RM) {qtile_##K##_##RM##_1, qtile_##K##_##RM##_2, qtile_##K##_##RM##_3}
-#define QTILE_TAB(K) {QTILE_ROW(K, 1), QTILE_ROW(K, 2), QTILE_ROW(K, 3), QTILE_ROW(K, 4)}
-static const qtile_fn k_qtiles[3][RM_Q][RN_Q] = {QTILE_TAB(Q4_0), QTILE_TAB(Q4_1), QTILE_TAB(Q8_0)};
+#define QTILE_TAB(K) {qtile_##K##_1, qtile_##K##_2, qtile_##K##_3, qtile_##K##_4}
+static const qtile_fn k_qtiles[3][RN_Q] = {QTILE_TAB(Q4_0), QTILE_TAB(Q4_1), QTILE_TAB(Q8_0)};
 
 #define DEF_FTILE(K, RM, RN)                                                                 \
     static void ftile_##K##_##RM##_##RN(const uint8_t *w, uint64_t rb, const float *x,       \
@@ -435,11 +508,12 @@ static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0) {
         int64_t nb = c->xq.nb;
         const int8_t *xq = c->xq.q + t0 * nb * QK;
         const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
+        const int32_t *xsum = c->xq.sum + t0 * nb;
 #if NSTF_MATMUL_AVX2
-        k_qtiles[quant_kind(c->wtype)][rm - 1][rn - 1](w, c->row_bytes, xq, xd, xs, nb, y,
-                                                       c->n_out);
+        k_qtiles[quant_kind(c->wtype)][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
+                                               c->n_out);
 #else
-        tile_quant_scalar(c->wtype, rm, rn, w, c->row_bytes, xq, xd, xs, nb, y, c->n_out);
+        tile_quant_scalar(c->wtype, rm, rn, w, c->row_bytes, xq, xd, xs, xsum, nb, y, c->n_out);
 #endif
     } else {
         const float *x = c->x + t0 * c->n_in;
@@ -465,7 +539,7 @@ static void quantize_worker(void *p, int ith, int nth) {
     nstf_split_range(c->n_tok, 1, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
         quantize_x_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb,
-                       c->xq.s + t * nb, nb);
+                       c->xq.s + t * nb, c->xq.sum + t * nb, nb);
 }
 
 /* Slow path for quantized weights when the arena is too small: dequantize
