@@ -1,0 +1,596 @@
+/* matmul.c — the fast CPU matmul y[t, o] = sum_i W[o, i] * x[t, i], and the
+ * nstf_cpu scratch arena (nstf_cpu_reserve / nstf_cpu_release).
+ *
+ * Quantized weights (Q8_0, Q4_0, Q4_1) are used as stored. Once per call the
+ * activations are quantized into the scratch arena as "q8 blocks" of 32
+ * (int8 q[32], fp32 d = amax / 127, fp32 s = d * sum(q)) — ggml's q8_1 with
+ * fp32 scales — and every weight block meets them in an integer dot product:
+ *   Q4_1 (d, m, nibble q):  d*dx*sum(q*xq) + m*s
+ *   Q4_0 (d, nibble q):     d*dx*(sum(q*xq) - 8*sum(xq))   (exact in int32)
+ *   Q8_0 (d, int8 q):       d*dx*sum(q*xq)             (sign trick, below)
+ * with AVX2 _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs)
+ * and _mm256_madd_epi16 (-> int32), one fp32 FMA per block. The 4-bit
+ * products are at most 2*15*127 = 3810 per int16 lane and the Q8_0 ones at
+ * most 2*128*127 = 32512, so maddubs never saturates. Quantized n_in must be
+ * a multiple of 32 (a GGUF row always is); otherwise y is filled with NaN.
+ *
+ * Work is cut into tiles of up to RM weight rows x RN tokens computed in
+ * registers, so a weight block is unpacked once and reused across RN tokens
+ * (prefill) and a token's block across RM rows. Tiles are numbered
+ * row-tile-major and the two (or more) threads take equal contiguous runs,
+ * so a thread keeps its weight rows hot while it walks the tokens.
+ *
+ * F32 / F16 / BF16 weights are converted 8 at a time (F16C, shift for BF16)
+ * and meet the unquantized fp32 x in FMA dot products; any n_in.
+ *
+ * Scratch contract: nstf_cpu_reserve(cpu, n_tok, n_in) makes every later
+ * nstf_cpu_matmul with n_tok' * ceil(n_in' / 32) <= n_tok * ceil(n_in / 32)
+ * run the fast path. A call with a larger shape (or a NULL/short arena) still
+ * gives the right answer through a slower path that dequantizes weight blocks
+ * on the fly and uses fp32 x (no activation quantization), and allocates
+ * nothing. nstf_cpu_matmul never allocates. */
+#include <math.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "ops/ops.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define NSTF_MATMUL_AVX2 1
+#include <immintrin.h>
+#else
+#define NSTF_MATMUL_AVX2 0
+#endif
+
+#define QK NSTF_QK
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* ---- scratch ------------------------------------------------------------- */
+
+/* Layout of quantized activations in the arena: q [n_tok][nb][32] int8,
+ * then d [n_tok][nb] fp32, s [n_tok][nb] fp32 (d * sum(q)) and
+ * sum [n_tok][nb] int32 (sum(q)), each 64-byte aligned. */
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+    int32_t *sum;
+    int64_t nb; /* blocks per token */
+} xq_buf;
+
+static bool xq_bytes(int64_t n_tok, int64_t n_in, uint64_t *out) {
+    if (n_tok < 0 || n_in < 0) return false;
+    uint64_t nb = ((uint64_t)n_in + QK - 1) / QK, blocks, q, f;
+    if (!nstf_mul_ok((uint64_t)n_tok, nb, &blocks)) return false;
+    if (!nstf_mul_ok(blocks, QK, &q) || !nstf_mul_ok(blocks, 4, &f)) return false;
+    q = (q + 63) & ~(uint64_t)63;
+    f = (f + 63) & ~(uint64_t)63;
+    uint64_t total;
+    if (!nstf_add_ok(q, f, &total) || !nstf_add_ok(total, f, &total) ||
+        !nstf_add_ok(total, f, &total))
+        return false;
+    return nstf_add_ok(total, 64, out); /* + slack so a tile may read past the end */
+}
+
+static bool xq_carve(nstf_cpu *cpu, int64_t n_tok, int64_t n_in, xq_buf *b) {
+    uint64_t need;
+    if (!cpu || !cpu->scratch || !xq_bytes(n_tok, n_in, &need) || need > cpu->scratch_bytes)
+        return false;
+    int64_t nb = (n_in + QK - 1) / QK;
+    uint64_t q = ((uint64_t)(n_tok * nb * QK) + 63) & ~(uint64_t)63;
+    uint64_t f = ((uint64_t)(n_tok * nb * 4) + 63) & ~(uint64_t)63;
+    char *base = cpu->scratch;
+    b->q = (int8_t *)base;
+    b->d = (float *)(base + q);
+    b->s = (float *)(base + q + f);
+    b->sum = (int32_t *)(base + q + 2 * f);
+    b->nb = nb;
+    return true;
+}
+
+nstf_status nstf_cpu_reserve(nstf_cpu *cpu, int64_t n_tok, int64_t n_in) {
+    if (!cpu) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_cpu_reserve: cpu is NULL");
+    uint64_t need;
+    if (!xq_bytes(n_tok, n_in, &need) || need > SIZE_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_cpu_reserve: bad or overflowing shape n_tok=%lld n_in=%lld",
+                              (long long)n_tok, (long long)n_in);
+    if (need <= cpu->scratch_bytes) return NSTF_OK;
+    void *p = nstf_alloc((size_t)need, "cpu scratch arena");
+    if (!p) return NSTF_ERR_OOM;
+    nstf_free(cpu->scratch);
+    cpu->scratch = p;
+    cpu->scratch_bytes = (size_t)need;
+    return NSTF_OK;
+}
+
+void nstf_cpu_release(nstf_cpu *cpu) {
+    if (!cpu) return;
+    nstf_free(cpu->scratch);
+    cpu->scratch = NULL;
+    cpu->scratch_bytes = 0;
+}
+
+/* ---- activation quantization ----------------------------------------------
+ * Per block of 32: amax = max|x|, d = amax / 127, id = 127 / amax (0 if
+ * amax == 0), q = round-half-even(x * id), s = d * sum(q). The AVX2 and
+ * scalar versions compute bit-identical results. */
+static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_t *sum,
+                           int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+#if NSTF_MATMUL_AVX2
+        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid)); /* MXCSR: nearest-even */
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        __m256i vs = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vs), _mm256_extracti128_si256(vs, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        int isum = _mm_cvtsi128_si32(s4);
+        /* packs interleave 128-bit lanes; the permute restores element order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), p);
+#else
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int isum = 0;
+        for (int j = 0; j < QK; j++) {
+            int v = (int)nearbyintf(xb[j] * id);
+            q[b * QK + j] = (int8_t)v;
+            isum += v;
+        }
+#endif
+        d[b] = dd;
+        s[b] = dd * (float)isum;
+        sum[b] = isum;
+    }
+}
+
+/* ---- tiles ----------------------------------------------------------------
+ * A tile computes y[t0 + t, r0 + r] for r < rm <= RM, t < rn <= RN. */
+
+typedef struct {
+    nstf_type wtype;
+    const uint8_t *w; /* [n_out] rows of row_bytes */
+    uint64_t row_bytes;
+    const float *x; /* [n_tok, n_in] */
+    xq_buf xq;      /* quantized x (quantized wtypes, fast path) */
+    float *y;       /* [n_tok, n_out] */
+    int64_t n_tok, n_in, n_out;
+    int rm, rn;     /* tile shape */
+} mm_ctx;
+
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+enum { KIND_F32, KIND_F16, KIND_BF16 };
+
+#define RM_Q 8 /* rows per quantized tile: the 8 lanes of a vector */
+#define RN_Q 4
+#define RM_F 4
+#define RN_F 2
+
+#if NSTF_MATMUL_AVX2
+
+static ALWAYS_INLINE float fp16_load(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 packed bytes -> 32 nibbles in element order (low nibbles = elements
+ * 0..15, high nibbles = 16..31). */
+static ALWAYS_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
+    /* same 16 bytes in both halves (a load), shift the upper half by 4 */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* Sums of four vectors -> one __m128 {sum a, sum b, sum c, sum d}. */
+static ALWAYS_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    __m256 abcd = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+static ALWAYS_INLINE float hsum1(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Store acc[r][t] (lane sums) to y; RM == 4 writes 4 rows of a token at once. */
+#define STORE_TILE(RM_, RN_, acc, y, ldy)                                                   \
+    do {                                                                                    \
+        _Pragma("GCC unroll 4") for (int t = 0; t < (RN_); t++) {                           \
+            if ((RM_) == 4) {                                                               \
+                _mm_storeu_ps((y) + t * (ldy),                                              \
+                              hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));           \
+            } else {                                                                        \
+                _Pragma("GCC unroll 4") for (int r = 0; r < (RM_); r++)(y)[t * (ldy) + r] = \
+                    hsum1(acc[r][t]);                                                       \
+            }                                                                               \
+        }                                                                                   \
+    } while (0)
+
+/* Quantized tile: 8 weight rows x RN tokens. Lane r of every vector belongs
+ * to weight row r (rows past rm repeat row rm - 1 and are not stored), so
+ * the per-block scales of the 8 rows form one vector and each token's 8
+ * results are stored with one (masked) store. Per block and token the 8
+ * rows' maddubs results are summed to one int32 lane each by a hadd tree:
+ * for 4-bit weights in int16 (|sum of 16 products| <= 16*15*127 = 30480
+ * fits), for Q8_0 after _mm256_madd_epi16 in int32. */
+/* Sum of 2 vectors' halves, interleaved: unpack{lo,hi} + add is cheaper than
+ * vphaddw here (measured on Zen 3: hadd ~1/cycle, unpack/add 3-4/cycle). */
+static ALWAYS_INLINE __m256i fold16(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b));
+}
+static ALWAYS_INLINE __m256i fold32(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+static ALWAYS_INLINE __m256i fold64(__m256i a, __m256i b) {
+    return _mm256_add_epi16(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+}
+static ALWAYS_INLINE __m256i reduce8_q4(const __m256i p[8]) {
+    /* per 128-bit half, int16 lanes after each level: rows (0,1)x4, (0..3)x2, (0..7)x1 */
+    __m256i c = fold64(fold32(fold16(p[0], p[1]), fold16(p[2], p[3])),
+                       fold32(fold16(p[4], p[5]), fold16(p[6], p[7])));
+    /* the two 128-bit halves hold partial sums of rows 0..7: widen and add */
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(c)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(c, 1)));
+}
+static ALWAYS_INLINE __m256i reduce8_q8(const __m256i p[8]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i q[8], a[4];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; r++) q[r] = _mm256_madd_epi16(p[r], ones);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) /* per half: rows (2r, 2r+1) x 2 */
+        a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(q[2 * r], q[2 * r + 1]),
+                                _mm256_unpackhi_epi32(q[2 * r], q[2 * r + 1]));
+    /* per half: rows 0..3 and rows 4..7 */
+    __m256i b0 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
+    __m256i b1 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+                            _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t *w,
+                                     uint64_t row_bytes, int rm, const int8_t *xq,
+                                     const float *xd, const float *xs, const int32_t *xsum,
+                                     int64_t nb, float *y, int64_t ldy) {
+    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34;
+    const uint8_t *wr[8];
+    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    /* gather the 8 rows' scale words when the row offsets fit the int32 index */
+    const bool gather = false && row_bytes * 8 + (uint64_t)nb * bbytes < (1u << 31);
+    const __m256i vidx = _mm256_setr_epi32(
+        (int)(wr[0] - w), (int)(wr[1] - w), (int)(wr[2] - w), (int)(wr[3] - w),
+        (int)(wr[4] - w), (int)(wr[5] - w), (int)(wr[6] - w), (int)(wr[7] - w));
+    /* bytes {0,1,4,5,8,9,12,13} = low halves (d), {2,3,...} = high halves (m) */
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+
+    for (int64_t b = 0; b < nb; b++) {
+        const uint64_t off = (uint64_t)b * bbytes;
+        /* scales of the 8 rows: first 4 bytes of each block (d, and m for Q4_1) */
+        __m256i h;
+        if (gather) {
+            h = _mm256_i32gather_epi32((const int *)(w + off), vidx, 1);
+        } else {
+            uint32_t u[8];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++) memcpy(&u[r], wr[r] + off, 4);
+            h = _mm256_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3], (int)u[4],
+                                  (int)u[5], (int)u[6], (int)u[7]);
+        }
+        h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, split), 0xd8);
+        const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 mv = _mm256_setzero_ps();
+        if (kind == KIND_Q4_1) mv = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+
+        __m256i wv[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            if (kind == KIND_Q8_0)
+                wv[r] = _mm256_loadu_si256((const __m256i *)(wr[r] + off + 2));
+            else
+                wv[r] = unpack_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) {
+            const __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
+            __m256i p[8], isum;
+            if (kind == KIND_Q8_0) {
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    p[r] = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]),
+                                                _mm256_sign_epi8(xv, wv[r]));
+                isum = reduce8_q8(p);
+            } else {
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) p[r] = _mm256_maddubs_epi16(wv[r], xv);
+                isum = reduce8_q4(p);
+            }
+            if (kind == KIND_Q4_0) /* q - 8: subtract 8 * sum(xq), exactly */
+                isum = _mm256_sub_epi32(isum,
+                                        _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]), 3));
+            __m256 dd = _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+            if (kind == KIND_Q4_1)
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
+        }
+    }
+    if (rm == 8) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
+    }
+}
+
+static ALWAYS_INLINE __m256 load8_w(const int kind, const uint8_t *row, int64_t i) {
+    if (kind == KIND_F32) return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (kind == KIND_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#endif /* NSTF_MATMUL_AVX2 */
+
+static inline float load1_w(nstf_type wtype, const uint8_t *row, int64_t i) {
+    uint16_t h;
+    switch (wtype) {
+    case NSTF_TYPE_F16: memcpy(&h, row + 2 * i, 2); return nstf_fp16_to_f32(h);
+    case NSTF_TYPE_BF16: memcpy(&h, row + 2 * i, 2); return nstf_bf16_to_f32(h);
+    default: {
+        float f;
+        memcpy(&f, row + 4 * i, 4);
+        return f;
+    }
+    }
+}
+
+#if NSTF_MATMUL_AVX2
+static ALWAYS_INLINE void tile_float(const int kind, const int RM, const int RN,
+                                     nstf_type wtype, const uint8_t *w, uint64_t row_bytes,
+                                     const float *x, int64_t n_in, float *y, int64_t ldy) {
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t n8 = n_in & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 xv[4];
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) xv[t] = _mm256_loadu_ps(x + t * n_in + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            __m256 wv = load8_w(kind, w + r * row_bytes, i);
+#pragma GCC unroll 4
+            for (int t = 0; t < RN; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    STORE_TILE(RM, RN, acc, y, ldy);
+    if (n8 < n_in) {
+        for (int t = 0; t < RN; t++)
+            for (int r = 0; r < RM; r++) {
+                float s = 0.0f;
+                for (int64_t i = n8; i < n_in; i++)
+                    s += load1_w(wtype, w + r * row_bytes, i) * x[t * n_in + i];
+                y[t * ldy + r] += s;
+            }
+    }
+}
+#endif
+
+/* ---- portable scalar tiles (also the model of the SIMD arithmetic) -------- */
+#if !NSTF_MATMUL_AVX2
+static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
+                              uint64_t row_bytes, const int8_t *xq, const float *xd,
+                              const float *xs, const int32_t *xsum, int64_t nb, float *y,
+                              int64_t ldy) {
+    for (int r = 0; r < rm; r++)
+        for (int t = 0; t < rn; t++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const int8_t *xb = xq + (t * nb + b) * QK;
+                float dx = xd[t * nb + b], sx = xs[t * nb + b];
+                int isum = 0;
+                if (wtype == NSTF_TYPE_Q8_0) {
+                    const nstf_block_q8_0 *bl = (const nstf_block_q8_0 *)(w + r * row_bytes) + b;
+                    for (int j = 0; j < QK; j++) isum += bl->qs[j] * xb[j];
+                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
+                } else if (wtype == NSTF_TYPE_Q4_1) {
+                    const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)(w + r * row_bytes) + b;
+                    for (int j = 0; j < QK / 2; j++)
+                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx) +
+                           nstf_fp16_to_f32(bl->m) * sx;
+                } else {
+                    const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)(w + r * row_bytes) + b;
+                    for (int j = 0; j < QK / 2; j++)
+                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+                    isum -= 8 * xsum[t * nb + b];
+                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
+                }
+            }
+            y[t * ldy + r] = acc;
+        }
+}
+
+static void tile_float_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
+                              uint64_t row_bytes, const float *x, int64_t n_in, float *y,
+                              int64_t ldy) {
+    for (int r = 0; r < rm; r++)
+        for (int t = 0; t < rn; t++) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < n_in; i++)
+                acc += load1_w(wtype, w + r * row_bytes, i) * x[t * n_in + i];
+            y[t * ldy + r] = acc;
+        }
+}
+#endif
+
+/* ---- tile dispatch --------------------------------------------------------- */
+#if NSTF_MATMUL_AVX2
+typedef void (*qtile_fn)(const uint8_t *, uint64_t, int, const int8_t *, const float *,
+                         const float *, const int32_t *, int64_t, float *, int64_t);
+typedef void (*ftile_fn)(const uint8_t *, uint64_t, const float *, int64_t, float *, int64_t);
+
+#define DEF_QTILE(K, RN)                                                                     \
+    static void qtile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const int8_t *xq,    \
+                                 const float *xd, const float *xs, const int32_t *xsum,      \
+                                 int64_t nb, float *y, int64_t ldy) {                        \
+        tile_quant(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                   \
+    }
+#define DEF_QTILES_K(K) DEF_QTILE(K, 1) DEF_QTILE(K, 2) DEF_QTILE(K, 3) DEF_QTILE(K, 4)
+DEF_QTILES_K(Q4_0)
+DEF_QTILES_K(Q4_1)
+DEF_QTILES_K(Q8_0)
+#define QTILE_TAB(K) {qtile_##K##_1, qtile_##K##_2, qtile_##K##_3, qtile_##K##_4}
+static const qtile_fn k_qtiles[3][RN_Q] = {QTILE_TAB(Q4_0), QTILE_TAB(Q4_1), QTILE_TAB(Q8_0)};
+
+#define DEF_FTILE(K, RM, RN)                                                                 \
+    static void ftile_##K##_##RM##_##RN(const uint8_t *w, uint64_t rb, const float *x,       \
+                                        int64_t n_in, float *y, int64_t ldy) {               \
+        tile_float(KIND_##K, RM, RN, NSTF_TYPE_##K, w, rb, x, n_in, y, ldy);                 \
+    }
+#define DEF_FTILES_K(K)                                                                      \
+    DEF_FTILE(K, 1, 1) DEF_FTILE(K, 1, 2) DEF_FTILE(K, 2, 1) DEF_FTILE(K, 2, 2)              \
+    DEF_FTILE(K, 3, 1) DEF_FTILE(K, 3, 2) DEF_FTILE(K, 4, 1) DEF_FTILE(K, 4, 2)
+DEF_FTILES_K(F32)
+DEF_FTILES_K(F16)
+DEF_FTILES_K(BF16)
+#define FTILE_ROW(K, RM) {ftile_##K##_##RM##_1, ftile_##K##_##RM##_2}
+#define FTILE_TAB(K) {FTILE_ROW(K, 1), FTILE_ROW(K, 2), FTILE_ROW(K, 3), FTILE_ROW(K, 4)}
+static const ftile_fn k_ftiles[3][RM_F][RN_F] = {FTILE_TAB(F32), FTILE_TAB(F16), FTILE_TAB(BF16)};
+#endif
+
+#if NSTF_MATMUL_AVX2
+static int quant_kind(nstf_type t) {
+    return t == NSTF_TYPE_Q4_0 ? KIND_Q4_0 : t == NSTF_TYPE_Q4_1 ? KIND_Q4_1 : KIND_Q8_0;
+}
+static int float_kind(nstf_type t) {
+    return t == NSTF_TYPE_F32 ? KIND_F32 : t == NSTF_TYPE_F16 ? KIND_F16 : KIND_BF16;
+}
+#endif
+static bool is_quant(nstf_type t) {
+    return t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1 || t == NSTF_TYPE_Q8_0;
+}
+
+static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0) {
+    int rm = (int)(c->n_out - r0 < c->rm ? c->n_out - r0 : c->rm);
+    int rn = (int)(c->n_tok - t0 < c->rn ? c->n_tok - t0 : c->rn);
+    const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
+    float *y = c->y + t0 * c->n_out + r0;
+    if (is_quant(c->wtype)) {
+        int64_t nb = c->xq.nb;
+        const int8_t *xq = c->xq.q + t0 * nb * QK;
+        const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
+        const int32_t *xsum = c->xq.sum + t0 * nb;
+#if NSTF_MATMUL_AVX2
+        k_qtiles[quant_kind(c->wtype)][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
+                                               c->n_out);
+#else
+        tile_quant_scalar(c->wtype, rm, rn, w, c->row_bytes, xq, xd, xs, xsum, nb, y, c->n_out);
+#endif
+    } else {
+        const float *x = c->x + t0 * c->n_in;
+#if NSTF_MATMUL_AVX2
+        k_ftiles[float_kind(c->wtype)][rm - 1][rn - 1](w, c->row_bytes, x, c->n_in, y, c->n_out);
+#else
+        tile_float_scalar(c->wtype, rm, rn, w, c->row_bytes, x, c->n_in, y, c->n_out);
+#endif
+    }
+}
+
+static void mm_worker(void *p, int ith, int nth) {
+    const mm_ctx *c = p;
+    int64_t n_rt = (c->n_out + c->rm - 1) / c->rm, n_tt = (c->n_tok + c->rn - 1) / c->rn;
+    int64_t lo, hi;
+    nstf_split_range(n_rt * n_tt, 1, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) run_tile(c, (i / n_tt) * c->rm, (i % n_tt) * c->rn);
+}
+
+static void quantize_worker(void *p, int ith, int nth) {
+    const mm_ctx *c = p;
+    int64_t lo, hi, nb = c->xq.nb;
+    nstf_split_range(c->n_tok, 1, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        quantize_x_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb,
+                       c->xq.s + t * nb, c->xq.sum + t * nb, nb);
+}
+
+/* Slow path for quantized weights when the arena is too small: dequantize
+ * each weight block (32 values on the stack) and dot it with fp32 x. */
+static void fallback_worker(void *p, int ith, int nth) {
+    const mm_ctx *c = p;
+    int64_t lo, hi, nb = c->n_in / QK;
+    uint64_t bbytes = (uint64_t)nstf_type_block_bytes(c->wtype);
+    nstf_split_range(c->n_out, 1, ith, nth, &lo, &hi);
+    for (int64_t o = lo; o < hi; o++) {
+        const uint8_t *row = c->w + (uint64_t)o * c->row_bytes;
+        for (int64_t t = 0; t < c->n_tok; t++) c->y[t * c->n_out + o] = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            float wb[QK];
+            nstf_dequantize_row(c->wtype, row + b * bbytes, wb, QK);
+            for (int64_t t = 0; t < c->n_tok; t++) {
+                const float *xb = c->x + t * c->n_in + b * QK;
+                float s = 0.0f;
+                for (int j = 0; j < QK; j++) s += wb[j] * xb[j];
+                c->y[t * c->n_out + o] += s;
+            }
+        }
+    }
+}
+
+void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,
+                     int64_t n_tok, int64_t n_in, int64_t n_out) {
+    if (n_tok <= 0 || n_out <= 0) return;
+    nstf_pool *pool = cpu ? cpu->pool : NULL;
+    mm_ctx c = {.wtype = wtype, .w = w, .x = x, .y = y, .n_tok = n_tok, .n_in = n_in,
+                .n_out = n_out};
+    if (!nstf_type_valid((uint32_t)wtype) || n_in < 0 ||
+        !nstf_type_row_bytes(wtype, n_in, &c.row_bytes)) {
+        /* precondition broken (quantized n_in not a multiple of 32): make it loud */
+        for (int64_t i = 0; i < n_tok * n_out; i++) y[i] = NAN;
+        return;
+    }
+    if (is_quant(wtype)) {
+        if (!xq_carve(cpu, n_tok, n_in, &c.xq)) {
+            nstf_pool_run(pool, fallback_worker, &c);
+            return;
+        }
+        c.rm = RM_Q;
+        c.rn = RN_Q;
+        if (n_tok < 8 || nstf_pool_size(pool) == 1)
+            quantize_worker(&c, 0, 1);
+        else
+            nstf_pool_run(pool, quantize_worker, &c);
+    } else {
+        c.rm = RM_F;
+        c.rn = RN_F;
+    }
+    nstf_pool_run(pool, mm_worker, &c);
+}
