@@ -287,8 +287,17 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
 #pragma GCC unroll 4
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
 
+    /* Decode (RN == 1) streams weights from DRAM: prefetch the next 8 rows
+     * (the next tile) at the pace this tile consumes its own, 8 blocks per
+     * step, so the memory system runs ahead of the arithmetic. */
+    const uint8_t *pf = w + 8 * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         const uint64_t off = (uint64_t)b * bbytes;
+        if (RN == 1) {
+#pragma GCC unroll 6
+            for (int k = 0; k < 8 * bbytes; k += 64) _mm_prefetch((const char *)pf + k, _MM_HINT_T0);
+            pf += 8 * bbytes;
+        }
         /* scales of the 8 rows: first 4 bytes of each block (d, and m for Q4_1) */
         __m256i h;
         if (gather) {
@@ -499,9 +508,9 @@ static bool is_quant(nstf_type t) {
     return t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1 || t == NSTF_TYPE_Q8_0;
 }
 
-static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0) {
+static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
     int rm = (int)(c->n_out - r0 < c->rm ? c->n_out - r0 : c->rm);
-    int rn = (int)(c->n_tok - t0 < c->rn ? c->n_tok - t0 : c->rn);
+    int rn = (int)(t_end - t0 < c->rn ? t_end - t0 : c->rn);
     const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
     float *y = c->y + t0 * c->n_out + r0;
     if (is_quant(c->wtype)) {
@@ -525,12 +534,24 @@ static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0) {
     }
 }
 
+/* Threads split the row tiles (each keeps its weight rows hot) unless there
+ * are too few of them, then the tokens. Inside, tokens go in chunks of
+ * TOK_CHUNK so a chunk's activations stay in L1 while all of the thread's
+ * rows pass over them. */
+#define TOK_CHUNK 32
 static void mm_worker(void *p, int ith, int nth) {
     const mm_ctx *c = p;
-    int64_t n_rt = (c->n_out + c->rm - 1) / c->rm, n_tt = (c->n_tok + c->rn - 1) / c->rn;
-    int64_t lo, hi;
-    nstf_split_range(n_rt * n_tt, 1, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) run_tile(c, (i / n_tt) * c->rm, (i % n_tt) * c->rn);
+    int64_t n_rt = (c->n_out + c->rm - 1) / c->rm;
+    int64_t r_lo = 0, r_hi = n_rt, t_lo = 0, t_hi = c->n_tok;
+    if (n_rt >= 4 * nth || c->n_tok < 2 * nth * c->rn)
+        nstf_split_range(n_rt, 1, ith, nth, &r_lo, &r_hi);
+    else
+        nstf_split_range(c->n_tok, c->rn, ith, nth, &t_lo, &t_hi);
+    for (int64_t tc = t_lo; tc < t_hi; tc += TOK_CHUNK) {
+        int64_t tc_hi = tc + TOK_CHUNK < t_hi ? tc + TOK_CHUNK : t_hi;
+        for (int64_t rt = r_lo; rt < r_hi; rt++)
+            for (int64_t t0 = tc; t0 < tc_hi; t0 += c->rn) run_tile(c, rt * c->rm, t0, tc_hi);
+    }
 }
 
 static void quantize_worker(void *p, int ith, int nth) {
