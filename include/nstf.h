@@ -58,6 +58,8 @@ typedef struct nstf_session_params {
     int n_threads;      /* CPU threads; 0 = every core */
     const char *device; /* "cpu", "gpu" or "auto" (default: GPU if present) */
     bool verbose;       /* log model and device details to stderr */
+    bool precise;       /* CPU: fp32 activations in every matmul (slower; matches
+                           fp32 references to rounding) instead of 8-bit blocks */
 } nstf_session_params;
 
 typedef struct nstf_gen_stats {

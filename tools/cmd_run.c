@@ -33,6 +33,8 @@ static void run_usage(FILE *f) {
             "      --stream            print tokens as they are generated\n"
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --device DEV        cpu, gpu or auto (default auto: GPU when present)\n"
+            "      --precise           CPU: keep activations in fp32 in every matmul (slower;\n"
+            "                          default quantizes them to 8-bit blocks, as llama.cpp does)\n"
             "  -v, --verbose           print model and device details\n"
             "  -h, --help              this text\n"
             "\n"
@@ -137,6 +139,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(a, "--device")) { VAL(); sp.device = v; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) sp.verbose = true;
+        else if (!strcmp(a, "--precise")) sp.precise = true;
         else { fprintf(stderr, "nstf run: unknown option '%s' (see nstf run --help)\n", a); return 2; }
 #undef VAL
     }

@@ -11,6 +11,7 @@
 #include "core/mem.h"
 
 #define SPIN_ITERS 20000 /* ~tens of microseconds before a worker sleeps */
+#define YIELD_AFTER 2000 /* spins before the caller yields while waiting */
 
 struct nstf_pool {
     int n;
@@ -41,6 +42,7 @@ static void *worker(void *p) {
 #if defined(__x86_64__) || defined(__i386__)
                 __builtin_ia32_pause();
 #endif
+                if (spins % YIELD_AFTER == 0) sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool->mu);
@@ -114,9 +116,17 @@ void nstf_pool_run(nstf_pool *pool, nstf_pool_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool->cv);
     pthread_mutex_unlock(&pool->mu);
     fn(ctx, 0, pool->n);
+    /* Wait for the workers. A worker that lost its core (more threads than
+     * free cores) would leave us spinning for a whole time slice, so after
+     * a short spin give the core away. */
+    int spins = 0;
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) {
+        if (++spins < YIELD_AFTER) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
+        } else {
+            sched_yield();
+        }
     }
 }

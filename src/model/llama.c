@@ -252,7 +252,10 @@ void nstf_llama_state_free(nstf_llama_state *s) {
 /* ---- forward ------------------------------------------------------------------ */
 
 static void matmul(nstf_cpu *cpu, const nstf_matrix *w, const float *x, float *y, int n) {
-    nstf_cpu_matmul(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
+    if (cpu->precise)
+        nstf_cpu_matmul_precise(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
+    else
+        nstf_cpu_matmul(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
 }
 
 nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cpu *cpu,

@@ -64,6 +64,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (st == NSTF_OK) st = nstf_pool_create(p.n_threads ? p.n_threads : nstf_cpu_count(), &s->pool);
     if (st == NSTF_OK) {
         s->cpu.pool = s->pool;
+        s->cpu.precise = p.precise;
         const nstf_llama_config *c = &s->model->cfg;
         int widest = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
         if (c->n_heads * c->head_dim > widest) widest = c->n_heads * c->head_dim;

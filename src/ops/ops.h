@@ -15,6 +15,7 @@
 #ifndef NSTF_OPS_H
 #define NSTF_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,6 +88,7 @@ void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] 
 
 typedef struct nstf_cpu {
     nstf_pool *pool;      /* not owned */
+    bool precise;         /* model matmuls use nstf_cpu_matmul_precise */
     void *scratch;        /* owned; e.g. quantized activations for matmul */
     size_t scratch_bytes;
 } nstf_cpu;
@@ -104,6 +106,12 @@ void nstf_cpu_rmsnorm(nstf_cpu *cpu, const float *x, const float *w, float *y, i
 void nstf_cpu_add(nstf_cpu *cpu, const float *a, const float *b, float *y, int64_t n);
 void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,
                      int64_t n_tok, int64_t n_in, int64_t n_out);
+/* Same contract as nstf_cpu_matmul, but activations stay fp32 (quantized
+ * weights are dequantized on the fly): comparable with an fp32 reference to
+ * rounding. Chunks of 1024 values: n_in must be a multiple of 32 for the
+ * quantized types. Allocates nothing. */
+void nstf_cpu_matmul_precise(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x,
+                             float *y, int64_t n_tok, int64_t n_in, int64_t n_out);
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode);
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
