@@ -1,0 +1,534 @@
+/* ops_cpu.c — the fast CPU paths of every op except matmul (matmul.c):
+ * get_rows, rmsnorm, add, rope, attention, swiglu, argmax.
+ *
+ * Each op splits its work over the thread pool (cpu->pool; NULL means one
+ * thread) with nstf_pool_run + nstf_split_range, and uses AVX2/FMA
+ * intrinsics where they pay, with a portable scalar fallback when the
+ * build target lacks them. No op allocates: scratch is small fixed-size
+ * stack arrays, and longer extents are walked in chunks of that size
+ * (attention uses an online softmax, flash-attention style, so any context
+ * length runs without allocation). Ops with little work run inline on the
+ * calling thread: waking the pool costs more than they do. */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "ops/ops.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define NSTF_CPU_AVX2 1
+#else
+#define NSTF_CPU_AVX2 0
+#endif
+
+/* Below this many scalar operations an op runs inline: a pool wake-up
+ * costs ~1-3 us, about what 16k fp32 adds cost one core. */
+#define PAR_MIN_WORK 16384
+
+static int cpu_threads(const nstf_cpu *cpu) {
+    return cpu && cpu->pool ? nstf_pool_size(cpu->pool) : 1;
+}
+
+static void cpu_run(const nstf_cpu *cpu, nstf_pool_fn fn, void *ctx, int64_t work) {
+    if (cpu_threads(cpu) > 1 && work >= PAR_MIN_WORK)
+        nstf_pool_run(cpu->pool, fn, ctx);
+    else
+        fn(ctx, 0, 1);
+}
+
+/* ---- SIMD helpers --------------------------------------------------------- */
+
+#if NSTF_CPU_AVX2
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x, Cephes expf polynomial (~2 ulp on [-87.3, 88.3]); inputs are clamped
+ * to that range so the 2^n scale stays a normal float: below it returns
+ * ~1e-38 instead of 0, above it ~2e38 instead of inf, harmless for softmax
+ * weights and silu. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* r = x - n ln2, with ln2 split in two so r is exact enough */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* ---- get_rows ------------------------------------------------------------- */
+
+typedef struct {
+    nstf_type type;
+    const unsigned char *table; /* [n_rows, row_bytes] */
+    uint64_t row_bytes;
+    const int32_t *ids;         /* [n_tok] */
+    float *out;                 /* [n_tok, dim] */
+    int64_t n_tok, dim;
+} get_rows_ctx;
+
+static void get_rows_fn(void *p, int ith, int nth) {
+    const get_rows_ctx *c = p;
+    int64_t t0, t1;
+    nstf_split_range(c->n_tok, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        nstf_dequantize_row(c->type, c->table + (uint64_t)c->ids[t] * c->row_bytes,
+                            c->out + t * c->dim, c->dim);
+}
+
+/* Results are bit-identical to nstf_dequantize_row (it is what runs). */
+void nstf_cpu_get_rows(nstf_cpu *cpu, nstf_type type, const void *table, const int32_t *ids,
+                       float *out, int64_t n_tok, int64_t dim) {
+    get_rows_ctx c = {type, table, 0, ids, out, n_tok, dim};
+    if (!nstf_type_row_bytes(type, dim, &c.row_bytes)) return;
+    cpu_run(cpu, get_rows_fn, &c, n_tok * dim);
+}
+
+/* ---- rmsnorm -------------------------------------------------------------- */
+
+typedef struct {
+    const float *x, *w; /* [n_tok, dim], [dim] */
+    float *y;           /* [n_tok, dim] */
+    int64_t n_tok, dim;
+    float eps;
+} rmsnorm_ctx;
+
+static void rmsnorm_fn(void *p, int ith, int nth) {
+    const rmsnorm_ctx *c = p;
+    const int64_t dim = c->dim;
+    int64_t t0, t1;
+    nstf_split_range(c->n_tok, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x = c->x + t * dim;
+        float *y = c->y + t * dim;
+        int64_t i = 0;
+        float ss = 0;
+#if NSTF_CPU_AVX2
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (; i + 16 <= dim; i += 16) {
+            __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+            a0 = _mm256_fmadd_ps(v0, v0, a0);
+            a1 = _mm256_fmadd_ps(v1, v1, a1);
+        }
+        ss = hsum256(_mm256_add_ps(a0, a1));
+#endif
+        for (; i < dim; i++) ss += x[i] * x[i];
+        float inv = (float)(1.0 / sqrt((double)ss / (double)dim + (double)c->eps));
+        i = 0;
+#if NSTF_CPU_AVX2
+        __m256 vinv = _mm256_set1_ps(inv);
+        for (; i + 8 <= dim; i += 8)
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv),
+                                                  _mm256_loadu_ps(c->w + i)));
+#endif
+        for (; i < dim; i++) y[i] = x[i] * inv * c->w[i];
+    }
+}
+
+void nstf_cpu_rmsnorm(nstf_cpu *cpu, const float *x, const float *w, float *y, int64_t n_tok,
+                      int64_t dim, float eps) {
+    rmsnorm_ctx c = {x, w, y, n_tok, dim, eps};
+    cpu_run(cpu, rmsnorm_fn, &c, n_tok * dim);
+}
+
+/* ---- add, swiglu (elementwise) -------------------------------------------- */
+
+typedef struct {
+    const float *a, *b; /* [n] each */
+    float *y;           /* [n]; may alias a or b */
+    int64_t n;
+} ew_ctx;
+
+static void add_fn(void *p, int ith, int nth) {
+    const ew_ctx *c = p;
+    int64_t i, i1;
+    nstf_split_range(c->n, 64, ith, nth, &i, &i1); /* 64 floats: whole cache lines */
+#if NSTF_CPU_AVX2
+    for (; i + 8 <= i1; i += 8)
+        _mm256_storeu_ps(c->y + i, _mm256_add_ps(_mm256_loadu_ps(c->a + i), _mm256_loadu_ps(c->b + i)));
+#endif
+    for (; i < i1; i++) c->y[i] = c->a[i] + c->b[i];
+}
+
+void nstf_cpu_add(nstf_cpu *cpu, const float *a, const float *b, float *y, int64_t n) {
+    ew_ctx c = {a, b, y, n};
+    cpu_run(cpu, add_fn, &c, n);
+}
+
+/* y = gate * up / (1 + e^-gate); a = gate, b = up */
+static void swiglu_fn(void *p, int ith, int nth) {
+    const ew_ctx *c = p;
+    int64_t i, i1;
+    nstf_split_range(c->n, 64, ith, nth, &i, &i1);
+#if NSTF_CPU_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= i1; i += 8) {
+        __m256 g = _mm256_loadu_ps(c->a + i), u = _mm256_loadu_ps(c->b + i);
+        __m256 e = exp256(_mm256_sub_ps(zero, g));
+        _mm256_storeu_ps(c->y + i, _mm256_div_ps(_mm256_mul_ps(g, u), _mm256_add_ps(one, e)));
+    }
+#endif
+    for (; i < i1; i++) {
+        float g = c->a[i];
+        c->y[i] = g * c->b[i] / (1.0f + expf(-g));
+    }
+}
+
+void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n) {
+    ew_ctx c = {gate, up, y, n};
+    cpu_run(cpu, swiglu_fn, &c, 8 * n); /* an exp and a divide per element */
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+/* Pairs per sin/cos table chunk (the table lives on the stack). */
+#define ROPE_CHUNK 64
+
+typedef struct {
+    float *x;          /* [n_tok, n_heads, head_dim] */
+    const int32_t *pos; /* [n_tok] */
+    int64_t n_tok;
+    int n_heads, head_dim;
+    double freq_ratio; /* base^(-2/head_dim): inv_freq[i] = freq_ratio^i */
+    nstf_rope_mode mode;
+} rope_ctx;
+
+static void rope_fn(void *p, int ith, int nth) {
+    const rope_ctx *c = p;
+    const int half = c->head_dim / 2;
+    const double two_pi = 6.283185307179586476925;
+    int64_t t0, t1;
+    nstf_split_range(c->n_tok, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        float *xt = c->x + t * c->n_heads * c->head_dim;
+        double inv_freq = 1.0; /* freq_ratio^i, carried across chunks */
+        for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+            int n = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+            /* cos/sin of theta_i = pos * inv_freq_i. theta is formed and
+             * reduced mod 2 pi in double so that float sin/cos see an
+             * argument accurate to ~1e-7 absolute even at large positions. */
+            float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+            for (int i = 0; i < n; i++) {
+                double th = (double)c->pos[t] * inv_freq;
+                th -= two_pi * floor(th / two_pi + 0.5);
+                cs[i] = cosf((float)th);
+                sn[i] = sinf((float)th);
+                inv_freq *= c->freq_ratio;
+            }
+            if (c->mode == NSTF_ROPE_NEOX) {
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *a = xt + h * c->head_dim + i0, *b = a + half;
+                    int i = 0;
+#if NSTF_CPU_AVX2
+                    for (; i + 8 <= n; i += 8) {
+                        __m256 va = _mm256_loadu_ps(a + i), vb = _mm256_loadu_ps(b + i);
+                        __m256 vc = _mm256_loadu_ps(cs + i), vs = _mm256_loadu_ps(sn + i);
+                        _mm256_storeu_ps(a + i, _mm256_fmsub_ps(va, vc, _mm256_mul_ps(vb, vs)));
+                        _mm256_storeu_ps(b + i, _mm256_fmadd_ps(va, vs, _mm256_mul_ps(vb, vc)));
+                    }
+#endif
+                    for (; i < n; i++) {
+                        float va = a[i], vb = b[i];
+                        a[i] = va * cs[i] - vb * sn[i];
+                        b[i] = va * sn[i] + vb * cs[i];
+                    }
+                }
+            } else {
+#if NSTF_CPU_AVX2
+                /* interleaved tables: cc = (c0,c0,c1,c1,..), ss = (-s0,s0,-s1,s1,..)
+                 * so y = x * cc + swap_pairs(x) * ss */
+                float cc[2 * ROPE_CHUNK], ss[2 * ROPE_CHUNK];
+                for (int i = 0; i < n; i++) {
+                    cc[2 * i] = cc[2 * i + 1] = cs[i];
+                    ss[2 * i] = -sn[i];
+                    ss[2 * i + 1] = sn[i];
+                }
+#endif
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *xh = xt + h * c->head_dim + 2 * i0;
+                    int i = 0;
+#if NSTF_CPU_AVX2
+                    for (; 2 * i + 8 <= 2 * n; i += 4) {
+                        __m256 v = _mm256_loadu_ps(xh + 2 * i);
+                        __m256 sw = _mm256_permute_ps(v, 0xB1); /* swap each pair */
+                        __m256 r = _mm256_fmadd_ps(v, _mm256_loadu_ps(cc + 2 * i),
+                                                   _mm256_mul_ps(sw, _mm256_loadu_ps(ss + 2 * i)));
+                        _mm256_storeu_ps(xh + 2 * i, r);
+                    }
+#endif
+                    for (; i < n; i++) {
+                        float va = xh[2 * i], vb = xh[2 * i + 1];
+                        xh[2 * i] = va * cs[i] - vb * sn[i];
+                        xh[2 * i + 1] = va * sn[i] + vb * cs[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
+                   int head_dim, float base, nstf_rope_mode mode) {
+    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode};
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+#define ATTN_KCHUNK 128    /* keys scored per step (stack score buffer) */
+#define ATTN_MAX_D 256     /* output dims accumulated per pass (stack) */
+#define ATTN_SPLIT_MIN 256 /* fewest keys per split-KV segment */
+#define ATTN_PART_FLOATS 16384 /* split-KV partials buffer: 64 KiB of stack */
+
+/* dot(q, k) of length n */
+static inline float attn_dot(const float *q, const float *k, int n) {
+    int d = 0;
+    float s = 0;
+#if NSTF_CPU_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; d + 16 <= n; d += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(k + d + 8), a1);
+    }
+    for (; d + 8 <= n; d += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+    s = hsum256(_mm256_add_ps(a0, a1));
+#endif
+    for (; d < n; d++) s += q[d] * k[d];
+    return s;
+}
+
+/* One query against keys [j0, j1) with an online softmax (running max m,
+ * running sum l): acc[0..nd) = sum_j e^(s_j - m) v_j[d0..d0+nd), unnormalised.
+ * Scores go through a stack buffer ATTN_KCHUNK keys at a time; when a
+ * chunk raises the max, acc and l are rescaled by e^(m_old - m_new). */
+static void attn_span(const float *qh /* [head_dim] */,
+                      const float *kh /* [n_ctx, kv_stride] from this kv head */,
+                      const float *vh /* [n_ctx, kv_stride] from this kv head */,
+                      int64_t kv_stride, int head_dim, float scale, int64_t j0, int64_t j1,
+                      int d0, int nd, float *acc /* [nd] */, float *m_out, float *l_out) {
+    float sc[ATTN_KCHUNK];
+    float m = -INFINITY, l = 0;
+    for (int d = 0; d < nd; d++) acc[d] = 0;
+    for (int64_t jc = j0; jc < j1; jc += ATTN_KCHUNK) {
+        int n = j1 - jc < ATTN_KCHUNK ? (int)(j1 - jc) : ATTN_KCHUNK;
+        float cmax = -INFINITY;
+        for (int j = 0; j < n; j++) {
+            sc[j] = scale * attn_dot(qh, kh + (jc + j) * kv_stride, head_dim);
+            cmax = sc[j] > cmax ? sc[j] : cmax;
+        }
+        if (cmax > m) {
+            float corr = expf(m - cmax); /* 0 on the first chunk (m = -inf) */
+            l *= corr;
+            for (int d = 0; d < nd; d++) acc[d] *= corr;
+            m = cmax;
+        }
+        int j = 0;
+#if NSTF_CPU_AVX2
+        __m256 vm = _mm256_set1_ps(m), vl = _mm256_setzero_ps();
+        for (; j + 8 <= n; j += 8) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+            _mm256_storeu_ps(sc + j, e);
+            vl = _mm256_add_ps(vl, e);
+        }
+        l += hsum256(vl);
+#endif
+        for (; j < n; j++) {
+            sc[j] = expf(sc[j] - m);
+            l += sc[j];
+        }
+        const float *v = vh + jc * kv_stride + d0;
+        j = 0;
+#if NSTF_CPU_AVX2
+        /* four keys per pass over acc: a quarter of the acc loads/stores */
+        for (; j + 4 <= n; j += 4) {
+            const float *v0 = v + j * kv_stride, *v1 = v0 + kv_stride, *v2 = v1 + kv_stride,
+                        *v3 = v2 + kv_stride;
+            __m256 p0 = _mm256_set1_ps(sc[j]), p1 = _mm256_set1_ps(sc[j + 1]),
+                   p2 = _mm256_set1_ps(sc[j + 2]), p3 = _mm256_set1_ps(sc[j + 3]);
+            int d = 0;
+            for (; d + 8 <= nd; d += 8) {
+                __m256 a = _mm256_loadu_ps(acc + d);
+                a = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0 + d), a);
+                a = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1 + d), a);
+                a = _mm256_fmadd_ps(p2, _mm256_loadu_ps(v2 + d), a);
+                a = _mm256_fmadd_ps(p3, _mm256_loadu_ps(v3 + d), a);
+                _mm256_storeu_ps(acc + d, a);
+            }
+            for (; d < nd; d++)
+                acc[d] += sc[j] * v0[d] + sc[j + 1] * v1[d] + sc[j + 2] * v2[d] + sc[j + 3] * v3[d];
+        }
+#endif
+        for (; j < n; j++) {
+            const float *vj = v + j * kv_stride;
+            for (int d = 0; d < nd; d++) acc[d] += sc[j] * vj[d];
+        }
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
+typedef struct {
+    const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 */
+    float *out;             /* [n_tok, n_heads, hd] */
+    int64_t n_tok, pos0;
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+    int n_seg;              /* split-KV segments per (t, h); 1 = no split */
+    float *part;            /* [n_tok * n_heads * n_seg, head_dim + 2] when n_seg > 1 */
+    int64_t n_items;
+    atomic_llong next;      /* next item to take (dynamic schedule) */
+} attn_ctx;
+
+/* Items are (t, h[, seg]), handed out by an atomic counter because rows
+ * differ in cost (token t sees pos0 + t + 1 keys). The latest tokens,
+ * the costliest, go first. */
+static void attn_fn(void *p, int ith, int nth) {
+    attn_ctx *c = p;
+    const int group = c->n_heads / c->n_kv_heads, hd = c->head_dim;
+    const int64_t kv_stride = (int64_t)c->n_kv_heads * hd;
+    float acc[ATTN_MAX_D];
+    for (;;) {
+        int64_t it = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+        if (it >= c->n_items) break;
+        int seg = (int)(it % c->n_seg);
+        int64_t pair = it / c->n_seg;
+        int h = (int)(pair % c->n_heads);
+        int64_t t = c->n_tok - 1 - pair / c->n_heads;
+        int64_t n_keys = c->pos0 + t + 1;
+        const float *qh = c->q + (t * c->n_heads + h) * hd;
+        const float *kh = c->k + (int64_t)(h / group) * hd;
+        const float *vh = c->v + (int64_t)(h / group) * hd;
+        float m, l;
+        if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
+            int64_t j0, j1;
+            nstf_split_range(n_keys, 64, seg, c->n_seg, &j0, &j1);
+            float *dst = c->part + ((t * c->n_heads + h) * c->n_seg + seg) * (hd + 2);
+            attn_span(qh, kh, vh, kv_stride, hd, c->scale, j0, j1, 0, hd, dst + 2, &m, &l);
+            dst[0] = m;
+            dst[1] = l;
+            continue;
+        }
+        float *oh = c->out + (t * c->n_heads + h) * hd;
+        for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
+            int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
+            attn_span(qh, kh, vh, kv_stride, hd, c->scale, 0, n_keys, d0, nd, acc, &m, &l);
+            float inv = 1.0f / l;
+            for (int d = 0; d < nd; d++) oh[d0 + d] = acc[d] * inv;
+        }
+    }
+    (void)ith;
+    (void)nth;
+}
+
+/* Parallel over (token, head) pairs. When there are too few pairs to keep
+ * the pool busy (decode: n_tok = 1) and the context is long, each pair's
+ * keys are also split into segments (flash-decoding); every segment leaves
+ * (m, l, acc) in a stack buffer and the caller merges them. */
+void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                        float scale) {
+    float part[ATTN_PART_FLOATS]; /* used only when splitting */
+    const int nth = cpu_threads(cpu);
+    const int64_t n_pairs = n_tok * n_heads, min_keys = pos0 + 1;
+    int n_seg = 1;
+    if (nth > 1 && n_pairs < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+        int64_t want = (4 * (int64_t)nth + n_pairs - 1) / n_pairs;
+        int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
+        int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
+        int64_t s = want < by_keys ? want : by_keys;
+        s = s < by_buf ? s : by_buf;
+        n_seg = s > 1 ? (int)s : 1;
+    }
+    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
+                  n_seg, part, n_pairs * n_seg, 0};
+    atomic_init(&c.next, 0);
+    /* work ~ keys x head_dim x 2 per pair */
+    cpu_run(cpu, attn_fn, &c, n_pairs * (pos0 + (n_tok + 1) / 2) * head_dim * 2);
+    if (n_seg == 1) return;
+    for (int64_t pr = 0; pr < n_pairs; pr++) {
+        const float *ps = part + pr * n_seg * (head_dim + 2);
+        float m = -INFINITY, l = 0;
+        for (int s = 0; s < n_seg; s++) m = ps[s * (head_dim + 2)] > m ? ps[s * (head_dim + 2)] : m;
+        float *oh = out + pr * head_dim;
+        for (int d = 0; d < head_dim; d++) oh[d] = 0;
+        for (int s = 0; s < n_seg; s++) {
+            const float *e = ps + s * (head_dim + 2);
+            float w = expf(e[0] - m);
+            l += w * e[1];
+            for (int d = 0; d < head_dim; d++) oh[d] += w * e[2 + d];
+        }
+        float inv = 1.0f / l;
+        for (int d = 0; d < head_dim; d++) oh[d] *= inv;
+    }
+}
+
+/* ---- argmax --------------------------------------------------------------- */
+
+typedef struct {
+    const float *x; /* [n_rows, n] */
+    int32_t *out;   /* [n_rows] */
+    int64_t n_rows, n;
+} argmax_ctx;
+
+/* Same answer as the reference (first index of the maximum): each SIMD
+ * lane keeps the first index of its own maximum (strict >), and the lanes
+ * are merged by value, then by lowest index. */
+static int64_t argmax_row(const float *x, int64_t n) {
+    int64_t best = 0, j = 1;
+#if NSTF_CPU_AVX2
+    if (n >= 16) {
+        __m256 bv = _mm256_loadu_ps(x);
+        __m256i bi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), ji = bi;
+        const __m256i step = _mm256_set1_epi32(8);
+        for (j = 8; j + 8 <= n && j + 8 <= INT32_MAX; j += 8) {
+            ji = _mm256_add_epi32(ji, step);
+            __m256 v = _mm256_loadu_ps(x + j);
+            __m256 gt = _mm256_cmp_ps(v, bv, _CMP_GT_OQ);
+            bv = _mm256_blendv_ps(bv, v, gt);
+            bi = _mm256_castps_si256(
+                _mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(ji), gt));
+        }
+        float vals[8];
+        int32_t idx[8];
+        _mm256_storeu_ps(vals, bv);
+        _mm256_storeu_si256((__m256i *)idx, bi);
+        best = idx[0];
+        float bval = vals[0];
+        for (int l = 1; l < 8; l++)
+            if (vals[l] > bval || (vals[l] == bval && idx[l] < best)) {
+                bval = vals[l];
+                best = idx[l];
+            }
+    }
+#endif
+    for (; j < n; j++)
+        if (x[j] > x[best]) best = j;
+    return best;
+}
+
+static void argmax_fn(void *p, int ith, int nth) {
+    const argmax_ctx *c = p;
+    int64_t r0, r1;
+    nstf_split_range(c->n_rows, 1, ith, nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) c->out[r] = (int32_t)argmax_row(c->x + r * c->n, c->n);
+}
+
+void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n) {
+    argmax_ctx c = {x, out, n_rows, n};
+    cpu_run(cpu, argmax_fn, &c, n_rows * n);
+}
