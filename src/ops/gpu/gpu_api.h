@@ -94,7 +94,8 @@ nstf_status nstf_gpu_rmsnorm(float *x, const void *res, nstf_type res_type, cons
  * k [n_tok, n_kv_heads, head_dim] (bf16; k may be NULL with n_kv_heads 0).
  * Token t is at position pos[t] (device int32); theta_i = pos *
  * base^(-2i/head_dim); mode NSTF_ROPE_NORM rotates (x[2i], x[2i+1]),
- * NSTF_ROPE_NEOX rotates (x[i], x[i + head_dim/2]). head_dim even. */
+ * NSTF_ROPE_NEOX rotates (x[i], x[i + head_dim/2]). head_dim even, <= 256.
+ * The angle is accurate to ~1e-7 rad at any position below 2^24. */
 nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t n_tok,
                           int n_heads, int n_kv_heads, int head_dim, float base,
                           nstf_rope_mode mode, void *stream);

@@ -47,6 +47,63 @@
 
 #if defined(__HIP_DEVICE_COMPILE__)
 #define NSTF_DEVICE_PASS 1
+/* ROCm 5.2's threadIdx/blockIdx/blockDim/gridDim call the ockl device
+ * library (__ockl_get_local_id, ...), which a -nogpulib build does not
+ * have. These read the same values from hardware registers and the
+ * dispatch packet (hsa_kernel_dispatch_packet_t: workgroup_size_x/y/z are
+ * uint16 at bytes 4/6/8, grid_size_x/y/z uint32 at bytes 12/16/20). */
+static __device__ __forceinline__ unsigned nstf_amd_wg_size(int d) {
+    return ((const unsigned short *)__builtin_amdgcn_dispatch_ptr())[2 + d];
+}
+static __device__ __forceinline__ unsigned nstf_amd_n_groups(int d) {
+    const unsigned g = ((const unsigned *)__builtin_amdgcn_dispatch_ptr())[3 + d];
+    const unsigned w = nstf_amd_wg_size(d);
+    return (g + w - 1) / w;
+}
+struct nstf_amd_thread_idx {
+    __declspec(property(get = get_x)) unsigned x;
+    __declspec(property(get = get_y)) unsigned y;
+    __declspec(property(get = get_z)) unsigned z;
+    __device__ unsigned get_x() const { return __builtin_amdgcn_workitem_id_x(); }
+    __device__ unsigned get_y() const { return __builtin_amdgcn_workitem_id_y(); }
+    __device__ unsigned get_z() const { return __builtin_amdgcn_workitem_id_z(); }
+};
+struct nstf_amd_block_idx {
+    __declspec(property(get = get_x)) unsigned x;
+    __declspec(property(get = get_y)) unsigned y;
+    __declspec(property(get = get_z)) unsigned z;
+    __device__ unsigned get_x() const { return __builtin_amdgcn_workgroup_id_x(); }
+    __device__ unsigned get_y() const { return __builtin_amdgcn_workgroup_id_y(); }
+    __device__ unsigned get_z() const { return __builtin_amdgcn_workgroup_id_z(); }
+};
+struct nstf_amd_block_dim {
+    __declspec(property(get = get_x)) unsigned x;
+    __declspec(property(get = get_y)) unsigned y;
+    __declspec(property(get = get_z)) unsigned z;
+    __device__ unsigned get_x() const { return nstf_amd_wg_size(0); }
+    __device__ unsigned get_y() const { return nstf_amd_wg_size(1); }
+    __device__ unsigned get_z() const { return nstf_amd_wg_size(2); }
+};
+struct nstf_amd_grid_dim {
+    __declspec(property(get = get_x)) unsigned x;
+    __declspec(property(get = get_y)) unsigned y;
+    __declspec(property(get = get_z)) unsigned z;
+    __device__ unsigned get_x() const { return nstf_amd_n_groups(0); }
+    __device__ unsigned get_y() const { return nstf_amd_n_groups(1); }
+    __device__ unsigned get_z() const { return nstf_amd_n_groups(2); }
+};
+#define threadIdx (nstf_amd_thread_idx{})
+#define blockIdx (nstf_amd_block_idx{})
+#define blockDim (nstf_amd_block_dim{})
+#define gridDim (nstf_amd_grid_dim{})
+/* ROCm 5.2's __syncthreads calls __atomic_work_item_fence (device library):
+ * the same workgroup release/acquire fences around s_barrier, as builtins. */
+static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+    __builtin_amdgcn_s_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+#define __syncthreads() nstf_amd_syncthreads()
 #endif
 
 /* CDNA (gfx9) runs 64-lane waves, RDNA (gfx10+) 32-lane waves by default.
