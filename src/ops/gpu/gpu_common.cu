@@ -9,6 +9,9 @@ extern "C" nstf_status nstf_gpu_fail(const char *stmt, const char *file, int lin
                                      const char *err_str) {
     int dev = -1;
     (void)gpuGetDevice(&dev);
+    /* A failed runtime call also leaves its code as the "last error"; clear
+     * it so the next launch check does not report this failure again. */
+    (void)gpuGetLastError();
     const char *base = strrchr(file, '/');
     return nstf_set_error(NSTF_ERR_GPU, "%s call `%s` failed at %s:%d on device %d: %s (%d)",
                           NSTF_GPU_VENDOR, stmt, base ? base + 1 : file, line, dev,
