@@ -31,9 +31,9 @@ rope_kernel(nstf_bf16 *__restrict__ q, nstf_bf16 *__restrict__ k, const int32_t 
         const int64_t t = p / ((int64_t)half * heads);
         nstf_bf16 *v = h < n_heads ? q + (t * n_heads + h) * head_dim
                                    : k + (t * n_kv_heads + (h - n_heads)) * head_dim;
-        const float p = (float)pos[t]; /* exact: |pos| < 2^24 */
-        const float a = p * f.hi[i];
-        const float a_err = fmaf(p, f.hi[i], -a) + p * f.lo[i]; /* a + a_err = p * freq */
+        const float fp = (float)pos[t]; /* exact: |pos| < 2^24 */
+        const float a = fp * f.hi[i];
+        const float a_err = fmaf(fp, f.hi[i], -a) + fp * f.lo[i]; /* a + a_err = pos * freq */
         const float n2pi = rintf(a * 0.15915494309189535f);
         float r = fmaf(-n2pi, 6.28318548202514648f, a); /* float(2pi), exact product */
         r += a_err;
