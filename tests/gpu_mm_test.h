@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu.h"
+#include "ops/gpu/gpu.h"
 
 static int g_checks, g_fails;
 #define CHECK(cond, ...)                                                                  \

@@ -6,16 +6,18 @@
  * accumulation, fp32 epilogue, output rounded like the kernel's); outputs
  * are poisoned, guard regions checked, NaN/Inf counted. Exit 77 = no GPU. */
 #include "gpu_mm_test.h"
-#include "gpu_api.h"
 
-enum { T_F32 = 0, T_BF16 = 30 }; /* nstf_type values */
+#define T_F32 NSTF_TYPE_F32
+#define T_BF16 NSTF_TYPE_BF16
 
 static double silu_d(double x) { return x / (1.0 + exp(-x)); }
 static float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 struct gemm_case {
     int64_t m, n, k;
-    int epi, c_type, r_type, in_place;
+    int epi;
+    nstf_type c_type, r_type;
+    int in_place;
 };
 
 static void run_case(const gemm_case &tc, uint64_t seed) {
@@ -87,7 +89,7 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
         DEV_CHECK(gpuMemcpy(dr, hr, M * N * r_el, gpuMemcpyHostToDevice));
         free(hr);
     }
-    nstf_status st = nstf_gpu_gemm_bf16(da, dw, dc, tc.c_type, dr, tc.r_type, M, N, K,
+    nstf_status st = nstf_gpu_gemm_bf16((const uint16_t *)da, (const uint16_t *)dw, dc, tc.c_type, dr, tc.r_type, M, N, K,
                                         (nstf_gemm_epilogue)tc.epi, NULL);
     CHECK(st == NSTF_OK, "gemm M=%lld N=%lld K=%lld: status %d", (long long)M, (long long)N, (long long)K, (int)st);
     DEV_CHECK(gpuDeviceSynchronize());
@@ -144,13 +146,13 @@ int main(void) {
     /* argument validation: errors, not crashes */
     {
         void *d = dev_alloc_poisoned(4096);
-        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, 0, 4, 4, 12, NSTF_GEMM_EPI_NONE, NULL) == NSTF_ERR_UNSUPPORTED,
+        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 12, NSTF_GEMM_EPI_NONE, NULL) == NSTF_ERR_UNSUPPORTED,
               "K %% 8 != 0 must be refused");
-        CHECK(nstf_gpu_gemm_bf16((char *)d + 2, d, d, T_F32, NULL, 0, 4, 4, 8, NSTF_GEMM_EPI_NONE, NULL) ==
+        CHECK(nstf_gpu_gemm_bf16((uint16_t *)((char *)d + 2), (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_NONE, NULL) ==
                   NSTF_ERR_INVALID_ARG, "misaligned A must be refused");
-        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, 0, 4, 48, 8, NSTF_GEMM_EPI_SWIGLU, NULL) == NSTF_ERR_INVALID_ARG,
+        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 48, 8, NSTF_GEMM_EPI_SWIGLU, NULL) == NSTF_ERR_INVALID_ARG,
               "SwiGLU with N %% 32 != 0 must be refused");
-        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, 0, 4, 4, 8, NSTF_GEMM_EPI_RESIDUAL, NULL) == NSTF_ERR_INVALID_ARG,
+        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_RESIDUAL, NULL) == NSTF_ERR_INVALID_ARG,
               "residual without R must be refused");
         CHECK(nstf_gpu_swiglu_packed_row(17, 64) == 64 + 1 && nstf_gpu_swiglu_packed_row(33, 64) == 17,
               "packed row map");

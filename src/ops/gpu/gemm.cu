@@ -11,16 +11,8 @@
  * k beyond K are zero-filled, so any M, N work; K must be a multiple of 8
  * (16-byte pieces of a row). */
 #include "mma.h"
-#include "gpu_api.h"
-
-extern "C" {
-#include "core/status.h"
-}
 
 typedef unsigned short u16;
-
-/* nstf_type values (core/dtype.h is C11-only: _Static_assert) */
-enum { NSTF_TYPE_F32 = 0, NSTF_TYPE_BF16 = 30 };
 
 #define GEMM_BK 32
 #define GEMM_LDS (GEMM_BK + 8) /* padded row: 80 bytes, conflict-free ldmatrix */
@@ -159,18 +151,11 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
 
 /* ---------------------------------------------------------------- host ---- */
 
-static int gemm_device_attr(decltype(gpuDevAttrWarpSize) attr) {
-    int dev = 0, v = 0;
-    if (gpuGetDevice(&dev) != gpuSuccess) return 0;
-    if (gpuDeviceGetAttribute(&v, attr, dev) != gpuSuccess) return 0;
-    return v;
-}
-
 template <int BM, int BN, int WM, int WN>
 static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
                                int64_t k, int epi, int c_bf16, int r_bf16, gpuStream_t stream) {
-    const int wave = gemm_device_attr(gpuDevAttrWarpSize);
-    if (wave != 32 && wave != 64) return nstf_set_error(NSTF_ERR_GPU, "gemm: cannot read the device wave size");
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const int threads = (BM / WM) * (BN / WN) * wave;
     const size_t smem = (size_t)GEMM_STAGES * (BM + BN) * GEMM_LDS * sizeof(u16);
     static bool attr_set = false; /* per instantiation */
@@ -194,8 +179,8 @@ extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
     return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);
 }
 
-extern "C" nstf_status nstf_gpu_gemm_bf16(const void *a, const void *w, void *c, int c_type, const void *res,
-                                          int res_type, int64_t m, int64_t n, int64_t k,
+extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                                          const void *res, nstf_type res_type, int64_t m, int64_t n, int64_t k,
                                           nstf_gemm_epilogue epi, void *stream) {
     if (!a || !w || !c) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: NULL operand");
     if (m <= 0 || n <= 0 || k <= 0 || m > (int64_t)65535 * 64 || n > ((int64_t)1 << 31) / 2)
@@ -206,12 +191,12 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const void *a, const void *w, void *c,
     if (((uintptr_t)a | (uintptr_t)w) % 16 != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: A and W must be 16-byte aligned");
     if (c_type != NSTF_TYPE_F32 && c_type != NSTF_TYPE_BF16)
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: output type %d (want F32 or BF16)", c_type);
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: output type %d (want F32 or BF16)", (int)c_type);
     int r_bf16 = 0;
     if (epi == NSTF_GEMM_EPI_RESIDUAL) {
         if (!res) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: residual epilogue without a residual");
         if (res_type != NSTF_TYPE_F32 && res_type != NSTF_TYPE_BF16)
-            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: residual type %d (want F32 or BF16)", res_type);
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: residual type %d (want F32 or BF16)", (int)res_type);
         r_bf16 = res_type == NSTF_TYPE_BF16;
     } else if (epi == NSTF_GEMM_EPI_SWIGLU) {
         if (n % 32 != 0)
@@ -220,8 +205,8 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const void *a, const void *w, void *c,
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: unknown epilogue %d", (int)epi);
     }
     const int c_bf16 = c_type == NSTF_TYPE_BF16;
-    static int n_sm = 0;
-    if (!n_sm) n_sm = gemm_device_attr(gpuDevAttrMultiProcessorCount);
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const int64_t big_blocks = ((m + 127) / 128) * ((n + 127) / 128);
     gpuStream_t s = (gpuStream_t)stream;
     if (big_blocks >= n_sm)

@@ -71,20 +71,12 @@ NSTF_DEV float nstf_exp2(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
-#elif __has_builtin(__builtin_amdgcn_exp2f)
-    return __builtin_amdgcn_exp2f(x);
 #else
-    return exp2f(x); /* clang 15 (ROCm 5.2): device libraries are linked there */
+    return nstf_fast_exp2f(x); /* v_exp_f32 */
 #endif
 }
 
-NSTF_DEV float nstf_shfl_xor(float v, int mask) {
-#if defined(NSTF_MMA_NV)
-    return __shfl_xor_sync(0xffffffffu, v, mask);
-#else
-    return __shfl_xor(v, mask);
-#endif
-}
+NSTF_DEV float nstf_shfl_xor(float v, int mask) { return NSTF_SHFL_XOR(v, mask); }
 
 NSTF_DEV int nstf_lane(void) { return (int)(threadIdx.x % NSTF_WAVE); }
 
@@ -275,6 +267,25 @@ template <int N> NSTF_DEV void nstf_cp_wait(void) {
 #if defined(NSTF_MMA_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
+}
+
+/* ---- host: the current device's SM count and wave width, read once ---- */
+static inline nstf_status nstf_mma_device(int *n_sm, int *wave) {
+    static int cached_sm = 0, cached_wave = 0;
+    if (!cached_sm) {
+        int dev = 0;
+        nstf_gpu_info info;
+        if (gpuGetDevice(&dev) != gpuSuccess) return nstf_set_error(NSTF_ERR_GPU, "no current GPU device");
+        nstf_status st = nstf_gpu_query(dev, &info);
+        if (st != NSTF_OK) return st;
+        if (info.wave_size != 32 && info.wave_size != 64)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "wave size %d", info.wave_size);
+        cached_sm = info.n_sm > 0 ? info.n_sm : 1;
+        cached_wave = info.wave_size;
+    }
+    *n_sm = cached_sm;
+    *wave = cached_wave;
+    return NSTF_OK;
 }
 
 #endif /* NSTF_MMA_H */
