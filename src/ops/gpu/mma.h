@@ -135,6 +135,17 @@ NSTF_DEV int nstf_mma_c_slot(int i) {
     return i;
 #endif
 }
+/* the tile row of this lane's row slot r */
+NSTF_DEV int nstf_mma_slot_row(int r) {
+    int l = nstf_lane();
+#if defined(NSTF_MMA_NV)
+    return (l >> 2) + 8 * r;
+#elif defined(NSTF_MMA_MFMA)
+    return 4 * (l >> 4) + r;
+#else
+    return 2 * r + (l >> 4);
+#endif
+}
 /* reductions over the lanes that share a row (combine with the in-lane slot) */
 NSTF_DEV float nstf_mma_row_max(float v) {
     for (int m = 1; m < NSTF_MMA_ROW_LANES; m <<= 1) v = fmaxf(v, nstf_shfl_xor(v, m));
