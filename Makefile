@@ -38,6 +38,8 @@ test-gpu:
 	cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNSTF_CUDA=ON $(CMAKE_ARGS)
 	cmake --build build-cuda -j $(JOBS)
 	./build-cuda/tests/test_ops_gpu
+	./build-cuda/tests/test_gemm_gpu
+	./build-cuda/tests/test_attention_gpu
 
 # System packages the build needs (Debian). CI calls this; a developer may too.
 deps:

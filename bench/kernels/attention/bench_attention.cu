@@ -44,7 +44,7 @@ int main(void) {
     DEV_CHECK(gpuMalloc((void **)&vc, kvb));
     DEV_CHECK(gpuMalloc(&scratch, 64 << 20));
     {
-        std::vector<uint16_t> hb(kvb / 2);
+        std::vector<uint16_t> hb((qb > kvb ? qb : kvb) / 2);
         test_rng rng = {3};
         for (auto &x : hb) x = f2bf(rng_uniform(&rng));
         DEV_CHECK(gpuMemcpy(k, hb.data(), kvb, gpuMemcpyHostToDevice));

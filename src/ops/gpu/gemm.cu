@@ -2,25 +2,30 @@
  * fp32 accumulation and a fused epilogue (none, + residual, SwiGLU); the
  * engine's QKV, out-proj + residual, gate/up + SwiGLU and down-proj + residual.
  *
- * Block tile BM x BN x 32 (128x128 or 64x128), 8 waves each owning a WM x WN
+ * Block tile BM x BN x BK (128x128 or 64x128; BK 64 on NVIDIA, 32 on AMD), 8 waves each owning a WM x WN
  * patch of 16x16 mma tiles (mma.h). Shared memory holds STAGES k-slices of A
- * and W; rows are padded from 32 to 40 elements (80 bytes) so the eight 16-byte
- * rows one ldmatrix phase reads fall in eight distinct bank groups. On sm_80+
- * the slices arrive by cp.async, STAGES = 4 deep; on HIP plain 16-byte loads
- * into a 2-slice double buffer (LDS is 64 KiB there). Rows beyond M or N and
+ * and W (padded rows, see GEMM_LDS). On sm_80+ the slices arrive by cp.async,
+ * 3 deep; on HIP by plain 16-byte loads into a double buffer. Blocks are
+ * rasterized in groups of 8 block rows for L2 reuse. Rows beyond M or N and
  * k beyond K are zero-filled, so any M, N work; K must be a multiple of 8
  * (16-byte pieces of a row). */
 #include "mma.h"
 
 typedef unsigned short u16;
 
-#define GEMM_BK 32
-#define GEMM_LDS (GEMM_BK + 8) /* padded row: 80 bytes, conflict-free ldmatrix */
+/* k-slice depth and pipeline: NVIDIA 64 x 3 stages (110 KiB of shared memory,
+ * two blocks per SM); AMD 32 x 2 (40 KiB: LDS is 64 KiB). Rows are padded by
+ * 8 elements: 144 (or 80) bytes, an odd number of 16-byte units, so the
+ * eight rows of an ldmatrix phase hit eight different bank groups. */
 #if defined(NSTF_MMA_NV)
-#define GEMM_STAGES 4
+#define GEMM_BK 64
+#define GEMM_STAGES 3
 #else
+#define GEMM_BK 32
 #define GEMM_STAGES 2
 #endif
+#define GEMM_LDS (GEMM_BK + 8)
+#define GEMM_GROUP_M 8 /* raster: 8 block rows share each W panel while it is in L2 */
 
 static __device__ __forceinline__ float silu_f(float x) {
     return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
@@ -55,7 +60,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
 
     const int tid = threadIdx.x, wave = tid / NSTF_WAVE;
     const int wm = wave / NWN, wn = wave % NWN;
-    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+    /* grouped raster: consecutive blocks walk down GEMM_GROUP_M block rows,
+     * then across, so the blocks in flight share A and W panels in L2 */
+    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN, pid = blockIdx.x;
+    const int64_t grp = pid / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+    const int64_t in_grp = pid % (GEMM_GROUP_M * n_pn);
+    const int64_t m0 = (first_m + in_grp % gsz) * BM, n0 = (in_grp / gsz) * BN;
     const int64_t ktiles = (K + GEMM_BK - 1) / GEMM_BK;
 
     nstf_mma_c acc[TM][TN];
@@ -167,7 +178,9 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
             return nstf_set_error(NSTF_ERR_GPU, "gemm: cannot allow %zu bytes of shared memory", smem);
         attr_set = true;
     }
-    dim3 grid((unsigned)((n + BN - 1) / BN), (unsigned)((m + BM - 1) / BM));
+    const int64_t n_blocks = ((n + BN - 1) / BN) * ((m + BM - 1) / BM);
+    if (n_blocks > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "gemm: %lld blocks", (long long)n_blocks);
+    dim3 grid((unsigned)n_blocks);
     gemm_bf16_kernel<BM, BN, WM, WN><<<grid, threads, smem, stream>>>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16);
     gpuError_t e = gpuGetLastError();
     if (e != gpuSuccess) return nstf_set_error(NSTF_ERR_GPU, "gemm: launch failed: %s", gpuGetErrorString(e));
