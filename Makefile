@@ -8,7 +8,7 @@ PROMPT     ?= What are three good reasons to learn the C programming language?
 N_PREDICT  ?= 128
 CMAKE_ARGS ?=
 
-.PHONY: all build run test model deps clean test-asan
+.PHONY: all build run test model deps clean test-asan test-gpu
 
 all: build
 
@@ -33,9 +33,17 @@ test: build $(MODEL)
 test-asan:
 	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Debug -DNSTF_SANITIZE=address,undefined"
 
+# CUDA build (nvcc, sm_90a + sm_80) and the GPU op-comparison harness.
+test-gpu:
+	cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNSTF_CUDA=ON $(CMAKE_ARGS)
+	cmake --build build-cuda -j $(JOBS)
+	./build-cuda/tests/test_ops_gpu
+	./build-cuda/tests/test_gemm_gpu
+	./build-cuda/tests/test_attention_gpu
+
 # System packages the build needs (Debian). CI calls this; a developer may too.
 deps:
 	sh scripts/install_deps.sh
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-cuda

@@ -1,0 +1,96 @@
+/* bench_gemm.cu — TFLOP/s of nstf_gpu_gemm_bf16 beside cuBLAS (cublasGemmEx,
+ * bf16 in/out, fp32 compute; linked here only) on the Llama prefill shapes,
+ * same card, same run. GPU events, 5 warm-ups, median of 20. Also prints the
+ * fused epilogues' cost and the largest relative difference to cuBLAS. */
+#include <algorithm>
+#include <vector>
+
+#include <cublas_v2.h>
+
+#include "gpu_mm_test.h"
+
+static float median_ms(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+template <typename F> static float time_ms(F f) {
+    gpuEvent_t a, b;
+    DEV_CHECK(gpuEventCreate(&a));
+    DEV_CHECK(gpuEventCreate(&b));
+    for (int i = 0; i < 5; i++) f();
+    std::vector<float> t;
+    for (int i = 0; i < 20; i++) {
+        DEV_CHECK(gpuEventRecord(a, 0));
+        f();
+        DEV_CHECK(gpuEventRecord(b, 0));
+        DEV_CHECK(gpuEventSynchronize(b));
+        float ms = 0;
+        DEV_CHECK(gpuEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    DEV_CHECK(gpuEventDestroy(a));
+    DEV_CHECK(gpuEventDestroy(b));
+    return median_ms(t);
+}
+
+int main(void) {
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 1; }
+    const int64_t kn[][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 4096}, {4096, 14336}, {14336, 4096}};
+    const int64_t ms[] = {512, 2048};
+    const int64_t maxel = 2048 * 14336;
+    uint16_t *a, *w, *c, *c2;
+    float *r;
+    DEV_CHECK(gpuMalloc((void **)&a, maxel * 2));
+    DEV_CHECK(gpuMalloc((void **)&w, 14336 * 4096 * 2));
+    DEV_CHECK(gpuMalloc((void **)&c, maxel * 2));
+    DEV_CHECK(gpuMalloc((void **)&c2, maxel * 2));
+    DEV_CHECK(gpuMalloc((void **)&r, maxel * 4));
+    {
+        std::vector<uint16_t> hbuf(14336 * 4096);
+        test_rng rng = {7};
+        for (auto &x : hbuf) x = f2bf(rng_uniform(&rng) * 0.05f);
+        DEV_CHECK(gpuMemcpy(w, hbuf.data(), hbuf.size() * 2, gpuMemcpyHostToDevice));
+        DEV_CHECK(gpuMemcpy(a, hbuf.data(), maxel * 2, gpuMemcpyHostToDevice));
+        DEV_CHECK(gpuMemset(r, 0, maxel * 4));
+    }
+    printf("| M | K | N | ours TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | +residual(f32) | SwiGLU | max rel diff |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t M : ms)
+        for (const auto &s : kn) {
+            const int64_t K = s[0], N = s[1];
+            const double fl = 2.0 * M * N * K;
+            float t_ours = time_ms([&] {
+                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
+            });
+            float t_res = time_ms([&] {
+                nstf_gpu_gemm_bf16(a, w, r, NSTF_TYPE_F32, r, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_RESIDUAL, NULL);
+            });
+            float t_swi = time_ms([&] {
+                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_SWIGLU, NULL);
+            });
+            const float one = 1.0f, zero = 0.0f;
+            float t_cub = time_ms([&] {
+                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, CUDA_R_16BF, (int)K, a,
+                             CUDA_R_16BF, (int)K, &zero, c2, CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT);
+            });
+            /* same product, compare */
+            nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
+            DEV_CHECK(gpuDeviceSynchronize());
+            std::vector<uint16_t> x(M * N), y(M * N);
+            DEV_CHECK(gpuMemcpy(x.data(), c, M * N * 2, gpuMemcpyDeviceToHost));
+            DEV_CHECK(gpuMemcpy(y.data(), c2, M * N * 2, gpuMemcpyDeviceToHost));
+            double md = 0, my = 0;
+            for (int64_t i = 0; i < M * N; i++) {
+                md = std::max(md, (double)fabsf(bf2f(x[i]) - bf2f(y[i])));
+                my = std::max(my, (double)fabsf(bf2f(y[i])));
+            }
+            printf("| %lld | %lld | %lld | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.1e |\n", (long long)M, (long long)K,
+                   (long long)N, fl / t_ours / 1e9, fl / t_cub / 1e9, 100.0 * t_cub / t_ours, fl / t_res / 1e9,
+                   fl / t_swi / 1e9, md / (my > 0 ? my : 1));
+        }
+    cublasDestroy(h);
+    return 0;
+}

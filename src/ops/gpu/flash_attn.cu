@@ -1,0 +1,150 @@
+/* flash_attn.cu — flash attention for prefill: causal, GQA, online softmax,
+ * bf16 Q/K/V/out, fp32 softmax state and accumulators, QK^T and PV on the
+ * matrix units through mma.h, with the KV-cache write fused.
+ *
+ * Grid (query tiles, n_heads); a block is 4 waves x 16 query rows = 64 rows
+ * of one head, walking K/V tiles of 64 keys from position 0 up to its last
+ * row's position (causal), double-buffered by cp.async on sm_80+ (one buffer
+ * on HIP: LDS is 64 KiB). Heavy (late) query tiles are scheduled first. The
+ * blocks of the first query head of each kv group also copy their tokens'
+ * k, v rows into the cache; all blocks read positions >= pos0 from the new
+ * k, v directly, so no block waits for another. Shared-memory rows are padded
+ * by 8 elements (16 bytes) so ldmatrix rows fall in distinct banks. */
+#include "flash_common.h"
+
+#define FA_NW 4
+#define FA_BQ (FA_NW * 16)
+#define FA_BKV 64
+#if defined(NSTF_MMA_NV)
+#define FA_STAGES 2
+#else
+#define FA_STAGES 1
+#endif
+
+template <int HD> static constexpr size_t fa_smem_bytes() {
+    return ((size_t)FA_BQ * (HD + 8) + (size_t)2 * FA_STAGES * FA_BKV * (HD + 8) + (size_t)FA_NW * 16 * NSTF_MMA_SCRATCH_LD) *
+           sizeof(u16);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
+    flash_attn_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
+                      const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride,
+                      int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) u16 smem[];
+    u16 *sq = smem;
+    u16 *sk = sq + FA_BQ * LD;                  /* [STAGES][BKV][LD] */
+    u16 *sv = sk + FA_STAGES * FA_BKV * LD;     /* [STAGES][BKV][LD] */
+    u16 *scratch = sv + FA_STAGES * FA_BKV * LD; /* [NW][16 * SCRATCH_LD] */
+
+    const int tid = threadIdx.x, nt = FA_NW * NSTF_WAVE, wave = tid / NSTF_WAVE;
+    const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
+    const int64_t t0 = (n_qt - 1 - blockIdx.x) * FA_BQ; /* heavy tiles first */
+    const int64_t t1 = t0 + FA_BQ < n_tok ? t0 + FA_BQ : n_tok;
+    const int h = blockIdx.y, group = n_heads / n_kv, hkv = h / group;
+
+    if (h % group == 0) flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, t0, t1, pos0, n_kv, hkv, tid, nt);
+
+    /* Q tile: rows past n_tok are zeros */
+    for (int c = tid; c < FA_BQ * (HD / 8); c += nt) {
+        int row = c / (HD / 8), ch = c % (HD / 8);
+        int64_t t = t0 + row;
+        bool valid = t < n_tok;
+        nstf_cp16(sq + row * LD + ch * 8, q + (valid ? t * q_stride + (int64_t)h * HD + ch * 8 : 0), valid);
+    }
+    nstf_cp_commit();
+
+    const int64_t kv_end = pos0 + t1; /* keys [0, pos0 + last token + 1) */
+    const int64_t n_tiles = (kv_end + FA_BKV - 1) / FA_BKV;
+    const int64_t diag = pos0 + t0; /* first key position that any row of the block may mask */
+
+    flash_load_kv<HD, FA_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, 0, kv_end, pos0, n_kv, hkv, tid, nt);
+    nstf_cp_commit();
+    nstf_cp_wait<1>();
+    __syncthreads();
+
+    flash_state<HD> st;
+    flash_state_init<HD>(st, sq + wave * 16 * LD, LD);
+#pragma unroll
+    for (int r = 0; r < NSTF_MMA_C_ROWS; r++) {
+        int64_t t = t0 + wave * 16 + nstf_mma_slot_row(r);
+        st.qpos[r] = pos0 + (t < n_tok ? t : n_tok - 1);
+    }
+
+    for (int64_t it = 0; it < n_tiles; it++) {
+        if (FA_STAGES == 2) {
+            if (it + 1 < n_tiles) {
+                int s1 = (int)((it + 1) % FA_STAGES);
+                flash_load_kv<HD, FA_BKV>(sk + s1 * FA_BKV * LD, sv + s1 * FA_BKV * LD, LD, kc, vc, kn, k_stride, vn,
+                                          v_stride, (it + 1) * FA_BKV, kv_end, pos0, n_kv, hkv, tid, nt);
+            }
+            nstf_cp_commit();
+            nstf_cp_wait<1>();
+        } else {
+            nstf_cp_wait<0>();
+        }
+        __syncthreads();
+        const int s0 = (int)(it % FA_STAGES);
+        const int64_t kv0 = it * FA_BKV;
+        const bool need_mask = kv0 + FA_BKV - 1 > diag || kv0 + FA_BKV > kv_end;
+        flash_tile<HD, FA_BKV>(st, sk + s0 * FA_BKV * LD, sv + s0 * FA_BKV * LD, LD, kv0, kv_end, scale_log2, need_mask,
+                               scratch + wave * 16 * NSTF_MMA_SCRATCH_LD);
+        __syncthreads();
+        if (FA_STAGES == 1 && it + 1 < n_tiles) {
+            flash_load_kv<HD, FA_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, (it + 1) * FA_BKV, kv_end, pos0,
+                                      n_kv, hkv, tid, nt);
+            nstf_cp_commit();
+        }
+    }
+
+    flash_finish_l<HD>(st);
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++)
+#pragma unroll
+        for (int e = 0; e < NSTF_MMA_C_N; e++) {
+            int64_t t = t0 + wave * 16 + nstf_mma_c_row(e);
+            if (t >= n_tok) continue;
+            float l = st.l[nstf_mma_c_slot(e)];
+            out[t * out_stride + (int64_t)h * HD + d * 16 + nstf_mma_c_col(e)] = nstf_mma_f2bf(st.o[d].x[e] / l);
+        }
+}
+
+template <int HD>
+static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
+                                     int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
+                                     int64_t pos0, int n_heads, int n_kv, float scale, gpuStream_t stream) {
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
+    const size_t smem = fa_smem_bytes<HD>();
+    static bool attr_set = false;
+    if (!attr_set) {
+        void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
+                    int64_t, int64_t, int, int, float) = flash_attn_kernel<HD>;
+        GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
+    if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
+    dim3 grid((unsigned)n_qt, (unsigned)n_heads);
+    flash_attn_kernel<HD><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out,
+                                                                out_stride, n_tok, pos0, n_heads, n_kv,
+                                                                scale * 1.4426950408889634f);
+    GPU_LAUNCH_CHECK(stream);
+    return NSTF_OK;
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
+                                           const uint16_t *v, int64_t v_stride, uint16_t *k_cache, uint16_t *v_cache,
+                                           uint16_t *out, int64_t out_stride, int64_t n_tok, int64_t pos0,
+                                           int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                           void *stream) {
+    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
+                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
+    gpuStream_t s = (gpuStream_t)stream;
+    if (head_dim == 64)
+        return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                     pos0, n_heads, n_kv_heads, scale, s);
+    return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                  pos0, n_heads, n_kv_heads, scale, s);
+}

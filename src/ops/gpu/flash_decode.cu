@@ -1,0 +1,192 @@
+/* flash_decode.cu — split-KV flash decoding for n_tok = 1 (and small n_tok),
+ * with the KV-cache write fused.
+ *
+ * The query rows of one kv head — n_tok tokens x its group of G query heads,
+ * row R = token R / G, head hkv * G + R % G, at most 16 — form one 16-row mma
+ * tile, so K and V are read once per kv head, not once per query head. The
+ * context [0, pos0 + n_tok) is cut into S splits of `chunk` keys (a multiple
+ * of the 32-key tile); each wave of a 4-wave block runs the flash_common.h
+ * loop over its own split into its own shared-memory tile and writes a
+ * partial (m, l, unnormalized acc) for the valid rows. A second kernel
+ * merges the S partials of each row: out = sum_s 2^(m_s - M) acc_s /
+ * sum_s 2^(m_s - M) l_s. S is chosen from the context length and the SM
+ * count so that about 3 blocks per SM are in flight. */
+#include "flash_common.h"
+
+#define FD_NW 4
+#define FD_BKV 32
+
+template <int HD> static constexpr size_t fd_smem_bytes() {
+    return ((size_t)16 * (HD + 8) + (size_t)FD_NW * 2 * FD_BKV * (HD + 8) + (size_t)FD_NW * 16 * NSTF_MMA_SCRATCH_LD) *
+           sizeof(u16);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
+    flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
+                        const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
+                        int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) u16 smem[];
+    u16 *sq = smem;
+    u16 *skv = sq + 16 * LD; /* per wave: K [BKV][LD], V [BKV][LD] */
+    u16 *scratch = skv + FD_NW * 2 * FD_BKV * LD;
+
+    const int tid = threadIdx.x, nt = FD_NW * NSTF_WAVE, wave = tid / NSTF_WAVE, lane = tid % NSTF_WAVE;
+    const int hkv = blockIdx.y, group = n_heads / n_kv;
+    const int rows = (int)n_tok * group;
+    const int n_split = gridDim.x * FD_NW, split = blockIdx.x * FD_NW + wave;
+
+    if (blockIdx.x == 0) flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, 0, n_tok, pos0, n_kv, hkv, tid, nt);
+
+    for (int c = tid; c < 16 * (HD / 8); c += nt) {
+        int row = c / (HD / 8), ch = c % (HD / 8);
+        bool valid = row < rows;
+        int64_t off = valid ? (row / group) * q_stride + (int64_t)(hkv * group + row % group) * HD + ch * 8 : 0;
+        nstf_cp16(sq + row * LD + ch * 8, q + off, valid);
+    }
+    nstf_cp_commit();
+    nstf_cp_wait<0>();
+    __syncthreads();
+
+    flash_state<HD> st;
+    flash_state_init<HD>(st, sq, LD);
+#pragma unroll
+    for (int r = 0; r < NSTF_MMA_C_ROWS; r++) {
+        int row = nstf_mma_slot_row(r);
+        st.qpos[r] = pos0 + (row < rows ? row / group : n_tok - 1);
+    }
+
+    const int64_t kv_total = pos0 + n_tok;
+    const int64_t s0 = (int64_t)split * chunk;
+    const int64_t s1 = s0 + chunk < kv_total ? s0 + chunk : kv_total;
+    u16 *sk = skv + wave * 2 * FD_BKV * LD, *sv = sk + FD_BKV * LD;
+    u16 *wscratch = scratch + wave * 16 * NSTF_MMA_SCRATCH_LD;
+    for (int64_t kv0 = s0; kv0 < s0 + chunk; kv0 += FD_BKV) { /* same trip count in every wave */
+        flash_load_kv<HD, FD_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, kv0, s1, pos0, n_kv, hkv, lane,
+                                  NSTF_WAVE);
+        nstf_cp_commit();
+        nstf_cp_wait<0>();
+        __syncthreads();
+        if (kv0 < s1) flash_tile<HD, FD_BKV>(st, sk, sv, LD, kv0, s1, scale_log2, true, wscratch);
+        __syncthreads();
+    }
+    flash_finish_l<HD>(st);
+
+    /* partials: ml [n_kv][S][rows][2], acc [n_kv][S][rows][HD] */
+    const int64_t base = ((int64_t)hkv * n_split + split) * rows;
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++)
+#pragma unroll
+        for (int e = 0; e < NSTF_MMA_C_N; e++) {
+            int row = nstf_mma_c_row(e);
+            if (row >= rows) continue;
+            int col = d * 16 + nstf_mma_c_col(e);
+            part_acc[(base + row) * HD + col] = st.o[d].x[e];
+            if (col == 0) {
+                part_ml[(base + row) * 2 + 0] = st.m[nstf_mma_c_slot(e)];
+                part_ml[(base + row) * 2 + 1] = st.l[nstf_mma_c_slot(e)];
+            }
+        }
+}
+
+/* grid (rows, n_kv), HD threads: merges the S partials of one query row. */
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    flash_decode_merge(const float *__restrict__ part_ml, const float *__restrict__ part_acc, u16 *out,
+                       int64_t out_stride, int n_split, int rows, int group) {
+    const int row = blockIdx.x, hkv = blockIdx.y, d = threadIdx.x;
+    float mx = FLASH_NEG_INF;
+    for (int s = 0; s < n_split; s++)
+        mx = fmaxf(mx, part_ml[(((int64_t)hkv * n_split + s) * rows + row) * 2]);
+    const float base = mx == FLASH_NEG_INF ? 0.0f : mx;
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        int64_t i = ((int64_t)hkv * n_split + s) * rows + row;
+        float w = nstf_exp2(part_ml[i * 2] - base);
+        den += w * part_ml[i * 2 + 1];
+        num += w * part_acc[i * HD + d];
+    }
+    const int64_t t = row / group;
+    const int h = hkv * group + row % group;
+    out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(num / den);
+}
+
+/* The split plan: chunk keys per split, S splits (a multiple of FD_NW). */
+static void fd_plan(int64_t kv_total, int n_kv, int n_sm, int64_t *chunk, int64_t *n_split) {
+    int64_t want = ((int64_t)3 * n_sm + n_kv - 1) / n_kv * FD_NW; /* splits per kv head */
+    int64_t c = (kv_total + want - 1) / want;
+    c = (c + FD_BKV - 1) / FD_BKV * FD_BKV;
+    int64_t s = (kv_total + c - 1) / c;
+    s = (s + FD_NW - 1) / FD_NW * FD_NW;
+    *chunk = c;
+    *n_split = s;
+}
+
+extern "C" size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                                                      int head_dim) {
+    int n_sm = 0, wave = 0;
+    if (n_tok <= 0 || pos0 < 0 || n_kv_heads <= 0 || n_heads <= 0 || head_dim <= 0) return 0;
+    if (nstf_mma_device(&n_sm, &wave) != NSTF_OK) return 0;
+    int64_t chunk = 0, n_split = 0;
+    fd_plan(pos0 + n_tok, n_kv_heads, n_sm, &chunk, &n_split);
+    int64_t rows = n_tok * (n_heads / n_kv_heads);
+    return (size_t)(n_kv_heads * n_split * rows * (head_dim + 2)) * sizeof(float);
+}
+
+template <int HD>
+static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
+                                       int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
+                                       int64_t pos0, int n_heads, int n_kv, float scale, void *scratch,
+                                       size_t scratch_bytes, gpuStream_t stream) {
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
+    int64_t chunk = 0, n_split = 0;
+    fd_plan(pos0 + n_tok, n_kv, n_sm, &chunk, &n_split);
+    const int rows = (int)n_tok * (n_heads / n_kv);
+    const size_t need = (size_t)(n_kv * n_split * rows * (HD + 2)) * sizeof(float);
+    if (!scratch || scratch_bytes < need)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode: scratch of %zu bytes, need %zu", scratch_bytes,
+                              need);
+    if (n_split / FD_NW > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "flash_decode: context too long");
+    float *part_ml = (float *)scratch;
+    float *part_acc = part_ml + (size_t)n_kv * n_split * rows * 2;
+    const size_t smem = fd_smem_bytes<HD>();
+    static bool attr_set = false;
+    if (!attr_set) {
+        void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
+                    int, int, float, int64_t, float *, float *) = flash_decode_kernel<HD>;
+        GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    dim3 grid((unsigned)(n_split / FD_NW), (unsigned)n_kv);
+    flash_decode_kernel<HD><<<grid, FD_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, n_tok,
+                                                                  pos0, n_heads, n_kv, scale * 1.4426950408889634f,
+                                                                  chunk, part_ml, part_acc);
+    GPU_LAUNCH_CHECK(stream);
+    flash_decode_merge<HD><<<dim3((unsigned)rows, (unsigned)n_kv), HD, 0, stream>>>(
+        part_ml, part_acc, out, out_stride, (int)n_split, rows, n_heads / n_kv);
+    GPU_LAUNCH_CHECK(stream);
+    return NSTF_OK;
+}
+
+extern "C" nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                             int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                             uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                             int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
+                                             int n_heads, int n_kv_heads, int head_dim, float scale, void *scratch,
+                                             size_t scratch_bytes, void *stream) {
+    NSTF_TRY(flash_check_args("flash_decode", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
+                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
+    if (n_tok * (n_heads / n_kv_heads) > 16)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "flash_decode: %lld tokens x %d query heads per kv head > 16 rows; use "
+                              "nstf_gpu_flash_attn",
+                              (long long)n_tok, n_heads / n_kv_heads);
+    gpuStream_t s = (gpuStream_t)stream;
+    if (head_dim == 64)
+        return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, s);
+    return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, s);
+}

@@ -1,0 +1,228 @@
+/* gemm.cu — bf16 GEMM on the matrix units: C[M,N] = A[M,K] x W[N,K]^T with
+ * fp32 accumulation and a fused epilogue (none, + residual, SwiGLU); the
+ * engine's QKV, out-proj + residual, gate/up + SwiGLU and down-proj + residual.
+ *
+ * Block tile BM x BN x BK (128x128 or 64x128; BK 64 on NVIDIA, 32 on AMD), 8 waves each owning a WM x WN
+ * patch of 16x16 mma tiles (mma.h). Shared memory holds STAGES k-slices of A
+ * and W (padded rows, see GEMM_LDS). On sm_80+ the slices arrive by cp.async,
+ * 3 deep; on HIP by plain 16-byte loads into a double buffer. Blocks are
+ * rasterized in groups of 8 block rows for L2 reuse. Rows beyond M or N and
+ * k beyond K are zero-filled, so any M, N work; K must be a multiple of 8
+ * (16-byte pieces of a row). */
+#include "mma.h"
+
+typedef unsigned short u16;
+
+/* k-slice depth and pipeline: NVIDIA 64 x 3 stages (110 KiB of shared memory,
+ * two blocks per SM); AMD 32 x 2 (40 KiB: LDS is 64 KiB). Rows are padded by
+ * 8 elements: 144 (or 80) bytes, an odd number of 16-byte units, so the
+ * eight rows of an ldmatrix phase hit eight different bank groups. */
+#if defined(NSTF_MMA_NV)
+#define GEMM_BK 64
+#define GEMM_STAGES 3
+#else
+#define GEMM_BK 32
+#define GEMM_STAGES 2
+#endif
+#define GEMM_LDS (GEMM_BK + 8)
+#define GEMM_GROUP_M 8 /* raster: 8 block rows share each W panel while it is in L2 */
+
+static __device__ __forceinline__ float silu_f(float x) {
+    return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
+}
+
+/* One k-slice of rows [r0, r0+ROWS) of a [rows_total, K] matrix into smem. */
+template <int ROWS, int NT>
+static __device__ __forceinline__ void gemm_load_tile(u16 *s, const u16 *g, int64_t r0, int64_t rows_total,
+                                                      int64_t k0, int64_t K, int tid) {
+    constexpr int CHUNKS = ROWS * (GEMM_BK / 8);
+#pragma unroll
+    for (int it = 0; it < (CHUNKS + NT - 1) / NT; it++) {
+        const int c = tid + it * NT;
+        if (CHUNKS % NT != 0 && c >= CHUNKS) break;
+        int row = c / (GEMM_BK / 8), kc = c % (GEMM_BK / 8);
+        int64_t gr = r0 + row, gk = k0 + kc * 8;
+        bool valid = gr < rows_total && gk < K;
+        const u16 *src = g + (valid ? gr * K + gk : 0);
+        nstf_cp16(s + row * GEMM_LDS + kc * 8, src, valid);
+    }
+}
+
+template <int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
+    gemm_bf16_kernel(const u16 *__restrict__ A, const u16 *__restrict__ W, void *C, const void *R,
+                     int64_t M, int64_t N, int64_t K, int epi, int c_bf16, int r_bf16) {
+    constexpr int NWN = BN / WN, NW = (BM / WM) * NWN, NT = NW * NSTF_WAVE;
+    constexpr int TM = WM / 16, TN = WN / 16;
+    extern __shared__ __align__(16) u16 smem[];
+    u16 *sA = smem;                              /* [STAGES][BM][LDS] */
+    u16 *sB = smem + GEMM_STAGES * BM * GEMM_LDS; /* [STAGES][BN][LDS] */
+
+    const int tid = threadIdx.x, wave = tid / NSTF_WAVE;
+    const int wm = wave / NWN, wn = wave % NWN;
+    /* grouped raster: consecutive blocks walk down GEMM_GROUP_M block rows,
+     * then across, so the blocks in flight share A and W panels in L2 */
+    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN, pid = blockIdx.x;
+    const int64_t grp = pid / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+    const int64_t in_grp = pid % (GEMM_GROUP_M * n_pn);
+    const int64_t m0 = (first_m + in_grp % gsz) * BM, n0 = (in_grp / gsz) * BN;
+    const int64_t ktiles = (K + GEMM_BK - 1) / GEMM_BK;
+
+    nstf_mma_c acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) nstf_mma_zero(acc[i][j]);
+
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+        if (s < ktiles) {
+            gemm_load_tile<BM, NT>(sA + s * BM * GEMM_LDS, A, m0, M, s * GEMM_BK, K, tid);
+            gemm_load_tile<BN, NT>(sB + s * BN * GEMM_LDS, W, n0, N, s * GEMM_BK, K, tid);
+        }
+        nstf_cp_commit();
+    }
+
+    for (int64_t kt = 0; kt < ktiles; kt++) {
+        nstf_cp_wait<GEMM_STAGES - 2>();
+        __syncthreads();
+        {
+            int64_t nk = kt + GEMM_STAGES - 1;
+            if (nk < ktiles) {
+                int slot = (int)(nk % GEMM_STAGES);
+                gemm_load_tile<BM, NT>(sA + slot * BM * GEMM_LDS, A, m0, M, nk * GEMM_BK, K, tid);
+                gemm_load_tile<BN, NT>(sB + slot * BN * GEMM_LDS, W, n0, N, nk * GEMM_BK, K, tid);
+            }
+            nstf_cp_commit();
+        }
+#if !defined(NSTF_MMA_NV)
+        __syncthreads(); /* plain loads: the slice of kt was stored last iteration; make it visible */
+#endif
+        const int slot = (int)(kt % GEMM_STAGES);
+        const u16 *a_s = sA + slot * BM * GEMM_LDS + wm * WM * GEMM_LDS;
+        const u16 *b_s = sB + slot * BN * GEMM_LDS + wn * WN * GEMM_LDS;
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+            nstf_mma_a fa[TM];
+            nstf_mma_b fb[TN];
+#pragma unroll
+            for (int i = 0; i < TM; i++) nstf_mma_load_a(fa[i], a_s + i * 16 * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int j = 0; j < TN; j++) nstf_mma_load_b(fb[j], b_s + j * 16 * GEMM_LDS + kk, GEMM_LDS);
+#pragma unroll
+            for (int i = 0; i < TM; i++)
+#pragma unroll
+                for (int j = 0; j < TN; j++) nstf_mma(acc[i][j], fa[i], fb[j]);
+        }
+    }
+    nstf_cp_wait<0>();
+
+    /* ---- epilogue ---- */
+    const int64_t rbase = m0 + wm * WM, cbase = n0 + wn * WN;
+    if (epi == NSTF_GEMM_EPI_SWIGLU) {
+        /* tile pair (j, j+1) = (gate, up) of the same 16 output columns */
+        const int64_t n_out = N / 2;
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j += 2)
+#pragma unroll
+                for (int e = 0; e < NSTF_MMA_C_N; e++) {
+                    int64_t row = rbase + i * 16 + nstf_mma_c_row(e);
+                    int64_t col = cbase / 2 + (j / 2) * 16 + nstf_mma_c_col(e);
+                    if (row >= M || col >= n_out) continue;
+                    float v = silu_f(acc[i][j].x[e]) * acc[i][j + 1].x[e];
+                    if (c_bf16)
+                        ((u16 *)C)[row * n_out + col] = nstf_mma_f2bf(v);
+                    else
+                        ((float *)C)[row * n_out + col] = v;
+                }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++)
+#pragma unroll
+            for (int e = 0; e < NSTF_MMA_C_N; e++) {
+                int64_t row = rbase + i * 16 + nstf_mma_c_row(e);
+                int64_t col = cbase + j * 16 + nstf_mma_c_col(e);
+                if (row >= M || col >= N) continue;
+                int64_t o = row * N + col;
+                float v = acc[i][j].x[e];
+                if (epi == NSTF_GEMM_EPI_RESIDUAL)
+                    v += r_bf16 ? nstf_mma_bf2f(((const u16 *)R)[o]) : ((const float *)R)[o];
+                if (c_bf16)
+                    ((u16 *)C)[o] = nstf_mma_f2bf(v);
+                else
+                    ((float *)C)[o] = v;
+            }
+}
+
+/* ---------------------------------------------------------------- host ---- */
+
+template <int BM, int BN, int WM, int WN>
+static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
+                               int64_t k, int epi, int c_bf16, int r_bf16, gpuStream_t stream) {
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
+    const int threads = (BM / WM) * (BN / WN) * wave;
+    const size_t smem = (size_t)GEMM_STAGES * (BM + BN) * GEMM_LDS * sizeof(u16);
+    static bool attr_set = false; /* per instantiation */
+    if (!attr_set) {
+        void (*kfn)(const u16 *, const u16 *, void *, const void *, int64_t, int64_t, int64_t, int, int, int) =
+            gemm_bf16_kernel<BM, BN, WM, WN>;
+        if (gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            gpuSuccess)
+            return nstf_set_error(NSTF_ERR_GPU, "gemm: cannot allow %zu bytes of shared memory", smem);
+        attr_set = true;
+    }
+    const int64_t n_blocks = ((n + BN - 1) / BN) * ((m + BM - 1) / BM);
+    if (n_blocks > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "gemm: %lld blocks", (long long)n_blocks);
+    dim3 grid((unsigned)n_blocks);
+    gemm_bf16_kernel<BM, BN, WM, WN><<<grid, threads, smem, stream>>>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16);
+    gpuError_t e = gpuGetLastError();
+    if (e != gpuSuccess) return nstf_set_error(NSTF_ERR_GPU, "gemm: launch failed: %s", gpuGetErrorString(e));
+    return NSTF_OK;
+}
+
+extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
+    int64_t grp = p / 32, r = p % 32;
+    return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);
+}
+
+extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                                          const void *res, nstf_type res_type, int64_t m, int64_t n, int64_t k,
+                                          nstf_gemm_epilogue epi, void *stream) {
+    if (!a || !w || !c) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: NULL operand");
+    if (m <= 0 || n <= 0 || k <= 0 || m > (int64_t)65535 * 64 || n > ((int64_t)1 << 31) / 2)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: bad shape M=%lld N=%lld K=%lld", (long long)m,
+                              (long long)n, (long long)k);
+    if (k % 8 != 0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: K=%lld is not a multiple of 8", (long long)k);
+    if (((uintptr_t)a | (uintptr_t)w) % 16 != 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: A and W must be 16-byte aligned");
+    if (c_type != NSTF_TYPE_F32 && c_type != NSTF_TYPE_BF16)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: output type %d (want F32 or BF16)", (int)c_type);
+    int r_bf16 = 0;
+    if (epi == NSTF_GEMM_EPI_RESIDUAL) {
+        if (!res) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: residual epilogue without a residual");
+        if (res_type != NSTF_TYPE_F32 && res_type != NSTF_TYPE_BF16)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm: residual type %d (want F32 or BF16)", (int)res_type);
+        r_bf16 = res_type == NSTF_TYPE_BF16;
+    } else if (epi == NSTF_GEMM_EPI_SWIGLU) {
+        if (n % 32 != 0)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: SwiGLU needs N %% 32 == 0 (N=%lld)", (long long)n);
+    } else if (epi != NSTF_GEMM_EPI_NONE) {
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: unknown epilogue %d", (int)epi);
+    }
+    const int c_bf16 = c_type == NSTF_TYPE_BF16;
+    int n_sm = 0, wave = 0;
+    NSTF_TRY(nstf_mma_device(&n_sm, &wave));
+    const int64_t big_blocks = ((m + 127) / 128) * ((n + 127) / 128);
+    gpuStream_t s = (gpuStream_t)stream;
+    if (big_blocks >= n_sm)
+        return gemm_launch<128, 128, 64, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
+    return gemm_launch<64, 128, 32, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
+}

@@ -1,0 +1,139 @@
+/* gpu.h — the one vendor switch of the GPU backend, and what every kernel
+ * file shares: the wave width NSTF_WAVE, the project's bf16 type, the
+ * device views of the quantized block layouts, wave reductions, and the
+ * GPU_CHECK / GPU_LAUNCH_CHECK error macros.
+ *
+ * Only this file includes vendors/cuda.h or vendors/hip.h. Kernel files
+ * include gpu.h and use the gpu* runtime names and NSTF_* macros, so the
+ * same .cu source builds with nvcc and with hipcc/clang (-x hip). */
+#ifndef NSTF_GPU_GPU_H
+#define NSTF_GPU_GPU_H
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(__HIP__)
+#include "vendors/hip.h"
+#define NSTF_GPU_HIP 1
+#else
+#include "vendors/cuda.h"
+#define NSTF_GPU_CUDA 1
+#endif
+
+#include <stdint.h>
+
+#include "gpu_api.h"
+
+/* Lanes per wave: 32 on NVIDIA and RDNA, 64 on CDNA. Every reduction and
+ * every lane-count computation in a kernel uses this constant; host code
+ * never does (its launch shapes are in threads, wave-agnostic). */
+#define NSTF_WAVE NSTF_WAVE_WIDTH
+
+/* ---- bf16: the project's own 16-bit type ------------------------------- *
+ * A struct (not a bare uint16_t) so it cannot take part in integer
+ * arithmetic by accident; conversions are explicit, round-to-nearest-even,
+ * NaN stays NaN (the same rounding as nstf_f32_to_bf16 in core/dtype.h). */
+typedef struct nstf_bf16 {
+    uint16_t bits;
+} nstf_bf16;
+
+__device__ __host__ inline float nstf_bf16_to_float(nstf_bf16 b) {
+    uint32_t u = (uint32_t)b.bits << 16;
+#if defined(NSTF_DEVICE_PASS)
+    return __uint_as_float(u);
+#else
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+__device__ __host__ inline nstf_bf16 nstf_float_to_bf16(float f) {
+    uint32_t u;
+#if defined(NSTF_DEVICE_PASS)
+    u = __float_as_uint(f);
+#else
+    __builtin_memcpy(&u, &f, 4);
+#endif
+    nstf_bf16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        b.bits = (uint16_t)((u >> 16) | 0x40); /* quiet the NaN */
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        b.bits = (uint16_t)(u >> 16);
+    }
+    return b;
+}
+
+/* The two bf16 of a 32-bit word (element 0 in the low half). Shifting and
+ * masking is all a bf16 -> f32 conversion needs. */
+__device__ __forceinline__ float nstf_bf16lo_to_float(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float nstf_bf16hi_to_float(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* ---- quantized blocks as the kernels read them ------------------------- *
+ * Byte layouts are GGUF's (see core/dtype.h): 32 elements per block,
+ * fp16 scale first. Blocks are 34/18/20 bytes, so only 2-byte alignment
+ * holds inside a row; kernels read them with 16-bit loads. */
+#define NSTF_GPU_QK 32
+#define NSTF_Q8_0_BYTES 34
+#define NSTF_Q4_0_BYTES 18
+#define NSTF_Q4_1_BYTES 20
+
+/* ---- wave reductions ---------------------------------------------------- *
+ * Butterfly (xor) shuffles: every lane ends with the result. All NSTF_WAVE
+ * lanes of the wave must call them. */
+__device__ __forceinline__ float wave_reduce_sum(float v) {
+#pragma unroll
+    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) v += NSTF_SHFL_XOR(v, o);
+    return v;
+}
+__device__ __forceinline__ float wave_reduce_max(float v) {
+#pragma unroll
+    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) v = fmaxf(v, NSTF_SHFL_XOR(v, o));
+    return v;
+}
+
+/* Sum over a whole block of `n_threads` threads (a multiple of NSTF_WAVE,
+ * at most 1024): `red` is shared scratch of at least 1024 / 32 floats.
+ * Every thread of the block must call it; every thread gets the sum. */
+__device__ __forceinline__ float block_reduce_sum(float v, float *red) {
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int n_waves = (blockDim.x + NSTF_WAVE - 1) / NSTF_WAVE;
+    v = wave_reduce_sum(v);
+    __syncthreads(); /* `red` may still be read by a previous call */
+    if (lane == 0) red[wave] = v;
+    __syncthreads();
+    v = lane < n_waves ? red[lane] : 0.0f;
+    return wave_reduce_sum(v);
+}
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* Records "GPU call `stmt` failed at file:line on device d: <error>" as the
+ * NSTF last-error message and returns NSTF_ERR_GPU (gpu_common.cu). */
+extern "C" nstf_status nstf_gpu_fail(const char *stmt, const char *file, int line, int err,
+                                     const char *err_str);
+
+/* Wrap every runtime call in a function that returns nstf_status. */
+#define GPU_CHECK(call)                                                             \
+    do {                                                                            \
+        gpuError_t gpu_check_e_ = (call);                                           \
+        if (gpu_check_e_ != gpuSuccess)                                             \
+            return nstf_gpu_fail(#call, __FILE__, __LINE__, (int)gpu_check_e_,      \
+                                 gpuGetErrorString(gpu_check_e_));                  \
+    } while (0)
+
+/* After every kernel launch. Release builds check the launch itself (a bad
+ * configuration); debug builds also wait for the kernel, so a fault is
+ * reported at the launch that caused it. */
+#if defined(NDEBUG) && !defined(NSTF_GPU_DEBUG)
+#define GPU_LAUNCH_CHECK(stream) GPU_CHECK(gpuGetLastError())
+#else
+#define GPU_LAUNCH_CHECK(stream)                     \
+    do {                                             \
+        GPU_CHECK(gpuGetLastError());                \
+        GPU_CHECK(gpuStreamSynchronize(stream));     \
+    } while (0)
+#endif
+
+/* Grid-stride loops use a grid clamped to this many blocks. */
+#define NSTF_GPU_MAX_GRID 65535
+
+#endif

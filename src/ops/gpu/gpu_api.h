@@ -1,0 +1,207 @@
+/* gpu_api.h — the C interface of the GPU backend (CUDA or HIP, one source).
+ *
+ * Everything the rest of the engine calls on a GPU goes through here:
+ * device query, memory, streams, and one launcher per kernel. The header
+ * is plain C (usable from the C11 engine) and is also included by the .cu
+ * files. Conventions:
+ *  - Pointers named d_* or documented "device" are device memory.
+ *  - Activations are bf16 (passed as uint16_t bit patterns), except the
+ *    residual stream, which is fp32 (see nstf_gpu_rmsnorm). Weights are
+ *    read as stored in the GGUF file (F32/F16/BF16/Q8_0/Q4_0/Q4_1).
+ *  - Every launcher takes an explicit stream (`void *stream`, a
+ *    cudaStream_t / hipStream_t; NULL = the legacy default stream), only
+ *    enqueues work, and returns NSTF_OK or an error with a message
+ *    (nstf_last_error()). Argument errors are caught before launching.
+ *  - Sizes and counts are 64-bit. */
+#ifndef NSTF_GPU_API_H
+#define NSTF_GPU_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* core/dtype.h uses C11 _Static_assert; C++ spells it static_assert. */
+#if defined(__cplusplus) && !defined(_Static_assert)
+#define _Static_assert static_assert
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "ops/ops.h"
+
+/* ---- devices -------------------------------------------------------------- */
+
+typedef struct nstf_gpu_info {
+    char name[256];      /* "NVIDIA H100 80GB HBM3" */
+    char arch[32];       /* "sm_90", "gfx942" */
+    int n_sm;            /* streaming multiprocessors (NVIDIA) / compute units (AMD) */
+    int wave_size;       /* 32 or 64 */
+    int clock_khz;       /* peak SM clock */
+    uint64_t total_mem;  /* bytes of device memory */
+    uint64_t free_mem;   /* bytes free at query time */
+    uint64_t l2_bytes;   /* L2 cache size */
+    uint64_t smem_per_block; /* max shared memory (LDS) per block, opt-in included */
+} nstf_gpu_info;
+
+/* Number of visible devices (0 when no driver or no device: not an error). */
+int nstf_gpu_device_count(void);
+nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info);
+/* Make `dev` current for the calling thread. */
+nstf_status nstf_gpu_set_device(int dev);
+
+/* ---- memory and streams ---------------------------------------------------- */
+
+nstf_status nstf_gpu_malloc(void **d_ptr, size_t bytes);
+nstf_status nstf_gpu_free(void *d_ptr); /* NULL is a no-op */
+/* Copies return when the copy is complete (they synchronize `stream`). */
+nstf_status nstf_gpu_memcpy_h2d(void *d_dst, const void *src, size_t bytes, void *stream);
+nstf_status nstf_gpu_memcpy_d2h(void *dst, const void *d_src, size_t bytes, void *stream);
+nstf_status nstf_gpu_memcpy_d2d(void *d_dst, const void *d_src, size_t bytes, void *stream);
+/* Enqueued on `stream` (asynchronous). */
+nstf_status nstf_gpu_memset(void *d_ptr, int byte, size_t bytes, void *stream);
+
+nstf_status nstf_gpu_stream_create(void **stream);
+nstf_status nstf_gpu_stream_destroy(void *stream);
+nstf_status nstf_gpu_stream_sync(void *stream);
+
+/* ---- kernels ------------------------------------------------------------------ */
+
+/* Embedding gather: out[t, :] = dequant(table[ids[t], :]).
+ * table [n_rows, dim] of `type` (any supported; dim a multiple of 32 for the
+ * quantized types), ids [n_tok] int32 on the device, out [n_tok, dim] of
+ * out_type F32 (the residual stream) or BF16. An id outside [0, n_rows)
+ * yields a row of NaN instead of an out-of-bounds read. */
+nstf_status nstf_gpu_get_rows(nstf_type type, const void *table, int64_t n_rows,
+                              const int32_t *ids, void *out, nstf_type out_type,
+                              int64_t n_tok, int64_t dim, void *stream);
+
+/* Residual add fused into RMSNorm, one pass per token:
+ *   if (res) x[t, :] += res[t, :];                       (x: fp32, in place)
+ *   y[t, :] = bf16(x[t, :] * rsqrt(mean(x[t, :]^2) + eps) * w[:])
+ * x [n_tok, dim] fp32 is the residual stream. It stays fp32 because it
+ * accumulates every layer's output: rounding it to bf16 each layer adds an
+ * error of 2^-9 relative per add that never averages out, while the branch
+ * outputs (res) only need their own precision. res [n_tok, dim] is F32 or
+ * BF16 (res_type) or NULL; w [dim] fp32 (norm weights are stored F32);
+ * y [n_tok, dim] bf16. */
+nstf_status nstf_gpu_rmsnorm(float *x, const void *res, nstf_type res_type, const float *w,
+                             uint16_t *y, int64_t n_tok, int64_t dim, float eps, void *stream);
+
+/* Rotary embedding, in place, on q [n_tok, n_heads, head_dim] and
+ * k [n_tok, n_kv_heads, head_dim] (bf16; k may be NULL with n_kv_heads 0).
+ * Token t is at position pos[t] (device int32); theta_i = pos *
+ * base^(-2i/head_dim); mode NSTF_ROPE_NORM rotates (x[2i], x[2i+1]),
+ * NSTF_ROPE_NEOX rotates (x[i], x[i + head_dim/2]). head_dim even, <= 256.
+ * The angle is accurate to ~1e-7 rad at any position below 2^24. */
+nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t n_tok,
+                          int n_heads, int n_kv_heads, int head_dim, float base,
+                          nstf_rope_mode mode, void *stream);
+
+/* y[i] = silu(gate[i]) * up[i] over n elements, bf16 in and out (fp32 math). */
+nstf_status nstf_gpu_swiglu(const uint16_t *gate, const uint16_t *up, uint16_t *y, int64_t n,
+                            void *stream);
+
+/* Decode GEMV (matrix-vector for 1..8 tokens; more are processed 8 at a
+ * time): y[t, o] = sum_i W[o, i] * x[t, i], fp32 accumulation.
+ * W [n_out, n_in] of wtype F32/F16/BF16/Q8_0/Q4_0/Q4_1 as stored (n_in a
+ * multiple of 32 for the quantized types), x [n_tok, n_in] bf16,
+ * y [n_tok, n_out] of y_type F32 or BF16. */
+nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint16_t *x, void *y,
+                          nstf_type y_type, int64_t n_tok, int64_t n_in, int64_t n_out,
+                          void *stream);
+/* The kernel configuration nstf_gpu_gemv picks for these arguments, for
+ * tests and benchmarks ("bf16/vec16 nt=3 chunk=2048x2"). Static string
+ * storage owned by the library, overwritten by the next call. */
+const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t *x,
+                                 int64_t n_tok, int64_t n_in);
+
+/* Greedy sampling: out[r] = argmax_j x[r, j] (first index on ties; NaN
+ * never wins; an all-NaN row gives 0). x [n_rows, n] of x_type F32 or BF16,
+ * out [n_rows] int32 on the device. `scratch` is device memory of at least
+ * nstf_gpu_argmax_scratch_bytes(n_rows, n) bytes. */
+size_t nstf_gpu_argmax_scratch_bytes(int64_t n_rows, int64_t n);
+nstf_status nstf_gpu_argmax(const void *x, nstf_type x_type, int32_t *out, int64_t n_rows,
+                            int64_t n, void *scratch, void *stream);
+
+/* KV-cache write for one layer: k_cache[pos[t], :] = k[t, :] and likewise
+ * v, for rows of kv_dim bf16 (n_kv_heads * head_dim); caches are
+ * [n_ctx, kv_dim]. A position outside [0, n_ctx) is skipped. */
+nstf_status nstf_gpu_kv_write(const uint16_t *k, const uint16_t *v, uint16_t *k_cache,
+                              uint16_t *v_cache, const int32_t *pos, int64_t n_tok,
+                              int64_t kv_dim, int64_t n_ctx, void *stream);
+
+
+/* ==========================================================================
+ * GEMM on the matrix units and flash attention (gemm.cu, flash_attn.cu,
+ * flash_decode.cu; tile abstraction in mma.h). bf16 operands are uint16_t
+ * bit patterns.
+ * ========================================================================== */
+
+/* Epilogues fused into nstf_gpu_gemm_bf16. */
+typedef enum nstf_gemm_epilogue {
+    NSTF_GEMM_EPI_NONE = 0,     /* C = A W^T */
+    NSTF_GEMM_EPI_RESIDUAL = 1, /* C = A W^T + R; R [M, N] F32 or BF16, may alias C
+                                   (then of C's type): out-proj / down-proj + residual */
+    NSTF_GEMM_EPI_SWIGLU = 2,   /* C [M, N/2] = silu(gate) * up, W's rows interleaved
+                                   in groups of 16: W rows [32j, 32j+16) are gate rows
+                                   [16j, 16j+16) and W rows [32j+16, 32j+32) the up
+                                   rows [16j, 16j+16). N (W rows, 2 n_ff) % 32 == 0.
+                                   nstf_gpu_swiglu_packed_row() gives the layout. */
+} nstf_gemm_epilogue;
+
+/* C[M, N] = A[M, K] x W[N, K]^T, fp32 accumulation, fused epilogue.
+ *   a [M, K] bf16 row-major (activations); w [N, K] bf16 row-major (the
+ *   nn.Linear layout: one row of K per output); c [M, N] ([M, N/2] for
+ *   SWIGLU) of c_type F32 or BF16; res [M, N] of res_type F32/BF16 for
+ *   NSTF_GEMM_EPI_RESIDUAL, else NULL (res_type ignored).
+ * Requires K % 8 == 0 and a, w 16-byte aligned (rows move in 16-byte
+ * pieces); M and N are free (tails are masked). */
+nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                               const void *res, nstf_type res_type, int64_t m, int64_t n,
+                               int64_t k, nstf_gemm_epilogue epi, void *stream);
+
+/* SWIGLU packing: row p of the packed W holds row nstf_gpu_swiglu_packed_row(p,
+ * n_ff) of the stacked [gate (n_ff rows); up (n_ff rows)] matrix. */
+int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff);
+
+/* Flash attention for prefill: causal, GQA, online softmax, KV-cache write
+ * fused (this call stores its k, v rows into the cache).
+ *   q   [n_tok, n_heads, head_dim] bf16, RoPE applied; token stride q_stride
+ *   k,v [n_tok, n_kv_heads, head_dim] bf16 (this chunk; RoPE applied to k);
+ *       token strides k_stride, v_stride (so a fused QKV buffer works)
+ *   k_cache, v_cache [n_ctx, n_kv_heads, head_dim] bf16, one layer: positions
+ *       [0, pos0) hold earlier tokens; [pos0, pos0 + n_tok) are written here
+ *   out [n_tok, n_heads, head_dim] bf16, token stride out_stride
+ * Token i is at position pos0 + i and attends to positions <= pos0 + i.
+ * head_dim 64 or 128; n_heads % n_kv_heads == 0; pos0 + n_tok <= n_ctx;
+ * strides multiples of 8 and pointers 16-byte aligned; scale usually
+ * 1/sqrt(head_dim). */
+nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
+                                int n_heads, int n_kv_heads, int head_dim, float scale,
+                                void *stream);
+
+/* Split-KV flash decoding for small n_tok (n_tok * n_heads / n_kv_heads <= 16
+ * query rows per kv head): same arguments and semantics as
+ * nstf_gpu_flash_attn, plus device scratch of
+ * nstf_gpu_flash_decode_scratch_bytes() bytes for the partial results. The
+ * KV range is cut into splits chosen from the context length and the SM
+ * count; a second kernel merges the partial (max, sum, acc). */
+size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos0, int n_heads,
+                                           int n_kv_heads, int head_dim);
+nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                  int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                  uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                  int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
+                                  int n_heads, int n_kv_heads, int head_dim, float scale,
+                                  void *scratch, size_t scratch_bytes, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,74 @@
+/* rope.cu — rotary position embedding, in place, on q and k (bf16), one
+ * thread per rotated pair; NORM rotates (x[2i], x[2i+1]), NEOX (x[i],
+ * x[i + d/2]). theta_i = pos * base^(-2i/head_dim) is formed to about
+ * double accuracy without double math on the device: the host computes
+ * each inverse frequency in double and passes it as a float pair hi + lo
+ * (a kernel argument, <= 1 KiB); the product with the integer position is
+ * split exactly (fmaf), range-reduced to [-pi, pi] with a two-part 2pi
+ * (Cody-Waite), and only then given to the fast hardware sin/cos. At
+ * position 10^5 a plain fp32 angle would be off by ~4e-3 rad. */
+#include "gpu.h"
+
+#include <math.h>
+
+#define ROPE_THREADS 256
+#define ROPE_MAX_PAIRS 128 /* head_dim <= 256 */
+
+struct rope_freqs {
+    float hi[ROPE_MAX_PAIRS], lo[ROPE_MAX_PAIRS];
+};
+
+__global__ void __launch_bounds__(ROPE_THREADS)
+rope_kernel(nstf_bf16 *__restrict__ q, nstf_bf16 *__restrict__ k, const int32_t *__restrict__ pos,
+            int64_t n_tok, int n_heads, int n_kv_heads, int head_dim, const rope_freqs f, int neox) {
+    const int half = head_dim / 2;
+    const int heads = n_heads + n_kv_heads;
+    const int64_t n_pairs = n_tok * heads * (int64_t)half;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < n_pairs; p += stride) {
+        const int i = (int)(p % half);
+        const int h = (int)((p / half) % heads);
+        const int64_t t = p / ((int64_t)half * heads);
+        nstf_bf16 *v = h < n_heads ? q + (t * n_heads + h) * head_dim
+                                   : k + (t * n_kv_heads + (h - n_heads)) * head_dim;
+        const float fp = (float)pos[t]; /* exact: |pos| < 2^24 */
+        const float a = fp * f.hi[i];
+        const float a_err = fmaf(fp, f.hi[i], -a) + fp * f.lo[i]; /* a + a_err = pos * freq */
+        const float n2pi = rintf(a * 0.15915494309189535f);
+        float r = fmaf(-n2pi, 6.28318548202514648f, a); /* float(2pi), exact product */
+        r += a_err;
+        r = fmaf(-n2pi, -1.7484556e-07f, r); /* 2pi - float(2pi) */
+        const float c = nstf_fast_cosf(r), sn = nstf_fast_sinf(r);
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float x0 = nstf_bf16_to_float(v[i0]), x1 = nstf_bf16_to_float(v[i1]);
+        v[i0] = nstf_float_to_bf16(x0 * c - x1 * sn);
+        v[i1] = nstf_float_to_bf16(x0 * sn + x1 * c);
+    }
+}
+
+extern "C" nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t n_tok,
+                                     int n_heads, int n_kv_heads, int head_dim, float base,
+                                     nstf_rope_mode mode, void *stream) {
+    if (!q || !pos || n_tok < 0 || n_heads <= 0 || n_kv_heads < 0 || (n_kv_heads > 0 && !k) ||
+        head_dim <= 0 || head_dim % 2 || head_dim > 2 * ROPE_MAX_PAIRS || !(base > 0.0f))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_gpu_rope: bad arguments (n_tok %lld, heads %d/%d, head_dim %d, base %g)",
+                              (long long)n_tok, n_heads, n_kv_heads, head_dim, (double)base);
+    if (mode != NSTF_ROPE_NORM && mode != NSTF_ROPE_NEOX)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_rope: mode %d", (int)mode);
+    if (n_tok == 0) return NSTF_OK;
+    gpuStream_t s = (gpuStream_t)stream;
+    const int64_t n_pairs = n_tok * (int64_t)(n_heads + n_kv_heads) * (head_dim / 2);
+    const int64_t blocks = (n_pairs + ROPE_THREADS - 1) / ROPE_THREADS;
+    const unsigned grid = (unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID);
+    rope_freqs f;
+    for (int i = 0; i < ROPE_MAX_PAIRS; i++) {
+        const double v = i < head_dim / 2 ? pow((double)base, -2.0 * i / head_dim) : 0.0;
+        f.hi[i] = (float)v;
+        f.lo[i] = (float)(v - (double)f.hi[i]);
+    }
+    rope_kernel<<<grid, ROPE_THREADS, 0, s>>>((nstf_bf16 *)q, (nstf_bf16 *)k, pos, n_tok, n_heads,
+                                              n_kv_heads, head_dim, f, mode == NSTF_ROPE_NEOX);
+    GPU_LAUNCH_CHECK(s);
+    return NSTF_OK;
+}

@@ -1,0 +1,69 @@
+/* vendors/cuda.h — CUDA names behind the vendor-neutral gpu* runtime names
+ * and the few device intrinsics whose spelling differs between vendors.
+ * Included only by gpu.h. A flat map: no logic lives here. */
+#ifndef NSTF_GPU_VENDORS_CUDA_H
+#define NSTF_GPU_VENDORS_CUDA_H
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#define NSTF_GPU_VENDOR "CUDA"
+
+#define gpuError_t cudaError_t
+#define gpuSuccess cudaSuccess
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuPeekAtLastError cudaPeekAtLastError
+#define gpuGetDevice cudaGetDevice
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuDeviceProp_t cudaDeviceProp
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuDeviceSynchronize cudaDeviceSynchronize
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuMemset cudaMemset
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuStream_t cudaStream_t
+#define gpuStreamCreateWithFlags cudaStreamCreateWithFlags
+#define gpuStreamNonBlocking cudaStreamNonBlocking
+#define gpuStreamDestroy cudaStreamDestroy
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuEvent_t cudaEvent_t
+#define gpuEventCreate cudaEventCreate
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+
+/* Device pass? (host code must not depend on the wave width). */
+#if defined(__CUDA_ARCH__)
+#define NSTF_DEVICE_PASS 1
+#endif
+
+/* NVIDIA warps are 32 lanes on every architecture. */
+#define NSTF_WAVE_WIDTH 32
+/* Shuffles over the whole warp; the member mask is the full 32-lane mask
+ * because every NSTF reduction is executed by all lanes of the warp. */
+#define NSTF_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), NSTF_WAVE)
+#define NSTF_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src), NSTF_WAVE)
+
+/* Fast transcendental intrinsics (arguments range-reduced by the caller). */
+#define nstf_fast_exp2f(x) exp2f(x) /* ex2.approx.ftz: 2 ulp */
+#define nstf_fast_sinf(x) __sinf(x)  /* accurate to ~2^-21 abs on [-pi, pi] */
+#define nstf_fast_cosf(x) __cosf(x)
+#define nstf_fast_rsqrtf(x) rsqrtf(x)
+
+static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
+    return __half2float(__ushort_as_half(h));
+}
+
+#endif

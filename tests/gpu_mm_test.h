@@ -1,0 +1,110 @@
+/* gpu_mm_test.h — the small harness shared by test_gemm_gpu.cu and
+ * test_attention_gpu.cu (C++, so tests/test_util.h's C idioms are mirrored
+ * here): counted checks, a seeded RNG, bf16 rounding, device buffers that are
+ * poisoned (0xff bytes: NaN in f32 and bf16) with a guard region after the
+ * payload, and the "at most 2x the naive error" rule. */
+#ifndef NSTF_GPU_MM_TEST_H
+#define NSTF_GPU_MM_TEST_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/gpu/gpu.h"
+
+static int g_checks, g_fails;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        g_checks++;                                                                       \
+        if (!(cond)) {                                                                    \
+            g_fails++;                                                                    \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);     \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fputc('\n', stderr);                                                          \
+        }                                                                                 \
+    } while (0)
+
+#define DEV_CHECK(call)                                                                           \
+    do {                                                                                          \
+        gpuError_t e_ = (call);                                                                   \
+        if (e_ != gpuSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, gpuGetErrorString(e_)); \
+            exit(2);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+static inline int test_finish(const char *name) {
+    printf("%s: %d checks, %d passed, %d failed\n", name, g_checks, g_checks - g_fails, g_fails);
+    return g_fails ? 1 : 0;
+}
+
+typedef struct { uint64_t s; } test_rng;
+static inline uint64_t rng_next(test_rng *r) {
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 2685821657736338717ull;
+}
+static inline float rng_uniform(test_rng *r) { /* [-1, 1) */
+    return (float)((rng_next(r) >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static inline float bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float round_bf(float f) { return bf2f(f2bf(f)); }
+
+/* Device buffer of `bytes` + guard, all bytes 0xff (poison and guard alike). */
+#define DEV_GUARD 256
+static inline void *dev_alloc_poisoned(size_t bytes) {
+    void *p = NULL;
+    DEV_CHECK(gpuMalloc(&p, bytes + DEV_GUARD));
+    DEV_CHECK(gpuMemset(p, 0xff, bytes + DEV_GUARD));
+    return p;
+}
+/* Copies the payload back and checks the guard is still 0xff. */
+static inline int dev_fetch_guarded(void *host, const void *dev, size_t bytes) {
+    unsigned char *tmp = (unsigned char *)malloc(bytes + DEV_GUARD);
+    DEV_CHECK(gpuMemcpy(tmp, dev, bytes + DEV_GUARD, gpuMemcpyDeviceToHost));
+    memcpy(host, tmp, bytes);
+    int ok = 1;
+    for (size_t i = 0; i < DEV_GUARD; i++) ok &= tmp[bytes + i] == 0xff;
+    free(tmp);
+    return ok;
+}
+
+/* RMS error of got (float) vs ref (double) over n values; counts non-finite. */
+static inline double rms_err(const float *got, const double *ref, int64_t n, int64_t *n_bad) {
+    double s = 0;
+    *n_bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) { (*n_bad)++; continue; }
+        double d = got[i] - ref[i];
+        s += d * d;
+    }
+    return sqrt(s / (double)(n > 0 ? n : 1));
+}
+static inline double rms(const double *ref, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += ref[i] * ref[i];
+    return sqrt(s / (double)(n > 0 ? n : 1));
+}
+/* The bf16 rule: kernel error <= 2x the naive same-precision error. The
+ * 1e-12 relative floor only matters when both are exactly 0. */
+static inline int within_2x_naive(double err_k, double err_naive, double ref_rms) {
+    return err_k <= 2.0 * err_naive + 1e-12 * ref_rms;
+}
+
+#endif
