@@ -149,7 +149,7 @@ int main(void) {
     memset(long_prompt, 'a', sizeof long_prompt - 1);
     for (size_t i = 0; i < sizeof long_prompt - 1; i += 2) long_prompt[i] = ' ';
     long_prompt[sizeof long_prompt - 1] = 0;
-    expect_error("prompt longer than the context", "does not fit", (const char *const[]){"run", "-m", tiny, "-p", long_prompt, "-c", "64", NULL});
+    expect_error("prompt longer than the context", "the context holds 64", (const char *const[]){"run", "-m", tiny, "-p", long_prompt, "-c", "64", NULL});
     expect_error("invalid UTF-8", "UTF-8", (const char *const[]){"run", "-m", tiny, "-p", "ok \xff\xfe bad", NULL});
 
     /* clean up */
