@@ -12,7 +12,9 @@ CMAKE_ARGS ?=
 
 all: build
 
+# A fresh machine gets its build dependencies on the first configure.
 $(BUILD)/CMakeCache.txt:
+	sh scripts/install_deps.sh
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 
 build: $(BUILD)/CMakeCache.txt
