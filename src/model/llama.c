@@ -206,16 +206,14 @@ nstf_status nstf_llama_state_init(nstf_llama_state *s, const nstf_llama_config *
     const uint64_t B = (uint64_t)n_batch, q_dim = (uint64_t)c->n_heads * c->head_dim,
                    kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
     /* size table: element counts of every buffer, carved in this order */
-    uint64_t sizes[10];
-    bool ok = nstf_mul_ok(B, (uint64_t)c->dim, &sizes[0]);
-    sizes[1] = sizes[2] = sizes[0];
-    ok = ok && nstf_mul_ok(B, q_dim, &sizes[3]);
-    sizes[4] = sizes[3];
-    ok = ok && nstf_mul_ok(B, (uint64_t)c->ffn_dim, &sizes[5]);
-    sizes[6] = sizes[5];
-    ok = ok && nstf_mul_ok(B, (uint64_t)c->n_vocab, &sizes[7]);
-    ok = ok && nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)n_ctx, kv_dim, &sizes[8]);
-    sizes[9] = sizes[8];
+    uint64_t sizes[10] = {0};
+    bool ok = nstf_mul_ok(B, (uint64_t)c->dim, &sizes[0]) && nstf_mul_ok(B, q_dim, &sizes[3]) &&
+              nstf_mul_ok(B, (uint64_t)c->ffn_dim, &sizes[5]) && nstf_mul_ok(B, (uint64_t)c->n_vocab, &sizes[7]) &&
+              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)n_ctx, kv_dim, &sizes[8]);
+    sizes[1] = sizes[2] = sizes[0]; /* x, xb, xb2 */
+    sizes[4] = sizes[3];            /* q, att */
+    sizes[6] = sizes[5];            /* hb, hb2 */
+    sizes[9] = sizes[8];            /* k_cache, v_cache */
     uint64_t total = B; /* pos (int32, same size as float) */
     for (int i = 0; ok && i < 10; i++) {
         uint64_t rounded = (sizes[i] + 15) & ~(uint64_t)15; /* keep every buffer 64-byte aligned */
