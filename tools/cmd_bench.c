@@ -209,7 +209,7 @@ int cmd_bench(int argc, char **argv) {
                     rc = 1;
                     break;
                 }
-                if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr);
+                if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr, true);
                 nstf_mem_report mem;
                 if (verbose) {
                     nstf_mem_report_session(s, &mem);

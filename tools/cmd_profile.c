@@ -135,7 +135,7 @@ int cmd_profile(int argc, char **argv) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
         return 1;
     }
-    nstf_weights_touch(s, stderr);
+    nstf_weights_touch(s, stderr, true);
     nstf_mem_report mem;
     if (verbose) {
         nstf_mem_report_session(s, &mem);

@@ -57,7 +57,7 @@ static void bar(FILE *f, uint64_t done, uint64_t total, double secs) {
     fflush(f);
 }
 
-void nstf_weights_touch(const nstf_session *s, FILE *f) {
+void nstf_weights_touch(const nstf_session *s, FILE *f, bool plain) {
     const nstf_gguf *g = s->model->file;
     if (!g->base || g->size <= g->data_offset) return;
     const volatile uint8_t *p = g->base + g->data_offset;
@@ -69,7 +69,7 @@ void nstf_weights_touch(const nstf_session *s, FILE *f) {
         uint64_t end = off + step < total ? off + step : total;
         for (uint64_t o = off; o < end; o += page) sum += p[o];
         uint64_t now = nstf_now_ns();
-        if (tty && (now - last > 50000000ull || end == total)) { /* redraw at most 20 times a second */
+        if (tty && end < total && now - last > 50000000ull) { /* redraw at most 20 times a second */
             bar(f, end, total, (double)(now - t0) * 1e-9);
             last = now;
         }
@@ -79,7 +79,7 @@ void nstf_weights_touch(const nstf_session *s, FILE *f) {
     if (tty) {
         bar(f, total, total, secs);
         fputc('\n', f);
-    } else {
+    } else if (plain) {
         fprintf(f, "loading: %s: %.1f MiB of weights %s, touched in %.0f ms (%.0f MiB/s)\n", g->path,
                 (double)total / (1 << 20), g->mapped ? "mapped" : "in memory", secs * 1e3,
                 secs > 0 ? (double)total / (1 << 20) / secs : 0.0);

@@ -27,9 +27,10 @@ void nstf_mem_report_print(FILE *f, const nstf_mem_report *r);
 
 /* Bring the model's mapped weights into memory by reading one byte of
  * every page, reporting progress on f: a bar with bytes, percent and speed
- * when f is a terminal, otherwise one plain line at the end. The mmap path
+ * when f is a terminal, otherwise one plain line at the end (only when
+ * `plain` is set, so scripted runs can keep stderr quiet). The mmap path
  * has nothing else to load, so this is the honest "loading" of the CPU
  * backend (it costs what the first forward would pay otherwise). */
-void nstf_weights_touch(const nstf_session *s, FILE *f);
+void nstf_weights_touch(const nstf_session *s, FILE *f, bool plain);
 
 #endif
