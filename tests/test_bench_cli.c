@@ -82,7 +82,8 @@ static const char *const k_fields[] = {
     "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts"};
 
 int main(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/nstf_test_bench_XXXXXX");
+    const char *tmp = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/nstf_test_bench_XXXXXX", tmp && *tmp ? tmp : P_tmpdir);
     if (!mkdtemp(g_dir)) {
         perror("mkdtemp");
         return 1;

@@ -6,6 +6,7 @@
  * the op cost model, the profiler hook, and the roofline arithmetic.
  * Metrics: exact equality for counts and strings; |error| <= 1e-9
  * relative for statistics (double arithmetic on a handful of values). */
+#define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -318,7 +319,9 @@ static void test_roofline(void) {
     CHECK(nstf_roofline_attainable(&r, 100.0, false) == 100, "fp32 ceiling");
     CHECK(nstf_roofline_attainable(&r, 20.0, true) == 200 && nstf_roofline_attainable(&r, 80.0, true) == 400, "int8 roof");
     CHECK(nstf_roofline_ridge(&r, false) == 10 && nstf_roofline_ridge(&r, true) == 40, "ridge points");
-    char path[] = "/tmp/nstf_test_prof_XXXXXX";
+    char path[300];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/nstf_test_prof_XXXXXX", tmp && *tmp ? tmp : P_tmpdir);
     int fd = mkstemp(path);
     if (fd >= 0) close(fd);
     CHECK(nstf_roofline_save(path, &r) == NSTF_OK, "save roofline cache");
