@@ -2,7 +2,7 @@
 # install_deps.sh — Debian packages the CPU build and tests need.
 set -eu
 need=""
-for p in cmake make gcc pkg-config libpcre2-dev python3 python3-pip; do
+for p in cmake make gcc pkg-config libpcre2-dev libcjson-dev python3 python3-pip; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 # A python with pip may come from elsewhere (pyenv); then python3-pip is not needed.

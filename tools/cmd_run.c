@@ -7,6 +7,7 @@
 
 #include "cli_util.h"
 #include "nstf.h"
+#include "prof/memory.h"
 
 int cmd_run(int argc, char **argv);
 
@@ -158,7 +159,14 @@ int cmd_run(int argc, char **argv) {
         free(file_prompt);
         return 1;
     }
-    if (sp.verbose) fprintf(stderr, "nstf: seed %llu\n", (unsigned long long)smp.seed);
+    /* weights paged in with a progress bar on a terminal (a line with -v) */
+    nstf_weights_touch(s, stderr, sp.verbose);
+    nstf_mem_report mem;
+    if (sp.verbose) {
+        nstf_mem_report_session(s, &mem);
+        nstf_mem_report_print(stderr, &mem);
+        fprintf(stderr, "nstf: seed %llu\n", (unsigned long long)smp.seed);
+    }
     nstf_gen_stats gs;
     st = nstf_session_generate(s, prompt, chat, system, &smp, n_predict, ignore_eos, on_piece, &o, &gs);
     if (!o.stream && o.buf) fwrite(o.buf, 1, o.len, stdout);
@@ -178,6 +186,10 @@ int cmd_run(int argc, char **argv) {
                 (long long)gs.n_prompt, gs.prompt_ms, gs.prompt_ms > 0 ? gs.n_prompt * 1e3 / gs.prompt_ms : 0.0,
                 (long long)gs.n_gen, (long long)gs.n_decode, gs.gen_ms,
                 gs.gen_ms > 0 && gs.n_decode > 0 ? gs.n_decode * 1e3 / gs.gen_ms : 0.0);
+    }
+    if (sp.verbose) {
+        nstf_mem_report_session(s, &mem);
+        nstf_mem_report_print(stderr, &mem);
     }
     free(o.buf);
     free(file_prompt);

@@ -8,6 +8,8 @@
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_profile(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -19,6 +21,8 @@ static void usage(FILE *f) {
             "  run       generate text from a GGUF model (nstf run --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
+            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
+            "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
 }
@@ -32,6 +36,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

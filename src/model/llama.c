@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "prof/profiler.h"
 
 /* ---- config ------------------------------------------------------------- */
 
@@ -249,12 +250,20 @@ void nstf_llama_state_free(nstf_llama_state *s) {
 
 /* ---- forward ------------------------------------------------------------------ */
 
-static void matmul(nstf_cpu *cpu, const nstf_matrix *w, const float *x, float *y, int n) {
+/* Each op call goes through OP: with no profiler attached (cpu->prof NULL)
+ * it is the bare call behind one predictable branch. */
+#define OP(label, layer, cost, call) NSTF_PROF_OP(cpu->prof, label, layer, cost, call)
+
+static void matmul_op(nstf_cpu *cpu, const nstf_matrix *w, const float *x, float *y, int n) {
     if (cpu->precise)
         nstf_cpu_matmul_precise(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
     else
         nstf_cpu_matmul(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
 }
+
+#define matmul(cpu, label, layer, w, x, y, n)                                                        \
+    OP(label, layer, nstf_cost_matmul((w)->type, n, (w)->n_in, (w)->n_out, !(cpu)->precise), \
+       matmul_op(cpu, w, x, y, n))
 
 nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cpu *cpu,
                                const int32_t *tokens, int n, int pos0, bool all_logits) {
@@ -275,7 +284,8 @@ nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cp
     const int64_t kv_dim = (int64_t)c->n_kv_heads * hd, nd = (int64_t)n * dim;
     const float scale = 1.0f / sqrtf((float)hd);
 
-    nstf_cpu_get_rows(cpu, w->tok_embd.type, w->tok_embd.data, tokens, s->x, n, dim);
+    OP("get_rows", -1, nstf_cost_get_rows(w->tok_embd.type, n, dim),
+       nstf_cpu_get_rows(cpu, w->tok_embd.type, w->tok_embd.data, tokens, s->x, n, dim));
     for (int l = 0; l < c->n_layers; l++) {
         const nstf_llama_layer *L = &w->layers[l];
         /* this layer's cache; the chunk's K and V rows are written in place */
@@ -284,28 +294,32 @@ nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cp
         float *k_new = kc + (int64_t)pos0 * kv_dim, *v_new = vc + (int64_t)pos0 * kv_dim;
 
         /* attention block */
-        nstf_cpu_rmsnorm(cpu, s->x, L->attn_norm, s->xb, n, dim, c->norm_eps);
-        matmul(cpu, &L->wq, s->xb, s->q, n);
-        matmul(cpu, &L->wk, s->xb, k_new, n);
-        matmul(cpu, &L->wv, s->xb, v_new, n);
-        nstf_cpu_rope(cpu, s->q, s->pos, n, c->n_heads, hd, c->rope_base, c->rope_mode);
-        nstf_cpu_rope(cpu, k_new, s->pos, n, c->n_kv_heads, hd, c->rope_base, c->rope_mode);
-        nstf_cpu_attention(cpu, s->q, kc, vc, s->att, n, pos0, c->n_heads, c->n_kv_heads, hd, scale);
-        matmul(cpu, &L->wo, s->att, s->xb2, n);
-        nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd);
+        OP("rmsnorm", l, nstf_cost_rmsnorm(n, dim), nstf_cpu_rmsnorm(cpu, s->x, L->attn_norm, s->xb, n, dim, c->norm_eps));
+        matmul(cpu, "matmul.attn_q", l, &L->wq, s->xb, s->q, n);
+        matmul(cpu, "matmul.attn_k", l, &L->wk, s->xb, k_new, n);
+        matmul(cpu, "matmul.attn_v", l, &L->wv, s->xb, v_new, n);
+        OP("rope", l, nstf_cost_rope(n, c->n_heads, hd),
+           nstf_cpu_rope(cpu, s->q, s->pos, n, c->n_heads, hd, c->rope_base, c->rope_mode));
+        OP("rope", l, nstf_cost_rope(n, c->n_kv_heads, hd),
+           nstf_cpu_rope(cpu, k_new, s->pos, n, c->n_kv_heads, hd, c->rope_base, c->rope_mode));
+        OP("attention", l, nstf_cost_attention(n, pos0, c->n_heads, c->n_kv_heads, hd),
+           nstf_cpu_attention(cpu, s->q, kc, vc, s->att, n, pos0, c->n_heads, c->n_kv_heads, hd, scale));
+        matmul(cpu, "matmul.attn_output", l, &L->wo, s->att, s->xb2, n);
+        OP("add", l, nstf_cost_add(nd), nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd));
 
         /* feed-forward block */
-        nstf_cpu_rmsnorm(cpu, s->x, L->ffn_norm, s->xb, n, dim, c->norm_eps);
-        matmul(cpu, &L->w_gate, s->xb, s->hb, n);
-        matmul(cpu, &L->w_up, s->xb, s->hb2, n);
-        nstf_cpu_swiglu(cpu, s->hb, s->hb2, s->hb, (int64_t)n * c->ffn_dim);
-        matmul(cpu, &L->w_down, s->hb, s->xb2, n);
-        nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd);
+        OP("rmsnorm", l, nstf_cost_rmsnorm(n, dim), nstf_cpu_rmsnorm(cpu, s->x, L->ffn_norm, s->xb, n, dim, c->norm_eps));
+        matmul(cpu, "matmul.ffn_gate", l, &L->w_gate, s->xb, s->hb, n);
+        matmul(cpu, "matmul.ffn_up", l, &L->w_up, s->xb, s->hb2, n);
+        OP("swiglu", l, nstf_cost_swiglu((int64_t)n * c->ffn_dim),
+           nstf_cpu_swiglu(cpu, s->hb, s->hb2, s->hb, (int64_t)n * c->ffn_dim));
+        matmul(cpu, "matmul.ffn_down", l, &L->w_down, s->hb, s->xb2, n);
+        OP("add", l, nstf_cost_add(nd), nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd));
     }
     /* final norm and logits: of every token, or of the last one only */
     const float *last = all_logits ? s->x : s->x + (int64_t)(n - 1) * dim;
     int n_out = all_logits ? n : 1;
-    nstf_cpu_rmsnorm(cpu, last, w->out_norm, s->xb, n_out, dim, c->norm_eps);
-    matmul(cpu, &w->output, s->xb, s->logits, n_out);
+    OP("rmsnorm", -1, nstf_cost_rmsnorm(n_out, dim), nstf_cpu_rmsnorm(cpu, last, w->out_norm, s->xb, n_out, dim, c->norm_eps));
+    matmul(cpu, "matmul.output", -1, &w->output, s->xb, s->logits, n_out);
     return NSTF_OK;
 }

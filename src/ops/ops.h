@@ -91,6 +91,7 @@ typedef struct nstf_cpu {
     bool precise;         /* model matmuls use nstf_cpu_matmul_precise */
     void *scratch;        /* owned; e.g. quantized activations for matmul */
     size_t scratch_bytes;
+    struct nstf_prof *prof; /* optional per-op profiler (src/prof/profiler.h); NULL = off */
 } nstf_cpu;
 
 /* Make sure the scratch arena holds what nstf_cpu_matmul needs for

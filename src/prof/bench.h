@@ -1,0 +1,53 @@
+/* bench.h — the timed tests of `nstf bench` on an open session, in
+ * llama-bench's terms:
+ *   pp N  process N random tokens as one prompt (chunks of n_batch) from
+ *         the given depth; the whole prefill is timed;
+ *   tg N  generate N tokens one forward at a time, each the argmax of the
+ *         previous logits (greedy), from the given depth;
+ *   depth D: D random tokens are in the KV cache before the test (filled
+ *         once, untimed; the test only writes positions >= D).
+ * One untimed warm-up run precedes the timed repetitions (a full prompt
+ * for pp, one token for tg, as llama-bench does). Times come from the
+ * backend's timer (nstf_bench_timer), so a GPU backend times with events.
+ *
+ * Execution levels (L0 separate kernels ... L3 graph/persistent) belong to
+ * GPU backends; nstf_bench_n_levels() is the hook, and the CPU backend has
+ * exactly one level. */
+#ifndef NSTF_PROF_BENCH_H
+#define NSTF_PROF_BENCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/session.h"
+#include "prof/timer.h"
+
+typedef struct nstf_bench_model_info {
+    char model_type[128]; /* "llama 135M Q4_1" */
+    uint64_t size;        /* bytes of tensor data */
+    uint64_t n_params;
+} nstf_bench_model_info;
+
+void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out);
+
+/* The session's backend name as llama-bench writes it ("CPU") and its timer. */
+const char *nstf_bench_backend(const nstf_session *s);
+nstf_timer nstf_bench_timer(const nstf_session *s);
+
+/* Execution levels of the session's backend (1 on the CPU), and selecting
+ * one (level >= n_levels is NSTF_ERR_UNSUPPORTED naming the backend). */
+int nstf_bench_n_levels(const nstf_session *s);
+nstf_status nstf_bench_set_level(nstf_session *s, int level);
+
+typedef struct nstf_bench_test {
+    int n_prompt, n_gen, n_depth; /* exactly one of n_prompt, n_gen > 0 */
+    int reps;                     /* timed repetitions, >= 1 */
+    bool warmup;
+} nstf_bench_test;
+
+/* Run one test; samples_ns[reps] receives each repetition's time. The
+ * session's context must hold n_depth + n_prompt + n_gen positions.
+ * rng is a caller-held xorshift state for the random tokens. */
+nstf_status nstf_bench_run(nstf_session *s, const nstf_bench_test *t, uint64_t *rng, uint64_t *samples_ns);
+
+#endif

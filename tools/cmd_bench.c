@@ -1,0 +1,302 @@
+/* cmd_bench.c — `nstf bench`: llama-bench compatible prompt-processing and
+ * generation throughput (pp512 / tg128), markdown / CSV / JSON / JSONL
+ * output with llama-bench's field names, and a regression check against a
+ * saved run. The reusable parts live in src/prof/. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "nstf.h"
+#include "prof/bench.h"
+#include "prof/memory.h"
+#include "prof/regress.h"
+#include "prof/report.h"
+
+int cmd_bench(int argc, char **argv);
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: nstf bench -m MODEL [options]\n"
+            "\n"
+            "  -m, --model FILE[,FILE]   GGUF model(s); repeat or give a comma list\n"
+            "  -p, --n-prompt N[,N]      prompt tests: process N random tokens (default 512; 0 = none)\n"
+            "  -n, --n-gen N[,N]         generation tests: generate N tokens (default 128; 0 = none)\n"
+            "  -d, --n-depth D[,D]       tokens already in the KV cache before each test (default 0)\n"
+            "  -b, --batch-size N[,N]    prompt tokens per forward pass (default 512)\n"
+            "  -t, --threads N[,N]       CPU threads (default: all cores)\n"
+            "  -r, --repetitions N       timed runs per test (default 5)\n"
+            "      --no-warmup           skip the untimed warm-up run\n"
+            "      --device DEV          cpu, gpu or auto (default auto)\n"
+            "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
+            "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
+            "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
+            "      --level L             execution level 0..3 (GPU backends; the CPU has only level 0)\n"
+            "      --levels              compare every execution level of the backend\n"
+            "  -v, --verbose             memory table at load, progress lines\n"
+            "  -h, --help                this text\n"
+            "\n"
+            "Results go to stdout; progress, memory lines and the baseline comparison to stderr.\n"
+            "Exit status: 0 ok, 1 error, 2 bad arguments, 3 a regression beyond the tolerance.\n");
+}
+
+#define MAX_LIST 32
+
+typedef struct {
+    int v[MAX_LIST];
+    int n;
+} int_list;
+
+static bool parse_list(const char *flag, const char *s, long min, long max, int_list *out) {
+    out->n = 0;
+    char buf[512];
+    if (strlen(s) >= sizeof buf) {
+        fprintf(stderr, "nstf: %s list is too long\n", flag);
+        return false;
+    }
+    strcpy(buf, s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (out->n == MAX_LIST) {
+            fprintf(stderr, "nstf: %s takes at most %d values\n", flag, MAX_LIST);
+            return false;
+        }
+        if (!cli_parse_int(flag, tok, min, max, &out->v[out->n])) return false;
+        out->n++;
+    }
+    if (out->n == 0) {
+        fprintf(stderr, "nstf: %s needs at least one value\n", flag);
+        return false;
+    }
+    return true;
+}
+
+typedef struct {
+    char model[512];
+    char test[64];
+    char backend[16];
+    int n_threads;
+    double avg_ts;
+} done_test;
+
+int cmd_bench(int argc, char **argv) {
+    char *models[MAX_LIST];
+    int n_models = 0;
+    int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
+    int reps = 5, level = 0;
+    bool warmup = true, verbose = false, levels = false, level_set = false;
+    const char *device = "auto", *baseline = NULL;
+    double tolerance = 0.05;
+    nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
+    threads.v[0] = nstf_cpu_count();
+    static char model_buf[4096];
+    size_t model_used = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            bench_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            VAL();
+            size_t len = strlen(v);
+            if (model_used + len + 1 > sizeof model_buf) {
+                fprintf(stderr, "nstf: -m: model list is too long\n");
+                return 2;
+            }
+            char *copy = model_buf + model_used;
+            memcpy(copy, v, len + 1);
+            model_used += len + 1;
+            for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+                if (n_models == MAX_LIST) {
+                    fprintf(stderr, "nstf: -m: at most %d models\n", MAX_LIST);
+                    return 2;
+                }
+                models[n_models++] = tok;
+            }
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
+            VAL();
+            if (!parse_list(a, v, 0, 1 << 20, &n_prompt)) return 2;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
+            VAL();
+            if (!parse_list(a, v, 0, 1 << 20, &n_gen)) return 2;
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) {
+            VAL();
+            if (!parse_list(a, v, 0, 1 << 22, &n_depth)) return 2;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            VAL();
+            if (!parse_list(a, v, 1, 1 << 16, &n_batch)) return 2;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            VAL();
+            if (!parse_list(a, v, 1, 1024, &threads)) return 2;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
+            VAL();
+            if (!cli_parse_int(a, v, 1, 1000, &reps)) return 2;
+        } else if (!strcmp(a, "--no-warmup")) {
+            warmup = false;
+        } else if (!strcmp(a, "--device")) {
+            VAL();
+            device = v;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            VAL();
+            if (!nstf_bench_format_parse(v, &fmt)) {
+                fprintf(stderr, "nstf: -o '%s': use md, csv, json or jsonl\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--baseline")) {
+            VAL();
+            baseline = v;
+        } else if (!strcmp(a, "--tolerance")) {
+            VAL();
+            if (!nstf_parse_tolerance(v, &tolerance)) {
+                fprintf(stderr, "nstf: --tolerance '%s': give a percentage such as 5%%\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--level")) {
+            VAL();
+            if (!cli_parse_int(a, v, 0, 3, &level)) return 2;
+            level_set = true;
+        } else if (!strcmp(a, "--levels")) {
+            levels = true;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose = true;
+        } else {
+            fprintf(stderr, "nstf: bench: unknown option '%s' (see nstf bench --help)\n", a);
+            return 2;
+        }
+#undef VAL
+    }
+    if (n_models == 0) {
+        fprintf(stderr, "nstf: bench: no model given (-m MODEL)\n");
+        return 2;
+    }
+    nstf_baseline base = {0};
+    if (baseline && nstf_baseline_load(baseline, &base) != NSTF_OK) {
+        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        return 1;
+    }
+    int max_p = 0, max_n = 0, max_d = 0, max_reps = reps;
+    for (int i = 0; i < n_prompt.n; i++) max_p = n_prompt.v[i] > max_p ? n_prompt.v[i] : max_p;
+    for (int i = 0; i < n_gen.n; i++) max_n = n_gen.v[i] > max_n ? n_gen.v[i] : max_n;
+    for (int i = 0; i < n_depth.n; i++) max_d = n_depth.v[i] > max_d ? n_depth.v[i] : max_d;
+    int n_ctx = max_d + (max_p > max_n ? max_p : max_n);
+    if (n_ctx < 1) n_ctx = 1;
+
+    char cpu_info[256];
+    nstf_cpu_info(cpu_info, sizeof cpu_info);
+    uint64_t *samples = calloc((size_t)max_reps, sizeof *samples);
+    done_test *done = NULL;
+    int n_done = 0;
+    if (!samples) {
+        fprintf(stderr, "nstf: out of memory\n");
+        return 1;
+    }
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    int rc = 0;
+    nstf_bench_write_header(stdout, fmt);
+    bool first = true;
+    for (int mi = 0; mi < n_models && rc == 0; mi++) {
+        for (int ti = 0; ti < threads.n && rc == 0; ti++) {
+            for (int bi = 0; bi < n_batch.n && rc == 0; bi++) {
+                nstf_session_params sp = nstf_session_default_params();
+                sp.n_ctx = n_ctx;
+                sp.n_batch = n_batch.v[bi];
+                sp.n_threads = threads.v[ti];
+                sp.device = device;
+                nstf_session *s = NULL;
+                if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
+                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    rc = 1;
+                    break;
+                }
+                if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr, true);
+                nstf_mem_report mem;
+                if (verbose) {
+                    nstf_mem_report_session(s, &mem);
+                    nstf_mem_report_print(stderr, &mem);
+                }
+                if (levels && mi == 0 && ti == 0 && bi == 0 && nstf_bench_n_levels(s) == 1)
+                    fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
+                                    "levels L1-L3 are GPU execution strategies\n", nstf_bench_backend(s));
+                if (level_set && nstf_bench_set_level(s, level) != NSTF_OK) {
+                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    nstf_session_close(s);
+                    rc = 1;
+                    break;
+                }
+                nstf_bench_model_info info;
+                nstf_bench_model_info_get(s, &info);
+                for (int di = 0; di < n_depth.n && rc == 0; di++) {
+                    for (int k = 0; k < n_prompt.n + n_gen.n && rc == 0; k++) {
+                        nstf_bench_test t = {0, 0, n_depth.v[di], reps, warmup};
+                        if (k < n_prompt.n) t.n_prompt = n_prompt.v[k];
+                        else t.n_gen = n_gen.v[k - n_prompt.n];
+                        if (t.n_prompt == 0 && t.n_gen == 0) continue;
+                        char name[64];
+                        nstf_bench_test_name(t.n_prompt, t.n_gen, t.n_depth, name, sizeof name);
+                        if (verbose) fprintf(stderr, "nstf: bench %s: %s, %d threads\n", models[mi], name, threads.v[ti]);
+                        if (nstf_bench_run(s, &t, &rng, samples) != NSTF_OK) {
+                            fprintf(stderr, "nstf: %s: %s\n", name, nstf_last_error());
+                            rc = 1;
+                            break;
+                        }
+                        nstf_bench_result r = {
+                            .build_commit = nstf_build_commit(), .build_number = nstf_build_number(),
+                            .cpu_info = cpu_info, .gpu_info = "", .backends = nstf_bench_backend(s),
+                            .model_filename = models[mi], .model_type = info.model_type,
+                            .model_size = info.size, .model_n_params = info.n_params,
+                            .n_batch = n_batch.v[bi], .n_ubatch = n_batch.v[bi], .n_threads = threads.v[ti],
+                            .type_k = "f32", .type_v = "f32", .n_gpu_layers = 0, .flash_attn = false,
+                            .use_mmap = true, .embeddings = false, .devices = device,
+                            .n_prompt = t.n_prompt, .n_gen = t.n_gen, .n_depth = t.n_depth, .level = level,
+                            .samples_ns = samples, .n_samples = reps};
+                        nstf_bench_result_stamp(&r);
+                        nstf_bench_write_result(stdout, fmt, &r, first);
+                        first = false;
+                        nstf_stats ts;
+                        nstf_bench_result_stats(&r, NULL, &ts);
+                        done_test *nd = realloc(done, (size_t)(n_done + 1) * sizeof *nd);
+                        if (!nd) {
+                            fprintf(stderr, "nstf: out of memory\n");
+                            rc = 1;
+                            break;
+                        }
+                        done = nd;
+                        snprintf(done[n_done].model, sizeof done[n_done].model, "%s", models[mi]);
+                        snprintf(done[n_done].test, sizeof done[n_done].test, "%s", name);
+                        snprintf(done[n_done].backend, sizeof done[n_done].backend, "%s", r.backends);
+                        done[n_done].n_threads = threads.v[ti];
+                        done[n_done].avg_ts = ts.mean;
+                        n_done++;
+                    }
+                }
+                if (ti == threads.n - 1 && bi == n_batch.n - 1) { /* memory at exit of this model */
+                    nstf_mem_report_session(s, &mem);
+                    nstf_mem_report_print(stderr, &mem);
+                }
+                nstf_session_close(s);
+            }
+        }
+    }
+    nstf_bench_write_footer(stdout, fmt, nstf_build_commit(), nstf_build_number());
+    if (rc == 0 && baseline) {
+        int n_reg = 0;
+        for (int i = 0; i < n_done; i++) {
+            char msg[512];
+            nstf_compare c = nstf_baseline_compare(&base, done[i].model, done[i].test, done[i].backend,
+                                                   done[i].n_threads, done[i].avg_ts, tolerance, msg, sizeof msg);
+            static const char *tag[] = {"ok", "improved", "REGRESSION", "new"};
+            fprintf(stderr, "baseline: %s: %s\n", tag[c], msg);
+            n_reg += c == NSTF_COMPARE_REGRESSED;
+        }
+        if (n_reg) {
+            fprintf(stderr, "nstf: bench: %d test%s slower than the baseline beyond %g%%\n", n_reg,
+                    n_reg > 1 ? "s" : "", 100.0 * tolerance);
+            rc = 3;
+        }
+    }
+    nstf_baseline_free(&base);
+    free(done);
+    free(samples);
+    return rc;
+}
