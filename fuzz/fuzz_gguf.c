@@ -10,7 +10,7 @@
  * full) into /dev/null. Then it is rebuilt with the writer from what the
  * reader returned and re-read: the second read must give the same tensors
  * (type, dims, bytes) and the same values, which checks reader and writer
- * against each other. A failed invariant traps (the input becomes a crash
+ * against each other (alignments up to 64 KiB). A failed invariant traps (the input becomes a crash
  * file). */
 #include <stdint.h>
 #include <stdio.h>
@@ -199,6 +199,10 @@ static bool same_value(const nstf_gguf_kv *a, const nstf_gguf_kv *b) {
 }
 
 static void round_trip(const nstf_gguf *g) {
+    /* The writer pads the header to the alignment: with 2^31 that is a 2 GiB
+     * image, past the fuzzer's memory limit. tests/test_gguf.c covers large
+     * alignments; here they stop at 64 KiB. */
+    if (g->alignment > (1u << 16)) return;
     nstf_gguf_writer *w = NULL;
     if (nstf_gguf_writer_create(&w) != NSTF_OK) return;
     uint64_t n_kept = 0;
