@@ -54,8 +54,14 @@ typedef struct nstf_chat_msg {
 /* Render messages with the model's template (tokenizer.chat_template):
  * ChatML (<|im_start|>, including a default system message the template
  * inserts, as SmolLM2's does), Llama-3 (<|start_header_id|>) and Llama-2
- * ([INST]). Unknown template -> NSTF_ERR_UNSUPPORTED. *out is malloc'd. */
+ * ([INST]). Unknown template -> NSTF_ERR_UNSUPPORTED. *out is malloc'd.
+ * As in llama.cpp, the rendered text does not start with BOS: the caller
+ * encodes it with add_bos = nstf_tokenizer_wants_bos() and parse_special. */
 nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int n_msgs,
                              bool add_generation_prompt, char **out);
+/* The same from a NUL-terminated template string; NULL means the file has
+ * none (plain ChatML without a default system message). */
+nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
+                                      bool add_generation_prompt, char **out);
 
 #endif

@@ -1,0 +1,206 @@
+/* chat.c — chat prompts from tokenizer.chat_template, without a Jinja engine.
+ *
+ * The template string is only used to recognise the family, as llama.cpp's
+ * llm_chat_apply_template does; each family is then rendered by hand:
+ *   ChatML   "<|im_start|>"        <|im_start|>{role}\n{content}<|im_end|>\n
+ *            When the template inserts a default system message for chats
+ *            that do not open with one (SmolLM2, Qwen), the literal text of
+ *            that message is lifted from the template and inserted too.
+ *   Llama-3  "<|start_header_id|>" <|start_header_id|>{role}<|end_header_id|>\n\n
+ *                                  {trimmed content}<|eot_id|>
+ *   Llama-2  "[INST]"              [INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]
+ *                                  {assistant}</s><s>[INST] ...
+ * No template at all renders plain ChatML. The rendered text has no BOS. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/tokenizer.h"
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = true; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+
+/* content with leading and trailing whitespace removed (llama.cpp's trim) */
+static void sb_trimmed(sbuf *b, const char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n && isspace((unsigned char)s[i])) i++;
+    while (n > i && isspace((unsigned char)s[n - 1])) n--;
+    sb_add(b, s + i, n - i);
+}
+
+/* The literal default system prompt of a ChatML template, unescaped, or
+ * NULL (none, or not a plain string literal). Malloc'd. */
+static char *chatml_default_system(const char *tmpl) {
+    if (!strstr(tmpl, "messages[0]['role'] != 'system'") &&
+        !strstr(tmpl, "messages[0][\"role\"] != \"system\"") &&
+        !strstr(tmpl, "messages[0].role != 'system'"))
+        return NULL;
+    /* the first occurrence whose text up to <|im_end|> is a plain literal */
+    static const char *const heads[] = {"<|im_start|>system\n", "<|im_start|>system\\n"};
+    for (size_t h = 0; h < 2; h++) {
+        for (const char *p = strstr(tmpl, heads[h]); p; p = strstr(p, heads[h])) {
+            p += strlen(heads[h]);
+            const char *end = strstr(p, "<|im_end|>");
+            if (!end) break;
+            if (memchr(p, '\'', (size_t)(end - p)) || memchr(p, '"', (size_t)(end - p)) ||
+                memchr(p, '{', (size_t)(end - p)))
+                continue; /* an expression, not a literal */
+            char *out = malloc((size_t)(end - p) + 1);
+            if (!out) return NULL;
+            size_t k = 0;
+            for (const char *q = p; q < end; q++) {
+                if (*q == '\\' && q + 1 < end) {
+                    q++;
+                    out[k++] = *q == 'n' ? '\n' : *q == 't' ? '\t' : *q;
+                } else out[k++] = *q;
+            }
+            out[k] = 0;
+            return out;
+        }
+    }
+    return NULL;
+}
+
+static nstf_status render_chatml(sbuf *b, const char *tmpl, const nstf_chat_msg *msgs, int n, bool gen) {
+    if (tmpl && (n == 0 || strcmp(msgs[0].role, "system") != 0)) {
+        char *sys = chatml_default_system(tmpl);
+        if (sys) {
+            sb_puts(b, "<|im_start|>system\n");
+            sb_puts(b, sys);
+            sb_puts(b, "<|im_end|>\n");
+            free(sys);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        sb_puts(b, "<|im_start|>");
+        sb_puts(b, msgs[i].role);
+        sb_puts(b, "\n");
+        sb_puts(b, msgs[i].content);
+        sb_puts(b, "<|im_end|>\n");
+    }
+    if (gen) sb_puts(b, "<|im_start|>assistant\n");
+    return NSTF_OK;
+}
+
+static nstf_status render_llama3(sbuf *b, const nstf_chat_msg *msgs, int n, bool gen) {
+    for (int i = 0; i < n; i++) {
+        sb_puts(b, "<|start_header_id|>");
+        sb_puts(b, msgs[i].role);
+        sb_puts(b, "<|end_header_id|>\n\n");
+        sb_trimmed(b, msgs[i].content);
+        sb_puts(b, "<|eot_id|>");
+    }
+    if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    return NSTF_OK;
+}
+
+/* llama.cpp's Llama-2 variants: <<SYS>> only if the template has it, <s>
+ * between turns if it writes bos_token + '[INST]', contents stripped if it
+ * calls .strip(). The generation prompt is implicit after [/INST]. */
+static nstf_status render_llama2(sbuf *b, const char *tmpl, const nstf_chat_msg *msgs, int n) {
+    bool sys_block = strstr(tmpl, "<<SYS>>") != NULL;
+    bool bos_inside = strstr(tmpl, "bos_token + '[INST]") != NULL;
+    bool strip = strstr(tmpl, "content.strip()") != NULL;
+    bool inside_turn = true;
+    sb_puts(b, "[INST] ");
+    for (int i = 0; i < n; i++) {
+        if (!inside_turn) {
+            inside_turn = true;
+            sb_puts(b, bos_inside ? "<s>[INST] " : "[INST] ");
+        }
+        const char *role = msgs[i].role;
+        sbuf c = {0};
+        if (strip) sb_trimmed(&c, msgs[i].content);
+        else sb_puts(&c, msgs[i].content);
+        const char *content = c.p ? c.p : "";
+        if (strcmp(role, "system") == 0) {
+            if (sys_block) {
+                sb_puts(b, "<<SYS>>\n");
+                sb_puts(b, content);
+                sb_puts(b, "\n<</SYS>>\n\n");
+            } else {
+                sb_puts(b, content);
+                sb_puts(b, "\n");
+            }
+        } else if (strcmp(role, "user") == 0) {
+            sb_puts(b, content);
+            sb_puts(b, " [/INST]");
+        } else {
+            sb_puts(b, content);
+            sb_puts(b, "</s>");
+            inside_turn = false;
+        }
+        if (c.oom) b->oom = true;
+        free(c.p);
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
+                                      bool add_generation_prompt, char **out) {
+    if (!out || n_msgs < 0 || (n_msgs > 0 && !msgs))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_chat_render: bad argument");
+    *out = NULL;
+    for (int i = 0; i < n_msgs; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_chat_render: message %d has a NULL %s", i,
+                                  msgs[i].role ? "content" : "role");
+    sbuf b = {0};
+    sb_add(&b, "", 0);
+    if (!tmpl || strstr(tmpl, "<|im_start|>"))
+        render_chatml(&b, tmpl, msgs, n_msgs, add_generation_prompt);
+    else if (strstr(tmpl, "<|start_header_id|>"))
+        render_llama3(&b, msgs, n_msgs, add_generation_prompt);
+    else if (strstr(tmpl, "[INST]"))
+        render_llama2(&b, tmpl, msgs, n_msgs);
+    else {
+        free(b.p);
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "chat template not recognised (ChatML, Llama-3 and Llama-2 are supported): "
+                              "\"%.60s%s\"", tmpl, strlen(tmpl) > 60 ? "..." : "");
+    }
+    if (b.oom) {
+        free(b.p);
+        return nstf_set_error(NSTF_ERR_OOM, "nstf_chat_render: out of memory");
+    }
+    *out = b.p;
+    return NSTF_OK;
+}
+
+nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int n_msgs,
+                             bool add_generation_prompt, char **out) {
+    if (!g || !out) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_chat_render: NULL argument");
+    const nstf_gguf_kv *kv = nstf_gguf_find_kv(g, "tokenizer.chat_template");
+    if (!kv) return nstf_chat_render_template(NULL, msgs, n_msgs, add_generation_prompt, out);
+    if (kv->type != NSTF_GGUF_STRING)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: tokenizer.chat_template is not a string",
+                              g->path ? g->path : "gguf");
+    /* the gguf string is not NUL-terminated */
+    char *tmpl = malloc((size_t)kv->val.str.len + 1);
+    if (!tmpl) return nstf_set_error(NSTF_ERR_OOM, "nstf_chat_render: out of memory");
+    memcpy(tmpl, kv->val.str.ptr, (size_t)kv->val.str.len);
+    tmpl[kv->val.str.len] = 0;
+    nstf_status s = nstf_chat_render_template(tmpl, msgs, n_msgs, add_generation_prompt, out);
+    free(tmpl);
+    return s;
+}
