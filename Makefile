@@ -1,14 +1,16 @@
 # NSTF — the two commands of the README, and a few more.
 #   make run    build if needed, fetch the default model if missing, generate text
 #   make test   build and run every test
+#   make fuzz   build the libFuzzer targets (clang) and run each FUZZ_SECONDS
 BUILD      ?= build
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL      ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT     ?= What are three good reasons to learn the C programming language?
 N_PREDICT  ?= 128
 CMAKE_ARGS ?=
+FUZZ_SECONDS ?= 60
 
-.PHONY: all build run test model deps clean test-asan test-gpu
+.PHONY: all build run test model deps clean test-asan test-gpu fuzz fuzz-ci
 
 all: build
 
@@ -45,9 +47,17 @@ test-gpu:
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
 
+# libFuzzer targets (fuzz/Makefile, clang + ASan/UBSan, apart from the gcc
+# build): each runs FUZZ_SECONDS; a crash fails and lands in fuzz/findings/.
+fuzz:
+	$(MAKE) -C fuzz run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+fuzz-ci:
+	$(MAKE) -C fuzz run FUZZ_SECONDS=30
+
 # System packages the build needs (Debian). CI calls this; a developer may too.
 deps:
 	sh scripts/install_deps.sh
 
 clean:
-	rm -rf $(BUILD) build-asan build-cuda
+	rm -rf $(BUILD) build-asan build-cuda build-fuzz

@@ -9,6 +9,7 @@
  *     tests/data/hostile/ and opened from disk (the checked-in files must
  *     equal what this file generates: regenerate with
  *     `test_gguf --write-hostile tests/data/hostile`);
+ *     Inputs found by fuzz/fuzz_gguf are kept as regressions;
  *  3. the real model (skipped with a note when absent): counts, types,
  *     shapes, tokenizer arrays, getters, and the printer.
  * Metric: exact equality everywhere (this is a file format). */
@@ -436,6 +437,43 @@ static void test_hostile_disk(void) {
 
 /* ---- open errors ---------------------------------------------------------- */
 
+/* Inputs found by fuzz/fuzz_gguf (each also in fuzz/corpus/fuzz_gguf/). */
+static void test_fuzz_regressions(void) {
+    /* regress_alignment_2p30_no_tensors.gguf: no tensors, general.alignment
+     * = 2^30, the file ends after the key/values. It is valid; data_offset
+     * must stay inside the file (it was 2^30), and writing it back (header
+     * padded to 2^30 bytes) took minutes because padding went byte by byte. */
+    bb b = {0};
+    hdr(&b, 3, 0, 1);
+    kv_u32(&b, "general.alignment", 1u << 30);
+    nstf_gguf *g = NULL;
+    nstf_status st = nstf_gguf_open_memory(b.p, b.n, "align2p30.gguf", &g);
+    CHECK(st == NSTF_OK, "alignment 2^30 without tensors: %s", nstf_last_error());
+    if (st == NSTF_OK) {
+        CHECK(g->alignment == 1u << 30 && g->data_offset <= g->size,
+              "data_offset %llu must not pass the end of the file (%llu bytes)", (ull)g->data_offset,
+              (ull)g->size);
+        nstf_gguf_close(g);
+    }
+    free(b.p);
+    /* the writer at a large alignment: one padded header, re-read */
+    nstf_gguf_writer *w = NULL;
+    CHECK(nstf_gguf_writer_create(&w) == NSTF_OK, "writer");
+    CHECK(nstf_gguf_writer_set_str(w, "general.name", "big alignment") == NSTF_OK, "set_str");
+    void *img = NULL;
+    uint64_t n = 0;
+    st = nstf_gguf_writer_write_memory(w, 1u << 24, &img, &n);
+    CHECK(st == NSTF_OK && n == 1u << 24, "write at alignment 2^24: size %llu: %s", (ull)n, nstf_last_error());
+    if (st == NSTF_OK) {
+        st = nstf_gguf_open_memory(img, n, "align2p24.gguf", &g);
+        CHECK(st == NSTF_OK && g->n_kv == 2 && g->alignment == 1u << 24 && g->data_offset == n,
+              "re-read at alignment 2^24: %s", nstf_last_error());
+        if (st == NSTF_OK) nstf_gguf_close(g);
+    }
+    nstf_free(img);
+    nstf_gguf_writer_free(w);
+}
+
 static void test_open_errors(void) {
     nstf_gguf *g = (nstf_gguf *)1;
     nstf_status st = nstf_gguf_open(NSTF_BUILD_DIR "/no-such-file.gguf", &g);
@@ -719,6 +757,7 @@ int main(int argc, char **argv) {
     test_hostile_memory();
     test_hostile_disk();
     test_open_errors();
+    test_fuzz_regressions();
     test_round_trip(0);
     test_round_trip(64);
     test_round_trip(1);

@@ -26,7 +26,9 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t *out) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || *s == '-') {
+    /* Digits only: strtoull would skip blanks and negate after a '-', so
+     * " -1" would come back as 2^64 - 1. */
+    if (*s < '0' || *s > '9' || *end || errno) {
         fprintf(stderr, "nstf: %s expects a non-negative integer, got '%s'\n", flag, s);
         return false;
     }
