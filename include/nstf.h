@@ -60,6 +60,8 @@ typedef struct nstf_session_params {
     bool verbose;       /* log model and device details to stderr */
     bool precise;       /* CPU: fp32 activations in every matmul (slower; matches
                            fp32 references to rounding) instead of 8-bit blocks */
+    bool deterministic; /* CPU: bitwise-identical results for any thread count
+                           (and run to run); slightly slower decode */
 } nstf_session_params;
 
 typedef struct nstf_gen_stats {

@@ -34,6 +34,7 @@ static void run_usage(FILE *f) {
             "      --stream            print tokens as they are generated\n"
             "      --ignore-eos        keep generating past end-of-generation tokens\n"
             "      --device DEV        cpu, gpu or auto (default auto: GPU when present)\n"
+            "      --deterministic     bitwise-identical output for any thread count and run\n"
             "      --precise           CPU: keep activations in fp32 in every matmul (slower;\n"
             "                          default quantizes them to 8-bit blocks, as llama.cpp does)\n"
             "  -v, --verbose           print model and device details\n"
@@ -141,6 +142,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--device")) { VAL(); sp.device = v; }
         else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) sp.verbose = true;
         else if (!strcmp(a, "--precise")) sp.precise = true;
+        else if (!strcmp(a, "--deterministic")) sp.deterministic = true;
         else { fprintf(stderr, "nstf run: unknown option '%s' (see nstf run --help)\n", a); return 2; }
 #undef VAL
     }

@@ -65,6 +65,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (st == NSTF_OK) {
         s->cpu.pool = s->pool;
         s->cpu.precise = p.precise;
+        s->cpu.deterministic = p.deterministic;
         const nstf_llama_config *c = &s->model->cfg;
         int widest = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
         if (c->n_heads * c->head_dim > widest) widest = c->n_heads * c->head_dim;

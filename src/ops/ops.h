@@ -89,6 +89,9 @@ void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] 
 typedef struct nstf_cpu {
     nstf_pool *pool;      /* not owned */
     bool precise;         /* model matmuls use nstf_cpu_matmul_precise */
+    bool deterministic;   /* results independent of the thread count: no op
+                             changes its summation order with the pool size
+                             (attention does not split a row's keys) */
     void *scratch;        /* owned; e.g. quantized activations for matmul */
     size_t scratch_bytes;
     struct nstf_prof *prof; /* optional per-op profiler (src/prof/profiler.h); NULL = off */

@@ -502,7 +502,9 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
     const int64_t n_base = n_tok * n_kv_heads * n_gb, n_pairs = n_tok * n_heads;
     const int64_t min_keys = pos0 + 1;
     int n_seg = 1;
-    if (nth > 1 && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+    /* the split's segment count depends on the thread count, and with it the
+     * order of the softmax merge: off in deterministic mode */
+    if (nth > 1 && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
         int64_t want = (4 * (int64_t)nth + n_base - 1) / n_base;
         int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
         int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
