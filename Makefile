@@ -40,6 +40,7 @@ test-gpu:
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
+	./build-cuda/tests/test_e2e_gpu
 
 # System packages the build needs (Debian). CI calls this; a developer may too.
 deps:
