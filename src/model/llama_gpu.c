@@ -352,6 +352,9 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
     if (st == NSTF_OK) st = nstf_gpu_malloc(&g->ablock, (size_t)g->abytes);
     if (st == NSTF_OK) st = weights_plan(g, m, g->wblock, &g->wbytes);
     if (st == NSTF_OK) st = arena_plan(g, g->ablock, &g->abytes);
+    /* an empty cache reads as zeros, never as NaN from stale memory (before
+     * anything below fills part of the arena) */
+    if (st == NSTF_OK) st = nstf_gpu_memset(g->ablock, 0, (size_t)g->abytes, g->stream);
     if (st == NSTF_OK && g->n_rowids) {
         int32_t *ids = nstf_alloc((size_t)g->n_rowids * sizeof(int32_t), "row ids");
         if (!ids) st = NSTF_ERR_OOM;
@@ -359,8 +362,6 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
         if (st == NSTF_OK) st = nstf_gpu_memcpy_h2d(g->rowids, ids, (size_t)g->n_rowids * sizeof(int32_t), g->stream);
         nstf_free(ids);
     }
-    /* an empty cache reads as zeros, never as NaN from stale memory */
-    if (st == NSTF_OK) st = nstf_gpu_memset(g->ablock, 0, (size_t)g->abytes, g->stream);
     if (st == NSTF_OK) st = nstf_gpu_stream_sync(g->stream);
     if (st != NSTF_OK) {
         nstf_llama_gpu_free(g);
