@@ -46,6 +46,7 @@ test-gpu:
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
+	./build-cuda/tests/test_e2e_gpu
 
 # libFuzzer targets (fuzz/Makefile, clang + ASan/UBSan, apart from the gcc
 # build): each runs FUZZ_SECONDS; a crash fails and lands in fuzz/findings/.

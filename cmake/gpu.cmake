@@ -1,8 +1,8 @@
 # gpu.cmake — the GPU backend: the static library nstf_gpu built from
 # src/ops/gpu/*.cu (CUDA with nvcc, or the same sources as HIP with hipcc),
-# linked into nstf; with CUDA also the op-comparison test test_ops_gpu and
-# the GEMV benchmark. Included by the top CMakeLists.txt when NSTF_CUDA or
-# NSTF_HIP is ON.
+# linked into nstf; with CUDA also the op-comparison test test_ops_gpu, the
+# end-to-end test test_e2e_gpu and the kernel / inference benchmarks.
+# Included by the top CMakeLists.txt when NSTF_CUDA or NSTF_HIP is ON.
 #
 # GPU_TARGETS: CUDA "sm_90a;sm_80" (default) or bare "90a;80";
 #              HIP "gfx90a" (default) or any list of gfx targets.
@@ -86,6 +86,20 @@ if(NSTF_CUDA)
     set_target_properties(bench_${b} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
   endforeach()
   target_link_libraries(bench_gemm PRIVATE CUDA::cublas)
+
+  # End to end: the GPU forward against the CPU forward (C, needs the nstf
+  # CLI for gen-model), and the inference benchmark.
+  add_executable(test_e2e_gpu ${PROJECT_SOURCE_DIR}/tests/test_e2e_gpu.c)
+  target_link_libraries(test_e2e_gpu PRIVATE nstf)
+  target_compile_definitions(test_e2e_gpu PRIVATE NSTF_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                                  NSTF_BUILD_DIR="${PROJECT_BINARY_DIR}")
+  set_target_properties(test_e2e_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  add_dependencies(test_e2e_gpu nstf_cli)
+  add_test(NAME test_e2e_gpu COMMAND test_e2e_gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(test_e2e_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  add_executable(bench_infer ${PROJECT_SOURCE_DIR}/bench/gpu/bench_infer.c)
+  target_link_libraries(bench_infer PRIVATE nstf)
+  set_target_properties(bench_infer PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
 
   if(EXISTS ${PROJECT_SOURCE_DIR}/bench/kernels/gemv/bench_gemv.cu)
     add_executable(bench_gemv ${PROJECT_SOURCE_DIR}/bench/kernels/gemv/bench_gemv.cu)

@@ -10,6 +10,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
+int cmd_devices(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -23,6 +24,7 @@ static void usage(FILE *f) {
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
+            "  devices   list the GPUs this build can run on\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
 }
@@ -38,6 +40,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
+    if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

@@ -1,4 +1,5 @@
-/* session.c — load a model into a session, prefill, generate. */
+/* session.c — load a model into a session, pick the device (CPU, or the GPU
+ * when the build has a backend and a device answers), prefill, generate. */
 #include "model/session.h"
 
 #include <stdio.h>
@@ -8,6 +9,9 @@
 #include <unistd.h>
 
 #include "core/mem.h"
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+#include "ops/gpu/gpu_api.h"
+#endif
 
 double nstf_time_ms(void) {
     struct timespec ts;
@@ -26,6 +30,63 @@ nstf_session_params nstf_session_default_params(void) {
     return p;
 }
 
+/* Put the forward on the GPU when asked (gpu) or possible (auto). gpu: any
+ * failure is the session's error. auto: a missing device or a failing
+ * start leaves s->gpu NULL (the CPU runs) and says why with --verbose. */
+static nstf_status open_gpu(nstf_session *s, const char *path, int n_ctx) {
+    const nstf_session_params *p = &s->params;
+    const bool want = strcmp(p->device, "gpu") == 0, maybe = strcmp(p->device, "auto") == 0;
+    (void)path;
+    if (!want && !maybe) return NSTF_OK;
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+    if (nstf_gpu_device_count() < 1) {
+        if (want)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "--device gpu: no GPU found (no device visible, or the driver is missing or "
+                                  "failed to start)");
+        if (p->verbose) fprintf(stderr, "nstf: no GPU found; running on the CPU\n");
+        return NSTF_OK;
+    }
+    nstf_status st = nstf_gpu_device_line(0, s->device, sizeof s->device);
+    if (st == NSTF_OK) st = nstf_llama_gpu_create(s->model, 0, n_ctx, p->n_batch, &s->gpu);
+    if (st == NSTF_OK) {
+        s->gpu_logits = nstf_alloc((size_t)s->model->cfg.n_vocab * sizeof(float), "logits");
+        if (!s->gpu_logits) st = NSTF_ERR_OOM;
+    }
+    if (st != NSTF_OK) {
+        nstf_llama_gpu_free(s->gpu);
+        s->gpu = NULL;
+        nstf_free(s->gpu_logits);
+        s->gpu_logits = NULL;
+        if (want) return st;
+        if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
+        return NSTF_OK;
+    }
+    s->logits = s->gpu_logits;
+    s->n_ctx = n_ctx;
+    s->n_batch = p->n_batch < n_ctx ? p->n_batch : n_ctx;
+    return NSTF_OK;
+#else
+    if (maybe && p->verbose) fprintf(stderr, "nstf: this build has no GPU backend; running on the CPU\n");
+    return NSTF_OK;
+#endif
+}
+
+/* One forward of n tokens on the session's device. logits (host): where
+ * the last token's (all_logits: every token's) logits go; argmax (GPU
+ * only, may be NULL): the greedy token, computed on the device. */
+static nstf_status session_forward(nstf_session *s, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax) {
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+    if (s->gpu) return nstf_llama_gpu_forward(s->gpu, tokens, n, pos0, all_logits, logits, argmax);
+#endif
+    (void)argmax;
+    NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens, n, pos0, all_logits));
+    if (logits && logits != s->state.logits)
+        memcpy(logits, s->state.logits, (size_t)(all_logits ? n : 1) * (size_t)s->model->cfg.n_vocab * sizeof(float));
+    return NSTF_OK;
+}
+
 nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, nstf_session **out) {
     *out = NULL;
     nstf_session_params p = pp ? *pp : nstf_session_default_params();
@@ -36,8 +97,10 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (!p.device) p.device = "auto";
     if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
+#if !defined(NSTF_HAVE_CUDA) && !defined(NSTF_HAVE_HIP)
     if (strcmp(p.device, "gpu") == 0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)");
+#endif
 
     double t0 = nstf_time_ms();
     nstf_session *s = nstf_calloc(1, sizeof *s, "session");
@@ -59,10 +122,15 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
             fprintf(stderr, "nstf: context %d is longer than the %d the model was trained for\n", p.n_ctx,
                     s->model->cfg.n_ctx_train);
         s->params.n_ctx = n_ctx;
-        st = nstf_llama_state_init(&s->state, &s->model->cfg, n_ctx, p.n_batch);
+        st = open_gpu(s, path, n_ctx);
+        if (st == NSTF_OK && !s->gpu) st = nstf_llama_state_init(&s->state, &s->model->cfg, n_ctx, p.n_batch);
     }
-    if (st == NSTF_OK) st = nstf_pool_create(p.n_threads ? p.n_threads : nstf_cpu_count(), &s->pool);
-    if (st == NSTF_OK) {
+    if (st == NSTF_OK && !s->gpu) st = nstf_pool_create(p.n_threads ? p.n_threads : nstf_cpu_count(), &s->pool);
+    if (st == NSTF_OK && !s->gpu) {
+        s->logits = s->state.logits;
+        s->n_ctx = s->state.n_ctx;
+        s->n_batch = s->state.n_batch;
+        snprintf(s->device, sizeof s->device, "cpu");
         s->cpu.pool = s->pool;
         s->cpu.precise = p.precise;
         s->cpu.deterministic = p.deterministic;
@@ -78,12 +146,19 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     s->load_ms = nstf_time_ms() - t0;
     if (p.verbose) {
         const nstf_llama_config *c = &s->model->cfg;
-        fprintf(stderr,
-                "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n"
-                "nstf: device cpu, %d threads, context %d, batch %d, state %.1f MiB, loaded in %.0f ms\n",
+        fprintf(stderr, "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
                 path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
-                c->n_ctx_train, nstf_pool_size(s->pool), s->state.n_ctx, s->state.n_batch,
-                (double)s->state.block_bytes / (1 << 20), s->load_ms);
+                c->n_ctx_train);
+        if (s->gpu) {
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+            fprintf(stderr, "nstf: device %s\nnstf: context %d, batch %d, %.1f MiB on the device, loaded in %.0f ms\n",
+                    s->device, s->n_ctx, s->n_batch, (double)nstf_llama_gpu_bytes(s->gpu) / (1 << 20), s->load_ms);
+#endif
+        } else {
+            fprintf(stderr, "nstf: device cpu, %d threads, context %d, batch %d, state %.1f MiB, loaded in %.0f ms\n",
+                    nstf_pool_size(s->pool), s->state.n_ctx, s->state.n_batch,
+                    (double)s->state.block_bytes / (1 << 20), s->load_ms);
+        }
     }
     *out = s;
     return NSTF_OK;
@@ -91,6 +166,10 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
 
 void nstf_session_close(nstf_session *s) {
     if (!s) return;
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+    nstf_llama_gpu_free(s->gpu);
+#endif
+    nstf_free(s->gpu_logits);
     nstf_cpu_release(&s->cpu);
     nstf_pool_free(s->pool);
     nstf_llama_state_free(&s->state);
@@ -99,26 +178,32 @@ void nstf_session_close(nstf_session *s) {
     nstf_free(s);
 }
 
-nstf_status nstf_session_prefill(nstf_session *s, const int32_t *tokens, int n, int pos0) {
-    if (pos0 + n > s->state.n_ctx)
+/* Prefill; the last chunk's logits go to s->logits, or only its greedy
+ * token to *argmax when that is given on a GPU session. */
+static nstf_status prefill(nstf_session *s, const int32_t *tokens, int n, int pos0, int32_t *argmax) {
+    if (pos0 + n > s->n_ctx)
         return nstf_set_error(NSTF_ERR_RANGE,
                               "the prompt (%d tokens) does not fit the context of %d tokens; raise -c or shorten it",
-                              pos0 + n, s->state.n_ctx);
-    for (int i = 0; i < n; i += s->state.n_batch) {
-        int chunk = n - i < s->state.n_batch ? n - i : s->state.n_batch;
-        NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens + i, chunk, pos0 + i, false));
+                              pos0 + n, s->n_ctx);
+    for (int i = 0; i < n; i += s->n_batch) {
+        int chunk = n - i < s->n_batch ? n - i : s->n_batch;
+        bool last = i + chunk >= n;
+        NSTF_TRY(session_forward(s, tokens + i, chunk, pos0 + i, false, last && !argmax ? s->logits : NULL,
+                                 last ? argmax : NULL));
     }
     return NSTF_OK;
 }
 
+nstf_status nstf_session_prefill(nstf_session *s, const int32_t *tokens, int n, int pos0) {
+    return prefill(s, tokens, n, pos0, NULL);
+}
+
 nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n, float *out) {
-    if (n > s->state.n_ctx)
-        return nstf_set_error(NSTF_ERR_RANGE, "%d tokens do not fit the context of %d", n, s->state.n_ctx);
+    if (n > s->n_ctx) return nstf_set_error(NSTF_ERR_RANGE, "%d tokens do not fit the context of %d", n, s->n_ctx);
     const int64_t nv = s->model->cfg.n_vocab;
-    for (int i = 0; i < n; i += s->state.n_batch) {
-        int chunk = n - i < s->state.n_batch ? n - i : s->state.n_batch;
-        NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens + i, chunk, i, true));
-        memcpy(out + (int64_t)i * nv, s->state.logits, (size_t)chunk * (size_t)nv * sizeof(float));
+    for (int i = 0; i < n; i += s->n_batch) {
+        int chunk = n - i < s->n_batch ? n - i : s->n_batch;
+        NSTF_TRY(session_forward(s, tokens + i, chunk, i, true, out + (int64_t)i * nv, NULL));
     }
     return NSTF_OK;
 }
@@ -149,10 +234,10 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
         free(ids);
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "the prompt is empty and the model adds no BOS token");
     }
-    if (n_ids >= s->state.n_ctx) {
+    if (n_ids >= s->n_ctx) {
         nstf_status e = nstf_set_error(NSTF_ERR_RANGE,
                                        "the prompt is %lld tokens but the context holds %d; raise -c or shorten the prompt",
-                                       (long long)n_ids, s->state.n_ctx);
+                                       (long long)n_ids, s->n_ctx);
         free(ids);
         return e;
     }
@@ -164,15 +249,19 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
     }
     for (int64_t i = 0; i < n_ids; i++) nstf_sampler_accept(&smp, ids[i]);
 
+    /* greedy without penalties on a GPU: the argmax runs on the device and
+     * only the token comes back (the same first-maximum rule as the sampler) */
+    const bool dev_greedy = s->gpu && spp.temp <= 0.0f && spp.repeat_penalty == 1.0f;
+    int32_t next = 0;
     double t0 = nstf_time_ms();
-    r = nstf_session_prefill(s, ids, (int)n_ids, 0);
+    r = prefill(s, ids, (int)n_ids, 0, dev_greedy ? &next : NULL);
     double t1 = nstf_time_ms();
     st.n_prompt = n_ids;
     st.prompt_ms = t1 - t0;
     int pos = (int)n_ids;
     char piece[256];
     while (r == NSTF_OK && st.n_gen < n_predict) {
-        int32_t tok = nstf_sampler_sample(&smp, s->state.logits);
+        int32_t tok = dev_greedy ? next : nstf_sampler_sample(&smp, s->logits);
         nstf_sampler_accept(&smp, tok);
         st.n_gen++;
         if (!ignore_eos && nstf_tokenizer_is_eog(s->tok, tok)) break;
@@ -181,8 +270,8 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
         if (len > (int64_t)sizeof piece) len = sizeof piece;
         if (cb && !cb(user, tok, piece, (size_t)len)) break;
         if (st.n_gen >= n_predict) break;
-        if (pos >= s->state.n_ctx) break; /* context full: stop, as llama.cpp does without shifting */
-        r = nstf_llama_forward(s->model, &s->state, &s->cpu, &tok, 1, pos, false);
+        if (pos >= s->n_ctx) break; /* context full: stop, as llama.cpp does without shifting */
+        r = session_forward(s, &tok, 1, pos, false, dev_greedy ? NULL : s->logits, dev_greedy ? &next : NULL);
         pos++;
         st.n_decode++;
     }

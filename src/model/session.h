@@ -1,10 +1,12 @@
 /* session.h — what a session holds (internal): the model, its tokenizer,
- * the run state and the CPU context. The public face is nstf.h. */
+ * and either the CPU run state and context or the GPU model (gpu != NULL).
+ * The public face is nstf.h. */
 #ifndef NSTF_MODEL_SESSION_H
 #define NSTF_MODEL_SESSION_H
 
 #include "io/tokenizer.h"
 #include "model/llama.h"
+#include "model/llama_gpu.h"
 #include "model/sampler.h"
 
 struct nstf_session {
@@ -14,6 +16,11 @@ struct nstf_session {
     nstf_llama_state state;
     nstf_pool *pool;
     nstf_cpu cpu;
+    nstf_llama_gpu *gpu; /* set: the forward runs on the GPU; state/pool/cpu unused */
+    float *gpu_logits;   /* GPU sessions: host copy of the last token's logits */
+    float *logits;       /* the last token's logits: state.logits or gpu_logits */
+    int n_ctx, n_batch;  /* of whichever backend runs the forward */
+    char device[320];    /* "cpu" or the GPU's description line */
     double load_ms;
 };
 
@@ -22,7 +29,7 @@ struct nstf_session {
 nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n, float *out);
 
 /* Evaluate tokens starting at pos0 in chunks of n_batch; leaves the last
- * token's logits in s->state.logits. */
+ * token's logits in s->logits. */
 nstf_status nstf_session_prefill(nstf_session *s, const int32_t *tokens, int n, int pos0);
 
 /* Monotonic clock in milliseconds. */

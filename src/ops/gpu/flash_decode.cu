@@ -25,7 +25,9 @@ template <int HD>
 __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                         const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
-                        int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc) {
+                        int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc,
+                        const int32_t *__restrict__ pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
@@ -138,11 +140,11 @@ template <int HD>
 static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
                                        int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
                                        int64_t pos0, int n_heads, int n_kv, float scale, void *scratch,
-                                       size_t scratch_bytes, gpuStream_t stream) {
+                                       size_t scratch_bytes, const int32_t *pos_dev, gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     int64_t chunk = 0, n_split = 0;
-    fd_plan(pos0 + n_tok, n_kv, n_sm, &chunk, &n_split);
+    fd_plan(pos0 + n_tok, n_kv, n_sm, &chunk, &n_split); /* with pos_dev, pos0 is the bound */
     const int rows = (int)n_tok * (n_heads / n_kv);
     const size_t need = (size_t)(n_kv * n_split * rows * (HD + 2)) * sizeof(float);
     if (!scratch || scratch_bytes < need)
@@ -155,14 +157,14 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     static bool attr_set = false;
     if (!attr_set) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
-                    int, int, float, int64_t, float *, float *) = flash_decode_kernel<HD>;
+                    int, int, float, int64_t, float *, float *, const int32_t *) = flash_decode_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     dim3 grid((unsigned)(n_split / FD_NW), (unsigned)n_kv);
     flash_decode_kernel<HD><<<grid, FD_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, n_tok,
                                                                   pos0, n_heads, n_kv, scale * 1.4426950408889634f,
-                                                                  chunk, part_ml, part_acc);
+                                                                  chunk, part_ml, part_acc, pos_dev);
     GPU_LAUNCH_CHECK(stream);
     flash_decode_merge<HD><<<dim3((unsigned)rows, (unsigned)n_kv), HD, 0, stream>>>(
         part_ml, part_acc, out, out_stride, (int)n_split, rows, n_heads / n_kv);
@@ -186,7 +188,28 @@ extern "C" nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, s);
+                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
     return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, s);
+                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
+}
+
+extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                                  int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                                  uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                                  int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
+                                                  int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
+                                                  int head_dim, float scale, void *scratch, size_t scratch_bytes,
+                                                  void *stream) {
+    if (!d_pos0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode_dpos: d_pos0 is NULL");
+    NSTF_TRY(flash_check_args("flash_decode", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
+                              n_tok, pos_max, n_ctx, n_heads, n_kv_heads, head_dim));
+    if (n_tok * (n_heads / n_kv_heads) > 16)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "flash_decode_dpos: %lld tokens x %d query heads per kv head > 16",
+                              (long long)n_tok, n_heads / n_kv_heads);
+    gpuStream_t s = (gpuStream_t)stream;
+    if (head_dim == 64)
+        return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                       pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
+    return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
+                                    pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
 }

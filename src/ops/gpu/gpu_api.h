@@ -201,6 +201,43 @@ nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride, const uin
                                   int n_heads, int n_kv_heads, int head_dim, float scale,
                                   void *scratch, size_t scratch_bytes, void *stream);
 
+/* ==========================================================================
+ * Graphs, events, and the device-position decode attention (graph.cu,
+ * flash_decode.cu): what the model forward (model/llama_gpu.c) needs to
+ * capture its decode step once and replay it at every position.
+ * ========================================================================== */
+
+/* Enqueue a host-to-device copy without waiting (small pageable copies are
+ * staged at once, so `src` may be reused when this returns). */
+nstf_status nstf_gpu_memcpy_h2d_async(void *d_dst, const void *src, size_t bytes, void *stream);
+
+/* Capture the work enqueued on `stream` (a created stream, not NULL) between
+ * begin and end into an executable graph; end also leaves capture mode after
+ * a failure inside the capture. Launch replays it on `stream`. */
+nstf_status nstf_gpu_capture_begin(void *stream);
+nstf_status nstf_gpu_capture_end(void *stream, void **graph_exec);
+nstf_status nstf_gpu_graph_launch(void *graph_exec, void *stream);
+void nstf_gpu_graph_destroy(void *graph_exec); /* NULL is a no-op */
+
+/* Timing events: ms = time between two recorded events (waits for stop). */
+nstf_status nstf_gpu_event_create(void **ev);
+void nstf_gpu_event_destroy(void *ev);
+nstf_status nstf_gpu_event_record(void *ev, void *stream);
+nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
+
+/* nstf_gpu_flash_decode with pos0 read from device memory (*d_pos0) when the
+ * kernel runs, so a captured launch stays valid at every position. The split
+ * plan and the scratch size are made for the bound pos_max (>= every *d_pos0
+ * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
+ * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split. */
+nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                       int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                       uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                       int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
+                                       int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
+                                       int head_dim, float scale, void *scratch,
+                                       size_t scratch_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

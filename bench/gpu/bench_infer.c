@@ -1,0 +1,250 @@
+/* bench_infer.c — GPU inference timing: prefill tokens/s and decode
+ * ms/token of the whole model forward, from GPU events (median of
+ * repetitions after warm-up).
+ *
+ *   bench_infer --shape smollm2-135m|llama32-1b|llama3-8b [--type bf16]
+ *               [--prompt 512] [--gen 64] [--reps 5]
+ *   bench_infer -m MODEL.gguf [...]
+ *
+ * --shape builds the model in memory instead of reading a file: random
+ * weights (uniform, std 0.02) at the real shape, one host copy of a layer
+ * reused as the source of every layer's upload (each layer still gets its
+ * own device copy, so the GPU reads as much memory as with real weights),
+ * and no tokenizer. This keeps the 16 GB of an 8B model off the disk.
+ *
+ * Decode is timed at context `prompt` (after a prefill of that many
+ * tokens), one token per step, three ways: graph replay with the argmax on
+ * the device (greedy; 4 bytes come back), graph replay with the fp32
+ * logits copied to the host (what the CPU sampler needs), and plain
+ * launches with the argmax. Each step's time includes its host round trip
+ * (token and position up, result down). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/mem.h"
+#include "io/gguf.h"
+#include "model/llama.h"
+#include "model/llama_gpu.h"
+#include "ops/gpu/gpu_api.h"
+
+typedef struct {
+    const char *name;
+    int n_layers, dim, n_heads, n_kv, ffn, vocab;
+    float rope_base;
+    bool tied;
+} shape;
+
+/* the shapes of tools/cmd_gen_model.c */
+static const shape k_shapes[] = {
+    {"smollm2-135m", 30, 576, 9, 3, 1536, 49152, 100000.0f, true},
+    {"llama32-1b", 16, 2048, 32, 8, 8192, 128256, 500000.0f, true},
+    {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 500000.0f, false},
+};
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) { /* uniform [-1, 1) */
+    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
+    return (float)((g_rng * 2685821657736338717ull) >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+static void *random_matrix(nstf_type t, int64_t n_in, int64_t n_out) {
+    uint64_t rb;
+    if (!nstf_type_row_bytes(t, n_in, &rb)) return NULL;
+    uint8_t *d = malloc(rb * (uint64_t)n_out);
+    float *row = malloc((size_t)n_in * sizeof(float));
+    if (!d || !row) { free(d); free(row); return NULL; }
+    const float a = 0.02f * sqrtf(3.0f); /* uniform with std 0.02 */
+    for (int64_t r = 0; r < n_out; r++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = a * urand();
+        nstf_quantize_row(t, row, d + (uint64_t)r * rb, n_in);
+    }
+    free(row);
+    return d;
+}
+
+static nstf_matrix mat(const void *d, nstf_type t, int64_t n_in, int64_t n_out) {
+    nstf_matrix m = {d, t, n_in, n_out};
+    return m;
+}
+
+/* A model in memory at shape sh; *blobs collects what to free. */
+static nstf_llama *synthetic(const shape *sh, nstf_type t, void **blobs) {
+    nstf_llama *m = calloc(1, sizeof *m);
+    nstf_llama_config *c = &m->cfg;
+    c->n_layers = sh->n_layers;
+    c->dim = sh->dim;
+    c->n_heads = sh->n_heads;
+    c->n_kv_heads = sh->n_kv;
+    c->head_dim = sh->dim / sh->n_heads;
+    c->ffn_dim = sh->ffn;
+    c->n_vocab = sh->vocab;
+    c->n_ctx_train = 8192;
+    c->rope_base = sh->rope_base;
+    c->norm_eps = 1e-5f;
+    c->rope_mode = NSTF_ROPE_NORM;
+    c->tied_output = sh->tied;
+    const int64_t dim = c->dim, kvd = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
+    int nb = 0;
+    void *embd = blobs[nb++] = random_matrix(t, dim, c->n_vocab);
+    void *wq = blobs[nb++] = random_matrix(t, dim, dim);
+    void *wk = blobs[nb++] = random_matrix(t, dim, kvd);
+    void *wv = blobs[nb++] = random_matrix(t, dim, kvd);
+    void *wo = blobs[nb++] = random_matrix(t, dim, dim);
+    void *wg = blobs[nb++] = random_matrix(t, dim, ffn);
+    void *wu = blobs[nb++] = random_matrix(t, dim, ffn);
+    void *wd = blobs[nb++] = random_matrix(t, ffn, dim);
+    float *norms = blobs[nb++] = malloc((size_t)dim * sizeof(float));
+    m->w.layers = blobs[nb++] = calloc((size_t)c->n_layers, sizeof *m->w.layers);
+    for (int i = 0; i < nb; i++)
+        if (!blobs[i]) return NULL;
+    for (int64_t i = 0; i < dim; i++) norms[i] = 1.0f;
+    m->w.tok_embd = mat(embd, t, dim, c->n_vocab);
+    m->w.output = mat(embd, t, dim, c->n_vocab); /* untied: uploaded as a second copy */
+    m->w.out_norm = norms;
+    for (int l = 0; l < c->n_layers; l++) {
+        nstf_llama_layer *L = &m->w.layers[l];
+        L->attn_norm = L->ffn_norm = norms;
+        L->wq = mat(wq, t, dim, dim);
+        L->wk = mat(wk, t, dim, kvd);
+        L->wv = mat(wv, t, dim, kvd);
+        L->wo = mat(wo, t, dim, dim);
+        L->w_gate = mat(wg, t, dim, ffn);
+        L->w_up = mat(wu, t, dim, ffn);
+        L->w_down = mat(wd, t, ffn, dim);
+    }
+    return m;
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_f);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define DIE(...) do { fprintf(stderr, "bench_infer: " __VA_ARGS__); fputc('\n', stderr); return 1; } while (0)
+
+int main(int argc, char **argv) {
+    const char *shape_name = NULL, *model = NULL, *type_name = "bf16";
+    int prompt = 512, gen = 64, reps = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) DIE("%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--shape")) shape_name = v;
+        else if (!strcmp(a, "-m")) model = v;
+        else if (!strcmp(a, "--type")) type_name = v;
+        else if (!strcmp(a, "--prompt")) prompt = atoi(v);
+        else if (!strcmp(a, "--gen")) gen = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else DIE("unknown option %s", a);
+    }
+    if (prompt < 2 || gen < 4 || reps < 1 || (!shape_name == !model)) DIE("usage: see the header of bench_infer.c");
+    if (nstf_gpu_device_count() < 1) DIE("no GPU");
+    char line[320];
+    if (nstf_gpu_device_line(0, line, sizeof line) != NSTF_OK) DIE("%s", nstf_last_error());
+    printf("%s\n", line);
+
+    nstf_llama *m = NULL;
+    void *blobs[16] = {0};
+    nstf_gguf *gf = NULL;
+    const char *label;
+    if (model) {
+        if (nstf_gguf_open(model, &gf) != NSTF_OK || nstf_llama_load(gf, &m) != NSTF_OK) DIE("%s", nstf_last_error());
+        label = model;
+    } else {
+        const shape *sh = NULL;
+        for (size_t i = 0; i < sizeof k_shapes / sizeof *k_shapes; i++)
+            if (!strcmp(k_shapes[i].name, shape_name)) sh = &k_shapes[i];
+        nstf_type t;
+        if (!sh) DIE("unknown shape %s", shape_name);
+        if (!nstf_type_from_name(type_name, &t)) DIE("unknown type %s", type_name);
+        m = synthetic(sh, t, blobs);
+        if (!m) DIE("out of host memory building %s", shape_name);
+        label = shape_name;
+    }
+    const int n_ctx = prompt + 3 * gen + 8;
+    nstf_llama_gpu *g = NULL;
+    double t0 = 0;
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    }
+    if (nstf_llama_gpu_create(m, 0, n_ctx, prompt, &g) != NSTF_OK) DIE("%s", nstf_last_error());
+    double t1;
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t1 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    }
+    printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s\n", label,
+           nstf_type_name(m->w.layers[0].wq.type), m->cfg.n_layers, m->cfg.dim,
+           (double)nstf_llama_gpu_bytes(g) / (1u << 30), t1 - t0);
+
+    void *stream = nstf_llama_gpu_stream(g), *e0, *e1;
+    if (nstf_gpu_event_create(&e0) != NSTF_OK || nstf_gpu_event_create(&e1) != NSTF_OK) DIE("%s", nstf_last_error());
+    int32_t *ids = malloc((size_t)prompt * sizeof(int32_t));
+    float *times = malloc((size_t)(reps > gen ? reps : gen) * sizeof(float));
+    float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
+    if (!ids || !times || !logits) DIE("out of host memory");
+    for (int i = 0; i < prompt; i++) ids[i] = (int32_t)((urand() + 1.0f) * 0.5f * (m->cfg.n_vocab - 1));
+
+    /* prefill */
+    int32_t tok = 0;
+    for (int r = -1; r < reps; r++) {
+        if (nstf_gpu_event_record(e0, stream) != NSTF_OK ||
+            nstf_llama_gpu_forward(g, ids, prompt, 0, false, NULL, &tok) != NSTF_OK ||
+            nstf_gpu_event_record(e1, stream) != NSTF_OK)
+            DIE("%s", nstf_last_error());
+        float ms;
+        if (nstf_gpu_event_ms(e0, e1, &ms) != NSTF_OK) DIE("%s", nstf_last_error());
+        if (r >= 0) times[r] = ms;
+    }
+    float pf = median(times, reps);
+    printf("prefill %d tokens: %.3f ms (median of %d) = %.0f tokens/s\n", prompt, pf, reps, prompt / pf * 1e3);
+
+    /* decode, three ways */
+    static const char *modes[] = {"graph, device argmax", "graph, logits to host", "plain launches, device argmax"};
+    for (int mode = 0; mode < 3; mode++) {
+        nstf_llama_gpu_set_graphs(g, mode != 2);
+        int pos = prompt;
+        for (int i = -4; i < gen; i++) { /* 4 warm-up steps (the first runs plainly, the second captures) */
+            int32_t next = tok;
+            if (nstf_gpu_event_record(e0, stream) != NSTF_OK ||
+                nstf_llama_gpu_forward(g, &tok, 1, pos, false, mode == 1 ? logits : NULL, mode == 1 ? NULL : &next) !=
+                    NSTF_OK ||
+                nstf_gpu_event_record(e1, stream) != NSTF_OK)
+                DIE("%s", nstf_last_error());
+            float ms;
+            if (nstf_gpu_event_ms(e0, e1, &ms) != NSTF_OK) DIE("%s", nstf_last_error());
+            if (i >= 0) times[i] = ms;
+            tok = mode == 1 ? tok : next;
+            if (i >= -1) pos++; /* warm-up steps rewrite the same position */
+        }
+        bool graph = nstf_llama_gpu_graph_used(g);
+        float med = median(times, gen);
+        printf("decode at context %d (%s%s): %.4f ms/token (median of %d steps; min %.4f, max %.4f) = %.0f tokens/s\n",
+               prompt, modes[mode], mode != 2 && !graph ? " [graph capture FAILED, plain]" : "", med, gen, times[0],
+               times[gen - 1], 1e3 / med);
+    }
+    nstf_gpu_event_destroy(e0);
+    nstf_gpu_event_destroy(e1);
+    nstf_llama_gpu_free(g);
+    free(ids);
+    free(times);
+    free(logits);
+    if (model) {
+        nstf_llama_free(m);
+    } else {
+        for (int i = 0; i < 16; i++) free(blobs[i]);
+        free(m);
+    }
+    return 0;
+}

@@ -1,0 +1,558 @@
+/* llama_gpu.c — the Llama forward on a GPU: owns the device copy of the
+ * weights (one allocation carved by a size table; matrices in their file
+ * type, norms fp32), the activation arena and bf16 KV cache (a second
+ * allocation planned once), the stream, and the captured decode graph.
+ *
+ * Decode (one token): embed, then per layer RMSNorm (+ the previous
+ * block's residual, fused), one GEMV over the adjacent Q/K/V matrices,
+ * RoPE, split-KV flash decoding (which also writes the KV cache), GEMV out-
+ * proj, RMSNorm + residual, one GEMV over the adjacent gate/up matrices,
+ * SwiGLU, GEMV down; final norm, logits (fp32), argmax. The token and the
+ * position are read from device memory, so the step is captured once into a
+ * graph and replayed (re-captured only when the context passes a power-of-
+ * two bound of the attention split plan).
+ *
+ * Prefill (several tokens): the same sequence with GEMMs on the matrix
+ * units and causal flash attention. Quantized (or F16/F32) matrices are
+ * dequantized to bf16 into one workspace, one matrix at a time, and fed to
+ * the same GEMM: for a chunk of T tokens that reads the quantized matrix
+ * once and writes/reads 2 bytes per weight, where batched GEMV would read
+ * it T/8 times and run on the CUDA cores instead of the tensor cores. At
+ * most 8 tokens use the GEMV (as weights are stored).
+ *
+ * Compiled only with a GPU backend. */
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+
+#include "model/llama_gpu.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "ops/gpu/gpu_api.h"
+
+#define ALIGN 256u
+#define GEMV_MAX_TOK 8
+
+typedef struct dmat {
+    const void *data; /* device */
+    nstf_type type;
+    int64_t n_in, n_out;
+} dmat;
+
+typedef struct dlayer {
+    const float *attn_norm, *ffn_norm;
+    dmat wq, wk, wv, wo, w_gate, w_up, w_down;
+    bool qkv_fused; /* wq, wk, wv adjacent and of one type: one GEMV for decode */
+    bool gu_fused;  /* w_gate, w_up adjacent and of one type */
+} dlayer;
+
+struct nstf_llama_gpu {
+    nstf_llama_config cfg;
+    int dev, n_ctx, n_batch;
+    void *stream;
+    void *wblock, *ablock; /* weights; activations + KV cache */
+    uint64_t wbytes, abytes;
+    dmat tok_embd, output;
+    const float *out_norm;
+    dlayer *layers;
+    /* activations */
+    float *x, *y;          /* [B, dim] fp32 residual stream / block output */
+    uint16_t *xb;          /* [B, dim] normed */
+    uint16_t *qkv;         /* [B, qd + 2 kvd]: prefill q | k | v, decode one fused row */
+    uint16_t *att;         /* [B, qd] */
+    uint16_t *h;           /* [2, B, ffn]: gate | up */
+    float *logits;         /* [B, n_vocab] */
+    int32_t *ids, *pos;    /* [B] */
+    int32_t *dio;          /* decode: {token, position} */
+    int32_t *tok_out;      /* argmax of the last row */
+    int32_t *rowids;       /* 0..n_rows-1 for dequantization through get_rows */
+    uint16_t *wtmp;        /* bf16 workspace for one dequantized matrix (NULL: all bf16) */
+    uint64_t wtmp_elems;
+    int64_t n_rowids;
+    void *am_scratch, *fd_scratch;
+    size_t am_bytes, fd_bytes;
+    uint16_t *kc, *vc;     /* [L, n_ctx, kvd] */
+    /* graph */
+    void *graph;
+    int64_t graph_bound;
+    bool graphs_on, graph_used, decoded_once;
+};
+
+/* ---- devices ---------------------------------------------------------------- */
+
+nstf_status nstf_gpu_device_line(int dev, char *buf, size_t cap) {
+    nstf_gpu_info in;
+    NSTF_TRY(nstf_gpu_query(dev, &in));
+    snprintf(buf, cap, "GPU %d: %s, %s, %d %s, %.1f GiB (%.1f free), wave %d, L2 %.0f MiB", dev, in.name,
+             in.arch, in.n_sm,
+#if defined(NSTF_HAVE_HIP)
+             "CUs",
+#else
+             "SMs",
+#endif
+             (double)in.total_mem / (1u << 30), (double)in.free_mem / (1u << 30), in.wave_size,
+             (double)in.l2_bytes / (1u << 20));
+    return NSTF_OK;
+}
+
+/* ---- plan and upload ----------------------------------------------------------- */
+
+static bool round_up(uint64_t v, uint64_t *out) {
+    return nstf_add_ok(v, ALIGN - 1, out) && ((*out &= ~(uint64_t)(ALIGN - 1)), true);
+}
+
+static bool mat_bytes(const nstf_matrix *m, uint64_t *out) {
+    uint64_t rb;
+    return nstf_type_row_bytes(m->type, m->n_in, &rb) && nstf_mul_ok(rb, (uint64_t)m->n_out, out);
+}
+
+/* A carve: entries placed one after another, each ALIGN-aligned. */
+typedef struct carve {
+    uint64_t off;
+    bool ok;
+} carve;
+
+static uint64_t carve_take(carve *c, uint64_t bytes) {
+    uint64_t at = c->off, r;
+    if (!c->ok || !round_up(bytes, &r) || !nstf_add_ok(c->off, r, &c->off)) c->ok = false;
+    return at;
+}
+
+static bool same_type3(const nstf_matrix *a, const nstf_matrix *b, const nstf_matrix *c) {
+    return a->type == b->type && (!c || a->type == c->type);
+}
+
+/* The weights' size table; with base != NULL also upload and fill g's views. */
+static nstf_status weights_plan(nstf_llama_gpu *g, const nstf_llama *m, char *base, uint64_t *total) {
+    const nstf_llama_config *c = &m->cfg;
+    carve cv = {0, true};
+    uint64_t b1, b2, b3;
+    const uint64_t norm_bytes = (uint64_t)c->dim * sizeof(float);
+#define UPLOAD(off, src, bytes) \
+    do { if (base) NSTF_TRY(nstf_gpu_memcpy_h2d(base + (off), (src), (size_t)(bytes), g->stream)); } while (0)
+#define VIEW(dst, src, off) \
+    do { (dst).data = base + (off); (dst).type = (src).type; (dst).n_in = (src).n_in; (dst).n_out = (src).n_out; } while (0)
+    if (!mat_bytes(&m->w.tok_embd, &b1)) cv.ok = false;
+    uint64_t o = carve_take(&cv, b1);
+    if (cv.ok && base) { UPLOAD(o, m->w.tok_embd.data, b1); VIEW(g->tok_embd, m->w.tok_embd, o); }
+    for (int l = 0; cv.ok && l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &m->w.layers[l];
+        dlayer *D = base ? &g->layers[l] : NULL;
+        uint64_t on = carve_take(&cv, norm_bytes);
+        uint64_t fn = carve_take(&cv, norm_bytes);
+        if (cv.ok && base) {
+            UPLOAD(on, L->attn_norm, norm_bytes);
+            UPLOAD(fn, L->ffn_norm, norm_bytes);
+            D->attn_norm = (const float *)(base + on);
+            D->ffn_norm = (const float *)(base + fn);
+        }
+        /* Q, K, V back to back (one region) when they share a type */
+        if (!mat_bytes(&L->wq, &b1) || !mat_bytes(&L->wk, &b2) || !mat_bytes(&L->wv, &b3)) { cv.ok = false; break; }
+        bool fuse = same_type3(&L->wq, &L->wk, &L->wv) && (b1 % 16) == 0 && (b2 % 16) == 0;
+        uint64_t oq, ok_, ov;
+        if (fuse) {
+            oq = carve_take(&cv, b1 + b2 + b3);
+            ok_ = oq + b1;
+            ov = ok_ + b2;
+        } else {
+            oq = carve_take(&cv, b1);
+            ok_ = carve_take(&cv, b2);
+            ov = carve_take(&cv, b3);
+        }
+        if (cv.ok && base) {
+            UPLOAD(oq, L->wq.data, b1); UPLOAD(ok_, L->wk.data, b2); UPLOAD(ov, L->wv.data, b3);
+            VIEW(D->wq, L->wq, oq); VIEW(D->wk, L->wk, ok_); VIEW(D->wv, L->wv, ov);
+            D->qkv_fused = fuse;
+        }
+        if (!mat_bytes(&L->wo, &b1)) { cv.ok = false; break; }
+        uint64_t oo = carve_take(&cv, b1);
+        if (cv.ok && base) { UPLOAD(oo, L->wo.data, b1); VIEW(D->wo, L->wo, oo); }
+        /* gate and up back to back */
+        if (!mat_bytes(&L->w_gate, &b1) || !mat_bytes(&L->w_up, &b2)) { cv.ok = false; break; }
+        fuse = same_type3(&L->w_gate, &L->w_up, NULL) && (b1 % 16) == 0;
+        uint64_t og, ou;
+        if (fuse) {
+            og = carve_take(&cv, b1 + b2);
+            ou = og + b1;
+        } else {
+            og = carve_take(&cv, b1);
+            ou = carve_take(&cv, b2);
+        }
+        if (cv.ok && base) {
+            UPLOAD(og, L->w_gate.data, b1); UPLOAD(ou, L->w_up.data, b2);
+            VIEW(D->w_gate, L->w_gate, og); VIEW(D->w_up, L->w_up, ou);
+            D->gu_fused = fuse;
+        }
+        if (!mat_bytes(&L->w_down, &b1)) { cv.ok = false; break; }
+        uint64_t od = carve_take(&cv, b1);
+        if (cv.ok && base) { UPLOAD(od, L->w_down.data, b1); VIEW(D->w_down, L->w_down, od); }
+    }
+    uint64_t onorm = carve_take(&cv, norm_bytes);
+    if (cv.ok && base) {
+        UPLOAD(onorm, m->w.out_norm, norm_bytes);
+        g->out_norm = (const float *)(base + onorm);
+    }
+    if (c->tied_output) {
+        if (base) g->output = g->tok_embd;
+    } else {
+        if (!mat_bytes(&m->w.output, &b1)) cv.ok = false;
+        uint64_t oo = carve_take(&cv, b1);
+        if (cv.ok && base) { UPLOAD(oo, m->w.output.data, b1); VIEW(g->output, m->w.output, oo); }
+    }
+#undef UPLOAD
+#undef VIEW
+    if (!cv.ok) return nstf_set_error(NSTF_ERR_RANGE, "GPU weight table overflows or has a bad row size");
+    *total = cv.off;
+    return NSTF_OK;
+}
+
+/* Largest layer matrix that prefill must dequantize (0 when all are bf16). */
+static void dequant_need(const nstf_llama *m, uint64_t *elems, int64_t *rows) {
+    *elems = 0;
+    *rows = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const nstf_llama_layer *L = &m->w.layers[l];
+        const nstf_matrix *ms[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            if (ms[i]->type == NSTF_TYPE_BF16) continue;
+            uint64_t e = (uint64_t)ms[i]->n_in * (uint64_t)ms[i]->n_out;
+            if (e > *elems) *elems = e;
+            if (ms[i]->n_out > *rows) *rows = ms[i]->n_out;
+        }
+    }
+}
+
+/* The activation arena's size table (base == NULL: sizes only). */
+static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
+    const nstf_llama_config *c = &g->cfg;
+    const uint64_t B = (uint64_t)g->n_batch, dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
+                   kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim, V = (uint64_t)c->n_vocab;
+    uint64_t s[16];
+    bool ok = nstf_mul_ok(B * 4, dim, &s[0]);                  /* x */
+    s[1] = s[0];                                                /* y */
+    ok = ok && nstf_mul_ok(B * 2, dim, &s[2]);                  /* xb */
+    ok = ok && nstf_mul_ok(B * 2, qd + 2 * kvd, &s[3]);         /* qkv */
+    ok = ok && nstf_mul_ok(B * 2, qd, &s[4]);                   /* att */
+    ok = ok && nstf_mul_ok(B * 4, ffn, &s[5]);                  /* h: 2 x B x ffn bf16 */
+    ok = ok && nstf_mul_ok(B * 4, V, &s[6]);                    /* logits */
+    s[7] = B * 4;                                               /* ids */
+    s[8] = B * 4;                                               /* pos */
+    s[9] = 16;                                                  /* dio + tok_out */
+    s[10] = (uint64_t)g->n_rowids * 4;                          /* rowids */
+    ok = ok && nstf_mul_ok(g->wtmp_elems, 2, &s[11]);           /* wtmp */
+    s[12] = g->am_bytes;
+    s[13] = g->fd_bytes;
+    uint64_t kv = 0;
+    ok = ok && nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)g->n_ctx, kvd * 2, &kv);
+    s[14] = s[15] = kv;
+    carve cv = {0, ok};
+    uint64_t off[16];
+    for (int i = 0; i < 16; i++) off[i] = carve_take(&cv, s[i]);
+    if (!cv.ok)
+        return nstf_set_error(NSTF_ERR_RANGE, "GPU activations for context %d and batch %d overflow", g->n_ctx,
+                              g->n_batch);
+    *total = cv.off;
+    if (!base) return NSTF_OK;
+    g->x = (float *)(base + off[0]);
+    g->y = (float *)(base + off[1]);
+    g->xb = (uint16_t *)(base + off[2]);
+    g->qkv = (uint16_t *)(base + off[3]);
+    g->att = (uint16_t *)(base + off[4]);
+    g->h = (uint16_t *)(base + off[5]);
+    g->logits = (float *)(base + off[6]);
+    g->ids = (int32_t *)(base + off[7]);
+    g->pos = (int32_t *)(base + off[8]);
+    g->dio = (int32_t *)(base + off[9]);
+    g->tok_out = g->dio + 2;
+    g->rowids = g->n_rowids ? (int32_t *)(base + off[10]) : NULL;
+    g->wtmp = g->wtmp_elems ? (uint16_t *)(base + off[11]) : NULL;
+    g->am_scratch = base + off[12];
+    g->fd_scratch = base + off[13];
+    g->kc = (uint16_t *)(base + off[14]);
+    g->vc = (uint16_t *)(base + off[15]);
+    return NSTF_OK;
+}
+
+void nstf_llama_gpu_free(nstf_llama_gpu *g) {
+    if (!g) return;
+    if (g->stream) (void)nstf_gpu_stream_sync(g->stream);
+    nstf_gpu_graph_destroy(g->graph);
+    (void)nstf_gpu_free(g->wblock);
+    (void)nstf_gpu_free(g->ablock);
+    if (g->stream) (void)nstf_gpu_stream_destroy(g->stream);
+    nstf_free(g->layers);
+    nstf_free(g);
+}
+
+nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n_batch, nstf_llama_gpu **out) {
+    *out = NULL;
+    const nstf_llama_config *c = &m->cfg;
+    if (n_ctx < 1 || n_batch < 1)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d) and batch (%d) must be positive", n_ctx, n_batch);
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU attention supports head sizes 64 and 128, not %d",
+                              c->head_dim);
+    if (c->n_heads / c->n_kv_heads > 16)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU decode supports up to 16 query heads per kv head, not %d",
+                              c->n_heads / c->n_kv_heads);
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    int n_dev = nstf_gpu_device_count();
+    if (dev < 0 || dev >= n_dev)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "no GPU %d (this machine has %d)", dev, n_dev);
+    NSTF_TRY(nstf_gpu_set_device(dev));
+    nstf_gpu_info info;
+    NSTF_TRY(nstf_gpu_query(dev, &info));
+
+    nstf_llama_gpu *g = nstf_calloc(1, sizeof *g, "GPU model");
+    if (!g) return NSTF_ERR_OOM;
+    g->cfg = *c;
+    g->dev = dev;
+    g->n_ctx = n_ctx;
+    g->n_batch = n_batch;
+    g->graphs_on = true;
+    g->graph_bound = -1;
+    nstf_status st = NSTF_OK;
+    g->layers = nstf_calloc((size_t)c->n_layers, sizeof *g->layers, "GPU layer table");
+    if (!g->layers) st = NSTF_ERR_OOM;
+
+    /* plan everything, then check the free memory, then allocate */
+    int64_t rows = 0;
+    dequant_need(m, &g->wtmp_elems, &rows);
+    g->n_rowids = rows;
+    g->am_bytes = nstf_gpu_argmax_scratch_bytes(1, c->n_vocab);
+    /* the split plan is not monotonic in the context: take the largest
+     * scratch over every bound decode_bound() can return */
+    for (int64_t b = 256;; b *= 2) {
+        int64_t bound = (b > n_ctx ? n_ctx : b) - 1;
+        size_t fb = nstf_gpu_flash_decode_scratch_bytes(1, bound, c->n_heads, c->n_kv_heads, c->head_dim);
+        if (fb == 0) { g->fd_bytes = 0; break; }
+        if (fb > g->fd_bytes) g->fd_bytes = fb;
+        if (b >= n_ctx) break;
+    }
+    if (st == NSTF_OK && g->fd_bytes == 0)
+        st = nstf_set_error(NSTF_ERR_GPU, "GPU %d: cannot plan the decode attention scratch", dev);
+    if (st == NSTF_OK) st = weights_plan(g, m, NULL, &g->wbytes);
+    if (st == NSTF_OK) st = arena_plan(g, NULL, &g->abytes);
+    if (st == NSTF_OK) {
+        const uint64_t reserve = (uint64_t)256 << 20; /* runtime, graphs, kernels' own buffers */
+        uint64_t need = g->wbytes + g->abytes + reserve;
+        if (need > info.free_mem)
+            st = nstf_set_error(NSTF_ERR_OOM,
+                                "out of GPU memory: the model needs %.2f GiB on %s (weights %.2f, activations and "
+                                "KV cache for context %d %.2f, reserve %.2f) but %.2f GiB of %.2f are free; try a "
+                                "smaller -c or a quantized model",
+                                (double)need / (1u << 30), info.name, (double)g->wbytes / (1u << 30), n_ctx,
+                                (double)g->abytes / (1u << 30), (double)reserve / (1u << 30),
+                                (double)info.free_mem / (1u << 30), (double)info.total_mem / (1u << 30));
+    }
+    if (st == NSTF_OK) st = nstf_gpu_stream_create(&g->stream);
+    if (st == NSTF_OK) st = nstf_gpu_malloc(&g->wblock, (size_t)g->wbytes);
+    if (st == NSTF_OK) st = nstf_gpu_malloc(&g->ablock, (size_t)g->abytes);
+    if (st == NSTF_OK) st = weights_plan(g, m, g->wblock, &g->wbytes);
+    if (st == NSTF_OK) st = arena_plan(g, g->ablock, &g->abytes);
+    /* an empty cache reads as zeros, never as NaN from stale memory (before
+     * anything below fills part of the arena) */
+    if (st == NSTF_OK) st = nstf_gpu_memset(g->ablock, 0, (size_t)g->abytes, g->stream);
+    if (st == NSTF_OK && g->n_rowids) {
+        int32_t *ids = nstf_alloc((size_t)g->n_rowids * sizeof(int32_t), "row ids");
+        if (!ids) st = NSTF_ERR_OOM;
+        for (int64_t i = 0; ids && i < g->n_rowids; i++) ids[i] = (int32_t)i;
+        if (st == NSTF_OK) st = nstf_gpu_memcpy_h2d(g->rowids, ids, (size_t)g->n_rowids * sizeof(int32_t), g->stream);
+        nstf_free(ids);
+    }
+    if (st == NSTF_OK) st = nstf_gpu_stream_sync(g->stream);
+    if (st != NSTF_OK) {
+        nstf_llama_gpu_free(g);
+        return st;
+    }
+    *out = g;
+    return NSTF_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+/* y[n, n_out] = x[n, n_in] W^T: GEMV for a few tokens, else the GEMM (after
+ * dequantizing W to bf16 in the workspace unless it is bf16). */
+static nstf_status mm(nstf_llama_gpu *g, const dmat *w, const uint16_t *x, void *y, nstf_type yt, int64_t n) {
+    if (n <= GEMV_MAX_TOK)
+        return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+    const uint16_t *wb = w->data;
+    if (w->type != NSTF_TYPE_BF16) {
+        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
+            return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, g->rowids, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
+                                   g->stream));
+        wb = g->wtmp;
+    }
+    return nstf_gpu_gemm_bf16(x, wb, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in, NSTF_GEMM_EPI_NONE, g->stream);
+}
+
+/* The split-plan bound of the decode attention for position pos: the next
+ * power of two of the context (at least 256), capped by the cache. */
+static int64_t decode_bound(const nstf_llama_gpu *g, int64_t pos) {
+    int64_t b = 256;
+    while (b < pos + 1) b *= 2;
+    return (b > g->n_ctx ? g->n_ctx : b) - 1;
+}
+
+/* The decode step; reads the token from dio[0] and the position from dio[1]. */
+static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound) {
+    const nstf_llama_config *c = &g->cfg;
+    const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
+                  ffn = c->ffn_dim, row = qd + 2 * kvd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    void *s = g->stream;
+    uint16_t *q = g->qkv, *k = q + qd, *v = k + kvd;
+    NSTF_TRY(nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->dio, g->x, NSTF_TYPE_F32, 1, dim, s));
+    for (int l = 0; l < c->n_layers; l++) {
+        const dlayer *L = &g->layers[l];
+        uint16_t *kc = g->kc + (int64_t)l * g->n_ctx * kvd, *vc = g->vc + (int64_t)l * g->n_ctx * kvd;
+        NSTF_TRY(nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, 1, dim, c->norm_eps, s));
+        if (L->qkv_fused) {
+            NSTF_TRY(nstf_gpu_gemv(L->wq.type, L->wq.data, g->xb, q, NSTF_TYPE_BF16, 1, dim, row, s));
+        } else {
+            NSTF_TRY(nstf_gpu_gemv(L->wq.type, L->wq.data, g->xb, q, NSTF_TYPE_BF16, 1, dim, qd, s));
+            NSTF_TRY(nstf_gpu_gemv(L->wk.type, L->wk.data, g->xb, k, NSTF_TYPE_BF16, 1, dim, kvd, s));
+            NSTF_TRY(nstf_gpu_gemv(L->wv.type, L->wv.data, g->xb, v, NSTF_TYPE_BF16, 1, dim, kvd, s));
+        }
+        NSTF_TRY(nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
+        NSTF_TRY(nstf_gpu_flash_decode_dpos(q, row, k, row, v, row, kc, vc, g->att, qd, 1, g->dio + 1, bound, g->n_ctx,
+                                            c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes, s));
+        NSTF_TRY(nstf_gpu_gemv(L->wo.type, L->wo.data, g->att, g->y, NSTF_TYPE_F32, 1, qd, dim, s));
+        NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, 1, dim, c->norm_eps, s));
+        if (L->gu_fused) {
+            NSTF_TRY(nstf_gpu_gemv(L->w_gate.type, L->w_gate.data, g->xb, g->h, NSTF_TYPE_BF16, 1, dim, 2 * ffn, s));
+        } else {
+            NSTF_TRY(nstf_gpu_gemv(L->w_gate.type, L->w_gate.data, g->xb, g->h, NSTF_TYPE_BF16, 1, dim, ffn, s));
+            NSTF_TRY(nstf_gpu_gemv(L->w_up.type, L->w_up.data, g->xb, g->h + ffn, NSTF_TYPE_BF16, 1, dim, ffn, s));
+        }
+        NSTF_TRY(nstf_gpu_swiglu(g->h, g->h + ffn, g->h, ffn, s));
+        NSTF_TRY(nstf_gpu_gemv(L->w_down.type, L->w_down.data, g->h, g->y, NSTF_TYPE_F32, 1, ffn, dim, s));
+    }
+    NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
+    NSTF_TRY(nstf_gpu_gemv(g->output.type, g->output.data, g->xb, g->logits, NSTF_TYPE_F32, 1, dim, c->n_vocab, s));
+    return nstf_gpu_argmax(g->logits, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab, g->am_scratch, s);
+}
+
+static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
+    const int64_t bound = decode_bound(g, pos);
+    g->graph_used = false;
+    /* The first step runs plainly: kernels set their attributes on first use,
+     * which is not something to do inside a capture. */
+    if (g->graphs_on && g->decoded_once) {
+        if (!g->graph || g->graph_bound != bound) {
+            nstf_gpu_graph_destroy(g->graph);
+            g->graph = NULL;
+            g->graph_bound = -1;
+            nstf_status st = nstf_gpu_capture_begin(g->stream);
+            if (st == NSTF_OK) {
+                nstf_status se = enqueue_decode(g, bound);
+                void *exec = NULL;
+                st = nstf_gpu_capture_end(g->stream, &exec);
+                if (se != NSTF_OK) st = se;
+                if (st == NSTF_OK) {
+                    g->graph = exec;
+                    g->graph_bound = bound;
+                } else {
+                    nstf_gpu_graph_destroy(exec);
+                }
+            }
+            if (st != NSTF_OK) g->graphs_on = false; /* fall back to plain launches from now on */
+        }
+        if (g->graph) {
+            NSTF_TRY(nstf_gpu_graph_launch(g->graph, g->stream));
+            g->graph_used = true;
+            return NSTF_OK;
+        }
+    }
+    NSTF_TRY(enqueue_decode(g, bound));
+    g->decoded_once = true;
+    return NSTF_OK;
+}
+
+static nstf_status run_prefill(nstf_llama_gpu *g, int n, int pos0, bool all_logits) {
+    const nstf_llama_config *c = &g->cfg;
+    const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
+                  ffn = c->ffn_dim, B = g->n_batch;
+    const float scale = 1.0f / sqrtf((float)hd);
+    void *s = g->stream;
+    uint16_t *q = g->qkv, *k = q + B * qd, *v = k + B * kvd, *hg = g->h, *hu = g->h + B * ffn;
+    NSTF_TRY(nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->ids, g->x, NSTF_TYPE_F32, n, dim, s));
+    for (int l = 0; l < c->n_layers; l++) {
+        const dlayer *L = &g->layers[l];
+        uint16_t *kc = g->kc + (int64_t)l * g->n_ctx * kvd, *vc = g->vc + (int64_t)l * g->n_ctx * kvd;
+        NSTF_TRY(nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, n, dim, c->norm_eps, s));
+        NSTF_TRY(mm(g, &L->wq, g->xb, q, NSTF_TYPE_BF16, n));
+        NSTF_TRY(mm(g, &L->wk, g->xb, k, NSTF_TYPE_BF16, n));
+        NSTF_TRY(mm(g, &L->wv, g->xb, v, NSTF_TYPE_BF16, n));
+        NSTF_TRY(nstf_gpu_rope(q, k, g->pos, n, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
+        NSTF_TRY(nstf_gpu_flash_attn(q, qd, k, kvd, v, kvd, kc, vc, g->att, qd, n, pos0, g->n_ctx, c->n_heads,
+                                     c->n_kv_heads, (int)hd, scale, s));
+        NSTF_TRY(mm(g, &L->wo, g->att, g->y, NSTF_TYPE_F32, n));
+        NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, n, dim, c->norm_eps, s));
+        NSTF_TRY(mm(g, &L->w_gate, g->xb, hg, NSTF_TYPE_BF16, n));
+        NSTF_TRY(mm(g, &L->w_up, g->xb, hu, NSTF_TYPE_BF16, n));
+        NSTF_TRY(nstf_gpu_swiglu(hg, hu, hg, (int64_t)n * ffn, s));
+        NSTF_TRY(mm(g, &L->w_down, hg, g->y, NSTF_TYPE_F32, n));
+    }
+    const int64_t first = all_logits ? 0 : n - 1, rows = all_logits ? n : 1;
+    NSTF_TRY(nstf_gpu_rmsnorm(g->x + first * dim, g->y + first * dim, NSTF_TYPE_F32, g->out_norm, g->xb, rows, dim,
+                              c->norm_eps, s));
+    NSTF_TRY(mm(g, &g->output, g->xb, g->logits, NSTF_TYPE_F32, rows));
+    return nstf_gpu_argmax(g->logits + (rows - 1) * (int64_t)c->n_vocab, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab,
+                           g->am_scratch, s);
+}
+
+nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax) {
+    const nstf_llama_config *c = &g->cfg;
+    if (n < 1 || n > g->n_batch)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", n, g->n_batch);
+    if (pos0 < 0 || pos0 + n > g->n_ctx)
+        return nstf_set_error(NSTF_ERR_RANGE, "positions %d..%d exceed the context of %d tokens", pos0, pos0 + n - 1,
+                              g->n_ctx);
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
+            return nstf_set_error(NSTF_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", tokens[t],
+                                  c->n_vocab - 1);
+    NSTF_TRY(nstf_gpu_set_device(g->dev));
+    if (n == 1) {
+        int32_t io[2] = {tokens[0], pos0};
+        NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->dio, io, sizeof io, g->stream));
+        NSTF_TRY(run_decode(g, pos0));
+    } else {
+        g->graph_used = false;
+        int32_t pbuf[256];
+        NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->ids, tokens, (size_t)n * sizeof(int32_t), g->stream));
+        for (int t0 = 0; t0 < n; t0 += 256) { /* positions, in pieces of a small host buffer */
+            int m = n - t0 < 256 ? n - t0 : 256;
+            for (int i = 0; i < m; i++) pbuf[i] = pos0 + t0 + i;
+            NSTF_TRY(nstf_gpu_memcpy_h2d(g->pos + t0, pbuf, (size_t)m * sizeof(int32_t), g->stream));
+        }
+        NSTF_TRY(run_prefill(g, n, pos0, all_logits));
+    }
+    const int64_t rows = (all_logits && n > 1) ? n : 1;
+    if (logits) {
+        NSTF_TRY(nstf_gpu_memcpy_d2h(logits, g->logits, (size_t)rows * (size_t)c->n_vocab * sizeof(float), g->stream));
+    }
+    if (argmax) NSTF_TRY(nstf_gpu_memcpy_d2h(argmax, g->tok_out, sizeof(int32_t), g->stream));
+    if (!logits && !argmax) NSTF_TRY(nstf_gpu_stream_sync(g->stream));
+    return NSTF_OK;
+}
+
+void nstf_llama_gpu_set_graphs(nstf_llama_gpu *g, bool on) {
+    g->graphs_on = on;
+    if (!on) {
+        nstf_gpu_graph_destroy(g->graph);
+        g->graph = NULL;
+        g->graph_bound = -1;
+    }
+}
+
+bool nstf_llama_gpu_graph_used(const nstf_llama_gpu *g) { return g->graph_used; }
+uint64_t nstf_llama_gpu_bytes(const nstf_llama_gpu *g) { return g->wbytes + g->abytes; }
+void *nstf_llama_gpu_stream(const nstf_llama_gpu *g) { return g->stream; }
+
+#endif /* NSTF_HAVE_CUDA || NSTF_HAVE_HIP */

@@ -1,0 +1,48 @@
+/* llama_gpu.h — the Llama forward on a GPU (CUDA or HIP through
+ * ops/gpu/gpu_api.h): weights uploaded once into one device allocation,
+ * activations and the bf16 KV cache in a second one planned at creation,
+ * decode replayed from a captured graph. Implemented in llama_gpu.c, which
+ * is compiled only when the build has a GPU backend (NSTF_HAVE_CUDA or
+ * NSTF_HAVE_HIP); callers guard their calls the same way. */
+#ifndef NSTF_MODEL_LLAMA_GPU_H
+#define NSTF_MODEL_LLAMA_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/llama.h"
+
+typedef struct nstf_llama_gpu nstf_llama_gpu;
+
+/* One line describing device `dev` ("GPU 0: NVIDIA H100 80GB HBM3, sm_90,
+ * 132 SMs, 79.2 GiB (78.7 free), wave 32, L2 50 MiB"). */
+nstf_status nstf_gpu_device_line(int dev, char *buf, size_t cap);
+
+/* Upload m's weights to device `dev` and plan activations and a KV cache of
+ * n_ctx positions for forwards of up to n_batch tokens. Checks the free
+ * device memory before allocating: NSTF_ERR_OOM names what was needed and
+ * what is free. m must outlive nothing here (the weights are copied). */
+nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n_batch,
+                                  nstf_llama_gpu **out);
+void nstf_llama_gpu_free(nstf_llama_gpu *g);
+
+/* Run n tokens at positions pos0.. (n <= n_batch, pos0 + n <= n_ctx).
+ * logits (host, may be NULL): the last token's fp32 logits [n_vocab], or
+ * every token's [n, n_vocab] with all_logits. argmax (host, may be NULL):
+ * the greedy token of the last position, computed on the device. n == 1
+ * runs the decode step, replayed from a graph when graphs are on. */
+nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int n, int pos0,
+                                   bool all_logits, float *logits, int32_t *argmax);
+
+/* Graph replay of the decode step (default on; off = plain launches). */
+void nstf_llama_gpu_set_graphs(nstf_llama_gpu *g, bool on);
+/* Whether the last decode step ran from a graph. */
+bool nstf_llama_gpu_graph_used(const nstf_llama_gpu *g);
+/* Device bytes held (weights + activations + KV cache). */
+uint64_t nstf_llama_gpu_bytes(const nstf_llama_gpu *g);
+/* The stream every forward runs on (for timing events). */
+void *nstf_llama_gpu_stream(const nstf_llama_gpu *g);
+
+#endif

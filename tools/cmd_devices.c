@@ -1,0 +1,52 @@
+/* cmd_devices.c — `nstf devices`: list the GPUs this build can use (name,
+ * architecture, SMs/CUs, memory total/free, wave size, L2), "no GPU", or
+ * that the build has no GPU backend. Exit 0 in every one of those cases;
+ * non-zero only when a present device fails to answer. */
+#include <stdio.h>
+#include <string.h>
+
+#include "nstf.h"
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+#include "model/llama_gpu.h"
+#include "ops/gpu/gpu_api.h"
+#endif
+
+int cmd_devices(int argc, char **argv);
+
+int cmd_devices(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: nstf devices\n\nLists the GPUs this build of nstf can run on.\n");
+            return 0;
+        }
+        fprintf(stderr, "nstf devices: unknown option '%s'\n", argv[i]);
+        return 2;
+    }
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+    int n = nstf_gpu_device_count();
+    if (n == 0) {
+        printf("no GPU (no device visible to the %s runtime, or no driver)\n",
+#if defined(NSTF_HAVE_HIP)
+               "HIP"
+#else
+               "CUDA"
+#endif
+        );
+        return 0;
+    }
+    int rc = 0;
+    for (int d = 0; d < n; d++) {
+        char line[320];
+        if (nstf_gpu_device_line(d, line, sizeof line) != NSTF_OK) {
+            fprintf(stderr, "nstf: GPU %d: %s\n", d, nstf_last_error());
+            rc = 1;
+            continue;
+        }
+        printf("%s\n", line);
+    }
+    return rc;
+#else
+    printf("no GPU backend in this build (CPU only; rebuild with -DNSTF_CUDA=ON or -DNSTF_HIP=ON)\n");
+    return 0;
+#endif
+}
