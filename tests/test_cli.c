@@ -15,44 +15,7 @@
 #include "io/gguf.h"
 #include "test_util.h"
 
-extern char **environ;
-
-#define NSTF_BIN NSTF_BUILD_DIR "/nstf"
-
-static char g_dir[256];
-static char g_err[8192], g_out[65536];
-
-/* Run nstf with argv (NULL-terminated); capture stdout/stderr; return the
- * exit status (or -1 if it died from a signal). */
-static int run(const char *const *args) {
-    char out_path[300], err_path[300];
-    snprintf(out_path, sizeof out_path, "%s/stdout", g_dir);
-    snprintf(err_path, sizeof err_path, "%s/stderr", g_dir);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    char *argv[64];
-    int n = 0;
-    argv[n++] = (char *)NSTF_BIN;
-    for (; args[n - 1] && n < 63; n++) argv[n] = (char *)args[n - 1];
-    argv[n] = NULL;
-    pid_t pid;
-    int rc = posix_spawn(&pid, NSTF_BIN, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return -2;
-    int status;
-    waitpid(pid, &status, 0);
-    FILE *f = fopen(err_path, "rb");
-    size_t k = f ? fread(g_err, 1, sizeof g_err - 1, f) : 0;
-    g_err[k] = 0;
-    if (f) fclose(f);
-    f = fopen(out_path, "rb");
-    k = f ? fread(g_out, 1, sizeof g_out - 1, f) : 0;
-    g_out[k] = 0;
-    if (f) fclose(f);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+#include "cli_run.h"
 
 static int count_lines(const char *s) {
     int n = 0;
