@@ -1,6 +1,6 @@
 /* gpu_mm_test.h — the small harness shared by test_gemm_gpu.cu and
- * test_attention_gpu.cu (C++, so tests/test_util.h's C idioms are mirrored
- * here): counted checks, a seeded RNG, bf16 rounding, device buffers that are
+ * test_attention_gpu.cu, on top of tests/test_util.h (counted checks, the
+ * seeded RNG): bf16 rounding, device buffers that are
  * poisoned (0xff bytes: NaN in f32 and bf16) with a guard region after the
  * payload, and the "at most 2x the naive error" rule. */
 #ifndef NSTF_GPU_MM_TEST_H
@@ -13,18 +13,7 @@
 #include <string.h>
 
 #include "ops/gpu/gpu.h"
-
-static int g_checks, g_fails;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        g_checks++;                                                                       \
-        if (!(cond)) {                                                                    \
-            g_fails++;                                                                    \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fputc('\n', stderr);                                                          \
-        }                                                                                 \
-    } while (0)
+#include "test_util.h" /* CHECK, test_finish, test_rng */
 
 #define DEV_CHECK(call)                                                                           \
     do {                                                                                          \
@@ -34,22 +23,6 @@ static int g_checks, g_fails;
             exit(2);                                                                              \
         }                                                                                         \
     } while (0)
-
-static inline int test_finish(const char *name) {
-    printf("%s: %d checks, %d passed, %d failed\n", name, g_checks, g_checks - g_fails, g_fails);
-    return g_fails ? 1 : 0;
-}
-
-typedef struct { uint64_t s; } test_rng;
-static inline uint64_t rng_next(test_rng *r) {
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 2685821657736338717ull;
-}
-static inline float rng_uniform(test_rng *r) { /* [-1, 1) */
-    return (float)((rng_next(r) >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
 
 static inline float bf2f(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;

@@ -1,6 +1,6 @@
 /* test_util.h — the tests' tiny harness: checks that count, error metrics
  * (NMSE against an fp64 reference), poisoned buffers with guard regions,
- * and a seeded RNG. Each test program returns 0 when every check passed,
+ * and a seeded RNG. C and C++ (the GPU tests include it too). Each test program returns 0 when every check passed,
  * 1 otherwise, 77 when skipped. */
 #ifndef NSTF_TEST_UTIL_H
 #define NSTF_TEST_UTIL_H
@@ -76,7 +76,7 @@ static inline int64_t count_nonfinite(const float *a, int64_t n) {
  * is poisoned with NaN-pattern bytes so an unwritten output is caught. */
 #define TEST_GUARD 64
 static inline void *guarded_alloc(size_t bytes) {
-    unsigned char *p = malloc(bytes + TEST_GUARD);
+    unsigned char *p = (unsigned char *)malloc(bytes + TEST_GUARD); /* cast: also C++ */
     if (!p) { fprintf(stderr, "test: out of memory\n"); exit(2); }
     memset(p, 0xff, bytes); /* 0xffffffff is a NaN as float */
     memset(p + bytes, 0xa5, TEST_GUARD);
