@@ -9,25 +9,8 @@
 #include <vector>
 
 #include "gpu_mm_test.h"
+#include "../common/gpu_time.h"
 
-template <typename F> static float time_ms(F f) {
-    gpuEvent_t a, b;
-    DEV_CHECK(gpuEventCreate(&a));
-    DEV_CHECK(gpuEventCreate(&b));
-    for (int i = 0; i < 5; i++) f();
-    std::vector<float> t;
-    for (int i = 0; i < 20; i++) {
-        DEV_CHECK(gpuEventRecord(a, 0));
-        f();
-        DEV_CHECK(gpuEventRecord(b, 0));
-        DEV_CHECK(gpuEventSynchronize(b));
-        float ms = 0;
-        DEV_CHECK(gpuEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
 
 int main(void) {
     const int H = 32, HKV = 8;
