@@ -230,6 +230,7 @@ int cmd_bench(int argc, char **argv) {
                     rc = 1;
                     break;
                 }
+                if (!level_set) level = nstf_bench_n_levels(s) - 1; /* the backend's default: its highest */
                 nstf_bench_model_info info;
                 nstf_bench_model_info_get(s, &info);
                 for (int di = 0; di < n_depth.n && rc == 0; di++) {
