@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli_util.h"
+#include "gpu_measure.h"
 #include "nstf.h"
 #include "prof/bench.h"
 #include "prof/memory.h"
@@ -170,6 +171,11 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "nstf: bench: no model given (-m MODEL)\n");
         return 2;
     }
+    if (levels && strcmp(device, "gpu") == 0) { /* the GPU level matrix, one model after another */
+        int rc = 0;
+        for (int mi = 0; mi < n_models && rc == 0; mi++) rc = nstf_gpu_levels_matrix(models[mi], reps);
+        return rc;
+    }
     nstf_baseline base = {0};
     if (baseline && nstf_baseline_load(baseline, &base) != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
@@ -224,6 +230,7 @@ int cmd_bench(int argc, char **argv) {
                     rc = 1;
                     break;
                 }
+                if (!level_set) level = nstf_bench_n_levels(s) - 1; /* the backend's default: its highest */
                 nstf_bench_model_info info;
                 nstf_bench_model_info_get(s, &info);
                 for (int di = 0; di < n_depth.n && rc == 0; di++) {
@@ -242,7 +249,7 @@ int cmd_bench(int argc, char **argv) {
                         }
                         nstf_bench_result r = {
                             .build_commit = nstf_build_commit(), .build_number = nstf_build_number(),
-                            .cpu_info = cpu_info, .gpu_info = "", .backends = nstf_bench_backend(s),
+                            .cpu_info = cpu_info, .gpu_info = s->gpu ? s->device : "", .backends = nstf_bench_backend(s),
                             .model_filename = models[mi], .model_type = info.model_type,
                             .model_size = info.size, .model_n_params = info.n_params,
                             .n_batch = n_batch.v[bi], .n_ubatch = n_batch.v[bi], .n_threads = threads.v[ti],

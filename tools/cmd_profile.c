@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli_util.h"
+#include "gpu_measure.h"
 #include "nstf.h"
 #include "prof/bench.h"
 #include "prof/memory.h"
@@ -27,7 +28,7 @@ static void profile_usage(FILE *f) {
             "  -n, --n-gen N             decode steps profiled after the prompt (default 32; 0 = none)\n"
             "  -b, --batch-size N        prompt tokens per forward pass (default 512)\n"
             "  -t, --threads N           CPU threads (default: all cores)\n"
-            "      --device DEV          cpu or auto (default auto)\n"
+            "      --device DEV          cpu, gpu or auto (default auto); gpu: per-kernel times from events\n"
             "      --trace FILE          write a Chrome/Perfetto trace (JSON) of every op call\n"
             "      --svg FILE            write the roofline chart with one dot per op\n"
             "      --roofline-cache FILE where measured ceilings are kept (default ~/.cache/nstf/roofline.json)\n"
@@ -147,6 +148,11 @@ int cmd_profile(int argc, char **argv) {
     if (!cache) {
         nstf_roofline_default_cache(cache_buf, sizeof cache_buf);
         cache = cache_buf;
+    }
+    if (s->gpu) { /* per-kernel GPU profile from events */
+        int grc = nstf_gpu_profile(s, n_prompt, n_gen, trace_path, svg_path, cache, remeasure);
+        nstf_session_close(s);
+        return grc;
     }
     nstf_roofline rl;
     char cpu_key[sizeof rl.cpu]; /* the cache key, truncated as the cache stores it */

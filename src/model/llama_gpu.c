@@ -74,10 +74,24 @@ struct nstf_llama_gpu {
     void *am_scratch, *fd_scratch;
     size_t am_bytes, fd_bytes;
     uint16_t *kc, *vc;     /* [L, n_ctx, kvd] */
+    uint16_t *h3;          /* [B, ffn]: SwiGLU out of the fused gate|up GEMM (L2+ prefill) */
     /* graph */
     void *graph;
     int64_t graph_bound;
     bool graphs_on, graph_used, decoded_once;
+    /* execution level (0..3) and the L0/L1 score matrix (allocated on first use) */
+    int level;
+    float *scores;
+    uint64_t scores_bytes;
+    /* kernel count of the last forward, graph nodes of the captured step */
+    int64_t n_kernels, graph_nodes;
+    bool capturing;
+    /* profiling: an event pair around every op of a forward */
+    bool prof_on;
+    void **evs;
+    int ev_cap, n_recs;
+    int64_t dropped;
+    nstf_gpu_op *recs;
 };
 
 /* ---- devices ---------------------------------------------------------------- */
@@ -221,6 +235,11 @@ static void dequant_need(const nstf_llama *m, uint64_t *elems, int64_t *rows) {
             if (e > *elems) *elems = e;
             if (ms[i]->n_out > *rows) *rows = ms[i]->n_out;
         }
+        if (L->w_gate.type != NSTF_TYPE_BF16 && L->w_gate.type == L->w_up.type) { /* the fused gate|up GEMM (L2+) */
+            uint64_t e = (uint64_t)L->w_gate.n_in * (uint64_t)(L->w_gate.n_out + L->w_up.n_out);
+            if (e > *elems) *elems = e;
+            if (L->w_gate.n_out + L->w_up.n_out > *rows) *rows = L->w_gate.n_out + L->w_up.n_out;
+        }
     }
 }
 
@@ -235,7 +254,7 @@ static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
     ok = ok && nstf_mul_ok(B * 2, dim, &s[2]);                  /* xb */
     ok = ok && nstf_mul_ok(B * 2, qd + 2 * kvd, &s[3]);         /* qkv */
     ok = ok && nstf_mul_ok(B * 2, qd, &s[4]);                   /* att */
-    ok = ok && nstf_mul_ok(B * 4, ffn, &s[5]);                  /* h: 2 x B x ffn bf16 */
+    ok = ok && nstf_mul_ok(B * 6, ffn, &s[5]);                  /* h: 3 x B x ffn bf16 */
     ok = ok && nstf_mul_ok(B * 4, V, &s[6]);                    /* logits */
     s[7] = B * 4;                                               /* ids */
     s[8] = B * 4;                                               /* pos */
@@ -261,6 +280,7 @@ static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
     g->qkv = (uint16_t *)(base + off[3]);
     g->att = (uint16_t *)(base + off[4]);
     g->h = (uint16_t *)(base + off[5]);
+    g->h3 = g->h + 2 * B * ffn;
     g->logits = (float *)(base + off[6]);
     g->ids = (int32_t *)(base + off[7]);
     g->pos = (int32_t *)(base + off[8]);
@@ -279,6 +299,10 @@ void nstf_llama_gpu_free(nstf_llama_gpu *g) {
     if (!g) return;
     if (g->stream) (void)nstf_gpu_stream_sync(g->stream);
     nstf_gpu_graph_destroy(g->graph);
+    for (int i = 0; g->evs && i < 2 * g->ev_cap; i++) nstf_gpu_event_destroy(g->evs[i]);
+    nstf_free(g->evs);
+    nstf_free(g->recs);
+    (void)nstf_gpu_free(g->scores);
     (void)nstf_gpu_free(g->wblock);
     (void)nstf_gpu_free(g->ablock);
     if (g->stream) (void)nstf_gpu_stream_destroy(g->stream);
@@ -313,6 +337,7 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
     g->n_batch = n_batch;
     g->graphs_on = true;
     g->graph_bound = -1;
+    g->level = 3;
     nstf_status st = NSTF_OK;
     g->layers = nstf_calloc((size_t)c->n_layers, sizeof *g->layers, "GPU layer table");
     if (!g->layers) st = NSTF_ERR_OOM;
@@ -371,7 +396,55 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
     return NSTF_OK;
 }
 
+/* ---- op bracketing: kernel count, profiling events, NVTX ------------------- */
+
+static void op_begin(nstf_llama_gpu *g, const char *label) {
+    nstf_gpu_range_push(label);
+    if (g->prof_on && !g->capturing && g->n_recs < g->ev_cap)
+        (void)nstf_gpu_event_record(g->evs[2 * g->n_recs], g->stream);
+}
+
+static void op_end(nstf_llama_gpu *g, int cat, const char *label, int layer, int n_kern, double flops, double bytes) {
+    g->n_kernels += n_kern;
+    nstf_gpu_range_pop();
+    if (!g->prof_on || g->capturing) return;
+    if (g->n_recs >= g->ev_cap) {
+        g->dropped++;
+        return;
+    }
+    (void)nstf_gpu_event_record(g->evs[2 * g->n_recs + 1], g->stream);
+    nstf_gpu_op *r = &g->recs[g->n_recs++];
+    r->label = label;
+    r->cat = cat;
+    r->layer = layer;
+    r->n_kernels = n_kern;
+    r->flops = flops;
+    r->bytes = bytes;
+    r->t0_ms = r->t1_ms = 0.0;
+}
+
+/* Run `call` (an nstf_status expression) as one op of category cat. */
+#define OP(cat, label, layer, nk, fl, by, call)                         \
+    do {                                                                \
+        op_begin(g, label);                                             \
+        nstf_status op_st_ = (call);                                    \
+        op_end(g, cat, label, layer, nk, fl, by);                       \
+        if (op_st_ != NSTF_OK) return op_st_;                           \
+    } while (0)
+
+static double wbytes_of(const dmat *w) {
+    uint64_t rb = 0;
+    (void)nstf_type_row_bytes(w->type, w->n_in, &rb);
+    return (double)rb * (double)w->n_out;
+}
+
 /* ---- forward ------------------------------------------------------------------ */
+
+/* Kernels mm() launches for n tokens. */
+static int mm_kernels(const nstf_llama_gpu *g, const dmat *w, int64_t n) {
+    if (n <= GEMV_MAX_TOK || w->type == NSTF_TYPE_BF16) return 1;
+    return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
+}
 
 /* y[n, n_out] = x[n, n_in] W^T: GEMV for a few tokens, else the GEMM (after
  * dequantizing W to bf16 in the workspace unless it is bf16). */
@@ -389,6 +462,11 @@ static nstf_status mm(nstf_llama_gpu *g, const dmat *w, const uint16_t *x, void 
     return nstf_gpu_gemm_bf16(x, wb, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in, NSTF_GEMM_EPI_NONE, g->stream);
 }
 
+/* A matmul op: FLOPs 2 n n_in n_out, bytes weights + activations. */
+#define MM(cat, label, l, w, x, y, yt, n)                                                                       \
+    OP(cat, label, l, mm_kernels(g, (w), (n)), 2.0 * (double)(n) * (double)(w)->n_in * (double)(w)->n_out,   \
+       wbytes_of(w) + 2.0 * (double)(n) * (double)((w)->n_in + (w)->n_out), mm(g, (w), (x), (y), (yt), (n)))
+
 /* The split-plan bound of the decode attention for position pos: the next
  * power of two of the context (at least 256), capped by the cache. */
 static int64_t decode_bound(const nstf_llama_gpu *g, int64_t pos) {
@@ -397,58 +475,84 @@ static int64_t decode_bound(const nstf_llama_gpu *g, int64_t pos) {
     return (b > g->n_ctx ? g->n_ctx : b) - 1;
 }
 
+static double attn_flops(const nstf_llama_config *c, int64_t n, int64_t n_kv) {
+    return 4.0 * (double)n * (double)n_kv * (double)c->n_heads * (double)c->head_dim;
+}
+static double attn_bytes(const nstf_llama_config *c, int64_t n, int64_t n_kv) {
+    const double kvd = (double)c->n_kv_heads * c->head_dim, qd = (double)c->n_heads * c->head_dim;
+    return 2.0 * (2.0 * (double)n_kv * kvd + 2.0 * (double)n * qd);
+}
+
 /* The decode step; reads the token from dio[0] and the position from dio[1]. */
-static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound) {
+static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_hint) {
     const nstf_llama_config *c = &g->cfg;
     const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
                   ffn = c->ffn_dim, row = qd + 2 * kvd;
     const float scale = 1.0f / sqrtf((float)hd);
     void *s = g->stream;
     uint16_t *q = g->qkv, *k = q + qd, *v = k + kvd;
-    NSTF_TRY(nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->dio, g->x, NSTF_TYPE_F32, 1, dim, s));
+    const double nb = (double)dim * 4;
+    OP(NSTF_GPU_CAT_OTHER, "embed", -1, 1, 0, nb,
+       nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->dio, g->x, NSTF_TYPE_F32, 1, dim, s));
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer *L = &g->layers[l];
         uint16_t *kc = g->kc + (int64_t)l * g->n_ctx * kvd, *vc = g->vc + (int64_t)l * g->n_ctx * kvd;
-        NSTF_TRY(nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, 1, dim, c->norm_eps, s));
+        OP(NSTF_GPU_CAT_NORM, l ? "add_rmsnorm" : "rmsnorm", l, 1, 4.0 * dim, 3 * nb,
+           nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, 1, dim, c->norm_eps, s));
         if (L->qkv_fused) {
-            NSTF_TRY(nstf_gpu_gemv(L->wq.type, L->wq.data, g->xb, q, NSTF_TYPE_BF16, 1, dim, row, s));
+            dmat w = L->wq;
+            w.n_out = row;
+            MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, 1);
         } else {
-            NSTF_TRY(nstf_gpu_gemv(L->wq.type, L->wq.data, g->xb, q, NSTF_TYPE_BF16, 1, dim, qd, s));
-            NSTF_TRY(nstf_gpu_gemv(L->wk.type, L->wk.data, g->xb, k, NSTF_TYPE_BF16, 1, dim, kvd, s));
-            NSTF_TRY(nstf_gpu_gemv(L->wv.type, L->wv.data, g->xb, v, NSTF_TYPE_BF16, 1, dim, kvd, s));
+            MM(NSTF_GPU_CAT_ATTN, "q_proj", l, &L->wq, g->xb, q, NSTF_TYPE_BF16, 1);
+            MM(NSTF_GPU_CAT_ATTN, "k_proj", l, &L->wk, g->xb, k, NSTF_TYPE_BF16, 1);
+            MM(NSTF_GPU_CAT_ATTN, "v_proj", l, &L->wv, g->xb, v, NSTF_TYPE_BF16, 1);
         }
-        NSTF_TRY(nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
-        NSTF_TRY(nstf_gpu_flash_decode_dpos(q, row, k, row, v, row, kc, vc, g->att, qd, 1, g->dio + 1, bound, g->n_ctx,
-                                            c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes, s));
-        NSTF_TRY(nstf_gpu_gemv(L->wo.type, L->wo.data, g->att, g->y, NSTF_TYPE_F32, 1, qd, dim, s));
-        NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, 1, dim, c->norm_eps, s));
+        OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * (qd + kvd), 4.0 * (qd + kvd),
+           nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
+        OP(NSTF_GPU_CAT_ATTN, "flash_decode", l, 2, attn_flops(c, 1, pos_hint + 1), attn_bytes(c, 1, pos_hint + 1),
+           nstf_gpu_flash_decode_dpos(q, row, k, row, v, row, kc, vc, g->att, qd, 1, g->dio + 1, bound, g->n_ctx,
+                                      c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes, s));
+        MM(NSTF_GPU_CAT_ATTN, "o_proj", l, &L->wo, g->att, g->y, NSTF_TYPE_F32, 1);
+        OP(NSTF_GPU_CAT_NORM, "add_rmsnorm", l, 1, 4.0 * dim, 3 * nb,
+           nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, 1, dim, c->norm_eps, s));
         if (L->gu_fused) {
-            NSTF_TRY(nstf_gpu_gemv(L->w_gate.type, L->w_gate.data, g->xb, g->h, NSTF_TYPE_BF16, 1, dim, 2 * ffn, s));
+            dmat w = L->w_gate;
+            w.n_out = 2 * ffn;
+            MM(NSTF_GPU_CAT_FFN, "gate_up_proj", l, &w, g->xb, g->h, NSTF_TYPE_BF16, 1);
         } else {
-            NSTF_TRY(nstf_gpu_gemv(L->w_gate.type, L->w_gate.data, g->xb, g->h, NSTF_TYPE_BF16, 1, dim, ffn, s));
-            NSTF_TRY(nstf_gpu_gemv(L->w_up.type, L->w_up.data, g->xb, g->h + ffn, NSTF_TYPE_BF16, 1, dim, ffn, s));
+            MM(NSTF_GPU_CAT_FFN, "gate_proj", l, &L->w_gate, g->xb, g->h, NSTF_TYPE_BF16, 1);
+            MM(NSTF_GPU_CAT_FFN, "up_proj", l, &L->w_up, g->xb, g->h + ffn, NSTF_TYPE_BF16, 1);
         }
-        NSTF_TRY(nstf_gpu_swiglu(g->h, g->h + ffn, g->h, ffn, s));
-        NSTF_TRY(nstf_gpu_gemv(L->w_down.type, L->w_down.data, g->h, g->y, NSTF_TYPE_F32, 1, ffn, dim, s));
+        OP(NSTF_GPU_CAT_FFN, "swiglu", l, 1, 4.0 * ffn, 6.0 * ffn, nstf_gpu_swiglu(g->h, g->h + ffn, g->h, ffn, s));
+        MM(NSTF_GPU_CAT_FFN, "down_proj", l, &L->w_down, g->h, g->y, NSTF_TYPE_F32, 1);
     }
-    NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
-    NSTF_TRY(nstf_gpu_gemv(g->output.type, g->output.data, g->xb, g->logits, NSTF_TYPE_F32, 1, dim, c->n_vocab, s));
-    return nstf_gpu_argmax(g->logits, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab, g->am_scratch, s);
+    OP(NSTF_GPU_CAT_NORM, "add_rmsnorm", -1, 1, 4.0 * dim, 3 * nb,
+       nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
+    MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, 1);
+    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 1, (double)c->n_vocab, 4.0 * c->n_vocab,
+       nstf_gpu_argmax(g->logits, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab, g->am_scratch, s));
+    return NSTF_OK;
 }
 
 static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
     const int64_t bound = decode_bound(g, pos);
     g->graph_used = false;
     /* The first step runs plainly: kernels set their attributes on first use,
-     * which is not something to do inside a capture. */
-    if (g->graphs_on && g->decoded_once) {
+     * which is not something to do inside a capture. Profiling runs plainly
+     * too (its events are per-forward). */
+    if (g->graphs_on && g->level >= 3 && !g->prof_on && g->decoded_once) {
         if (!g->graph || g->graph_bound != bound) {
             nstf_gpu_graph_destroy(g->graph);
             g->graph = NULL;
             g->graph_bound = -1;
             nstf_status st = nstf_gpu_capture_begin(g->stream);
             if (st == NSTF_OK) {
-                nstf_status se = enqueue_decode(g, bound);
+                g->capturing = true;
+                const int64_t k0 = g->n_kernels;
+                nstf_status se = enqueue_decode(g, bound, pos);
+                g->graph_nodes = g->n_kernels - k0;
+                g->capturing = false;
                 void *exec = NULL;
                 st = nstf_gpu_capture_end(g->stream, &exec);
                 if (se != NSTF_OK) st = se;
@@ -462,47 +566,144 @@ static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
             if (st != NSTF_OK) g->graphs_on = false; /* fall back to plain launches from now on */
         }
         if (g->graph) {
+            g->n_kernels = 1; /* one graph launch */
             NSTF_TRY(nstf_gpu_graph_launch(g->graph, g->stream));
             g->graph_used = true;
             return NSTF_OK;
         }
     }
-    NSTF_TRY(enqueue_decode(g, bound));
+    g->n_kernels = 0;
+    NSTF_TRY(enqueue_decode(g, bound, pos));
     g->decoded_once = true;
     return NSTF_OK;
 }
 
-static nstf_status run_prefill(nstf_llama_gpu *g, int n, int pos0, bool all_logits) {
+/* Materialized attention (L0: QK^T, scale + mask, softmax, PV; L1: the
+ * middle two fused), after writing this chunk's k, v into the cache. */
+static nstf_status naive_attention(nstf_llama_gpu *g, int l, const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                   const uint16_t *v, int64_t kv_stride, const int32_t *pos, int64_t n, int64_t pos0,
+                                   uint16_t *kc, uint16_t *vc) {
+    const nstf_llama_config *c = &g->cfg;
+    const int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd, n_kv = pos0 + n;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const double sb = 4.0 * (double)c->n_heads * (double)n * (double)n_kv;
+    void *s = g->stream;
+    if (kv_stride != kvd) { /* one fused row per token (decode): k and v rows are not packed */
+        for (int64_t t = 0; t < n; t++)
+            OP(NSTF_GPU_CAT_ATTN, "kv_write", l, 1, 0, 8.0 * kvd,
+               nstf_gpu_kv_write(k + t * kv_stride, v + t * kv_stride, kc, vc, pos + t, 1, kvd, g->n_ctx, s));
+    } else {
+        OP(NSTF_GPU_CAT_ATTN, "kv_write", l, 1, 0, 8.0 * (double)n * kvd,
+           nstf_gpu_kv_write(k, v, kc, vc, pos, n, kvd, g->n_ctx, s));
+    }
+    OP(NSTF_GPU_CAT_ATTN, "attn_scores", l, 1, attn_flops(c, n, n_kv) / 2, 2.0 * (n_kv * kvd + n * qd) + sb,
+       nstf_gpu_attn_scores(q, q_stride, kc, g->scores, n, n_kv, c->n_heads, c->n_kv_heads, (int)hd, s));
+    if (g->level == 0) {
+        OP(NSTF_GPU_CAT_ATTN, "scale_mask", l, 1, sb / 4, 2 * sb,
+           nstf_gpu_scale_mask(g->scores, c->n_heads, n, n_kv, pos0, scale, s));
+        OP(NSTF_GPU_CAT_ATTN, "softmax", l, 1, 5 * sb / 4, 3 * sb,
+           nstf_gpu_softmax_rows(g->scores, c->n_heads, n, n_kv, pos0, 1.0f, 0, s));
+    } else {
+        OP(NSTF_GPU_CAT_ATTN, "softmax_fused", l, 1, 6 * sb / 4, 3 * sb,
+           nstf_gpu_softmax_rows(g->scores, c->n_heads, n, n_kv, pos0, scale, 1, s));
+    }
+    OP(NSTF_GPU_CAT_ATTN, "attn_pv", l, 1, attn_flops(c, n, n_kv) / 2, 2.0 * (n_kv * kvd + n * qd) + sb,
+       nstf_gpu_attn_pv(g->scores, vc, g->att, qd, n, n_kv, c->n_heads, c->n_kv_heads, (int)hd, s));
+    return NSTF_OK;
+}
+
+/* Residual + norm: L0 a plain add then a plain RMSNorm; L1+ one fused kernel. */
+static nstf_status add_norm(nstf_llama_gpu *g, int l, float *x, const float *y, const float *w, int64_t n) {
+    const nstf_llama_config *c = &g->cfg;
+    const double nb = 4.0 * (double)n * c->dim;
+    if (y && g->level == 0) {
+        OP(NSTF_GPU_CAT_RESID, "add", l, 1, (double)n * c->dim, 3 * nb, nstf_gpu_add(x, y, n * c->dim, g->stream));
+        y = NULL;
+    }
+    OP(NSTF_GPU_CAT_NORM, y ? "add_rmsnorm" : "rmsnorm", l, 1, 4.0 * (double)n * c->dim, (y ? 3 : 2) * nb,
+       nstf_gpu_rmsnorm(x, y, NSTF_TYPE_F32, w, g->xb, n, c->dim, c->norm_eps, g->stream));
+    return NSTF_OK;
+}
+
+/* Any number of tokens at every level except the L2/L3 decode step. ids,
+ * pos: device token ids and positions; pos0 the first position. */
+static nstf_status run_tokens(nstf_llama_gpu *g, int n, int pos0, bool all_logits) {
     const nstf_llama_config *c = &g->cfg;
     const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
-                  ffn = c->ffn_dim, B = g->n_batch;
+                  ffn = c->ffn_dim, B = g->n_batch, row = qd + 2 * kvd;
     const float scale = 1.0f / sqrtf((float)hd);
     void *s = g->stream;
-    uint16_t *q = g->qkv, *k = q + B * qd, *v = k + B * kvd, *hg = g->h, *hu = g->h + B * ffn;
-    NSTF_TRY(nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->ids, g->x, NSTF_TYPE_F32, n, dim, s));
+    const bool one = n == 1, naive = g->level < 2;
+    const int32_t *ids = one ? g->dio : g->ids, *pos = one ? g->dio + 1 : g->pos;
+    /* decode keeps q | k | v in one row (the fused GEMV's layout) */
+    uint16_t *q = g->qkv, *k = one ? q + qd : q + B * qd, *v = one ? k + kvd : k + B * kvd;
+    const int64_t q_stride = one ? row : qd, kv_stride = one ? row : kvd;
+    uint16_t *hg = g->h, *hu = g->h + B * ffn;
+    g->n_kernels = 0;
+    OP(NSTF_GPU_CAT_OTHER, "embed", -1, 1, 0, 4.0 * n * dim,
+       nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, ids, g->x, NSTF_TYPE_F32, n, dim, s));
+    char lname[32];
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer *L = &g->layers[l];
         uint16_t *kc = g->kc + (int64_t)l * g->n_ctx * kvd, *vc = g->vc + (int64_t)l * g->n_ctx * kvd;
-        NSTF_TRY(nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, n, dim, c->norm_eps, s));
-        NSTF_TRY(mm(g, &L->wq, g->xb, q, NSTF_TYPE_BF16, n));
-        NSTF_TRY(mm(g, &L->wk, g->xb, k, NSTF_TYPE_BF16, n));
-        NSTF_TRY(mm(g, &L->wv, g->xb, v, NSTF_TYPE_BF16, n));
-        NSTF_TRY(nstf_gpu_rope(q, k, g->pos, n, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
-        NSTF_TRY(nstf_gpu_flash_attn(q, qd, k, kvd, v, kvd, kc, vc, g->att, qd, n, pos0, g->n_ctx, c->n_heads,
-                                     c->n_kv_heads, (int)hd, scale, s));
-        NSTF_TRY(mm(g, &L->wo, g->att, g->y, NSTF_TYPE_F32, n));
-        NSTF_TRY(nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, n, dim, c->norm_eps, s));
-        NSTF_TRY(mm(g, &L->w_gate, g->xb, hg, NSTF_TYPE_BF16, n));
-        NSTF_TRY(mm(g, &L->w_up, g->xb, hu, NSTF_TYPE_BF16, n));
-        NSTF_TRY(nstf_gpu_swiglu(hg, hu, hg, (int64_t)n * ffn, s));
-        NSTF_TRY(mm(g, &L->w_down, hg, g->y, NSTF_TYPE_F32, n));
+        snprintf(lname, sizeof lname, "layer %d", l);
+        nstf_gpu_range_push(lname);
+        NSTF_TRY(add_norm(g, l, g->x, l ? g->y : NULL, L->attn_norm, n));
+        if (one && g->level >= 1 && L->qkv_fused) { /* L1+: one QKV GEMV */
+            dmat w = L->wq;
+            w.n_out = row;
+            MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, 1);
+        } else {
+            MM(NSTF_GPU_CAT_ATTN, "q_proj", l, &L->wq, g->xb, q, NSTF_TYPE_BF16, n);
+            MM(NSTF_GPU_CAT_ATTN, "k_proj", l, &L->wk, g->xb, k, NSTF_TYPE_BF16, n);
+            MM(NSTF_GPU_CAT_ATTN, "v_proj", l, &L->wv, g->xb, v, NSTF_TYPE_BF16, n);
+        }
+        OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * n * (qd + kvd), 4.0 * n * (qd + kvd),
+           nstf_gpu_rope(q, k, pos, n, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
+        if (naive) {
+            NSTF_TRY(naive_attention(g, l, q, q_stride, k, v, kv_stride, pos, n, pos0, kc, vc));
+        } else {
+            OP(NSTF_GPU_CAT_ATTN, "flash_attn", l, 1, attn_flops(c, n, pos0 + n) / 2, attn_bytes(c, n, pos0 + n),
+               nstf_gpu_flash_attn(q, q_stride, k, kv_stride, v, kv_stride, kc, vc, g->att, qd, n, pos0, g->n_ctx,
+                                   c->n_heads, c->n_kv_heads, (int)hd, scale, s));
+        }
+        MM(NSTF_GPU_CAT_ATTN, "o_proj", l, &L->wo, g->att, g->y, NSTF_TYPE_F32, n);
+        NSTF_TRY(add_norm(g, l, g->x, g->y, L->ffn_norm, n));
+        if (!naive && L->gu_fused) { /* L2+: one GEMM over gate|up, SwiGLU over its rows */
+            dmat w = L->w_gate;
+            w.n_out = 2 * ffn;
+            MM(NSTF_GPU_CAT_FFN, "gate_up_proj", l, &w, g->xb, g->h, NSTF_TYPE_BF16, n);
+            OP(NSTF_GPU_CAT_FFN, "swiglu", l, 1, 4.0 * n * ffn, 6.0 * n * ffn,
+               nstf_gpu_swiglu_rows(g->h, g->h3, n, ffn, s));
+            MM(NSTF_GPU_CAT_FFN, "down_proj", l, &L->w_down, g->h3, g->y, NSTF_TYPE_F32, n);
+        } else {
+            MM(NSTF_GPU_CAT_FFN, "gate_proj", l, &L->w_gate, g->xb, hg, NSTF_TYPE_BF16, n);
+            MM(NSTF_GPU_CAT_FFN, "up_proj", l, &L->w_up, g->xb, hu, NSTF_TYPE_BF16, n);
+            OP(NSTF_GPU_CAT_FFN, "swiglu", l, 1, 4.0 * n * ffn, 6.0 * n * ffn,
+               nstf_gpu_swiglu(hg, hu, hg, (int64_t)n * ffn, s));
+            MM(NSTF_GPU_CAT_FFN, "down_proj", l, &L->w_down, hg, g->y, NSTF_TYPE_F32, n);
+        }
+        nstf_gpu_range_pop();
     }
     const int64_t first = all_logits ? 0 : n - 1, rows = all_logits ? n : 1;
-    NSTF_TRY(nstf_gpu_rmsnorm(g->x + first * dim, g->y + first * dim, NSTF_TYPE_F32, g->out_norm, g->xb, rows, dim,
-                              c->norm_eps, s));
-    NSTF_TRY(mm(g, &g->output, g->xb, g->logits, NSTF_TYPE_F32, rows));
-    return nstf_gpu_argmax(g->logits + (rows - 1) * (int64_t)c->n_vocab, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab,
-                           g->am_scratch, s);
+    NSTF_TRY(add_norm(g, -1, g->x + first * dim, g->y + first * dim, g->out_norm, rows));
+    MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, rows);
+    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 1, (double)c->n_vocab, 4.0 * c->n_vocab,
+       nstf_gpu_argmax(g->logits + (rows - 1) * (int64_t)c->n_vocab, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab,
+                       g->am_scratch, s));
+    return NSTF_OK;
+}
+
+/* Fill the times of the last forward's op records (waits for the device). */
+static nstf_status prof_resolve(nstf_llama_gpu *g) {
+    for (int i = 0; i < g->n_recs; i++) {
+        float a = 0, b = 0;
+        NSTF_TRY(nstf_gpu_event_ms(g->evs[0], g->evs[2 * i], &a));
+        NSTF_TRY(nstf_gpu_event_ms(g->evs[0], g->evs[2 * i + 1], &b));
+        g->recs[i].t0_ms = a;
+        g->recs[i].t1_ms = b;
+    }
+    return NSTF_OK;
 }
 
 nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int n, int pos0, bool all_logits,
@@ -518,10 +719,16 @@ nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int
             return nstf_set_error(NSTF_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", tokens[t],
                                   c->n_vocab - 1);
     NSTF_TRY(nstf_gpu_set_device(g->dev));
+    g->n_recs = 0;
+    g->dropped = 0;
     if (n == 1) {
         int32_t io[2] = {tokens[0], pos0};
         NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->dio, io, sizeof io, g->stream));
-        NSTF_TRY(run_decode(g, pos0));
+        if (g->level >= 2) NSTF_TRY(run_decode(g, pos0));
+        else {
+            g->graph_used = false;
+            NSTF_TRY(run_tokens(g, 1, pos0, false));
+        }
     } else {
         g->graph_used = false;
         int32_t pbuf[256];
@@ -531,8 +738,9 @@ nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int
             for (int i = 0; i < m; i++) pbuf[i] = pos0 + t0 + i;
             NSTF_TRY(nstf_gpu_memcpy_h2d(g->pos + t0, pbuf, (size_t)m * sizeof(int32_t), g->stream));
         }
-        NSTF_TRY(run_prefill(g, n, pos0, all_logits));
+        NSTF_TRY(run_tokens(g, n, pos0, all_logits));
     }
+    if (g->prof_on) NSTF_TRY(prof_resolve(g));
     const int64_t rows = (all_logits && n > 1) ? n : 1;
     if (logits) {
         NSTF_TRY(nstf_gpu_memcpy_d2h(logits, g->logits, (size_t)rows * (size_t)c->n_vocab * sizeof(float), g->stream));
@@ -540,6 +748,69 @@ nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int
     if (argmax) NSTF_TRY(nstf_gpu_memcpy_d2h(argmax, g->tok_out, sizeof(int32_t), g->stream));
     if (!logits && !argmax) NSTF_TRY(nstf_gpu_stream_sync(g->stream));
     return NSTF_OK;
+}
+
+/* ---- levels, profiling, memory ------------------------------------------------ */
+
+nstf_status nstf_llama_gpu_set_level(nstf_llama_gpu *g, int level) {
+    if (level < 0 || level >= NSTF_GPU_N_LEVELS)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "execution level %d: the GPU backend has levels 0..%d", level,
+                              NSTF_GPU_N_LEVELS - 1);
+    if (level < 2 && !g->scores) {
+        const nstf_llama_config *c = &g->cfg;
+        uint64_t b;
+        if (!nstf_mul_ok((uint64_t)c->n_heads * (uint64_t)g->n_batch, (uint64_t)g->n_ctx * 4, &b))
+            return nstf_set_error(NSTF_ERR_RANGE, "score matrix for level %d overflows", level);
+        nstf_gpu_info info;
+        NSTF_TRY(nstf_gpu_query(g->dev, &info));
+        if (b + ((uint64_t)128 << 20) > info.free_mem)
+            return nstf_set_error(NSTF_ERR_OOM,
+                                  "level %d materializes the attention scores: %.2f GiB for %d heads x batch %d x "
+                                  "context %d, but %.2f GiB are free; use a smaller -c or -b",
+                                  level, (double)b / (1u << 30), c->n_heads, g->n_batch, g->n_ctx,
+                                  (double)info.free_mem / (1u << 30));
+        NSTF_TRY(nstf_gpu_set_device(g->dev));
+        void *p = NULL;
+        NSTF_TRY(nstf_gpu_malloc(&p, (size_t)b));
+        g->scores = p;
+        g->scores_bytes = b;
+    }
+    g->level = level;
+    return NSTF_OK;
+}
+
+int nstf_llama_gpu_level(const nstf_llama_gpu *g) { return g->level; }
+int64_t nstf_llama_gpu_kernels(const nstf_llama_gpu *g) { return g->n_kernels; }
+int64_t nstf_llama_gpu_graph_nodes(const nstf_llama_gpu *g) { return g->graph_nodes; }
+
+nstf_status nstf_llama_gpu_set_prof(nstf_llama_gpu *g, bool on, int max_ops) {
+    if (on && !g->evs) {
+        if (max_ops < 1) max_ops = 4096;
+        g->evs = nstf_calloc((size_t)max_ops * 2, sizeof *g->evs, "profiling events");
+        g->recs = nstf_calloc((size_t)max_ops, sizeof *g->recs, "profiling records");
+        if (!g->evs || !g->recs) return NSTF_ERR_OOM;
+        g->ev_cap = max_ops;
+        for (int i = 0; i < 2 * max_ops; i++) NSTF_TRY(nstf_gpu_event_create(&g->evs[i]));
+    }
+    g->prof_on = on;
+    g->n_recs = 0;
+    return NSTF_OK;
+}
+
+const nstf_gpu_op *nstf_llama_gpu_prof_ops(const nstf_llama_gpu *g, int *n, int64_t *dropped) {
+    *n = g->n_recs;
+    if (dropped) *dropped = g->dropped;
+    return g->recs;
+}
+
+void nstf_llama_gpu_mem(const nstf_llama_gpu *g, nstf_gpu_mem *out) {
+    const nstf_llama_config *c = &g->cfg;
+    out->weights = g->wbytes;
+    out->kv_cache = 2ull * (uint64_t)c->n_layers * (uint64_t)g->n_ctx * (uint64_t)c->n_kv_heads * c->head_dim * 2;
+    /* the score matrix counts at the levels that use it (it stays allocated) */
+    out->workspace = g->wtmp_elems * 2 + g->am_bytes + g->fd_bytes + (g->level < 2 ? g->scores_bytes : 0);
+    uint64_t used = out->kv_cache + g->wtmp_elems * 2 + g->am_bytes + g->fd_bytes;
+    out->activations = g->abytes > used ? g->abytes - used : 0;
 }
 
 void nstf_llama_gpu_set_graphs(nstf_llama_gpu *g, bool on) {

@@ -45,4 +45,54 @@ uint64_t nstf_llama_gpu_bytes(const nstf_llama_gpu *g);
 /* The stream every forward runs on (for timing events). */
 void *nstf_llama_gpu_stream(const nstf_llama_gpu *g);
 
+/* ---- execution levels ------------------------------------------------------ *
+ * L0 baseline: one op per kernel, separate Q/K/V projections, attention
+ *    through a materialized fp32 score matrix (QK^T, scale + mask, softmax,
+ *    PV), separate residual add and RMSNorm, separate gate/up + SwiGLU.
+ * L1 fused: one QKV GEMV (decode), residual fused into RMSNorm, scale +
+ *    mask + softmax in one kernel (scores still materialized).
+ * L2 tiled: flash attention (prefill) / split-KV flash decoding, one GEMV
+ *    or GEMM over the adjacent gate|up matrices with SwiGLU over its rows.
+ * L3 ultra: L2 with the decode step replayed as one graph launch (default).
+ * Levels 0 and 1 allocate the score matrix [n_heads, n_batch, n_ctx] fp32
+ * on first selection (workspace; kept until free). */
+#define NSTF_GPU_N_LEVELS 4
+nstf_status nstf_llama_gpu_set_level(nstf_llama_gpu *g, int level);
+int nstf_llama_gpu_level(const nstf_llama_gpu *g);
+/* Kernels launched by the last forward (a graph replay counts 1) and the
+ * kernel nodes of the captured decode graph. */
+int64_t nstf_llama_gpu_kernels(const nstf_llama_gpu *g);
+int64_t nstf_llama_gpu_graph_nodes(const nstf_llama_gpu *g);
+
+/* ---- profiling ----------------------------------------------------------------- */
+
+typedef enum nstf_gpu_cat {
+    NSTF_GPU_CAT_ATTN = 0, /* Q/K/V/O projections, RoPE, KV write, attention */
+    NSTF_GPU_CAT_FFN,      /* gate/up/down projections, SwiGLU */
+    NSTF_GPU_CAT_NORM,     /* RMSNorm (with the residual add when fused) */
+    NSTF_GPU_CAT_RESID,    /* standalone residual adds (L0) */
+    NSTF_GPU_CAT_OTHER,    /* embedding, logits, argmax */
+    NSTF_GPU_N_CAT
+} nstf_gpu_cat;
+
+/* One op of a profiled forward: times in ms from the forward's first event. */
+typedef struct nstf_gpu_op {
+    const char *label; /* static string */
+    int cat, layer, n_kernels;
+    double flops, bytes;
+    double t0_ms, t1_ms;
+} nstf_gpu_op;
+
+/* Profiling on: every op of the following forwards is bracketed by a pair of
+ * events (max_ops per forward, 0 = 4096; more are counted as dropped), and
+ * the decode step runs without its graph. The records of the last forward
+ * are valid until the next forward. */
+nstf_status nstf_llama_gpu_set_prof(nstf_llama_gpu *g, bool on, int max_ops);
+const nstf_gpu_op *nstf_llama_gpu_prof_ops(const nstf_llama_gpu *g, int *n, int64_t *dropped);
+
+typedef struct nstf_gpu_mem {
+    uint64_t weights, kv_cache, activations, workspace; /* bytes on the device */
+} nstf_gpu_mem;
+void nstf_llama_gpu_mem(const nstf_llama_gpu *g, nstf_gpu_mem *out);
+
 #endif

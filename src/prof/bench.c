@@ -7,6 +7,10 @@
 #include <string.h>
 
 #include "core/mem.h"
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+#include "ops/gpu/gpu_api.h"
+#define BENCH_GPU 1
+#endif
 
 void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out) {
     memset(out, 0, sizeof *out);
@@ -27,21 +31,64 @@ void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out
 }
 
 const char *nstf_bench_backend(const nstf_session *s) {
+#if defined(NSTF_HAVE_HIP)
+    if (s->gpu) return "HIP";
+#elif defined(NSTF_HAVE_CUDA)
+    if (s->gpu) return "CUDA";
+#endif
     (void)s;
     return "CPU";
 }
 
+#ifdef BENCH_GPU
+/* GPU timer: events recorded on the session's stream; ctx is the stream,
+ * the two events are made once per process (bench runs one timer at a time). */
+static void *g_ev[2];
+
+static nstf_status gpu_timer_start(nstf_timer *t) {
+    if (!g_ev[0]) {
+        NSTF_TRY(nstf_gpu_event_create(&g_ev[0]));
+        NSTF_TRY(nstf_gpu_event_create(&g_ev[1]));
+    }
+    return nstf_gpu_event_record(g_ev[0], t->ctx);
+}
+
+static nstf_status gpu_timer_stop(nstf_timer *t, uint64_t *ns) {
+    float ms = 0;
+    NSTF_TRY(nstf_gpu_event_record(g_ev[1], t->ctx));
+    NSTF_TRY(nstf_gpu_event_ms(g_ev[0], g_ev[1], &ms));
+    *ns = (uint64_t)((double)ms * 1e6);
+    return NSTF_OK;
+}
+#endif
+
 nstf_timer nstf_bench_timer(const nstf_session *s) {
-    (void)s; /* a GPU session returns its stream's event timer here */
+#ifdef BENCH_GPU
+    if (s->gpu) {
+        nstf_timer t = {0};
+        t.name = "gpu events";
+        t.ctx = nstf_llama_gpu_stream(s->gpu);
+        t.start = gpu_timer_start;
+        t.stop = gpu_timer_stop;
+        return t;
+    }
+#endif
+    (void)s;
     return nstf_timer_cpu();
 }
 
 int nstf_bench_n_levels(const nstf_session *s) {
+#ifdef BENCH_GPU
+    if (s->gpu) return NSTF_GPU_N_LEVELS;
+#endif
     (void)s;
     return 1;
 }
 
 nstf_status nstf_bench_set_level(nstf_session *s, int level) {
+#ifdef BENCH_GPU
+    if (s->gpu) return nstf_llama_gpu_set_level(s->gpu, level);
+#endif
     int n = nstf_bench_n_levels(s);
     if (level < 0 || level >= n)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
@@ -69,6 +116,12 @@ static nstf_status prompt(nstf_session *s, int32_t *toks, int n, int pos0, uint6
 static nstf_status generate(nstf_session *s, int n, int pos0, uint64_t *rng) {
     int32_t tok = rand_token(rng, s->model->cfg.n_vocab);
     for (int i = 0; i < n; i++) {
+#ifdef BENCH_GPU
+        if (s->gpu) { /* greedy on the device: only the token comes back */
+            NSTF_TRY(nstf_llama_gpu_forward(s->gpu, &tok, 1, pos0 + i, false, NULL, &tok));
+            continue;
+        }
+#endif
         NSTF_TRY(nstf_session_prefill(s, &tok, 1, pos0 + i));
         nstf_cpu_argmax(&s->cpu, s->state.logits, &tok, 1, s->model->cfg.n_vocab);
     }
@@ -79,9 +132,9 @@ nstf_status nstf_bench_run(nstf_session *s, const nstf_bench_test *t, uint64_t *
     if (t->reps < 1 || t->n_prompt < 0 || t->n_gen < 0 || t->n_depth < 0 || (t->n_prompt > 0) == (t->n_gen > 0))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "a bench test needs one of n_prompt, n_gen > 0 and reps >= 1");
     int64_t need = (int64_t)t->n_depth + t->n_prompt + t->n_gen;
-    if (need > s->state.n_ctx)
+    if (need > s->n_ctx) /* s->n_ctx: of whichever backend runs the forward */
         return nstf_set_error(NSTF_ERR_RANGE, "test needs %lld positions but the context holds %d", (long long)need,
-                              s->state.n_ctx);
+                              s->n_ctx);
     int n_toks = t->n_depth > t->n_prompt ? t->n_depth : t->n_prompt;
     int32_t *toks = nstf_alloc((size_t)(n_toks > 0 ? n_toks : 1) * sizeof *toks, "bench tokens");
     if (!toks) return NSTF_ERR_OOM;

@@ -238,6 +238,41 @@ nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, cons
                                        int head_dim, float scale, void *scratch,
                                        size_t scratch_bytes, void *stream);
 
+/* ==========================================================================
+ * Unfused kernels of the lower execution levels (attn_naive.cu): attention
+ * through a materialized fp32 score matrix, a plain residual add, SwiGLU on
+ * [gate | up] rows, and profiler range markers (NVTX on CUDA; no-ops where
+ * unavailable, including HIP).
+ * ========================================================================== */
+
+/* scores [n_heads, n_tok, n_kv] fp32 = q . k_cache^T (unscaled, unmasked);
+ * q [n_tok, n_heads, head_dim] bf16 with token stride q_stride; k_cache
+ * [>= n_kv, n_kv_heads, head_dim] bf16. head_dim even, divides 256. */
+nstf_status nstf_gpu_attn_scores(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, float *scores,
+                                 int64_t n_tok, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim,
+                                 void *stream);
+/* In place: s[h, t, j] = j <= pos0 + t ? s * scale : -inf. */
+nstf_status nstf_gpu_scale_mask(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
+                                float scale, void *stream);
+/* In place row softmax over n_kv; fused != 0 applies the scale and the
+ * causal mask of nstf_gpu_scale_mask while reading. Fully masked entries
+ * become 0. */
+nstf_status nstf_gpu_softmax_rows(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
+                                  float scale, int fused, void *stream);
+/* out[t, h, :] = sum_j p[h, t, j] v_cache[j, kvh, :] (bf16 out, token
+ * stride out_stride). */
+nstf_status nstf_gpu_attn_pv(const float *p, const uint16_t *v_cache, uint16_t *out, int64_t out_stride,
+                             int64_t n_tok, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim, void *stream);
+/* x[i] += y[i], fp32. */
+nstf_status nstf_gpu_add(float *x, const float *y, int64_t n, void *stream);
+/* y[t, c] = silu(h[t, c]) * h[t, ffn + c]: h [n_tok, 2 ffn] bf16 holds each
+ * token's gate then up (one GEMM over the adjacent matrices), y [n_tok, ffn]. */
+nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int64_t n_tok, int64_t ffn, void *stream);
+/* Named ranges for Nsight Systems (NVTX) around layers and ops. */
+void nstf_gpu_range_push(const char *name);
+void nstf_gpu_range_pop(void);
+int nstf_gpu_have_ranges(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,243 @@
+/* test_levels_gpu.c — the execution levels of the GPU forward.
+ *
+ * 1. The unfused kernels of L0/L1 (ops/gpu/attn_naive.cu) against fp64 host
+ *    references, on shapes that are not multiples of any block size, with
+ *    poisoned outputs:
+ *      scores (bf16 q, k; fp32 accumulation):        NMSE <= 1e-7
+ *      scale+mask, softmax, fused softmax (fp32):     NMSE <= 1e-7, masked = 0
+ *      PV (fp32 p, bf16 v, bf16 out): max error <= 2x that of a naive
+ *        host bf16-out implementation (fp32 accumulate, round once) + 1e-6
+ *      add (fp32): exact; SwiGLU rows: NMSE <= 1e-5 (bf16 out)
+ * 2. A random smollm2-135m-shaped bf16 model (`nstf gen-model`, or argv[1]):
+ *    every level runs the same prefill (20 tokens) and 4 decode steps; each
+ *    step's logits must match L3's: KL(softmax L3 || softmax Lx) <= 1e-3 and
+ *    the same top-1 token (unless L3's top-2 margin is below 1e-2).
+ * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/dtype.h"
+#include "io/gguf.h"
+#include "model/llama.h"
+#include "model/llama_gpu.h"
+#include "ops/gpu/gpu_api.h"
+#include "test_util.h"
+
+static float bf(uint16_t b) { return nstf_bf16_to_f32(b); }
+
+static void *dev_from(const void *h, size_t bytes) {
+    void *d = NULL;
+    if (nstf_gpu_malloc(&d, bytes) != NSTF_OK) return NULL;
+    if (h) (void)nstf_gpu_memcpy_h2d(d, h, bytes, NULL);
+    else (void)nstf_gpu_memset(d, 0xff, bytes, NULL); /* poison: NaN patterns */
+    return d;
+}
+
+static void test_kernels(void) {
+    const int H = 9, KVH = 3, HD = 64, T = 5, POS0 = 32, NKV = POS0 + T, KVD = KVH * HD, QD = H * HD;
+    test_rng r = {0xabcdef12u};
+    uint16_t *q = malloc(sizeof(uint16_t) * T * QD), *k = malloc(sizeof(uint16_t) * NKV * KVD),
+             *v = malloc(sizeof(uint16_t) * NKV * KVD), *o = malloc(sizeof(uint16_t) * T * QD);
+    float *sc = malloc(sizeof(float) * H * T * NKV);
+    double *ref = malloc(sizeof(double) * H * T * NKV);
+    for (int i = 0; i < T * QD; i++) q[i] = nstf_f32_to_bf16(rng_normal(&r));
+    for (int i = 0; i < NKV * KVD; i++) k[i] = nstf_f32_to_bf16(rng_normal(&r)), v[i] = nstf_f32_to_bf16(rng_normal(&r));
+    uint16_t *dq = dev_from(q, sizeof(uint16_t) * T * QD), *dk = dev_from(k, sizeof(uint16_t) * NKV * KVD),
+             *dv = dev_from(v, sizeof(uint16_t) * NKV * KVD), *dout = dev_from(NULL, sizeof(uint16_t) * T * QD);
+    float *ds = dev_from(NULL, sizeof(float) * H * T * NKV);
+    CHECK(dq && dk && dv && dout && ds, "device alloc: %s", nstf_last_error());
+    /* scores */
+    CHECK(nstf_gpu_attn_scores(dq, QD, dk, ds, T, NKV, H, KVH, HD, NULL) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_gpu_memcpy_d2h(sc, ds, sizeof(float) * H * T * NKV, NULL) == NSTF_OK, "%s", nstf_last_error());
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < NKV; j++) {
+                double a = 0;
+                for (int d = 0; d < HD; d++) a += (double)bf(q[t * QD + h * HD + d]) * bf(k[j * KVD + (h / 3) * HD + d]);
+                ref[(h * T + t) * NKV + j] = a;
+            }
+    double e = nmse(sc, ref, (int64_t)H * T * NKV);
+    printf("  scores            NMSE %.2e (<= 1e-7)\n", e);
+    CHECK(e <= 1e-7, "scores NMSE %.3e", e);
+    /* softmax reference from the scores reference */
+    const float scale = 0.125f;
+    double *pref = malloc(sizeof(double) * H * T * NKV);
+    for (int row = 0; row < H * T; row++) {
+        int t = row % T;
+        double m = -1e300, s = 0;
+        for (int j = 0; j <= POS0 + t; j++) m = fmax(m, scale * ref[row * NKV + j]);
+        for (int j = 0; j < NKV; j++) {
+            double x = j <= POS0 + t ? exp(scale * ref[row * NKV + j] - m) : 0;
+            pref[row * NKV + j] = x;
+            s += x;
+        }
+        for (int j = 0; j < NKV; j++) pref[row * NKV + j] /= s;
+    }
+    for (int fused = 0; fused < 2; fused++) {
+        CHECK(nstf_gpu_attn_scores(dq, QD, dk, ds, T, NKV, H, KVH, HD, NULL) == NSTF_OK, "%s", nstf_last_error());
+        if (!fused) CHECK(nstf_gpu_scale_mask(ds, H, T, NKV, POS0, scale, NULL) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_gpu_softmax_rows(ds, H, T, NKV, POS0, fused ? scale : 1.0f, fused, NULL) == NSTF_OK, "%s",
+              nstf_last_error());
+        CHECK(nstf_gpu_memcpy_d2h(sc, ds, sizeof(float) * H * T * NKV, NULL) == NSTF_OK, "%s", nstf_last_error());
+        e = nmse(sc, pref, (int64_t)H * T * NKV);
+        int masked_bad = 0;
+        for (int row = 0; row < H * T; row++)
+            for (int j = POS0 + row % T + 1; j < NKV; j++) masked_bad += sc[row * NKV + j] != 0.0f;
+        printf("  softmax%s    NMSE %.2e (<= 1e-7), masked non-zero %d\n", fused ? " (fused)" : "        ", e,
+               masked_bad);
+        CHECK(e <= 1e-7 && masked_bad == 0, "softmax fused=%d NMSE %.3e masked %d", fused, e, masked_bad);
+    }
+    /* PV on the GPU's own probabilities (fp32), so the comparison isolates PV */
+    CHECK(nstf_gpu_attn_pv(ds, dv, dout, QD, T, NKV, H, KVH, HD, NULL) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_gpu_memcpy_d2h(o, dout, sizeof(uint16_t) * T * QD, NULL) == NSTF_OK, "%s", nstf_last_error());
+    double err_gpu = 0, err_naive = 0;
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            for (int d = 0; d < HD; d++) {
+                double a = 0;
+                float af = 0;
+                for (int j = 0; j < NKV; j++) {
+                    double p = sc[(h * T + t) * NKV + j], x = bf(v[j * KVD + (h / 3) * HD + d]);
+                    a += p * x;
+                    af += (float)p * (float)x;
+                }
+                float gv = bf(o[t * QD + h * HD + d]);
+                if (!isfinite(gv)) bad++;
+                err_gpu = fmax(err_gpu, fabs(gv - a));
+                err_naive = fmax(err_naive, fabs(bf(nstf_f32_to_bf16(af)) - a));
+            }
+    printf("  pv                max err %.2e, naive bf16 %.2e (<= 2x + 1e-6), non-finite %d\n", err_gpu, err_naive, bad);
+    CHECK(bad == 0 && err_gpu <= 2 * err_naive + 1e-6, "pv err %.3e naive %.3e", err_gpu, err_naive);
+    /* add */
+    const int N = 1000 + 37;
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *z = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) x[i] = rng_normal(&r), y[i] = rng_normal(&r);
+    float *dx = dev_from(x, sizeof(float) * N), *dy = dev_from(y, sizeof(float) * N);
+    CHECK(nstf_gpu_add(dx, dy, N, NULL) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_gpu_memcpy_d2h(z, dx, sizeof(float) * N, NULL) == NSTF_OK, "%s", nstf_last_error());
+    int wrong = 0;
+    for (int i = 0; i < N; i++) wrong += z[i] != x[i] + y[i];
+    printf("  add               %d wrong of %d (exact)\n", wrong, N);
+    CHECK(wrong == 0, "add: %d wrong", wrong);
+    /* SwiGLU over [gate | up] rows */
+    const int TT = 3, F = 333;
+    uint16_t *hh = malloc(sizeof(uint16_t) * TT * 2 * F), *yy = malloc(sizeof(uint16_t) * TT * F);
+    for (int i = 0; i < TT * 2 * F; i++) hh[i] = nstf_f32_to_bf16(2 * rng_normal(&r));
+    uint16_t *dh = dev_from(hh, sizeof(uint16_t) * TT * 2 * F), *dyy = dev_from(NULL, sizeof(uint16_t) * TT * F);
+    CHECK(nstf_gpu_swiglu_rows(dh, dyy, TT, F, NULL) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_gpu_memcpy_d2h(yy, dyy, sizeof(uint16_t) * TT * F, NULL) == NSTF_OK, "%s", nstf_last_error());
+    double *sref = malloc(sizeof(double) * TT * F);
+    float *sg = malloc(sizeof(float) * TT * F);
+    for (int t = 0; t < TT; t++)
+        for (int c = 0; c < F; c++) {
+            double g = bf(hh[t * 2 * F + c]), u = bf(hh[t * 2 * F + F + c]);
+            sref[t * F + c] = g / (1 + exp(-g)) * u;
+            sg[t * F + c] = bf(yy[t * F + c]);
+        }
+    e = nmse(sg, sref, TT * F);
+    printf("  swiglu rows       NMSE %.2e (<= 1e-5)\n", e);
+    CHECK(e <= 1e-5, "swiglu rows NMSE %.3e", e);
+    (void)nstf_gpu_free(dq), (void)nstf_gpu_free(dk), (void)nstf_gpu_free(dv), (void)nstf_gpu_free(dout);
+    (void)nstf_gpu_free(ds), (void)nstf_gpu_free(dx), (void)nstf_gpu_free(dy), (void)nstf_gpu_free(dh);
+    (void)nstf_gpu_free(dyy);
+    free(q), free(k), free(v), free(o), free(sc), free(ref), free(pref), free(x), free(y), free(z), free(hh);
+    free(yy), free(sref), free(sg);
+}
+
+enum { N_TOK = 20, N_GEN = 4, N_STEP = N_GEN + 1 };
+
+static double kl(const float *p_logits, const float *q_logits, int n) {
+    double mp = -1e300, mq = -1e300, sp = 0, sq = 0, k = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
+    for (int i = 0; i < n; i++) sp += exp(p_logits[i] - mp), sq += exp(q_logits[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double lp = p_logits[i] - mp - log(sp), lq = q_logits[i] - mq - log(sq);
+        k += exp(lp) * (lp - lq);
+    }
+    return k;
+}
+
+static int top1(const float *x, int n, double *margin) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    double s = -1e300;
+    for (int i = 0; i < n; i++) if (i != b && x[i] > s) s = x[i];
+    *margin = x[b] - s;
+    return b;
+}
+
+static void test_model(const char *path) {
+    nstf_gguf *gf = NULL;
+    nstf_llama *m = NULL;
+    if (nstf_gguf_open(path, &gf) != NSTF_OK || nstf_llama_load(gf, &m) != NSTF_OK) {
+        CHECK(0, "cannot load %s: %s", path, nstf_last_error());
+        if (!m) nstf_gguf_close(gf);
+        return;
+    }
+    const int nv = m->cfg.n_vocab;
+    nstf_llama_gpu *g = NULL;
+    CHECK(nstf_llama_gpu_create(m, 0, 64, 32, &g) == NSTF_OK, "%s", nstf_last_error());
+    float *lg = malloc(sizeof(float) * NSTF_GPU_N_LEVELS * N_STEP * nv);
+    int32_t ids[N_TOK + N_GEN];
+    test_rng r = {0x1234567u};
+    for (int i = 0; i < N_TOK + N_GEN; i++) ids[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
+    for (int L = NSTF_GPU_N_LEVELS - 1; g && L >= 0; L--) {
+        CHECK(nstf_llama_gpu_set_level(g, L) == NSTF_OK, "%s", nstf_last_error());
+        float *out = lg + (size_t)L * N_STEP * nv;
+        CHECK(nstf_llama_gpu_forward(g, ids, N_TOK, 0, false, out, NULL) == NSTF_OK, "%s", nstf_last_error());
+        for (int s = 0; s < N_GEN; s++)
+            CHECK(nstf_llama_gpu_forward(g, ids + N_TOK + s, 1, N_TOK + s, false, out + (size_t)(s + 1) * nv, NULL) ==
+                      NSTF_OK, "%s", nstf_last_error());
+        printf("  L%d: %lld kernels in the last decode step\n", L, (long long)nstf_llama_gpu_kernels(g));
+    }
+    for (int L = 0; g && L < NSTF_GPU_N_LEVELS - 1; L++) {
+        double worst = 0;
+        int agree = 0, close = 0, nonfinite = 0;
+        for (int s = 0; s < N_STEP; s++) {
+            const float *ref = lg + ((size_t)3 * N_STEP + s) * nv, *x = lg + ((size_t)L * N_STEP + s) * nv;
+            for (int i = 0; i < nv; i++) nonfinite += !isfinite(x[i]);
+            double k = kl(ref, x, nv), mr, mx;
+            worst = fmax(worst, k);
+            int a = top1(ref, nv, &mr), b = top1(x, nv, &mx);
+            agree += a == b;
+            close += a != b && mr < 1e-2;
+        }
+        printf("  L%d vs L3: max KL %.2e (<= 1e-3), top-1 agree %d/%d (+%d near-ties), non-finite %d\n", L, worst,
+               agree, N_STEP, close, nonfinite);
+        CHECK(nonfinite == 0 && worst <= 1e-3 && agree + close == N_STEP, "level %d differs from L3", L);
+    }
+    free(lg);
+    nstf_llama_gpu_free(g);
+    nstf_llama_free(m);
+}
+
+int main(int argc, char **argv) {
+    if (nstf_gpu_device_count() < 1) {
+        printf("test_levels_gpu: no GPU; skipped\n");
+        return 77;
+    }
+    char line[320];
+    CHECK(nstf_gpu_device_line(0, line, sizeof line) == NSTF_OK, "%s", nstf_last_error());
+    printf("%s\nkernels:\n", line);
+    test_kernels();
+    char path[1024];
+    if (argc > 1) {
+        snprintf(path, sizeof path, "%s", argv[1]);
+    } else {
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/tests/random-smollm2-135m-bf16.gguf", NSTF_BUILD_DIR);
+        if (stat(path, &sb) != 0) {
+            char cmd[2600];
+            snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type bf16 -o '%s'", NSTF_BUILD_DIR,
+                     path);
+            CHECK(system(cmd) == 0, "cannot generate %s", path);
+        }
+    }
+    printf("levels on %s:\n", path);
+    test_model(path);
+    return test_finish("test_levels_gpu");
+}
