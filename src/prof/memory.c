@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include "prof/timer.h"
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+#include "ops/gpu/gpu_api.h"
+#endif
 
 static uint64_t meminfo_kb(const char *key) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -24,6 +27,22 @@ static uint64_t meminfo_kb(const char *key) {
 
 void nstf_mem_report_session(const nstf_session *s, nstf_mem_report *out) {
     memset(out, 0, sizeof *out);
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+    if (s->gpu) { /* the GPU's own memory: what the model holds there */
+        nstf_gpu_info info;
+        nstf_gpu_mem gm;
+        nstf_llama_gpu_mem(s->gpu, &gm);
+        out->device = "gpu";
+        if (nstf_gpu_query(0, &info) == NSTF_OK) {
+            out->total = info.total_mem;
+            out->free = info.free_mem;
+        }
+        out->weights = gm.weights;
+        out->kv_cache = gm.kv_cache;
+        out->compute = gm.activations + gm.workspace;
+        return;
+    }
+#endif
     out->device = "cpu";
     out->total = meminfo_kb("MemTotal");
     out->free = meminfo_kb("MemAvailable");
