@@ -8,6 +8,7 @@
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_isa(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -19,6 +20,7 @@ static void usage(FILE *f) {
             "  run       generate text from a GGUF model (nstf run --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
+            "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
 }
@@ -32,6 +34,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;
