@@ -50,6 +50,7 @@ typedef struct isa_kernel {
     long gld[5];                  /* global/flat/buffer loads by width: <=32, 64, 96, 128, other */
     long gst, ds_rd, ds_wr, barrier, scratch_ops;
     long mma, hgmma, ldg128, ldg_other, lds_ops; /* CUDA: HMMA (or mma.sync), HGMMA (wgmma), LDG.128, other LDG, LDS/LDSM */
+    long ldgsts;                  /* CUDA: LDGSTS (cp.async) in SASS, cp.async in PTX */
     const char *counted_from;     /* "asm", "sass", "ptx", or NULL when no body was seen */
 } isa_kernel;
 
@@ -577,6 +578,7 @@ static void sass_count(isa_kernel *k, const char *op) {
     k->n_inst++;
     if (starts(op, "HMMA")) k->mma++;
     else if (starts(op, "HGMMA")) k->hgmma++;
+    else if (starts(op, "LDGSTS")) k->ldgsts++;
     else if (starts(op, "LDG")) {
         if (strstr(op, ".128")) k->ldg128++;
         else k->ldg_other++;
@@ -607,7 +609,7 @@ static bool parse_sass(isa_set *s, const char *path, const char *target, const c
                 cur->is_kernel = true;
                 cur->counted_from = "sass";
                 cur->n_inst = cur->mma = cur->hgmma = cur->ldg128 = cur->ldg_other = cur->lds_ops = 0;
-                cur->gst = cur->barrier = 0;
+                cur->gst = cur->barrier = cur->ldgsts = 0;
             }
         } else if (cur && starts(p, "/*") && isxdigit((unsigned char)p[2])) {
             const char *e = strstr(p, "*/");
@@ -680,6 +682,7 @@ static bool parse_ptx(isa_set *s, const char *path, const char *target, const ch
         cur->n_inst++;
         if (starts(op, "mma.sync")) cur->mma++;
         else if (starts(op, "wgmma.mma_async")) cur->hgmma++;
+        else if (starts(op, "cp.async.cg") || starts(op, "cp.async.ca")) cur->ldgsts++;
         else if (starts(op, "ld.global")) {
             if (ptx_ld_bits(op) == 128) cur->ldg128++;
             else cur->ldg_other++;
@@ -844,8 +847,8 @@ static void print_md(FILE *o, const isa_set *s, char **match, int n_match, char 
             else
                 fprintf(o,
                         "\n### %s\n\n| kernel | file | regs | stack | spill st/ld | smem | HMMA | HGMMA | LDG.128 | "
-                        "LDG other | LDS | STG | BAR | insts | counted from |\n"
-                        "|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n",
+                        "LDG other | LDGSTS | LDS | STG | BAR | insts | counted from |\n"
+                        "|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n",
                         k->target);
         }
         fprintf(o, "| `%s` | %s | ", k->pretty, k->file);
@@ -869,8 +872,8 @@ static void print_md(FILE *o, const isa_set *s, char **match, int n_match, char 
             put_num(o, k->spill_ld);
             fputs(" | ", o);
             put_num(o, k->smem);
-            fprintf(o, " | %ld | %ld | %ld | %ld | %ld | %ld | %ld | %ld | %s |\n", k->mma, k->hgmma, k->ldg128,
-                    k->ldg_other, k->lds_ops, k->gst, k->barrier, k->n_inst,
+            fprintf(o, " | %ld | %ld | %ld | %ld | %ld | %ld | %ld | %ld | %ld | %s |\n", k->mma, k->hgmma,
+                    k->ldg128, k->ldg_other, k->ldgsts, k->lds_ops, k->gst, k->barrier, k->n_inst,
                     k->counted_from ? k->counted_from : "-");
         }
     }
@@ -942,6 +945,7 @@ static void print_json(FILE *o, const isa_set *s, char **match, int n_match, cha
             json_num(o, "hgmma", k->hgmma);
             json_num(o, "ldg_128", k->ldg128);
             json_num(o, "ldg_other", k->ldg_other);
+            json_num(o, "ldgsts", k->ldgsts);
             json_num(o, "shared_loads", k->lds_ops);
             json_num(o, "global_store", k->gst);
         }
@@ -1075,7 +1079,7 @@ static long lds_occupancy(const isa_kernel *k, long lds, long block) {
     return occ < 1 ? 1 : occ;
 }
 
-static int run_gates(const isa_set *s, const char *path) {
+static int run_gates(const isa_set *s, const char *path, bool verbose) {
     gate *g = NULL;
     size_t ng = 0;
     if (!load_gates(path, &g, &ng)) return 2;
@@ -1127,6 +1131,9 @@ static int run_gates(const isa_set *s, const char *path) {
                 continue;
             }
             if (lo != ISA_UNK && (occ == ISA_UNK || lo < occ)) occ = lo;
+            if (verbose)
+                printf("     %s on %s: occupancy %ld waves/SIMD (floor %ld; LDS %ld B at launch), scratch %ld\n",
+                       k->pretty, t, occ, r->min_occ, lds, k->scratch);
             if (r->min_occ != ISA_UNK) {
                 if (occ == ISA_UNK) {
                     printf("FAIL %s on %s: occupancy unknown [%s:%ld]\n", k->pretty, t, path, r->line);
@@ -1179,12 +1186,13 @@ static void isa_usage(FILE *f) {
                "  --json          JSON instead of markdown\n"
                "  --match GLOB    only kernels whose name matches (e.g. 'gemm*', 'gemv_kernel<0,1,*>')\n"
                "  --target T      only this target (gfx90a, gfx942, gfx1100, sm_90a)\n"
-               "  --check FILE    check the gates in FILE (docs/amd_gates.tsv); exit 1 on any failure\n");
+               "  --check FILE    check the gates in FILE (docs/amd_gates.tsv); exit 1 on any failure\n"
+               "  -v              with --check: also print each gated kernel's occupancy and scratch\n");
 }
 
 int cmd_isa(int argc, char **argv) {
     const char *dir = "build-amd", *gates = NULL;
-    bool json = false;
+    bool json = false, verbose = false;
     char *match[32], *tgt[16];
     int n_match = 0, n_tgt = 0;
     for (int i = 1; i < argc; i++) {
@@ -1194,6 +1202,8 @@ int cmd_isa(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose = true;
         } else if (!strcmp(a, "--dir") || !strcmp(a, "--check") || !strcmp(a, "--match") || !strcmp(a, "--target")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "nstf isa: %s needs a value\n", a);
@@ -1235,7 +1245,7 @@ int cmd_isa(int argc, char **argv) {
     }
     qsort(s.k, s.n, sizeof *s.k, cmp_kernel);
     int rc = 0;
-    if (gates) rc = run_gates(&s, gates);
+    if (gates) rc = run_gates(&s, gates, verbose);
     else if (json) print_json(stdout, &s, match, n_match, tgt, n_tgt);
     else print_md(stdout, &s, match, n_match, tgt, n_tgt);
     free(s.k);
