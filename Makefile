@@ -10,7 +10,7 @@ N_PREDICT  ?= 128
 CMAKE_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all build run test model deps clean test-asan test-gpu fuzz fuzz-ci
+.PHONY: all build run test model deps deps-amd amd clean test-asan test-gpu fuzz fuzz-ci
 
 all: build
 
@@ -60,5 +60,21 @@ fuzz-ci:
 deps:
 	sh scripts/install_deps.sh
 
+# The AMD toolchains (Debian's hipcc and clang-19) on top of `deps`.
+deps-amd: deps
+	sh scripts/install_deps.sh amd
+
+# Every GPU kernel built for gfx90a (hipcc: code objects), gfx942 and gfx1100
+# (clang-19: device assembly), and sm_90a (nvcc, when present), then the
+# machine-code gates of docs/amd_gates.tsv checked by `nstf isa` (matrix
+# instructions, no scratch, occupancy floors). Any failure fails. The full
+# report is left in $(AMD_OUT)/isa.md.
+AMD_OUT ?= build-amd
+amd: deps-amd build
+	sh scripts/build_hip.sh $(AMD_OUT)
+	sh scripts/build_cuda_isa.sh $(AMD_OUT)
+	./$(BUILD)/nstf isa --dir $(AMD_OUT) > $(AMD_OUT)/isa.md
+	./$(BUILD)/nstf isa --dir $(AMD_OUT) --check docs/amd_gates.tsv
+
 clean:
-	rm -rf $(BUILD) build-asan build-cuda build-fuzz
+	rm -rf $(BUILD) build-asan build-cuda build-fuzz build-amd

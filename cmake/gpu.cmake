@@ -139,6 +139,11 @@ if(NSTF_HIP)
   foreach(arch ${NSTF_HIP_ARCHS})
     list(APPEND NSTF_HIP_FLAGS --offload-arch=${arch})
   endforeach()
+  # The compiled targets, for the runtime check of the device (gpu_common.cu):
+  # "gfx90a,gfx942" (feature suffixes such as :xnack- dropped).
+  string(REGEX REPLACE ":[^;]*" "" NSTF_HIP_TARGET_LIST "${NSTF_HIP_ARCHS}")
+  string(REPLACE ";" "," NSTF_HIP_TARGET_LIST "${NSTF_HIP_TARGET_LIST}")
+  list(APPEND NSTF_HIP_FLAGS "-DNSTF_HIP_TARGETS=\"${NSTF_HIP_TARGET_LIST}\"")
   file(GLOB NSTF_GPU_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/ops/gpu/*.h
        ${PROJECT_SOURCE_DIR}/src/ops/gpu/vendors/*.h)
   set(NSTF_HIP_OBJECTS)

@@ -1,11 +1,24 @@
 #!/bin/sh
-# install_deps.sh — Debian packages the CPU build and tests need.
+# install_deps.sh — Debian packages the build needs.
+#   install_deps.sh        the CPU build and tests (what `make deps` runs)
+#   install_deps.sh amd    also the AMD toolchains of `make amd`: Debian's hipcc
+#                          (ROCm 5.2, clang 15) and clang-19; and, where nvcc is
+#                          present, cuobjdump + nvdisasm from their PyPI wheels
+#                          into build-amd/tools (SASS counts for `nstf isa`).
 # clang + libclang-rt-dev are for `make fuzz`: libFuzzer's runtime
 # (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-dev, which tracks the
 # default clang (libclang-rt-14-dev for Debian 12's clang 14).
 set -eu
+want_amd=0
+case "${1:-}" in
+    "") ;;
+    amd) want_amd=1 ;;
+    *) echo "install_deps.sh: unknown step '$1' (want nothing or 'amd')" >&2; exit 2 ;;
+esac
 need=""
-for p in cmake make gcc pkg-config libpcre2-dev libcjson-dev python3 python3-pip clang libclang-rt-dev; do
+pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev python3 python3-pip clang libclang-rt-dev"
+[ $want_amd = 0 ] || pkgs="$pkgs hipcc clang-19"
+for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 # A python with pip may come from elsewhere (pyenv); then python3-pip is not needed.
@@ -17,4 +30,31 @@ if [ -n "$need" ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need
+fi
+[ $want_amd = 1 ] || exit 0
+
+# cuobjdump and nvdisasm for the sm_90a SASS counts: only useful with nvcc.
+tools=${NSTF_ISA_TOOLS:-build-amd/tools}
+if { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } &&
+   ! command -v cuobjdump >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
+   [ ! -x "$tools/cuobjdump" ]; then
+    tmp=$(mktemp -d)
+    if python3 -m pip download -q --no-deps -d "$tmp" nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm; then
+        mkdir -p "$tools"
+        python3 - "$tmp" "$tools" <<'PY'
+import os, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+for w in sorted(os.listdir(src)):
+    with zipfile.ZipFile(os.path.join(src, w)) as z:
+        for n in z.namelist():
+            if n.endswith("/bin/cuobjdump") or n.endswith("/bin/nvdisasm"):
+                out = os.path.join(dst, os.path.basename(n))
+                with open(out, "wb") as f:
+                    f.write(z.read(n))
+                os.chmod(out, 0o755)
+PY
+    else
+        echo "install_deps.sh: no cuobjdump wheel; nstf isa will count sm_90a instructions from PTX" >&2
+    fi
+    rm -rf "$tmp"
 fi

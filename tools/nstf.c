@@ -11,6 +11,7 @@ int cmd_gen_model(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
+int cmd_isa(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,6 +26,7 @@ static void usage(FILE *f) {
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  devices   list the GPUs this build can run on\n"
+            "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
 }
@@ -41,6 +43,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
+    if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

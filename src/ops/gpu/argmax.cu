@@ -18,13 +18,13 @@ struct am_pair {
 };
 
 static __device__ __forceinline__ void am_merge(float &bv, int32_t &bi, float v, int32_t i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+    if (nstf_argmax_better(v, i, bv, bi)) { bv = v; bi = i; }
 }
 
 /* Block-wide (value, index) reduction; every thread gets the result. */
 static __device__ __forceinline__ void am_block_reduce(float &bv, int32_t &bi, am_pair *red) {
 #pragma unroll
-    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) {
+    NSTF_WAVE_XOR_LOOP(o, NSTF_WAVE) {
         const float v = NSTF_SHFL_XOR(bv, o);
         const int32_t i = NSTF_SHFL_XOR(bi, o);
         am_merge(bv, bi, v, i);
@@ -37,7 +37,7 @@ static __device__ __forceinline__ void am_block_reduce(float &bv, int32_t &bi, a
     bi = INT_MAX;
     if (lane < n_waves) { bv = red[lane].v; bi = red[lane].i; }
 #pragma unroll
-    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) {
+    NSTF_WAVE_XOR_LOOP(o, NSTF_WAVE) {
         const float v = NSTF_SHFL_XOR(bv, o);
         const int32_t i = NSTF_SHFL_XOR(bi, o);
         am_merge(bv, bi, v, i);

@@ -14,7 +14,13 @@
 
 #define FA_NW 4
 #define FA_BQ (FA_NW * 16)
+/* Keys per tile: 64; 32 on RDNA3 (wave32 WMMA), where the 16 x 64 score
+ * tile's registers on top of Q and O fragments spill at head_dim 128. */
+#if defined(NSTF_MMA_WMMA)
+#define FA_BKV 32
+#else
 #define FA_BKV 64
+#endif
 #if defined(NSTF_MMA_NV)
 #define FA_STAGES 2
 #else

@@ -18,17 +18,36 @@ typedef unsigned short u16;
 
 #define FLASH_NEG_INF (-__builtin_huge_valf())
 
+/* RDNA3 (wave32 WMMA): an A fragment is a whole 16-element row per lane (8
+ * VGPRs), so Q in registers costs 64 VGPRs at head_dim 128 and the state
+ * spills; there Q stays in shared memory (the kernels keep their Q tile
+ * there anyway) and is re-read per use. Elsewhere Q lives in registers. */
+#if defined(NSTF_MMA_WMMA)
+#define FLASH_Q_IN_SMEM 1
+#endif
+
 template <int HD> struct flash_state {
+#if defined(FLASH_Q_IN_SMEM)
+    const u16 *sq;
+    int ld;
+#else
     nstf_mma_a q[HD / 16];
+#endif
     nstf_mma_c o[HD / 16];
     float m[NSTF_MMA_C_ROWS], l[NSTF_MMA_C_ROWS];
     int64_t qpos[NSTF_MMA_C_ROWS]; /* absolute position of each row slot's token */
 };
 
 template <int HD> NSTF_DEV void flash_state_init(flash_state<HD> &st, const u16 *sq, int ld) {
+#if defined(FLASH_Q_IN_SMEM)
+    st.sq = sq;
+    st.ld = ld;
+#endif
 #pragma unroll
     for (int d = 0; d < HD / 16; d++) {
+#if !defined(FLASH_Q_IN_SMEM)
         nstf_mma_load_a(st.q[d], sq + d * 16, ld);
+#endif
         nstf_mma_zero(st.o[d]);
     }
 #pragma unroll
@@ -51,7 +70,13 @@ NSTF_DEV void flash_tile(flash_state<HD> &st, const u16 *sk, const u16 *sv, int 
         for (int d = 0; d < HD / 16; d++) {
             nstf_mma_b kb;
             nstf_mma_load_b(kb, sk + j * 16 * ld + d * 16, ld);
+#if defined(FLASH_Q_IN_SMEM)
+            nstf_mma_a qa;
+            nstf_mma_load_a(qa, st.sq + d * 16, st.ld);
+            nstf_mma(s[j], qa, kb);
+#else
             nstf_mma(s[j], st.q[d], kb);
+#endif
         }
     }
     float mnew[NSTF_MMA_C_ROWS];
@@ -73,7 +98,7 @@ NSTF_DEV void flash_tile(flash_state<HD> &st, const u16 *sk, const u16 *sv, int 
 #pragma unroll
     for (int r = 0; r < NSTF_MMA_C_ROWS; r++) {
         mnew[r] = nstf_mma_row_max(mnew[r]);
-        base[r] = mnew[r] == FLASH_NEG_INF ? 0.0f : mnew[r];
+        base[r] = nstf_softmax_base(mnew[r]);
         alpha[r] = nstf_exp2(st.m[r] - base[r]); /* m = -inf -> 0 */
         st.m[r] = mnew[r];
         st.l[r] *= alpha[r];

@@ -5,7 +5,7 @@
  * row R = token R / G, head hkv * G + R % G, at most 16 — form one 16-row mma
  * tile, so K and V are read once per kv head, not once per query head. The
  * context [0, pos0 + n_tok) is cut into S splits of `chunk` keys (a multiple
- * of the 32-key tile); each wave of a 4-wave block runs the flash_common.h
+ * of the key tile FD_BKV); each wave of a 4-wave block runs the flash_common.h
  * loop over its own split into its own shared-memory tile and writes a
  * partial (m, l, unnormalized acc) for the valid rows. A second kernel
  * merges the S partials of each row: out = sum_s 2^(m_s - M) acc_s /
@@ -14,7 +14,14 @@
 #include "flash_common.h"
 
 #define FD_NW 4
+/* Keys per tile. AMD: 16, so that head_dim 128 fits the 64 KiB a workgroup
+ * may have (4 waves x K and V x 32 keys x 136 x 2 bytes alone are 68 KiB)
+ * and the RDNA3 register file holds the state without spilling. */
+#if defined(NSTF_GPU_HIP)
+#define FD_BKV 16
+#else
 #define FD_BKV 32
+#endif
 
 template <int HD> static constexpr size_t fd_smem_bytes() {
     return ((size_t)16 * (HD + 8) + (size_t)FD_NW * 2 * FD_BKV * (HD + 8) + (size_t)FD_NW * 16 * NSTF_MMA_SCRATCH_LD) *
@@ -98,20 +105,13 @@ __global__ void __launch_bounds__(HD)
     flash_decode_merge(const float *__restrict__ part_ml, const float *__restrict__ part_acc, u16 *out,
                        int64_t out_stride, int n_split, int rows, int group) {
     const int row = blockIdx.x, hkv = blockIdx.y, d = threadIdx.x;
-    float mx = FLASH_NEG_INF;
-    for (int s = 0; s < n_split; s++)
-        mx = fmaxf(mx, part_ml[(((int64_t)hkv * n_split + s) * rows + row) * 2]);
-    const float base = mx == FLASH_NEG_INF ? 0.0f : mx;
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        int64_t i = ((int64_t)hkv * n_split + s) * rows + row;
-        float w = nstf_exp2(part_ml[i * 2] - base);
-        den += w * part_ml[i * 2 + 1];
-        num += w * part_acc[i * HD + d];
-    }
+    const int64_t i0 = (int64_t)hkv * n_split * rows + row; /* split s of this row: i0 + s * rows */
+    float o;
+    NSTF_SOFTMAX_MERGE_ROW(o, part_ml + i0 * 2, (int64_t)rows * 2, part_acc + i0 * HD + d, (int64_t)rows * HD,
+                           n_split, nstf_exp2);
     const int64_t t = row / group;
     const int h = hkv * group + row % group;
-    out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(num / den);
+    out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(o);
 }
 
 /* The split plan: chunk keys per split, S splits (a multiple of FD_NW). */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "gpu_api.h"
+#include "wave_algo.h"
 
 /* Lanes per wave: 32 on NVIDIA and RDNA, 64 on CDNA. Every reduction and
  * every lane-count computation in a kernel uses this constant; host code
@@ -78,15 +79,16 @@ __device__ __forceinline__ float nstf_bf16hi_to_float(uint32_t w) { return __uin
 
 /* ---- wave reductions ---------------------------------------------------- *
  * Butterfly (xor) shuffles: every lane ends with the result. All NSTF_WAVE
- * lanes of the wave must call them. */
+ * lanes of the wave must call them. The loops are wave_algo.h's, which
+ * tests/test_wave_emu.c runs over emulated 32- and 64-lane waves. */
 __device__ __forceinline__ float wave_reduce_sum(float v) {
 #pragma unroll
-    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) v += NSTF_SHFL_XOR(v, o);
+    NSTF_WAVE_XOR_LOOP(o, NSTF_WAVE) v += NSTF_SHFL_XOR(v, o);
     return v;
 }
 __device__ __forceinline__ float wave_reduce_max(float v) {
 #pragma unroll
-    for (int o = NSTF_WAVE / 2; o > 0; o >>= 1) v = fmaxf(v, NSTF_SHFL_XOR(v, o));
+    NSTF_WAVE_XOR_LOOP(o, NSTF_WAVE) v = fmaxf(v, NSTF_SHFL_XOR(v, o));
     return v;
 }
 

@@ -49,8 +49,14 @@ typedef struct nstf_gpu_info {
 /* Number of visible devices (0 when no driver or no device: not an error). */
 int nstf_gpu_device_count(void);
 nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info);
-/* Make `dev` current for the calling thread. */
+/* Make `dev` current for the calling thread; fails (NSTF_ERR_UNSUPPORTED)
+ * when the build has no code for the device (nstf_gpu_check_device). */
 nstf_status nstf_gpu_set_device(int dev);
+/* HIP: NSTF_ERR_UNSUPPORTED, naming the device's gfx target and the compiled
+ * ones, when this build has no code object for `dev`. Called by
+ * nstf_gpu_set_device and before the first launch of the matrix kernels, so
+ * a wrong target is reported before any kernel runs. CUDA: always NSTF_OK. */
+nstf_status nstf_gpu_check_device(int dev);
 
 /* ---- memory and streams ---------------------------------------------------- */
 

@@ -27,9 +27,45 @@ extern "C" int nstf_gpu_device_count(void) {
     return n;
 }
 
+/* The gfx targets this HIP build carries code objects for, as a string like
+ * "gfx90a,gfx942" (CMake and scripts/build_hip.sh define it from GPU_TARGETS;
+ * the host pass of hipcc cannot see the --offload-arch list by itself). */
+#if defined(NSTF_GPU_HIP) && defined(NSTF_HIP_TARGETS)
+static bool nstf_hip_target_built(const char *arch) {
+    const char *p = NSTF_HIP_TARGETS;
+    const size_t n = strlen(arch);
+    while (*p) {
+        size_t len = strcspn(p, ",;");
+        if (len == n && strncmp(p, arch, n) == 0) return true;
+        p += len;
+        if (*p) p++;
+    }
+    return false;
+}
+#endif
+
+extern "C" nstf_status nstf_gpu_check_device(int dev) {
+#if defined(NSTF_GPU_HIP) && defined(NSTF_HIP_TARGETS)
+    gpuDeviceProp_t p;
+    GPU_CHECK(gpuGetDeviceProperties(&p, dev));
+    char arch[sizeof p.gcnArchName];
+    snprintf(arch, sizeof arch, "%s", p.gcnArchName); /* "gfx90a:sramecc+:xnack-" -> "gfx90a" */
+    char *colon = strchr(arch, ':');
+    if (colon) *colon = 0;
+    if (!nstf_hip_target_built(arch))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "HIP device %d (%s) is %s, but this build has code for %s only: rebuild with "
+                              "-DGPU_TARGETS=%s, or choose another device with HIP_VISIBLE_DEVICES",
+                              dev, p.name, arch, NSTF_HIP_TARGETS, arch);
+#else
+    (void)dev; /* CUDA: the sm_80 code object and PTX cover later cards */
+#endif
+    return NSTF_OK;
+}
+
 extern "C" nstf_status nstf_gpu_set_device(int dev) {
     GPU_CHECK(gpuSetDevice(dev));
-    return NSTF_OK;
+    return nstf_gpu_check_device(dev);
 }
 
 extern "C" nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info) {

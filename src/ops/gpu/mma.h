@@ -148,11 +148,11 @@ NSTF_DEV int nstf_mma_slot_row(int r) {
 }
 /* reductions over the lanes that share a row (combine with the in-lane slot) */
 NSTF_DEV float nstf_mma_row_max(float v) {
-    for (int m = 1; m < NSTF_MMA_ROW_LANES; m <<= 1) v = fmaxf(v, nstf_shfl_xor(v, m));
+    NSTF_ROW_XOR_LOOP(m, NSTF_MMA_ROW_LANES) v = fmaxf(v, nstf_shfl_xor(v, m));
     return v;
 }
 NSTF_DEV float nstf_mma_row_sum(float v) {
-    for (int m = 1; m < NSTF_MMA_ROW_LANES; m <<= 1) v += nstf_shfl_xor(v, m);
+    NSTF_ROW_XOR_LOOP(m, NSTF_MMA_ROW_LANES) v += nstf_shfl_xor(v, m);
     return v;
 }
 
@@ -287,7 +287,8 @@ static inline nstf_status nstf_mma_device(int *n_sm, int *wave) {
         int dev = 0;
         nstf_gpu_info info;
         if (gpuGetDevice(&dev) != gpuSuccess) return nstf_set_error(NSTF_ERR_GPU, "no current GPU device");
-        nstf_status st = nstf_gpu_query(dev, &info);
+        nstf_status st = nstf_gpu_check_device(dev);
+        if (st == NSTF_OK) st = nstf_gpu_query(dev, &info);
         if (st != NSTF_OK) return st;
         if (info.wave_size != 32 && info.wave_size != 64)
             return nstf_set_error(NSTF_ERR_UNSUPPORTED, "wave size %d", info.wave_size);
