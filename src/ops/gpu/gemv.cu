@@ -3,7 +3,11 @@
  * Q4_1), x bf16, fp32 accumulation, y F32 or BF16. The decode hot path:
  * its speed is the weight bytes over the memory bandwidth.
  *
- * Shape of the kernel:
+ * Two kernels: gemvq_kernel (below, "quantized kernel") for Q8_0, Q4_0 and
+ * 4-byte aligned Q4_1; gemv_kernel for F32/F16/BF16 and for Q4_1 weights
+ * that are only 2-byte aligned.
+ *
+ * Shape of gemv_kernel:
  *  - A block of 256 threads owns GEMV_ROWS = 8 consecutive output rows
  *    (wave-agnostic: one row per wave on wave32, two on wave64), so the
  *    host never needs the wave width.
@@ -12,15 +16,12 @@
  *    shape at NT = 1), else x is walked in chunks. Staging once per block
  *    makes the L2 traffic for x 1/8 of the per-row re-reads.
  *  - A lane processes "units" of 8 weights: one 16-byte load for F16/BF16
- *    (two for F32), a quarter block for Q8_0 (fp16 scale + 8 bytes), four
- *    bytes of a Q4 block (8 nibbles: elements 4j..4j+3 and 16+4j..16+4j+3).
- *    Quantized blocks are only 2-byte aligned in a row (34/18/20-byte
- *    blocks), so they are read with 16-bit loads; a wave still reads whole
- *    contiguous runs of a row, so every loaded sector is used.
+ *    (two for F32), four bytes of a Q4_1 block (8 nibbles: elements
+ *    4j..4j+3 and 16+4j..16+4j+3) read with 16-bit loads.
  *  - Each weight is loaded and decoded once and used for all NT tokens.
  *    GEMV_UNROLL units per lane are loaded before any is used, to keep
  *    enough bytes in flight per SM to cover the memory latency.
- *  - Quantized integers become floats with the 2^23 trick: the float with
+ *  - Q4_1 nibbles become floats with the 2^23 trick: the float with
  *    bits 0x4B000000 | n is 8388608 + n, so one OR and one FADD replace a
  *    (quarter-rate) integer-to-float conversion.
  *  - F32/F16/BF16 rows that are not 16-byte aligned (n_in % 8 != 0 or an
@@ -221,10 +222,13 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
 
 /* ---- quantized kernel ---------------------------------------------------- *
  * Q8_0, Q4_0 and Q4_1 (4-byte aligned W) take gemvq_kernel:
- *  - A block of 256 threads owns GEMVQ_ROWS = 16 rows, RPW = 16 / waves
- *    rows per wave (2 on wave32, 4 on wave64). A wave walks its RPW rows
- *    together, so every x fragment read from shared memory and converted
- *    to fp32 serves RPW rows.
+ *  - A block of 256 threads owns ROWS = 16 rows (32 when n_out >= 8192),
+ *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
+ *    RPW rows together, so every x fragment read from shared memory and
+ *    converted to fp32 serves RPW rows.
+ *  - x is staged per block in shared memory (bf16, or fp32 at NT = 1) in
+ *    the "plane" layout of gemvq_xslot: the lanes of a wave read
+ *    consecutive 16-byte items, free of bank conflicts.
  *  - A lane's unit is half a block, 16 weights: for Q8_0 qs[16h..16h+15]
  *    (elements 16h..16h+15), for Q4 qs[8h..8h+7] (low nibbles: elements
  *    8h..8h+7, high nibbles: 16+8h..16+8h+7). The qs run starts 2-byte
@@ -244,9 +248,9 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
  *    factor of about 10 on fp32 rounding (s ~ X ~ sum x): far inside the
  *    accuracy rule.
  *  - Each lane keeps GEMVQ_UNROLL units of each of its rows in flight. */
-#ifndef GEMVQ_ROWS
 #define GEMVQ_ROWS 16
-#endif
+#define GEMVQ_ROWS_BIG 32   /* n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
+#define GEMVQ_BIG_OUT 8192
 #ifndef GEMVQ_UNROLL
 #define GEMVQ_UNROLL 2
 #endif
@@ -290,28 +294,37 @@ static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__rest
     return r;
 }
 
-/* x offsets (elements, within the chunk) of the unit's two runs of 8. */
-template <int WT> static __device__ __forceinline__ int gemvq_xoff(int u) {
-    if (WT == GW_Q8_0) return u * 16;
-    return (u >> 1) * 32 + (u & 1) * 8; /* second run at +16 */
+/* Staged x layout: per token, the unit's two runs of 8 x values are in
+ * separate "planes" of 16-byte items indexed by the unit, so the lanes of
+ * a wave (consecutive units) read consecutive 16-byte items: no bank
+ * conflicts. bf16: plane p (run p) = nu items of 8 bf16; fp32 (XF): plane
+ * 2p + q = nu items of 4 floats (quad q of run p). nu = chunk / 16.
+ * gemvq_xslot maps element e of the chunk to (run p, unit u, offset o). */
+template <int WT>
+static __device__ __forceinline__ void gemvq_xslot(int e, int &p, int &u, int &o) {
+    o = e & 7;
+    if (WT == GW_Q8_0) {
+        u = e >> 4;
+        p = (e >> 3) & 1;
+    } else { /* element 32b + 16p + 8h + o of block b */
+        p = (e >> 4) & 1;
+        u = ((e >> 5) << 1) | ((e >> 3) & 1);
+    }
 }
-template <int WT> static __device__ __forceinline__ int gemvq_xoff2() { return WT == GW_Q8_0 ? 8 : 16; }
 
-/* The unit's 16 x values as fp32, from the staged chunk at element offset o
- * (bf16 staging, or fp32 staging when XF). */
+/* The unit's 16 x values as fp32 from token row xs_t (bf16) or xs32_t (XF). */
 template <int WT, bool XF>
-static __device__ __forceinline__ void gemvq_xfrag(const uint16_t *xs, const float *xs32, int o,
-                                                   float (&xf)[16]) {
-    const int o2 = o + gemvq_xoff2<WT>();
+static __device__ __forceinline__ void gemvq_xfrag(const uint16_t *xs, const float *xs32, int u,
+                                                   int nu, float (&xf)[16]) {
     if (XF) {
-        const float4 a = *(const float4 *)(xs32 + o), b = *(const float4 *)(xs32 + o + 4);
-        const float4 c = *(const float4 *)(xs32 + o2), d = *(const float4 *)(xs32 + o2 + 4);
+        const float4 *q4 = (const float4 *)xs32;
+        const float4 a = q4[u], b = q4[nu + u], c = q4[2 * nu + u], d = q4[3 * nu + u];
         xf[0] = a.x; xf[1] = a.y; xf[2] = a.z; xf[3] = a.w;
         xf[4] = b.x; xf[5] = b.y; xf[6] = b.z; xf[7] = b.w;
         xf[8] = c.x; xf[9] = c.y; xf[10] = c.z; xf[11] = c.w;
         xf[12] = d.x; xf[13] = d.y; xf[14] = d.z; xf[15] = d.w;
     } else {
-        const uint4 a = *(const uint4 *)(xs + o), c = *(const uint4 *)(xs + o2);
+        const uint4 a = ((const uint4 *)xs)[u], c = ((const uint4 *)xs)[nu + u];
         const uint32_t xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -321,7 +334,7 @@ static __device__ __forceinline__ void gemvq_xfrag(const uint16_t *xs, const flo
     }
 }
 
-template <int WT, int NT, bool Y_BF16>
+template <int WT, int NT, bool Y_BF16, int ROWS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__restrict__ x,
              void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec) {
@@ -334,10 +347,10 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     float *xsum = XF ? xs32 + chunk : (float *)(xs + NT * chunk); /* Q4: [NT][chunk / 16] */
     constexpr bool Q4 = WT != GW_Q8_0;
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
-    constexpr int RPW = GEMVQ_ROWS / N_WAVES;
-    static_assert(RPW >= 1 && RPW * N_WAVES == GEMVQ_ROWS, "GEMVQ_ROWS must be a multiple of the waves per block");
+    constexpr int RPW = ROWS / N_WAVES;
+    static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
-    const int row0 = blockIdx.x * GEMVQ_ROWS + wave * RPW;
+    const int row0 = blockIdx.x * ROWS + wave * RPW;
     const uint8_t *wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
@@ -358,30 +371,41 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
             for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
                 const uint4 a = *(const uint4 *)(x + c0 + i);
                 const uint32_t v[4] = {a.x, a.y, a.z, a.w};
-                float4 *d = (float4 *)(xs32 + i);
-                d[0] = make_float4(nstf_bf16lo_to_float(v[0]), nstf_bf16hi_to_float(v[0]),
-                                   nstf_bf16lo_to_float(v[1]), nstf_bf16hi_to_float(v[1]));
-                d[1] = make_float4(nstf_bf16lo_to_float(v[2]), nstf_bf16hi_to_float(v[2]),
-                                   nstf_bf16lo_to_float(v[3]), nstf_bf16hi_to_float(v[3]));
+                int p, u, o;
+                gemvq_xslot<WT>(i, p, u, o);
+                float4 *d = (float4 *)xs32;
+                d[(2 * p) * nu_chunk + u] = make_float4(nstf_bf16lo_to_float(v[0]), nstf_bf16hi_to_float(v[0]),
+                                                        nstf_bf16lo_to_float(v[1]), nstf_bf16hi_to_float(v[1]));
+                d[(2 * p + 1) * nu_chunk + u] = make_float4(nstf_bf16lo_to_float(v[2]), nstf_bf16hi_to_float(v[2]),
+                                                            nstf_bf16lo_to_float(v[3]), nstf_bf16hi_to_float(v[3]));
             }
         } else if (XF) {
-            for (int i = threadIdx.x; i < len; i += GEMV_THREADS)
-                xs32[i] = nstf_bf16lo_to_float(x[c0 + i]);
+            for (int i = threadIdx.x; i < len; i += GEMV_THREADS) {
+                int p, u, o;
+                gemvq_xslot<WT>(i, p, u, o);
+                xs32[((2 * p + (o >> 2)) * nu_chunk + u) * 4 + (o & 3)] = nstf_bf16lo_to_float(x[c0 + i]);
+            }
         } else if (x_vec) {
             for (int t = 0; t < NT; t++)
-                for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8)
-                    *(uint4 *)(xs + t * chunk + i) = *(const uint4 *)(x + (size_t)t * n_in + c0 + i);
+                for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
+                    int p, u, o;
+                    gemvq_xslot<WT>(i, p, u, o);
+                    ((uint4 *)(xs + t * chunk))[p * nu_chunk + u] = *(const uint4 *)(x + (size_t)t * n_in + c0 + i);
+                }
         } else {
             for (int t = 0; t < NT; t++)
-                for (int i = threadIdx.x; i < len; i += GEMV_THREADS)
-                    xs[t * chunk + i] = x[(size_t)t * n_in + c0 + i];
+                for (int i = threadIdx.x; i < len; i += GEMV_THREADS) {
+                    int p, u, o;
+                    gemvq_xslot<WT>(i, p, u, o);
+                    xs[t * chunk + (p * nu_chunk + u) * 8 + o] = x[(size_t)t * n_in + c0 + i];
+                }
         }
         __syncthreads();
         if (Q4) {
             for (int i = threadIdx.x; i < NT * n_units; i += GEMV_THREADS) {
                 const int t = i / n_units, u = i - t * n_units;
                 float xf[16];
-                gemvq_xfrag<WT, XF>(xs, xs32, t * chunk + gemvq_xoff<WT>(u), xf);
+                gemvq_xfrag<WT, XF>(xs + t * chunk, xs32, u, nu_chunk, xf);
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 16; k++) s += xf[k];
@@ -442,11 +466,10 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
                         else c0q[r] = nstf_half_bits_to_float((unsigned short)(rw.sc >> 16)) - 128.0f * d;
                     }
                 }
-                const int xo = gemvq_xoff<WT>(u);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     float xf[16];
-                    gemvq_xfrag<WT, XF>(xs, xs32, t * chunk + xo, xf);
+                    gemvq_xfrag<WT, XF>(xs + t * chunk, xs32, u, nu_chunk, xf);
                     const float X = Q4 ? xsum[t * nu_chunk + u] : 0.0f;
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
@@ -535,7 +558,7 @@ extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, cons
     gemv_plan p = gemv_make_plan(wtype, w, x, nt, n_in);
     snprintf(buf, sizeof buf, "%s%s nt=%d chunk=%dx%d x=%s", gemv_wt_name(p.wt),
              p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk, p.n_chunks,
-             p.x_vec ? "vec" : "scalar");
+             p.x_vec ? (p.quant && nt == 1 ? "vec/f32" : "vec") : "scalar");
     return buf;
 }
 
@@ -554,26 +577,29 @@ template <int WT, bool YB> static gemv_fn gemv_pick_nt(int nt) {
     }
 }
 
-template <int WT, bool YB> static gemv_fn gemvq_pick_nt(int nt) {
+template <int WT, bool YB, int R> static gemv_fn gemvq_pick_nt(int nt) {
     switch (nt) {
-    case 1: return gemvq_kernel<WT, 1, YB>;
-    case 2: return gemvq_kernel<WT, 2, YB>;
-    case 3: return gemvq_kernel<WT, 3, YB>;
-    case 4: return gemvq_kernel<WT, 4, YB>;
-    case 5: return gemvq_kernel<WT, 5, YB>;
-    case 6: return gemvq_kernel<WT, 6, YB>;
-    case 7: return gemvq_kernel<WT, 7, YB>;
-    default: return gemvq_kernel<WT, 8, YB>;
+    case 1: return gemvq_kernel<WT, 1, YB, R>;
+    case 2: return gemvq_kernel<WT, 2, YB, R>;
+    case 3: return gemvq_kernel<WT, 3, YB, R>;
+    case 4: return gemvq_kernel<WT, 4, YB, R>;
+    case 5: return gemvq_kernel<WT, 5, YB, R>;
+    case 6: return gemvq_kernel<WT, 6, YB, R>;
+    case 7: return gemvq_kernel<WT, 7, YB, R>;
+    default: return gemvq_kernel<WT, 8, YB, R>;
     }
 }
 
 /* Q8_0 / Q4_0 always, Q4_1 when 4-byte aligned: the half-block kernel. */
-template <bool YB> static gemv_fn gemvq_pick(int wt, int nt) {
+template <bool YB, int R> static gemv_fn gemvq_pick_r(int wt, int nt) {
     switch (wt) {
-    case GW_Q8_0: return gemvq_pick_nt<GW_Q8_0, YB>(nt);
-    case GW_Q4_0: return gemvq_pick_nt<GW_Q4_0, YB>(nt);
-    default: return gemvq_pick_nt<GW_Q4_1, YB>(nt);
+    case GW_Q8_0: return gemvq_pick_nt<GW_Q8_0, YB, R>(nt);
+    case GW_Q4_0: return gemvq_pick_nt<GW_Q4_0, YB, R>(nt);
+    default: return gemvq_pick_nt<GW_Q4_1, YB, R>(nt);
     }
+}
+template <bool YB> static gemv_fn gemvq_pick(int wt, int nt, int rows) {
+    return rows == GEMVQ_ROWS_BIG ? gemvq_pick_r<YB, GEMVQ_ROWS_BIG>(wt, nt) : gemvq_pick_r<YB, GEMVQ_ROWS>(wt, nt);
 }
 
 /* Float types, and Q4_1 rows that are only 2-byte aligned. */
@@ -607,7 +633,7 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_gpu_gemv: n_in %lld is not a whole number of %s blocks",
                               (long long)n_in, nstf_type_name(wtype));
-    if (n_in > INT32_MAX / 2 || n_out > INT32_MAX - GEMVQ_ROWS)
+    if (n_in > INT32_MAX / 2 || n_out > INT32_MAX - GEMVQ_ROWS_BIG)
         return nstf_set_error(NSTF_ERR_RANGE, "nstf_gpu_gemv: n_in %lld / n_out %lld too large",
                               (long long)n_in, (long long)n_out);
     if (n_tok == 0 || n_out == 0) return NSTF_OK;
@@ -618,9 +644,9 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         const uint16_t *xt = x + t0 * n_in;
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
         gemv_fn fn;
-        if (p.quant) fn = y_type == NSTF_TYPE_BF16 ? gemvq_pick<true>(p.wt, nt) : gemvq_pick<false>(p.wt, nt);
+        const int rows = !p.quant ? GEMV_ROWS : n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
+        if (p.quant) fn = y_type == NSTF_TYPE_BF16 ? gemvq_pick<true>(p.wt, nt, rows) : gemvq_pick<false>(p.wt, nt, rows);
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
-        const int rows = p.quant ? GEMVQ_ROWS : GEMV_ROWS;
         const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
         fn<<<grid, GEMV_THREADS, p.smem, s>>>((const uint8_t *)w, (size_t)row_bytes, xt,
                                              (char *)y + (size_t)(t0 * n_out) * ysz, (int)n_in,
