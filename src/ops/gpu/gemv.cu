@@ -3,7 +3,11 @@
  * Q4_1), x bf16, fp32 accumulation, y F32 or BF16. The decode hot path:
  * its speed is the weight bytes over the memory bandwidth.
  *
- * Shape of the kernel:
+ * Two kernels: gemvq_kernel (below, "quantized kernel") for Q8_0, Q4_0 and
+ * 4-byte aligned Q4_1; gemv_kernel for F32/F16/BF16 and for Q4_1 weights
+ * that are only 2-byte aligned.
+ *
+ * Shape of gemv_kernel:
  *  - A block of 256 threads owns GEMV_ROWS = 8 consecutive output rows
  *    (wave-agnostic: one row per wave on wave32, two on wave64), so the
  *    host never needs the wave width.
@@ -12,15 +16,12 @@
  *    shape at NT = 1), else x is walked in chunks. Staging once per block
  *    makes the L2 traffic for x 1/8 of the per-row re-reads.
  *  - A lane processes "units" of 8 weights: one 16-byte load for F16/BF16
- *    (two for F32), a quarter block for Q8_0 (fp16 scale + 8 bytes), four
- *    bytes of a Q4 block (8 nibbles: elements 4j..4j+3 and 16+4j..16+4j+3).
- *    Quantized blocks are only 2-byte aligned in a row (34/18/20-byte
- *    blocks), so they are read with 16-bit loads; a wave still reads whole
- *    contiguous runs of a row, so every loaded sector is used.
+ *    (two for F32), four bytes of a Q4_1 block (8 nibbles: elements
+ *    4j..4j+3 and 16+4j..16+4j+3) read with 16-bit loads.
  *  - Each weight is loaded and decoded once and used for all NT tokens.
  *    GEMV_UNROLL units per lane are loaded before any is used, to keep
  *    enough bytes in flight per SM to cover the memory latency.
- *  - Quantized integers become floats with the 2^23 trick: the float with
+ *  - Q4_1 nibbles become floats with the 2^23 trick: the float with
  *    bits 0x4B000000 | n is 8388608 + n, so one OR and one FADD replace a
  *    (quarter-rate) integer-to-float conversion.
  *  - F32/F16/BF16 rows that are not 16-byte aligned (n_in % 8 != 0 or an
@@ -62,17 +63,7 @@ static __device__ __forceinline__ gemv_raw gemv_load(const uint8_t *__restrict__
     } else if (WT == GW_F32) {
         r.a = *(const uint4 *)(row + (size_t)u * 32);
         r.b = *(const uint4 *)(row + (size_t)u * 32 + 16);
-    } else if (WT == GW_Q8_0) { /* quarter j of block b: scale + qs[8j..8j+7] */
-        const uint8_t *blk = row + (size_t)(u >> 2) * NSTF_Q8_0_BYTES;
-        const uint8_t *qs = blk + 2 + (u & 3) * 8;
-        r.a.x = ld_u16(blk);
-        r.a.y = ld_u32_a2(qs);
-        r.a.z = ld_u32_a2(qs + 4);
-    } else if (WT == GW_Q4_0) { /* bytes qs[4j..4j+3] of block b */
-        const uint8_t *blk = row + (size_t)(u >> 2) * NSTF_Q4_0_BYTES;
-        r.a.x = ld_u16(blk);
-        r.a.y = ld_u32_a2(blk + 2 + (u & 3) * 4);
-    } else if (WT == GW_Q4_1) {
+    } else if (WT == GW_Q4_1) { /* bytes qs[4j..4j+3] of block b (2-byte aligned W) */
         const uint8_t *blk = row + (size_t)(u >> 2) * NSTF_Q4_1_BYTES;
         r.a.x = ld_u16(blk);
         r.a.z = ld_u16(blk + 2);
@@ -87,7 +78,7 @@ static __device__ __forceinline__ gemv_raw gemv_load(const uint8_t *__restrict__
 
 /* x offset (elements) of the k-th weight of unit u, within the chunk. */
 template <int WT> static __device__ __forceinline__ int gemv_xoff(int u) {
-    if (WT == GW_Q4_0 || WT == GW_Q4_1) return (u >> 2) * 32 + (u & 3) * 4;
+    if (WT == GW_Q4_1) return (u >> 2) * 32 + (u & 3) * 4;
     return u * gemv_traits<WT>::elems;
 }
 
@@ -107,7 +98,6 @@ static __device__ __forceinline__ void gemv_unit(const gemv_raw &r, int u,
         return;
     }
     float wv[8];
-    float scale = 1.0f;
     if (WT == GW_BF16) {
         const uint32_t p[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 #pragma unroll
@@ -127,36 +117,24 @@ static __device__ __forceinline__ void gemv_unit(const gemv_raw &r, int u,
         wv[2] = __uint_as_float(r.a.z); wv[3] = __uint_as_float(r.a.w);
         wv[4] = __uint_as_float(r.b.x); wv[5] = __uint_as_float(r.b.y);
         wv[6] = __uint_as_float(r.b.z); wv[7] = __uint_as_float(r.b.w);
-    } else if (WT == GW_Q8_0) {
-        /* int8 -> float: flip the sign bit to get n + 128 in [0, 255]. */
-        const uint32_t lo = r.a.y ^ 0x80808080u, hi = r.a.z ^ 0x80808080u;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            wv[k] = __uint_as_float(0x4B000000u | ((lo >> (8 * k)) & 0xffu)) - 8388736.0f;
-            wv[4 + k] = __uint_as_float(0x4B000000u | ((hi >> (8 * k)) & 0xffu)) - 8388736.0f;
-        }
-        scale = nstf_half_bits_to_float((unsigned short)r.a.x);
-    } else { /* Q4_0 / Q4_1: low nibbles are elements 4j+k, high ones 16+4j+k */
+    } else { /* Q4_1: low nibbles are elements 4j+k, high ones 16+4j+k */
         const uint32_t q = r.a.y;
-        const float off = (WT == GW_Q4_0) ? 8388616.0f : 8388608.0f; /* 2^23 (+8 for Q4_0) */
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            wv[k] = __uint_as_float(0x4B000000u | ((q >> (8 * k)) & 0xfu)) - off;
-            wv[4 + k] = __uint_as_float(0x4B000000u | ((q >> (8 * k + 4)) & 0xfu)) - off;
+            wv[k] = __uint_as_float(0x4B000000u | ((q >> (8 * k)) & 0xfu)) - 8388608.0f;
+            wv[4 + k] = __uint_as_float(0x4B000000u | ((q >> (8 * k + 4)) & 0xfu)) - 8388608.0f;
         }
-        scale = nstf_half_bits_to_float((unsigned short)r.a.x);
-        if (WT == GW_Q4_1) { /* w = d * n + m: dequantize once, share across tokens */
-            const float m = nstf_half_bits_to_float((unsigned short)r.a.z);
+        /* w = d * n + m: dequantize once, share across tokens */
+        const float d = nstf_half_bits_to_float((unsigned short)r.a.x);
+        const float m = nstf_half_bits_to_float((unsigned short)r.a.z);
 #pragma unroll
-            for (int k = 0; k < 8; k++) wv[k] = fmaf(scale, wv[k], m);
-            scale = 1.0f;
-        }
+        for (int k = 0; k < 8; k++) wv[k] = fmaf(d, wv[k], m);
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const uint16_t *xt = xs + t * chunk + xo;
         uint32_t xw[4];
-        if (WT == GW_Q4_0 || WT == GW_Q4_1) { /* x[4j..4j+3] and x[16+4j..16+4j+3] */
+        if (WT == GW_Q4_1) { /* x[4j..4j+3] and x[16+4j..16+4j+3] */
             const uint2 a = *(const uint2 *)xt, b = *(const uint2 *)(xt + 16);
             xw[0] = a.x; xw[1] = a.y; xw[2] = b.x; xw[3] = b.y;
         } else {
@@ -169,7 +147,7 @@ static __device__ __forceinline__ void gemv_unit(const gemv_raw &r, int u,
             s = fmaf(wv[2 * k], nstf_bf16lo_to_float(xw[k]), s);
             s = fmaf(wv[2 * k + 1], nstf_bf16hi_to_float(xw[k]), s);
         }
-        acc[t] = (WT == GW_Q8_0 || WT == GW_Q4_0) ? fmaf(scale, s, acc[t]) : acc[t] + s;
+        acc[t] += s;
     }
 }
 
@@ -242,6 +220,287 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
     }
 }
 
+/* ---- quantized kernel ---------------------------------------------------- *
+ * Q8_0, Q4_0 and Q4_1 (4-byte aligned W) take gemvq_kernel:
+ *  - A block of 256 threads owns ROWS = 16 rows (32 when n_out >= 8192),
+ *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
+ *    RPW rows together, so every x fragment read from shared memory and
+ *    converted to fp32 serves RPW rows.
+ *  - x is staged per block in shared memory (bf16, or fp32 at NT = 1) in
+ *    the "plane" layout of gemvq_xslot: the lanes of a wave read
+ *    consecutive 16-byte items, free of bank conflicts.
+ *  - A lane's unit is half a block, 16 weights: for Q8_0 qs[16h..16h+15]
+ *    (elements 16h..16h+15), for Q4 qs[8h..8h+7] (low nibbles: elements
+ *    8h..8h+7, high nibbles: 16+8h..16+8h+7). The qs run starts 2-byte
+ *    aligned; it is read with 32-bit loads from the 4-byte aligned address
+ *    at or below it plus one 16-bit tail load, and realigned with one byte
+ *    permute per word (selector chosen from the address): 6 loads per
+ *    16 Q8_0 weights, 4 for Q4_0, 3 for Q4_1 (always 4-byte aligned there).
+ *  - Q8_0 decodes with one byte permute + one FADD per weight: the float
+ *    with bits 0x4B0000uu is 2^23 + uu, uu = n + 128 after flipping the
+ *    sign bits of the four bytes at once.
+ *  - Q4 decodes with one byte permute per weight and no FADD: the float
+ *    with bits 0x3F800000 | n << 16 is f = 1 + n/128 (n the raw nibble,
+ *    0..15), so n = 128 f - 128. With s = sum f x and X = sum x over the
+ *    unit's 16 x values, sum (n - 8) x = 128 s - 136 X (Q4_0) and
+ *    sum (d n + m) x = 128 d s + (m - 128 d) X (Q4_1). X is row-independent
+ *    and computed once per block while staging x. The cancellation costs a
+ *    factor of about 10 on fp32 rounding (s ~ X ~ sum x): far inside the
+ *    accuracy rule.
+ *  - Each lane keeps GEMVQ_UNROLL units of each of its rows in flight. */
+#define GEMVQ_ROWS 16
+#define GEMVQ_ROWS_BIG 32   /* n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
+#define GEMVQ_BIG_OUT 8192
+#ifndef GEMVQ_UNROLL
+#define GEMVQ_UNROLL 2
+#endif
+
+/* 4 bytes at p (4-byte aligned) */
+static __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) { return *(const uint32_t *)p; }
+
+/* Raw bytes of one half-block unit. q[0..NQ): words at the 4-aligned
+ * address at or below the run, q[NQ]: the 16-bit tail, sc: scale (and the
+ * Q4_1 min in the high half); mis: the run is 2 mod 4 (realign). */
+template <int WT> struct gemvq_raw {
+    static constexpr int NQ = (WT == GW_Q8_0) ? 4 : 2;
+    uint32_t q[NQ + 1];
+    uint32_t sc;
+    uint32_t mis;
+};
+
+template <int WT>
+static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__restrict__ row, int u) {
+    gemvq_raw<WT> r;
+    constexpr int NQ = gemvq_raw<WT>::NQ;
+    const int b = u >> 1, h = u & 1;
+    if (WT == GW_Q4_1) { /* 20-byte blocks, 4-byte aligned rows: everything aligned */
+        const uint8_t *blk = row + (size_t)b * NSTF_Q4_1_BYTES;
+        r.sc = ld_u32(blk);
+        r.q[0] = ld_u32(blk + 4 + h * 8);
+        r.q[1] = ld_u32(blk + 8 + h * 8);
+        r.q[2] = 0;
+        r.mis = 0;
+        return r;
+    }
+    const uint8_t *blk = row + (size_t)b * (WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : NSTF_Q4_0_BYTES);
+    const uint8_t *p = blk + 2 + h * (4 * NQ);
+    const uint8_t *a = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)3);
+    r.sc = ld_u16(blk);
+#pragma unroll
+    for (int k = 0; k < NQ; k++) r.q[k] = ld_u32(a + 4 * k);
+    /* the last two bytes of the run: needed when a = p - 2; never past it */
+    r.q[NQ] = ld_u16(p + 4 * NQ - 2);
+    r.mis = (uint32_t)((uintptr_t)p & 2);
+    return r;
+}
+
+/* Staged x layout: per token, the unit's two runs of 8 x values are in
+ * separate "planes" of 16-byte items indexed by the unit, so the lanes of
+ * a wave (consecutive units) read consecutive 16-byte items: no bank
+ * conflicts. bf16: plane p (run p) = nu items of 8 bf16; fp32 (XF): plane
+ * 2p + q = nu items of 4 floats (quad q of run p). nu = chunk / 16.
+ * gemvq_xslot maps element e of the chunk to (run p, unit u, offset o). */
+template <int WT>
+static __device__ __forceinline__ void gemvq_xslot(int e, int &p, int &u, int &o) {
+    o = e & 7;
+    if (WT == GW_Q8_0) {
+        u = e >> 4;
+        p = (e >> 3) & 1;
+    } else { /* element 32b + 16p + 8h + o of block b */
+        p = (e >> 4) & 1;
+        u = ((e >> 5) << 1) | ((e >> 3) & 1);
+    }
+}
+
+/* The unit's 16 x values as fp32 from token row xs_t (bf16) or xs32_t (XF). */
+template <int WT, bool XF>
+static __device__ __forceinline__ void gemvq_xfrag(const uint16_t *xs, const float *xs32, int u,
+                                                   int nu, float (&xf)[16]) {
+    if (XF) {
+        const float4 *q4 = (const float4 *)xs32;
+        const float4 a = q4[u], b = q4[nu + u], c = q4[2 * nu + u], d = q4[3 * nu + u];
+        xf[0] = a.x; xf[1] = a.y; xf[2] = a.z; xf[3] = a.w;
+        xf[4] = b.x; xf[5] = b.y; xf[6] = b.z; xf[7] = b.w;
+        xf[8] = c.x; xf[9] = c.y; xf[10] = c.z; xf[11] = c.w;
+        xf[12] = d.x; xf[13] = d.y; xf[14] = d.z; xf[15] = d.w;
+    } else {
+        const uint4 a = ((const uint4 *)xs)[u], c = ((const uint4 *)xs)[nu + u];
+        const uint32_t xw[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            xf[2 * k] = nstf_bf16lo_to_float(xw[k]);
+            xf[2 * k + 1] = nstf_bf16hi_to_float(xw[k]);
+        }
+    }
+}
+
+template <int WT, int NT, bool Y_BF16, int ROWS>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__restrict__ x,
+             void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec) {
+    extern __shared__ uint4 gemv_smem[];
+    /* x: bf16 [NT][chunk], or fp32 [chunk] when NT == 1 (converted once
+     * while staging; the shared-memory traffic is affordable for one token) */
+    constexpr bool XF = NT == 1;
+    uint16_t *xs = (uint16_t *)gemv_smem;
+    float *xs32 = (float *)gemv_smem;
+    float *xsum = XF ? xs32 + chunk : (float *)(xs + NT * chunk); /* Q4: [NT][chunk / 16] */
+    constexpr bool Q4 = WT != GW_Q8_0;
+    constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
+    constexpr int RPW = ROWS / N_WAVES;
+    static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int row0 = blockIdx.x * ROWS + wave * RPW;
+    const uint8_t *wr[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
+        wr[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
+
+    float acc[RPW][NT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+
+    const int nu_chunk = chunk / 16;
+    for (int c0 = 0; c0 < n_in; c0 += chunk) {
+        const int len = min(chunk, n_in - c0);
+        const int n_units = len / 16;
+        __syncthreads(); /* the previous chunk is consumed */
+        if (XF && x_vec) {
+            for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
+                const uint4 a = *(const uint4 *)(x + c0 + i);
+                const uint32_t v[4] = {a.x, a.y, a.z, a.w};
+                int p, u, o;
+                gemvq_xslot<WT>(i, p, u, o);
+                float4 *d = (float4 *)xs32;
+                d[(2 * p) * nu_chunk + u] = make_float4(nstf_bf16lo_to_float(v[0]), nstf_bf16hi_to_float(v[0]),
+                                                        nstf_bf16lo_to_float(v[1]), nstf_bf16hi_to_float(v[1]));
+                d[(2 * p + 1) * nu_chunk + u] = make_float4(nstf_bf16lo_to_float(v[2]), nstf_bf16hi_to_float(v[2]),
+                                                            nstf_bf16lo_to_float(v[3]), nstf_bf16hi_to_float(v[3]));
+            }
+        } else if (XF) {
+            for (int i = threadIdx.x; i < len; i += GEMV_THREADS) {
+                int p, u, o;
+                gemvq_xslot<WT>(i, p, u, o);
+                xs32[((2 * p + (o >> 2)) * nu_chunk + u) * 4 + (o & 3)] = nstf_bf16lo_to_float(x[c0 + i]);
+            }
+        } else if (x_vec) {
+            for (int t = 0; t < NT; t++)
+                for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
+                    int p, u, o;
+                    gemvq_xslot<WT>(i, p, u, o);
+                    ((uint4 *)(xs + t * chunk))[p * nu_chunk + u] = *(const uint4 *)(x + (size_t)t * n_in + c0 + i);
+                }
+        } else {
+            for (int t = 0; t < NT; t++)
+                for (int i = threadIdx.x; i < len; i += GEMV_THREADS) {
+                    int p, u, o;
+                    gemvq_xslot<WT>(i, p, u, o);
+                    xs[t * chunk + (p * nu_chunk + u) * 8 + o] = x[(size_t)t * n_in + c0 + i];
+                }
+        }
+        __syncthreads();
+        if (Q4) {
+            for (int i = threadIdx.x; i < NT * n_units; i += GEMV_THREADS) {
+                const int t = i / n_units, u = i - t * n_units;
+                float xf[16];
+                gemvq_xfrag<WT, XF>(xs + t * chunk, xs32, u, nu_chunk, xf);
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 16; k++) s += xf[k];
+                xsum[t * nu_chunk + u] = s;
+            }
+            __syncthreads();
+        }
+        const int ubase = c0 / 16;
+        for (int u0 = lane; u0 < n_units; u0 += NSTF_WAVE * GEMVQ_UNROLL) {
+            gemvq_raw<WT> raw[GEMVQ_UNROLL][RPW];
+#pragma unroll
+            for (int k = 0; k < GEMVQ_UNROLL; k++) {
+                const int u = u0 + k * NSTF_WAVE;
+                if (u < n_units) {
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) raw[k][r] = gemvq_load<WT>(wr[r], ubase + u);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < GEMVQ_UNROLL; k++) {
+                const int u = u0 + k * NSTF_WAVE;
+                if (u >= n_units) break;
+                /* decode the RPW rows' 16 weights once */
+                float wv[RPW][16];
+                float c1[RPW], c0q[RPW];
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    const gemvq_raw<WT> &rw = raw[k][r];
+                    constexpr int NQ = gemvq_raw<WT>::NQ;
+                    const uint32_t sel = rw.mis ? 0x5432u : 0x3210u;
+                    uint32_t q[NQ];
+#pragma unroll
+                    for (int j = 0; j < NQ; j++) q[j] = __byte_perm(rw.q[j], rw.q[j + 1], sel);
+                    const float d = nstf_half_bits_to_float((unsigned short)(rw.sc & 0xffffu));
+                    if (WT == GW_Q8_0) {
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const uint32_t v = q[j] ^ 0x80808080u;
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                wv[r][4 * j + e] = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440u | e)) - 8388736.0f;
+                        }
+                        c1[r] = d;
+                        c0q[r] = 0.0f;
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const uint32_t lo = (q[j] & 0x0F0F0F0Fu) | 0x80808080u;
+                            const uint32_t hi = ((q[j] >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                wv[r][4 * j + e] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7044u | (e << 8)));
+                                wv[r][8 + 4 * j + e] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7044u | (e << 8)));
+                            }
+                        }
+                        c1[r] = 128.0f * d;
+                        if (WT == GW_Q4_0) c0q[r] = -136.0f * d;
+                        else c0q[r] = nstf_half_bits_to_float((unsigned short)(rw.sc >> 16)) - 128.0f * d;
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float xf[16];
+                    gemvq_xfrag<WT, XF>(xs + t * chunk, xs32, u, nu_chunk, xf);
+                    const float X = Q4 ? xsum[t * nu_chunk + u] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            s0 = fmaf(wv[r][e], xf[e], s0);
+                            s1 = fmaf(wv[r][8 + e], xf[8 + e], s1);
+                        }
+                        float a2 = acc[r][t];
+                        if (Q4) a2 = fmaf(c0q[r], X, a2);
+                        acc[r][t] = fmaf(c1[r], s0 + s1, a2);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const int row = row0 + r;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = wave_reduce_sum(acc[r][t]);
+            if (lane == t && row < n_out) {
+                if (Y_BF16) ((nstf_bf16 *)y)[(size_t)t * n_out + row] = nstf_float_to_bf16(v);
+                else ((float *)y)[(size_t)t * n_out + row] = v;
+            }
+        }
+    }
+}
+
 /* ---- launcher ------------------------------------------------------------ */
 
 struct gemv_plan {
@@ -249,6 +508,7 @@ struct gemv_plan {
     int chunk;     /* x elements staged per pass */
     int n_chunks;
     int x_vec;
+    int quant;     /* gemvq_kernel (Q8_0, Q4_0, 4-byte aligned Q4_1) */
     size_t smem;
 };
 
@@ -271,13 +531,16 @@ static gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uint16_t *
     const bool w_al = ((uintptr_t)w % 16) == 0 && n_in % 8 == 0;
     p.wt = gemv_wt(wtype, w_al && x_al);
     p.x_vec = x_al;
+    p.quant = p.wt == GW_Q8_0 || p.wt == GW_Q4_0 || (p.wt == GW_Q4_1 && (uintptr_t)w % 4 == 0);
     /* chunk: a multiple of 32 elements (a quantized block; 16 bytes of bf16
      * x), as large as the staging budget allows for nt token rows. */
-    int64_t cap = (GEMV_SMEM_BYTES / (2 * nt)) / 32 * 32;
+    const int xbytes = (p.quant && nt == 1) ? 4 : 2; /* gemvq stages fp32 x for one token */
+    int64_t cap = (GEMV_SMEM_BYTES / (xbytes * nt)) / 32 * 32;
     int64_t need = (n_in + 31) / 32 * 32;
     p.chunk = (int)(need < cap ? need : cap);
     p.n_chunks = (int)((n_in + p.chunk - 1) / p.chunk);
-    p.smem = (size_t)nt * (size_t)p.chunk * 2;
+    p.smem = (size_t)nt * (size_t)p.chunk * (size_t)xbytes;
+    if (p.quant && p.wt != GW_Q8_0) p.smem += (size_t)nt * (size_t)(p.chunk / 16) * 4; /* x sums */
     return p;
 }
 
@@ -293,8 +556,9 @@ extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, cons
     int nt = (int)(n_tok < GEMV_MAX_NT ? n_tok : GEMV_MAX_NT);
     if (nt < 1) nt = 1;
     gemv_plan p = gemv_make_plan(wtype, w, x, nt, n_in);
-    snprintf(buf, sizeof buf, "%s nt=%d chunk=%dx%d x=%s", gemv_wt_name(p.wt), nt, p.chunk,
-             p.n_chunks, p.x_vec ? "vec" : "scalar");
+    snprintf(buf, sizeof buf, "%s%s nt=%d chunk=%dx%d x=%s", gemv_wt_name(p.wt),
+             p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk, p.n_chunks,
+             p.x_vec ? (p.quant && nt == 1 ? "vec/f32" : "vec") : "scalar");
     return buf;
 }
 
@@ -313,13 +577,37 @@ template <int WT, bool YB> static gemv_fn gemv_pick_nt(int nt) {
     }
 }
 
+template <int WT, bool YB, int R> static gemv_fn gemvq_pick_nt(int nt) {
+    switch (nt) {
+    case 1: return gemvq_kernel<WT, 1, YB, R>;
+    case 2: return gemvq_kernel<WT, 2, YB, R>;
+    case 3: return gemvq_kernel<WT, 3, YB, R>;
+    case 4: return gemvq_kernel<WT, 4, YB, R>;
+    case 5: return gemvq_kernel<WT, 5, YB, R>;
+    case 6: return gemvq_kernel<WT, 6, YB, R>;
+    case 7: return gemvq_kernel<WT, 7, YB, R>;
+    default: return gemvq_kernel<WT, 8, YB, R>;
+    }
+}
+
+/* Q8_0 / Q4_0 always, Q4_1 when 4-byte aligned: the half-block kernel. */
+template <bool YB, int R> static gemv_fn gemvq_pick_r(int wt, int nt) {
+    switch (wt) {
+    case GW_Q8_0: return gemvq_pick_nt<GW_Q8_0, YB, R>(nt);
+    case GW_Q4_0: return gemvq_pick_nt<GW_Q4_0, YB, R>(nt);
+    default: return gemvq_pick_nt<GW_Q4_1, YB, R>(nt);
+    }
+}
+template <bool YB> static gemv_fn gemvq_pick(int wt, int nt, int rows) {
+    return rows == GEMVQ_ROWS_BIG ? gemvq_pick_r<YB, GEMVQ_ROWS_BIG>(wt, nt) : gemvq_pick_r<YB, GEMVQ_ROWS>(wt, nt);
+}
+
+/* Float types, and Q4_1 rows that are only 2-byte aligned. */
 template <bool YB> static gemv_fn gemv_pick(int wt, int nt) {
     switch (wt) {
     case GW_F32: return gemv_pick_nt<GW_F32, YB>(nt);
     case GW_F16: return gemv_pick_nt<GW_F16, YB>(nt);
     case GW_BF16: return gemv_pick_nt<GW_BF16, YB>(nt);
-    case GW_Q8_0: return gemv_pick_nt<GW_Q8_0, YB>(nt);
-    case GW_Q4_0: return gemv_pick_nt<GW_Q4_0, YB>(nt);
     case GW_Q4_1: return gemv_pick_nt<GW_Q4_1, YB>(nt);
     case GW_F32_S: return gemv_pick_nt<GW_F32_S, YB>(nt);
     case GW_F16_S: return gemv_pick_nt<GW_F16_S, YB>(nt);
@@ -345,18 +633,21 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_gpu_gemv: n_in %lld is not a whole number of %s blocks",
                               (long long)n_in, nstf_type_name(wtype));
-    if (n_in > INT32_MAX / 2 || n_out > INT32_MAX - GEMV_ROWS)
+    if (n_in > INT32_MAX / 2 || n_out > INT32_MAX - GEMVQ_ROWS_BIG)
         return nstf_set_error(NSTF_ERR_RANGE, "nstf_gpu_gemv: n_in %lld / n_out %lld too large",
                               (long long)n_in, (long long)n_out);
     if (n_tok == 0 || n_out == 0) return NSTF_OK;
     gpuStream_t s = (gpuStream_t)stream;
     const size_t ysz = y_type == NSTF_TYPE_BF16 ? 2 : 4;
-    const unsigned grid = (unsigned)((n_out + GEMV_ROWS - 1) / GEMV_ROWS);
     for (int64_t t0 = 0; t0 < n_tok; t0 += GEMV_MAX_NT) {
         const int nt = (int)(n_tok - t0 < GEMV_MAX_NT ? n_tok - t0 : GEMV_MAX_NT);
         const uint16_t *xt = x + t0 * n_in;
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
-        gemv_fn fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
+        gemv_fn fn;
+        const int rows = !p.quant ? GEMV_ROWS : n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
+        if (p.quant) fn = y_type == NSTF_TYPE_BF16 ? gemvq_pick<true>(p.wt, nt, rows) : gemvq_pick<false>(p.wt, nt, rows);
+        else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
+        const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
         fn<<<grid, GEMV_THREADS, p.smem, s>>>((const uint8_t *)w, (size_t)row_bytes, xt,
                                              (char *)y + (size_t)(t0 * n_out) * ysz, (int)n_in,
                                              (int)n_out, p.chunk, p.x_vec);
