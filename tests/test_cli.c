@@ -113,6 +113,14 @@ int main(void) {
     for (size_t i = 0; i < sizeof long_prompt - 1; i += 2) long_prompt[i] = ' ';
     long_prompt[sizeof long_prompt - 1] = 0;
     expect_error("prompt longer than the context", "the context holds 64", (const char *const[]){"run", "-m", tiny, "-p", long_prompt, "-c", "64", NULL});
+    /* a context whose KV cache cannot fit in host memory fails early, with figures */
+    FILE *real = fopen(NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "rb");
+    if (real) {
+        fclose(real);
+        expect_error("KV cache larger than memory", "MiB of host memory is available",
+                     (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                           "-p", "x", "-c", "16000000", "--device", "cpu", NULL});
+    }
     expect_error("invalid UTF-8", "UTF-8", (const char *const[]){"run", "-m", tiny, "-p", "ok \xff\xfe bad", NULL});
 
     /* clean up */

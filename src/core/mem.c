@@ -1,6 +1,7 @@
 /* mem.c — aligned, checked allocation. */
 #include "core/mem.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,3 +30,14 @@ void *nstf_calloc(size_t n, size_t size, const char *what) {
 }
 
 void nstf_free(void *p) { free(p); }
+
+uint64_t nstf_host_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}

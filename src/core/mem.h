@@ -25,4 +25,9 @@ void *nstf_alloc(size_t bytes, const char *what);
 void *nstf_calloc(size_t n, size_t size, const char *what);
 void nstf_free(void *p);
 
+/* Host memory available for new allocations without swapping (Linux
+ * MemAvailable), in bytes; 0 when unknown. Used to fail early, with the
+ * figures, instead of being killed by the OOM killer mid-run. */
+uint64_t nstf_host_mem_available(void);
+
 #endif

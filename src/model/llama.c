@@ -223,6 +223,12 @@ nstf_status nstf_llama_state_init(nstf_llama_state *s, const nstf_llama_config *
     uint64_t bytes;
     if (!ok || !nstf_mul_ok(total, 4, &bytes) || bytes > SIZE_MAX)
         return nstf_set_error(NSTF_ERR_OOM, "run state for context %d and batch %d overflows", n_ctx, n_batch);
+    uint64_t avail = nstf_host_mem_available();
+    if (avail && bytes > avail)
+        return nstf_set_error(NSTF_ERR_OOM,
+                              "activations and KV cache for context %d need %.1f MiB but only %.1f MiB of host "
+                              "memory is available; try a smaller -c",
+                              n_ctx, (double)bytes / (1 << 20), (double)avail / (1 << 20));
     s->block = nstf_alloc((size_t)bytes, "activations and KV cache");
     if (!s->block) {
         return nstf_set_error(NSTF_ERR_OOM,
