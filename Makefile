@@ -10,7 +10,7 @@ N_PREDICT  ?= 128
 CMAKE_ARGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all build run test model deps deps-amd amd clean test-asan test-gpu fuzz fuzz-ci
+.PHONY: all build run test model deps deps-amd amd cuda clean test-asan test-gpu fuzz fuzz-ci
 
 all: build
 
@@ -39,13 +39,18 @@ test: build $(MODEL)
 test-asan:
 	$(MAKE) test BUILD=build-asan CMAKE_ARGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DNSTF_SANITIZE=address,undefined"
 
-# CUDA build (nvcc, sm_90a + sm_80) and the GPU op-comparison harness.
-test-gpu:
+# CUDA build of everything (nvcc; sm_90a + sm_80 unless GPU_TARGETS says
+# otherwise). CI runs it without a GPU, so a kernel that stops compiling fails.
+cuda:
 	cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DNSTF_CUDA=ON $(CMAKE_ARGS)
 	cmake --build build-cuda -j $(JOBS)
+
+# The GPU tests, on a machine with an NVIDIA GPU.
+test-gpu: cuda
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
+	./build-cuda/tests/test_levels_gpu
 	./build-cuda/tests/test_e2e_gpu
 
 # libFuzzer targets (fuzz/Makefile, clang + ASan/UBSan, apart from the gcc
