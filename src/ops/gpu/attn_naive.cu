@@ -10,11 +10,16 @@
  * thread per output, no tiling. */
 #include "gpu.h"
 
+/* Profiler ranges: NVTX on CUDA (header-only nvtx3 from the toolkit), roctx
+ * on HIP when the build found ROCm's roctracer (cmake/gpu.cmake). */
 #if defined(NSTF_GPU_CUDA) && defined(__has_include)
 #if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
 #define NSTF_HAVE_NVTX 1
 #endif
+#endif
+#if defined(NSTF_GPU_HIP) && defined(NSTF_HAVE_ROCTX)
+#include <roctracer/roctx.h>
 #endif
 
 #define NAIVE_THREADS 256
@@ -214,6 +219,8 @@ extern "C" nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int6
 extern "C" void nstf_gpu_range_push(const char *name) {
 #if defined(NSTF_HAVE_NVTX)
     nvtxRangePushA(name);
+#elif defined(NSTF_GPU_HIP) && defined(NSTF_HAVE_ROCTX)
+    roctxRangePushA(name);
 #else
     (void)name;
 #endif
@@ -222,11 +229,13 @@ extern "C" void nstf_gpu_range_push(const char *name) {
 extern "C" void nstf_gpu_range_pop(void) {
 #if defined(NSTF_HAVE_NVTX)
     nvtxRangePop();
+#elif defined(NSTF_GPU_HIP) && defined(NSTF_HAVE_ROCTX)
+    roctxRangePop();
 #endif
 }
 
 extern "C" int nstf_gpu_have_ranges(void) {
-#if defined(NSTF_HAVE_NVTX)
+#if defined(NSTF_HAVE_NVTX) || (defined(NSTF_GPU_HIP) && defined(NSTF_HAVE_ROCTX))
     return 1;
 #else
     return 0;
