@@ -75,43 +75,43 @@ uint16_t nstf_f32_to_fp16(float f) {
 }
 
 void nstf_dequantize_row(nstf_type t, const void *src, float *dst, int64_t n) {
+    /* byte pointers throughout: src may have any alignment (see nstf_load_u16) */
+    const uint8_t *p = src;
     switch (t) {
     case NSTF_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
-    case NSTF_TYPE_F16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = nstf_fp16_to_f32(s[i]);
-    } break;
-    case NSTF_TYPE_BF16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) dst[i] = nstf_bf16_to_f32(s[i]);
-    } break;
-    case NSTF_TYPE_Q8_0: {
-        const nstf_block_q8_0 *b = src;
-        for (int64_t i = 0; i < n / NSTF_QK; i++) {
-            float d = nstf_fp16_to_f32(b[i].d);
-            for (int j = 0; j < NSTF_QK; j++) dst[i * NSTF_QK + j] = d * b[i].qs[j];
+    case NSTF_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = nstf_fp16_to_f32(nstf_load_u16(p + 2 * i));
+        break;
+    case NSTF_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = nstf_bf16_to_f32(nstf_load_u16(p + 2 * i));
+        break;
+    case NSTF_TYPE_Q8_0:
+        for (int64_t i = 0; i < n / NSTF_QK; i++, p += sizeof(nstf_block_q8_0)) {
+            float d = nstf_fp16_to_f32(nstf_load_u16(p));
+            const int8_t *qs = (const int8_t *)(p + 2);
+            for (int j = 0; j < NSTF_QK; j++) dst[i * NSTF_QK + j] = d * qs[j];
         }
-    } break;
-    case NSTF_TYPE_Q4_0: {
-        const nstf_block_q4_0 *b = src;
-        for (int64_t i = 0; i < n / NSTF_QK; i++) {
-            float d = nstf_fp16_to_f32(b[i].d);
+        break;
+    case NSTF_TYPE_Q4_0:
+        for (int64_t i = 0; i < n / NSTF_QK; i++, p += sizeof(nstf_block_q4_0)) {
+            float d = nstf_fp16_to_f32(nstf_load_u16(p));
+            const uint8_t *qs = p + 2;
             for (int j = 0; j < NSTF_QK / 2; j++) {
-                dst[i * NSTF_QK + j] = d * ((b[i].qs[j] & 0x0f) - 8);
-                dst[i * NSTF_QK + j + 16] = d * ((b[i].qs[j] >> 4) - 8);
+                dst[i * NSTF_QK + j] = d * ((qs[j] & 0x0f) - 8);
+                dst[i * NSTF_QK + j + 16] = d * ((qs[j] >> 4) - 8);
             }
         }
-    } break;
-    case NSTF_TYPE_Q4_1: {
-        const nstf_block_q4_1 *b = src;
-        for (int64_t i = 0; i < n / NSTF_QK; i++) {
-            float d = nstf_fp16_to_f32(b[i].d), m = nstf_fp16_to_f32(b[i].m);
+        break;
+    case NSTF_TYPE_Q4_1:
+        for (int64_t i = 0; i < n / NSTF_QK; i++, p += sizeof(nstf_block_q4_1)) {
+            float d = nstf_fp16_to_f32(nstf_load_u16(p)), m = nstf_fp16_to_f32(nstf_load_u16(p + 2));
+            const uint8_t *qs = p + 4;
             for (int j = 0; j < NSTF_QK / 2; j++) {
-                dst[i * NSTF_QK + j] = d * (b[i].qs[j] & 0x0f) + m;
-                dst[i * NSTF_QK + j + 16] = d * (b[i].qs[j] >> 4) + m;
+                dst[i * NSTF_QK + j] = d * (qs[j] & 0x0f) + m;
+                dst[i * NSTF_QK + j + 16] = d * (qs[j] >> 4) + m;
             }
         }
-    } break;
+        break;
     }
 }
 

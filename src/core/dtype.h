@@ -70,6 +70,15 @@ static inline float nstf_fp16_to_f32(uint16_t h) {
 }
 uint16_t nstf_f32_to_fp16(float f);
 
+/* A 16-bit value at any address. Tensor data in a GGUF file need only be
+ * 1-byte aligned (general.alignment may be 1), so block fields are read
+ * through byte pointers, never through a block struct pointer. */
+static inline uint16_t nstf_load_u16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 /* bfloat16 <-> float; float->bf16 rounds to nearest even, NaN stays NaN. */
 static inline float nstf_bf16_to_f32(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;

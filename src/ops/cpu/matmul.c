@@ -426,22 +426,24 @@ static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
                 const int8_t *xb = xq + (t * nb + b) * QK;
                 float dx = xd[t * nb + b], sx = xs[t * nb + b];
                 int isum = 0;
+                /* byte offsets, not block structs: rows may be unaligned */
+                const uint8_t *bl = w + r * row_bytes + (uint64_t)b * (uint64_t)nstf_type_block_bytes(wtype);
+                const float wd = nstf_fp16_to_f32(nstf_load_u16(bl));
                 if (wtype == NSTF_TYPE_Q8_0) {
-                    const nstf_block_q8_0 *bl = (const nstf_block_q8_0 *)(w + r * row_bytes) + b;
-                    for (int j = 0; j < QK; j++) isum += bl->qs[j] * xb[j];
-                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
+                    const int8_t *qs = (const int8_t *)(bl + 2);
+                    for (int j = 0; j < QK; j++) isum += qs[j] * xb[j];
+                    acc += (float)isum * (wd * dx);
                 } else if (wtype == NSTF_TYPE_Q4_1) {
-                    const nstf_block_q4_1 *bl = (const nstf_block_q4_1 *)(w + r * row_bytes) + b;
+                    const uint8_t *qs = bl + 4;
                     for (int j = 0; j < QK / 2; j++)
-                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
-                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx) +
-                           nstf_fp16_to_f32(bl->m) * sx;
+                        isum += (qs[j] & 0x0f) * xb[j] + (qs[j] >> 4) * xb[j + 16];
+                    acc += (float)isum * (wd * dx) + nstf_fp16_to_f32(nstf_load_u16(bl + 2)) * sx;
                 } else {
-                    const nstf_block_q4_0 *bl = (const nstf_block_q4_0 *)(w + r * row_bytes) + b;
+                    const uint8_t *qs = bl + 2;
                     for (int j = 0; j < QK / 2; j++)
-                        isum += (bl->qs[j] & 0x0f) * xb[j] + (bl->qs[j] >> 4) * xb[j + 16];
+                        isum += (qs[j] & 0x0f) * xb[j] + (qs[j] >> 4) * xb[j + 16];
                     isum -= 8 * xsum[t * nb + b];
-                    acc += (float)isum * (nstf_fp16_to_f32(bl->d) * dx);
+                    acc += (float)isum * (wd * dx);
                 }
             }
             y[t * ldy + r] = acc;

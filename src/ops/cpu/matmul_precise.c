@@ -39,11 +39,11 @@ static void dequant_piece(nstf_type t, const uint8_t *row, int64_t i0, int64_t n
         const uint8_t *b = row + (i0 / NSTF_QK) * bb;
         const __m128i m4 = _mm_set1_epi8(0x0f);
         for (int64_t k = 0; k < n; k += NSTF_QK, b += bb, dst += NSTF_QK) {
+            /* byte offsets, not block structs: rows may be unaligned */
             if (t == NSTF_TYPE_Q8_0) {
-                const nstf_block_q8_0 *q = (const nstf_block_q8_0 *)b;
-                __m256 d = _mm256_set1_ps(nstf_fp16_to_f32(q->d));
+                __m256 d = _mm256_set1_ps(nstf_fp16_to_f32(nstf_load_u16(b)));
                 for (int j = 0; j < 4; j++) {
-                    __m128i v = _mm_loadl_epi64((const __m128i *)(q->qs + 8 * j));
+                    __m128i v = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
                     _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
                 }
                 continue;
@@ -51,15 +51,13 @@ static void dequant_piece(nstf_type t, const uint8_t *row, int64_t i0, int64_t n
             const uint8_t *qs;
             __m256 d, m;
             if (t == NSTF_TYPE_Q4_1) {
-                const nstf_block_q4_1 *q = (const nstf_block_q4_1 *)b;
-                d = _mm256_set1_ps(nstf_fp16_to_f32(q->d));
-                m = _mm256_set1_ps(nstf_fp16_to_f32(q->m));
-                qs = q->qs;
+                d = _mm256_set1_ps(nstf_fp16_to_f32(nstf_load_u16(b)));
+                m = _mm256_set1_ps(nstf_fp16_to_f32(nstf_load_u16(b + 2)));
+                qs = b + 4;
             } else {
-                const nstf_block_q4_0 *q = (const nstf_block_q4_0 *)b;
-                d = _mm256_set1_ps(nstf_fp16_to_f32(q->d));
+                d = _mm256_set1_ps(nstf_fp16_to_f32(nstf_load_u16(b)));
                 m = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)); /* d * (q - 8) = d * q - 8d */
-                qs = q->qs;
+                qs = b + 2;
             }
             __m128i raw = _mm_loadu_si128((const __m128i *)qs);
             __m128i lo = _mm_and_si128(raw, m4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
