@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ops/gpu/gpu.h"
+#include "core/dtype.h"
 #include "test_util.h" /* CHECK, test_finish, test_rng */
 
 #define DEV_CHECK(call)                                                                           \
@@ -24,19 +25,9 @@
         }                                                                                         \
     } while (0)
 
-static inline float bf2f(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+/* bf16 on the host: the project's one definition (core/dtype.h). */
+static inline float bf2f(uint16_t b) { return nstf_bf16_to_f32(b); }
+static inline uint16_t f2bf(float f) { return nstf_f32_to_bf16(f); }
 static inline float round_bf(float f) { return bf2f(f2bf(f)); }
 
 /* Device buffer of `bytes` + guard, all bytes 0xff (poison and guard alike). */
