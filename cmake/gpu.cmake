@@ -87,32 +87,19 @@ if(NSTF_CUDA)
   endforeach()
   target_link_libraries(bench_gemm PRIVATE CUDA::cublas)
 
-  # End to end: the GPU forward against the CPU forward (C, needs the nstf
-  # CLI for gen-model), and the inference benchmark.
-  add_executable(test_e2e_gpu ${PROJECT_SOURCE_DIR}/tests/test_e2e_gpu.c)
-  target_link_libraries(test_e2e_gpu PRIVATE nstf)
-  target_compile_definitions(test_e2e_gpu PRIVATE NSTF_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                                                  NSTF_BUILD_DIR="${PROJECT_BINARY_DIR}")
-  set_target_properties(test_e2e_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_dependencies(test_e2e_gpu nstf_cli)
-  add_test(NAME test_e2e_gpu COMMAND test_e2e_gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(test_e2e_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
-  # The execution levels: unfused kernels vs fp64, every level vs L3.
-  add_executable(test_levels_gpu ${PROJECT_SOURCE_DIR}/tests/test_levels_gpu.c)
-  target_link_libraries(test_levels_gpu PRIVATE nstf)
-  target_compile_definitions(test_levels_gpu PRIVATE NSTF_BUILD_DIR="${PROJECT_BINARY_DIR}")
-  set_target_properties(test_levels_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_dependencies(test_levels_gpu nstf_cli)
-  add_test(NAME test_levels_gpu COMMAND test_levels_gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(test_levels_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
-  # Run-to-run determinism of the GPU forward (graph and plain launches).
-  add_executable(test_determinism_gpu ${PROJECT_SOURCE_DIR}/tests/test_determinism_gpu.c)
-  target_link_libraries(test_determinism_gpu PRIVATE nstf)
-  target_compile_definitions(test_determinism_gpu PRIVATE NSTF_BUILD_DIR="${PROJECT_BINARY_DIR}")
-  set_target_properties(test_determinism_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_dependencies(test_determinism_gpu nstf_cli)
-  add_test(NAME test_determinism_gpu COMMAND test_determinism_gpu WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  set_tests_properties(test_determinism_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  # End to end (GPU forward vs CPU forward), the execution levels (unfused
+  # kernels vs fp64, every level vs L3) and run-to-run determinism: C tests
+  # that use the nstf CLI for gen-model.
+  foreach(t test_e2e_gpu test_levels_gpu test_determinism_gpu)
+    add_executable(${t} ${PROJECT_SOURCE_DIR}/tests/${t}.c)
+    target_link_libraries(${t} PRIVATE nstf)
+    target_compile_definitions(${t} PRIVATE NSTF_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                            NSTF_BUILD_DIR="${PROJECT_BINARY_DIR}")
+    set_target_properties(${t} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+    add_dependencies(${t} nstf_cli)
+    add_test(NAME ${t} COMMAND ${t} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endforeach()
   add_executable(bench_infer ${PROJECT_SOURCE_DIR}/bench/gpu/bench_infer.c)
   target_link_libraries(bench_infer PRIVATE nstf)
   set_target_properties(bench_infer PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
