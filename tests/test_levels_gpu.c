@@ -12,6 +12,8 @@
  *    every level runs the same prefill (20 tokens) and 4 decode steps; each
  *    step's logits must match L3's: KL(softmax L3 || softmax Lx) <= 1e-3 and
  *    the same top-1 token (unless L3's top-2 margin is below 1e-2).
+ * 3. L3's decode on the fused GEMVs gives bitwise the logits of the same
+ *    step on the unfused kernels (graph replay included: 4 steps).
  * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -209,6 +211,29 @@ static void test_model(const char *path) {
         printf("  L%d vs L3: max KL %.2e (<= 1e-3), top-1 agree %d/%d (+%d near-ties), non-finite %d\n", L, worst,
                agree, N_STEP, close, nonfinite);
         CHECK(nonfinite == 0 && worst <= 1e-3 && agree + close == N_STEP, "level %d differs from L3", L);
+    }
+    /* L3 decodes on the fused GEMVs (with programmatic dependent launch);
+     * the same step on the unfused kernels must give the same bits */
+    if (g && nstf_llama_gpu_set_fused(g, true)) {
+        float *un = malloc(sizeof(float) * N_STEP * nv);
+        CHECK(un != NULL, "out of memory");
+        CHECK(nstf_llama_gpu_set_level(g, 3) == NSTF_OK, "%s", nstf_last_error());
+        (void)nstf_llama_gpu_set_fused(g, false);
+        CHECK(nstf_llama_gpu_forward(g, ids, N_TOK, 0, false, un, NULL) == NSTF_OK, "%s", nstf_last_error());
+        for (int s = 0; un && s < N_GEN; s++)
+            CHECK(nstf_llama_gpu_forward(g, ids + N_TOK + s, 1, N_TOK + s, false, un + (size_t)(s + 1) * nv, NULL) ==
+                      NSTF_OK, "%s", nstf_last_error());
+        const int64_t k_un = nstf_llama_gpu_kernels(g);
+        (void)nstf_llama_gpu_set_fused(g, true);
+        int64_t diff = 0;
+        for (size_t i = 0; un && i < (size_t)N_STEP * nv; i++)
+            diff += memcmp(&un[i], &lg[(size_t)3 * N_STEP * nv + i], sizeof(float)) != 0;
+        printf("  L3 fused decode vs the unfused kernels (%lld kernels per step, graph): %lld of %lld logits differ "
+               "(0 allowed)\n", (long long)k_un, (long long)diff, (long long)N_STEP * nv);
+        CHECK(un && diff == 0, "fused decode differs from the unfused kernels");
+        free(un);
+    } else {
+        printf("  L3 fused decode: not available for this model's weight types\n");
     }
     free(lg);
     nstf_llama_gpu_free(g);

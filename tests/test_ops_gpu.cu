@@ -421,6 +421,141 @@ static void test_swiglu(int64_t n, size_t pad) {
     dfree(dg); dfree(du); dfree(dy);
 }
 
+/* ---- fused decode GEMV ---------------------------------------------------------------------- *
+ * nstf_gpu_gemv_fused against the unfused kernels it replaces, run on the
+ * same inputs: rmsnorm -> gemv -> (rope | swiglu | add). The claim is bitwise
+ * equality (same sums in the same order, same roundings), so the metric is
+ * the count of outputs whose bits differ: 0 allowed. Each unfused
+ * kernel is itself checked against the CPU reference above, so equality
+ * carries their accuracy over. */
+static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t n_in, int64_t n_out, int hd,
+                            int rope_rows, nstf_rope_mode mode, bool pdl) {
+    const float eps = 1e-5f, base = 100000.0f;
+    const int32_t pos = 517;
+    std::vector<unsigned char> w = make_weights(wt, n_out, n_in);
+    std::vector<float> xr(n_in), nw(n_in), xin_f(n_in);
+    for (auto &v : xr) v = R.normal() * 3.0f;
+    for (auto &v : nw) v = 1.0f + 0.2f * R.normal();
+    for (auto &v : xin_f) v = bf(R.normal());
+    std::vector<uint16_t> xin = to_bf16(xin_f);
+    const int64_t n_y = epi == NSTF_GEMV_SWIGLU ? n_out / 2 : n_out;
+    const bool yf32 = epi == NSTF_GEMV_STORE || epi == NSTF_GEMV_ACCUM;
+    std::vector<float> y0(n_y);
+    for (auto &v : y0) v = R.normal();
+    std::vector<float> fr(256);
+    if (hd) nstf_gpu_rope_freqs(base, hd, fr.data());
+
+    dbuf dw = dalloc(w.size(), w.data()), dxr = dalloc(n_in * 4, xr.data()), dnw = dalloc(n_in * 4, nw.data());
+    dbuf dxin = dalloc(n_in * 2, xin.data()), dxb = dalloc(n_in * 2, nullptr), dp = dalloc(4, &pos);
+    dbuf dfr = dalloc(256 * 4, fr.data()), dtmp = dalloc(n_out * 4, nullptr);
+    dbuf dya = dalloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
+    dbuf dyb = dalloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
+    /* unfused */
+    bool ok = true;
+    const uint16_t *in = (const uint16_t *)dxin.p();
+    if (norm) {
+        ok = ok && nstf_gpu_rmsnorm((float *)dxr.p(), nullptr, NSTF_TYPE_F32, (const float *)dnw.p(),
+                                    (uint16_t *)dxb.p(), 1, n_in, eps, nullptr) == NSTF_OK;
+        in = (const uint16_t *)dxb.p();
+    }
+    switch (epi) {
+    case NSTF_GEMV_STORE: ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dya.p(), NSTF_TYPE_F32, 1, n_in, n_out, nullptr) == NSTF_OK; break;
+    case NSTF_GEMV_ACCUM:
+        ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dtmp.p(), NSTF_TYPE_F32, 1, n_in, n_out, nullptr) == NSTF_OK &&
+             nstf_gpu_add((float *)dya.p(), (const float *)dtmp.p(), n_out, nullptr) == NSTF_OK;
+        break;
+    case NSTF_GEMV_ROPE:
+        ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dya.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr) == NSTF_OK &&
+             nstf_gpu_rope((uint16_t *)dya.p(), nullptr, (const int32_t *)dp.p(), 1, rope_rows / hd, 0, hd, base,
+                           mode, nullptr) == NSTF_OK;
+        break;
+    case NSTF_GEMV_SWIGLU:
+        ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dtmp.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr) == NSTF_OK &&
+             nstf_gpu_swiglu((const uint16_t *)dtmp.p(), (const uint16_t *)dtmp.p() + n_y, (uint16_t *)dya.p(), n_y,
+                             nullptr) == NSTF_OK;
+        break;
+    }
+    /* fused */
+    nstf_gemv_fusion f = {};
+    f.norm_x = norm ? (const float *)dxr.p() : nullptr;
+    f.norm_w = (const float *)dnw.p();
+    f.norm_eps = eps;
+    f.epi = epi;
+    f.rope_rows = rope_rows;
+    f.head_dim = hd;
+    f.rope_mode = mode;
+    f.pos = (const int32_t *)dp.p();
+    f.rope_freqs = (const float *)dfr.p();
+    const int prev = nstf_gpu_set_pdl(pdl);
+    nstf_status st = nstf_gpu_gemv_fused(wt, dw.p(), norm ? nullptr : (const uint16_t *)dxin.p(), dyb.p(), n_in,
+                                         n_out, &f, nullptr);
+    nstf_gpu_set_pdl(prev);
+    ok = ok && st == NSTF_OK && nstf_gpu_stream_sync(nullptr) == NSTF_OK;
+    const size_t yb = n_y * (yf32 ? 4 : 2);
+    std::vector<unsigned char> a(yb), b(yb);
+    const bool guards = ok && dfetch(dya, a.data()) && dfetch(dyb, b.data());
+    size_t diff = 0, bad = 0;
+    for (int64_t i = 0; i < n_y; i++) {
+        float vb;
+        if (yf32) {
+            memcpy(&vb, &b[i * 4], 4);
+        } else {
+            uint16_t hb;
+            memcpy(&hb, &b[i * 2], 2);
+            vb = nstf_bf16_to_f32(hb);
+        }
+        diff += memcmp(&a[i * (yf32 ? 4 : 2)], &b[i * (yf32 ? 4 : 2)], yf32 ? 4 : 2) != 0;
+        bad += !isfinite(vb);
+    }
+    static const char *en[] = {"store", "accum", "rope", "swiglu"};
+    char what[160], detail[200];
+    snprintf(what, sizeof what, "gemv_fused %s %s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "",
+             en[epi], epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", (long long)n_in,
+             (long long)n_out, pdl ? " pdl" : "");
+    snprintf(detail, sizeof detail, "%s; outputs differing from the unfused kernels %zu of %lld (0 allowed), "
+             "nonfinite=%zu guard=%s", ok ? "ran" : nstf_last_error(), diff, (long long)n_y, bad, guards ? "ok" : "BROKEN");
+    report(ok && diff == 0 && bad == 0 && guards, what, detail);
+    dfree(dw); dfree(dxr); dfree(dnw); dfree(dxin); dfree(dxb); dfree(dp); dfree(dfr); dfree(dtmp); dfree(dya);
+    dfree(dyb);
+}
+
+static void gemv_fused_cases(void) {
+    for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1}) {
+        for (int pdl = 0; pdl < 2; pdl++) {
+            /* SmolLM2 shapes: q 9 heads, k/v 3 heads of 64 */
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NEOX, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 576, 3072, 0, 0, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 576, 0, 0, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 1000, 0, 0, NSTF_ROPE_NORM, pdl);
+        }
+        /* head_dim 128, Llama-3 8B width; pairs that do not fill the last block */
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 1024, 128, 768, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, false, 2048, 1024, 128, 768, NSTF_ROPE_NEOX, false);
+        test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 4096, 2 * 100, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_SWIGLU, false, 2048, 2 * 37, 0, 0, NSTF_ROPE_NORM, false);
+        test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 14336, 33, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_ACCUM, true, 4096, 4096, 0, 0, NSTF_ROPE_NORM, true);
+        /* wide outputs: the bf16 kernel's 16-row blocks */
+        test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 2048, 2 * 8200, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 20001, 0, 0, NSTF_ROPE_NORM, false);
+    }
+    /* types and shapes it does not take are refused, not run */
+    unsigned char *dummy = nullptr;
+    must(nstf_gpu_malloc((void **)&dummy, 4096), "gpu malloc");
+    nstf_gemv_fusion f = {};
+    f.epi = NSTF_GEMV_ACCUM;
+    nstf_status st = nstf_gpu_gemv_fused(NSTF_TYPE_F32, dummy, (const uint16_t *)dummy, dummy, 64, 4, &f, nullptr);
+    report(st == NSTF_ERR_UNSUPPORTED && !nstf_gpu_gemv_fusable(NSTF_TYPE_F32, dummy, 64, 0),
+           "gemv_fused: F32 weights refused", nstf_last_error());
+    f.epi = NSTF_GEMV_SWIGLU;
+    st = nstf_gpu_gemv_fused(NSTF_TYPE_BF16, dummy, (const uint16_t *)dummy, dummy, 64, 5, &f, nullptr);
+    report(st == NSTF_ERR_INVALID_ARG, "gemv_fused: SwiGLU with odd rows refused", nstf_last_error());
+    report(!nstf_gpu_gemv_fusable(NSTF_TYPE_BF16, dummy, 40000, 1), "gemv_fused: norm prologue wider than staging refused",
+           "n_in 40000");
+    nstf_gpu_free(dummy);
+}
+
 /* ---- argmax --------------------------------------------------------------------------------- */
 
 static void test_argmax(int64_t n_rows, int64_t n, nstf_type xt, bool nans) {
@@ -522,6 +657,7 @@ int main(void) {
 
     test_errors();
     gemv_cases();
+    gemv_fused_cases();
     for (nstf_type t : k_wtypes) {
         const bool q = is_quant(t);
         for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {

@@ -3,7 +3,7 @@
  * repetitions after warm-up).
  *
  *   bench_infer --shape smollm2-135m|llama32-1b|llama3-8b [--type bf16]
- *               [--prompt 512] [--gen 64] [--reps 5]
+ *               [--prompt 512] [--gen 64] [--reps 5] [--unfused]
  *   bench_infer -m MODEL.gguf [...]
  *
  * --shape builds the model in memory instead of reading a file: random
@@ -11,6 +11,11 @@
  * reused as the source of every layer's upload (each layer still gets its
  * own device copy, so the GPU reads as much memory as with real weights),
  * and no tokenizer. This keeps the 16 GB of an 8B model off the disk.
+ *
+ * --unfused times the level-3 decode on the unfused kernels (one graph of
+ * ten kernels per layer) instead of the fused GEMVs, for before/after
+ * figures; NSTF_PDL=0 in the environment turns programmatic dependent
+ * launch off.
  *
  * Decode is timed at context `prompt` (after a prefill of that many
  * tokens), one token per step, three ways: graph replay with the argmax on
@@ -133,8 +138,13 @@ static float median(float *v, int n) {
 int main(int argc, char **argv) {
     const char *shape_name = NULL, *model = NULL, *type_name = "bf16";
     int prompt = 512, gen = 64, reps = 5;
+    bool unfused = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--unfused")) {
+            unfused = true;
+            continue;
+        }
         if (!v) DIE("%s needs a value", a);
         i++;
         if (!strcmp(a, "--shape")) shape_name = v;
@@ -184,9 +194,12 @@ int main(int argc, char **argv) {
         clock_gettime(CLOCK_MONOTONIC, &ts);
         t1 = ts.tv_sec + ts.tv_nsec * 1e-9;
     }
-    printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s\n", label,
+    const bool fused = nstf_llama_gpu_set_fused(g, !unfused);
+    const char *pdl = getenv("NSTF_PDL");
+    printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s; decode kernels %s, PDL %s\n", label,
            nstf_type_name(m->w.layers[0].wq.type), m->cfg.n_layers, m->cfg.dim,
-           (double)nstf_llama_gpu_bytes(g) / (1u << 30), t1 - t0);
+           (double)nstf_llama_gpu_bytes(g) / (1u << 30), t1 - t0, fused ? "fused" : "unfused",
+           !fused ? "off" : pdl && pdl[0] == '0' ? "off" : "on (sm_90)");
 
     void *stream = nstf_llama_gpu_stream(g), *e0, *e1;
     if (nstf_gpu_event_create(&e0) != NSTF_OK || nstf_gpu_event_create(&e1) != NSTF_OK) DIE("%s", nstf_last_error());

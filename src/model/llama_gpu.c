@@ -10,7 +10,10 @@
  * SwiGLU, GEMV down; final norm, logits (fp32), argmax. The token and the
  * position are read from device memory, so the step is captured once into a
  * graph and replayed (re-captured only when the context passes a power-of-
- * two bound of the attention split plan).
+ * two bound of the attention split plan). Level 3 (the default) runs that
+ * step on fused kernels where the weights allow (nstf_gpu_gemv_fused: the
+ * norms, RoPE, SwiGLU and residual adds inside the GEMVs; 5 kernels per
+ * layer instead of 10) with programmatic dependent launch on sm_90.
  *
  * Prefill (several tokens): the same sequence with GEMMs on the matrix
  * units and causal flash attention. Quantized (or F16/F32) matrices are
@@ -27,6 +30,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/mem.h"
@@ -75,6 +79,9 @@ struct nstf_llama_gpu {
     size_t am_bytes, fd_bytes;
     uint16_t *kc, *vc;     /* [L, n_ctx, kvd] */
     uint16_t *h3;          /* [B, ffn]: SwiGLU out of the fused gate|up GEMM (L2+ prefill) */
+    float *rope_freqs;     /* [head_dim]: RoPE frequencies for the fused QKV GEMV */
+    bool fused;            /* every matrix takes the fused decode GEMVs (L3 decode) */
+    bool fd_one;           /* fused decode: flash-decode merge in the same kernel (NSTF_FD_ONE=0: two) */
     /* graph */
     void *graph;
     int64_t graph_bound;
@@ -248,7 +255,7 @@ static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
     const nstf_llama_config *c = &g->cfg;
     const uint64_t B = (uint64_t)g->n_batch, dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
                    kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim, V = (uint64_t)c->n_vocab;
-    uint64_t s[16];
+    uint64_t s[17];
     bool ok = nstf_mul_ok(B * 4, dim, &s[0]);                  /* x */
     s[1] = s[0];                                                /* y */
     ok = ok && nstf_mul_ok(B * 2, dim, &s[2]);                  /* xb */
@@ -266,9 +273,10 @@ static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
     uint64_t kv = 0;
     ok = ok && nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)g->n_ctx, kvd * 2, &kv);
     s[14] = s[15] = kv;
+    s[16] = (uint64_t)c->head_dim * 4;                          /* rope_freqs */
     carve cv = {0, ok};
-    uint64_t off[16];
-    for (int i = 0; i < 16; i++) off[i] = carve_take(&cv, s[i]);
+    uint64_t off[17];
+    for (int i = 0; i < 17; i++) off[i] = carve_take(&cv, s[i]);
     if (!cv.ok)
         return nstf_set_error(NSTF_ERR_RANGE, "GPU activations for context %d and batch %d overflow", g->n_ctx,
                               g->n_batch);
@@ -292,7 +300,25 @@ static nstf_status arena_plan(nstf_llama_gpu *g, char *base, uint64_t *total) {
     g->fd_scratch = base + off[13];
     g->kc = (uint16_t *)(base + off[14]);
     g->vc = (uint16_t *)(base + off[15]);
+    g->rope_freqs = (float *)(base + off[16]);
     return NSTF_OK;
+}
+
+/* Whether the L3 decode can run on the fused GEMVs: Q/K/V and gate/up
+ * adjacent, every matrix of a type (and alignment) they take, x of one
+ * staging chunk for the norm prologues, head_dim/2 a multiple of 8. */
+static bool fused_decode_ok(const nstf_llama_gpu *g) {
+    const nstf_llama_config *c = &g->cfg;
+    if ((c->head_dim / 2) % 8 != 0 || !nstf_gpu_gemv_fusable(g->output.type, g->output.data, c->dim, 1)) return false;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dlayer *L = &g->layers[l];
+        if (!L->qkv_fused || !L->gu_fused || !nstf_gpu_gemv_fusable(L->wq.type, L->wq.data, c->dim, 1) ||
+            !nstf_gpu_gemv_fusable(L->wo.type, L->wo.data, L->wo.n_in, 0) ||
+            !nstf_gpu_gemv_fusable(L->w_gate.type, L->w_gate.data, c->dim, 1) ||
+            !nstf_gpu_gemv_fusable(L->w_down.type, L->w_down.data, L->w_down.n_in, 0))
+            return false;
+    }
+    return true;
 }
 
 void nstf_llama_gpu_free(nstf_llama_gpu *g) {
@@ -387,6 +413,14 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
         if (st == NSTF_OK) st = nstf_gpu_memcpy_h2d(g->rowids, ids, (size_t)g->n_rowids * sizeof(int32_t), g->stream);
         nstf_free(ids);
     }
+    if (st == NSTF_OK && c->head_dim <= 256) {
+        float fr[256];
+        nstf_gpu_rope_freqs(c->rope_base, c->head_dim, fr);
+        st = nstf_gpu_memcpy_h2d(g->rope_freqs, fr, (size_t)c->head_dim * sizeof(float), g->stream);
+    }
+    if (st == NSTF_OK) g->fused = fused_decode_ok(g);
+    const char *fd_env = getenv("NSTF_FD_ONE");
+    g->fd_one = !(fd_env && fd_env[0] == '0');
     if (st == NSTF_OK) st = nstf_gpu_stream_sync(g->stream);
     if (st != NSTF_OK) {
         nstf_llama_gpu_free(g);
@@ -483,8 +517,17 @@ static double attn_bytes(const nstf_llama_config *c, int64_t n, int64_t n_kv) {
     return 2.0 * (2.0 * (double)n_kv * kvd + 2.0 * (double)n * qd);
 }
 
-/* The decode step; reads the token from dio[0] and the position from dio[1]. */
-static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_hint) {
+/* The decode step; reads the token from dio[0] and the position from dio[1].
+ * Unfused (L2, and L3 where the weights do not allow more): per layer
+ * RMSNorm (+ the previous residual), one QKV GEMV, RoPE, flash decode and
+ * its merge, out GEMV, RMSNorm + residual, one gate/up GEMV, SwiGLU, down
+ * GEMV. Fused (L3): five kernels per layer: QKV with the norm before and
+ * RoPE after it; flash decode with its merge in the same kernel; out-proj
+ * adding into the residual; gate/up with the norm and SwiGLU; down adding
+ * into the residual; then the final norm inside the logits GEMV. Both give
+ * the same bits (nstf_gpu_gemv_fused, nstf_gpu_flash_decode_dpos;
+ * test_levels_gpu checks it). */
+static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_hint, bool fused) {
     const nstf_llama_config *c = &g->cfg;
     const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
                   ffn = c->ffn_dim, row = qd + 2 * kvd;
@@ -494,31 +537,62 @@ static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_
     const double nb = (double)dim * 4;
     OP(NSTF_GPU_CAT_OTHER, "embed", -1, 1, 0, nb,
        nstf_gpu_get_rows(g->tok_embd.type, g->tok_embd.data, c->n_vocab, g->dio, g->x, NSTF_TYPE_F32, 1, dim, s));
+    nstf_gemv_fusion qkv = {0}, acc = {0}, gu = {0}, out = {0};
+    qkv.norm_x = gu.norm_x = out.norm_x = g->x;
+    qkv.norm_eps = gu.norm_eps = out.norm_eps = c->norm_eps;
+    qkv.epi = NSTF_GEMV_ROPE;
+    qkv.rope_rows = (int)(qd + kvd);
+    qkv.head_dim = (int)hd;
+    qkv.rope_mode = c->rope_mode;
+    qkv.pos = g->dio + 1;
+    qkv.rope_freqs = g->rope_freqs;
+    acc.epi = NSTF_GEMV_ACCUM;
+    gu.epi = NSTF_GEMV_SWIGLU;
+    out.epi = NSTF_GEMV_STORE;
+    out.norm_w = g->out_norm;
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer *L = &g->layers[l];
         uint16_t *kc = g->kc + (int64_t)l * g->n_ctx * kvd, *vc = g->vc + (int64_t)l * g->n_ctx * kvd;
-        OP(NSTF_GPU_CAT_NORM, l ? "add_rmsnorm" : "rmsnorm", l, 1, 4.0 * dim, 3 * nb,
-           nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, 1, dim, c->norm_eps, s));
-        if (L->qkv_fused) {
-            dmat w = L->wq;
-            w.n_out = row;
-            MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, 1);
+        dmat w = L->wq;
+        w.n_out = row;
+        if (fused) {
+            qkv.norm_w = L->attn_norm;
+            gu.norm_w = L->ffn_norm;
+            OP(NSTF_GPU_CAT_ATTN, "norm_qkv_rope", l, 1, 2.0 * dim * row, wbytes_of(&w) + 2 * nb,
+               nstf_gpu_gemv_fused(w.type, w.data, NULL, q, dim, row, &qkv, s));
         } else {
-            MM(NSTF_GPU_CAT_ATTN, "q_proj", l, &L->wq, g->xb, q, NSTF_TYPE_BF16, 1);
-            MM(NSTF_GPU_CAT_ATTN, "k_proj", l, &L->wk, g->xb, k, NSTF_TYPE_BF16, 1);
-            MM(NSTF_GPU_CAT_ATTN, "v_proj", l, &L->wv, g->xb, v, NSTF_TYPE_BF16, 1);
+            OP(NSTF_GPU_CAT_NORM, l ? "add_rmsnorm" : "rmsnorm", l, 1, 4.0 * dim, 3 * nb,
+               nstf_gpu_rmsnorm(g->x, l ? g->y : NULL, NSTF_TYPE_F32, L->attn_norm, g->xb, 1, dim, c->norm_eps, s));
+            if (L->qkv_fused) {
+                MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, 1);
+            } else {
+                MM(NSTF_GPU_CAT_ATTN, "q_proj", l, &L->wq, g->xb, q, NSTF_TYPE_BF16, 1);
+                MM(NSTF_GPU_CAT_ATTN, "k_proj", l, &L->wk, g->xb, k, NSTF_TYPE_BF16, 1);
+                MM(NSTF_GPU_CAT_ATTN, "v_proj", l, &L->wv, g->xb, v, NSTF_TYPE_BF16, 1);
+            }
+            OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * (qd + kvd), 4.0 * (qd + kvd),
+               nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
         }
-        OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * (qd + kvd), 4.0 * (qd + kvd),
-           nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
-        OP(NSTF_GPU_CAT_ATTN, "flash_decode", l, 2, attn_flops(c, 1, pos_hint + 1), attn_bytes(c, 1, pos_hint + 1),
+        OP(NSTF_GPU_CAT_ATTN, "flash_decode", l, fused ? 1 : 2, attn_flops(c, 1, pos_hint + 1),
+           attn_bytes(c, 1, pos_hint + 1),
            nstf_gpu_flash_decode_dpos(q, row, k, row, v, row, kc, vc, g->att, qd, 1, g->dio + 1, bound, g->n_ctx,
-                                      c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes, s));
+                                      c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes,
+                                      fused && g->fd_one, s));
+        w = L->w_gate;
+        w.n_out = 2 * ffn;
+        if (fused) {
+            OP(NSTF_GPU_CAT_ATTN, "o_proj_residual", l, 1, 2.0 * qd * dim, wbytes_of(&L->wo) + 2 * nb,
+               nstf_gpu_gemv_fused(L->wo.type, L->wo.data, g->att, g->x, qd, dim, &acc, s));
+            OP(NSTF_GPU_CAT_FFN, "norm_gate_up_swiglu", l, 1, 4.0 * dim * ffn, wbytes_of(&w) + 2 * nb,
+               nstf_gpu_gemv_fused(w.type, w.data, NULL, g->h, dim, 2 * ffn, &gu, s));
+            OP(NSTF_GPU_CAT_FFN, "down_proj_residual", l, 1, 2.0 * ffn * dim, wbytes_of(&L->w_down) + 2 * nb,
+               nstf_gpu_gemv_fused(L->w_down.type, L->w_down.data, g->h, g->x, ffn, dim, &acc, s));
+            continue;
+        }
         MM(NSTF_GPU_CAT_ATTN, "o_proj", l, &L->wo, g->att, g->y, NSTF_TYPE_F32, 1);
         OP(NSTF_GPU_CAT_NORM, "add_rmsnorm", l, 1, 4.0 * dim, 3 * nb,
            nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, L->ffn_norm, g->xb, 1, dim, c->norm_eps, s));
         if (L->gu_fused) {
-            dmat w = L->w_gate;
-            w.n_out = 2 * ffn;
             MM(NSTF_GPU_CAT_FFN, "gate_up_proj", l, &w, g->xb, g->h, NSTF_TYPE_BF16, 1);
         } else {
             MM(NSTF_GPU_CAT_FFN, "gate_proj", l, &L->w_gate, g->xb, g->h, NSTF_TYPE_BF16, 1);
@@ -527,12 +601,27 @@ static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_
         OP(NSTF_GPU_CAT_FFN, "swiglu", l, 1, 4.0 * ffn, 6.0 * ffn, nstf_gpu_swiglu(g->h, g->h + ffn, g->h, ffn, s));
         MM(NSTF_GPU_CAT_FFN, "down_proj", l, &L->w_down, g->h, g->y, NSTF_TYPE_F32, 1);
     }
-    OP(NSTF_GPU_CAT_NORM, "add_rmsnorm", -1, 1, 4.0 * dim, 3 * nb,
-       nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
-    MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, 1);
+    if (fused) {
+        OP(NSTF_GPU_CAT_OTHER, "norm_logits", -1, 1, 2.0 * dim * c->n_vocab, wbytes_of(&g->output) + 4.0 * c->n_vocab,
+           nstf_gpu_gemv_fused(g->output.type, g->output.data, NULL, g->logits, dim, c->n_vocab, &out, s));
+    } else {
+        OP(NSTF_GPU_CAT_NORM, "add_rmsnorm", -1, 1, 4.0 * dim, 3 * nb,
+           nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
+        MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, 1);
+    }
     OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 1, (double)c->n_vocab, 4.0 * c->n_vocab,
        nstf_gpu_argmax(g->logits, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab, g->am_scratch, s));
     return NSTF_OK;
+}
+
+/* L3 runs the fused step with programmatic dependent launch (off while
+ * profiling, whose events sit between the kernels). */
+static nstf_status enqueue_step(nstf_llama_gpu *g, int64_t bound, int64_t pos) {
+    if (g->level < 3 || !g->fused) return enqueue_decode(g, bound, pos, false);
+    const int prev = nstf_gpu_set_pdl(!g->prof_on);
+    nstf_status st = enqueue_decode(g, bound, pos, true);
+    (void)nstf_gpu_set_pdl(prev);
+    return st;
 }
 
 static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
@@ -550,7 +639,7 @@ static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
             if (st == NSTF_OK) {
                 g->capturing = true;
                 const int64_t k0 = g->n_kernels;
-                nstf_status se = enqueue_decode(g, bound, pos);
+                nstf_status se = enqueue_step(g, bound, pos);
                 g->graph_nodes = g->n_kernels - k0;
                 g->capturing = false;
                 void *exec = NULL;
@@ -573,7 +662,7 @@ static nstf_status run_decode(nstf_llama_gpu *g, int64_t pos) {
         }
     }
     g->n_kernels = 0;
-    NSTF_TRY(enqueue_decode(g, bound, pos));
+    NSTF_TRY(enqueue_step(g, bound, pos));
     g->decoded_once = true;
     return NSTF_OK;
 }
@@ -823,6 +912,17 @@ void nstf_llama_gpu_set_graphs(nstf_llama_gpu *g, bool on) {
 }
 
 bool nstf_llama_gpu_graph_used(const nstf_llama_gpu *g) { return g->graph_used; }
+
+bool nstf_llama_gpu_set_fused(nstf_llama_gpu *g, bool on) {
+    const bool want = on && fused_decode_ok(g);
+    if (want != g->fused) {
+        nstf_gpu_graph_destroy(g->graph); /* captured with the other kernels */
+        g->graph = NULL;
+        g->graph_bound = -1;
+    }
+    g->fused = want;
+    return want;
+}
 uint64_t nstf_llama_gpu_bytes(const nstf_llama_gpu *g) { return g->wbytes + g->abytes; }
 void *nstf_llama_gpu_stream(const nstf_llama_gpu *g) { return g->stream; }
 

@@ -40,6 +40,10 @@ nstf_status nstf_llama_gpu_forward(nstf_llama_gpu *g, const int32_t *tokens, int
 void nstf_llama_gpu_set_graphs(nstf_llama_gpu *g, bool on);
 /* Whether the last decode step ran from a graph. */
 bool nstf_llama_gpu_graph_used(const nstf_llama_gpu *g);
+/* L3 decode on the fused GEMVs (the default where every matrix takes
+ * them): on = true asks for it, false falls back to the unfused kernels in
+ * the graph (for comparisons). Returns whether the fused step is now used. */
+bool nstf_llama_gpu_set_fused(nstf_llama_gpu *g, bool on);
 /* Device bytes held (weights + activations + KV cache). */
 uint64_t nstf_llama_gpu_bytes(const nstf_llama_gpu *g);
 /* The stream every forward runs on (for timing events). */

@@ -47,6 +47,8 @@ static __device__ __forceinline__ void am_block_reduce(float &bv, int32_t &bi, a
 template <bool BF16>
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_pass1(const void *__restrict__ x, am_pair *__restrict__ part, int64_t n, int n_seg) {
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
     __shared__ am_pair red[32];
     const int64_t row = blockIdx.y;
     const int64_t j0 = (int64_t)blockIdx.x * ARGMAX_SEG;
@@ -64,6 +66,8 @@ argmax_pass1(const void *__restrict__ x, am_pair *__restrict__ part, int64_t n, 
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_pass2(const am_pair *__restrict__ part, int32_t *__restrict__ out, int n_seg) {
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
     __shared__ am_pair red[32];
     const int64_t row = blockIdx.x;
     float bv = -INFINITY;
@@ -96,10 +100,12 @@ extern "C" nstf_status nstf_gpu_argmax(const void *x, nstf_type x_type, int32_t 
     const int n_seg = (int)((n + ARGMAX_SEG - 1) / ARGMAX_SEG);
     am_pair *part = (am_pair *)scratch;
     dim3 g1((unsigned)n_seg, (unsigned)n_rows);
-    if (x_type == NSTF_TYPE_BF16) argmax_pass1<true><<<g1, ARGMAX_THREADS, 0, s>>>(x, part, n, n_seg);
-    else argmax_pass1<false><<<g1, ARGMAX_THREADS, 0, s>>>(x, part, n, n_seg);
+    const int pdl = nstf_gpu_pdl();
+    GPU_CHECK(nstf_gpu_launch(x_type == NSTF_TYPE_BF16 ? argmax_pass1<true> : argmax_pass1<false>, g1,
+                              dim3(ARGMAX_THREADS), 0, s, pdl, x, part, n, n_seg));
     GPU_LAUNCH_CHECK(s);
-    argmax_pass2<<<(unsigned)n_rows, ARGMAX_THREADS, 0, s>>>(part, out, n_seg);
+    GPU_CHECK(nstf_gpu_launch(argmax_pass2, dim3((unsigned)n_rows), dim3(ARGMAX_THREADS), 0, s, pdl,
+                              (const am_pair *)part, out, n_seg));
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

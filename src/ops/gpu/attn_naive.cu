@@ -9,6 +9,7 @@
  * are the baseline the flash kernels are measured against: simple, one
  * thread per output, no tiling. */
 #include "gpu.h"
+#include "fused_math.h"
 
 /* Profiler ranges: NVTX on CUDA (header-only nvtx3 from the toolkit), roctx
  * on HIP when the build found ROCm's roctracer (cmake/gpu.cmake). */
@@ -133,7 +134,7 @@ swiglu_rows_kernel(const uint16_t *__restrict__ h, uint16_t *__restrict__ y, int
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const int64_t t = i / ffn, c = i - t * ffn;
         const float g = bf16_at(h, t * 2 * ffn + c), u = bf16_at(h, t * 2 * ffn + ffn + c);
-        y[i] = nstf_float_to_bf16(g / (1.0f + __expf(-g)) * u).bits;
+        y[i] = nstf_float_to_bf16(nstf_swiglu1(g, u)).bits;
     }
 }
 

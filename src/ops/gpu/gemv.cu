@@ -27,8 +27,10 @@
  *  - F32/F16/BF16 rows that are not 16-byte aligned (n_in % 8 != 0 or an
  *    unaligned pointer) take a scalar path, one element per unit. */
 #include "gpu.h"
+#include "fused_math.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #define GEMV_THREADS 256
 #define GEMV_ROWS 8
@@ -151,18 +153,181 @@ static __device__ __forceinline__ void gemv_unit(const gemv_raw &r, int u,
     }
 }
 
-template <int WT, int NT, bool Y_BF16>
+/* ---- fusions (nstf_gpu_gemv_fused) ---------------------------------------- *
+ * FZ = norm bit | epilogue << 1. FZ 0 is the plain GEMV. A fused kernel is
+ * one token (NT 1). The epilogues ROPE and SWIGLU combine two rows: a block
+ * of R row slots then computes R/2 pairs, slot s < R/2 the first row of
+ * pair s and slot R/2 + s the second, and after the reduction the pairs
+ * meet in shared memory. Pairs: SWIGLU (j, n_out/2 + j); ROPE, in the
+ * rotated rows, (head h, dim 2i | 2i+1) or (i | i + head_dim/2) for NEOX,
+ * past them (2p, 2p + 1) stored plainly. */
+#define FZ_NORM 1
+#define FZ_EPI(fz) ((fz) >> 1)
+
+struct gemv_fz {
+    const float *nx, *nw; /* norm prologue: f32 x and weights */
+    float eps;
+    int rope_rows, hd, neox;
+    const int32_t *pos;
+    const float *freqs; /* [hd/2] hi, [hd/2] lo */
+    int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
+    int pf_blocks;      /* ...in blocks below this index (the first wave) */
+    int no_pre;         /* 1: no early weight loads (NSTF_GEMV_PRE=0, measurement) */
+};
+
+#define FZ_PAIR(fz) (FZ_EPI(fz) == NSTF_GEMV_ROPE || FZ_EPI(fz) == NSTF_GEMV_SWIGLU)
+
+/* The weight row of slot `slot` of block `blk` (R slots), or n_out if none. */
+template <int FZ, int R>
+static __device__ __forceinline__ int fz_row(int blk, int slot, int n_out, const gemv_fz &f) {
+    if (!FZ_PAIR(FZ)) return min(blk * R + slot, n_out);
+    constexpr int P = R / 2;
+    const int p = blk * P + (slot % P), second = slot >= P;
+    if (FZ_EPI(FZ) == NSTF_GEMV_SWIGLU) return p < n_out / 2 ? (second ? n_out / 2 + p : p) : n_out;
+    if (2 * p >= n_out) return n_out;
+    if (2 * p >= f.rope_rows) return 2 * p + second;
+    const int half = f.hd / 2, h = p / half, i = p % half;
+    return h * f.hd + (f.neox ? i + second * half : 2 * i + second);
+}
+
+/* Starts the first `bytes` of the block's weight rows towards L2 (one bulk
+ * prefetch per row, lane 0 of each wave, the 16-byte aligned interior of
+ * the row): work a kernel launched early (PDL) does while the previous one
+ * ends. Only the first wave of blocks does it, and only so much of a row
+ * that the prefetched lines stay in L2 until they are read. */
+template <int RPW>
+static __device__ __forceinline__ void fz_prefetch(const uint8_t *w, size_t row_bytes, const int (&rowv)[RPW],
+                                                   int n_out, int lane, const gemv_fz &f) {
+    if (lane != 0 || (int)blockIdx.x >= f.pf_blocks) return;
+    const size_t bytes = row_bytes < (size_t)f.prefetch ? row_bytes : (size_t)f.prefetch;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (rowv[r] >= n_out) continue;
+        const uintptr_t a = (uintptr_t)(w + (size_t)rowv[r] * row_bytes);
+        const uintptr_t a0 = (a + 15) & ~(uintptr_t)15, a1 = (a + bytes) & ~(uintptr_t)15;
+        if (a1 > a0) NSTF_L2_PREFETCH((const void *)a0, a1 - a0);
+    }
+}
+
+/* Norm prologue: 1 / rms of f.nx over n (the block-wide sum of squares in
+ * nstf_gpu_rmsnorm's order: GEMV_THREADS threads as its block). */
+static __device__ __forceinline__ float fz_rnorm(const gemv_fz &f, int n, float *red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += GEMV_THREADS) {
+        const float v = f.nx[i];
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_reduce_sum(ss, red);
+    return nstf_fast_rsqrtf(ss / (float)n + f.eps);
+}
+
+/* The normalized input element i, rounded to bf16 as nstf_gpu_rmsnorm stores it. */
+static __device__ __forceinline__ nstf_bf16 fz_xnorm(const gemv_fz &f, int i, float rn) {
+    return nstf_float_to_bf16(f.nx[i] * rn * f.nw[i]);
+}
+
+static __device__ __forceinline__ float bf16_round(float v) { return nstf_bf16_to_float(nstf_float_to_bf16(v)); }
+
+/* Stores the block's results: v[r] is row rowv[r]'s dot product, complete
+ * in every lane. Plain epilogues store per row; pair epilogues meet in
+ * `pv` (R floats of shared memory). */
+template <int FZ, bool Y_BF16, int R, int RPW>
+static __device__ __forceinline__ void fz_store(const float (&v)[RPW], const int (&rowv)[RPW], void *y, int n_out,
+                                                const gemv_fz &f, float *pv) {
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    if (!FZ_PAIR(FZ)) {
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            if (lane != 0 || rowv[r] >= n_out) continue;
+            if (FZ_EPI(FZ) == NSTF_GEMV_ACCUM) ((float *)y)[rowv[r]] += v[r];
+            else if (Y_BF16) ((nstf_bf16 *)y)[rowv[r]] = nstf_float_to_bf16(v[r]);
+            else ((float *)y)[rowv[r]] = v[r];
+        }
+        return;
+    }
+    constexpr int P = R / 2;
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+        if (lane == 0) pv[wave * RPW + r] = v[r];
+    __syncthreads();
+    const int j = threadIdx.x;
+    if (j >= P) return;
+    const int p = blockIdx.x * P + j;
+    /* the unfused kernels see their inputs as bf16 */
+    const float a = bf16_round(pv[j]), b = bf16_round(pv[P + j]);
+    nstf_bf16 *yb = (nstf_bf16 *)y;
+    if (FZ_EPI(FZ) == NSTF_GEMV_SWIGLU) {
+        if (p < n_out / 2) yb[p] = nstf_float_to_bf16(nstf_swiglu1(a, b));
+        return;
+    }
+    if (2 * p >= n_out) return;
+    if (2 * p >= f.rope_rows) {
+        yb[2 * p] = nstf_float_to_bf16(a);
+        yb[2 * p + 1] = nstf_float_to_bf16(b);
+        return;
+    }
+    const int half = f.hd / 2, h = p / half, i = p % half;
+    const int r0 = h * f.hd + (f.neox ? i : 2 * i), r1 = r0 + (f.neox ? half : 1);
+    float c, sn;
+    nstf_rope_cs(*f.pos, f.freqs[i], f.freqs[half + i], &c, &sn);
+    float y0, y1;
+    nstf_rope_rot(a, b, c, sn, &y0, &y1);
+    yb[r0] = nstf_float_to_bf16(y0);
+    yb[r1] = nstf_float_to_bf16(y1);
+}
+
+/* The plain store of NT tokens' rows: y[t, row] = the wave's sum (lane t
+ * writes token t). */
+template <int NT, bool Y_BF16, int RPW>
+static __device__ __forceinline__ void gemv_store(const float (&acc)[RPW][NT], const int (&rowv)[RPW], void *y,
+                                                  int n_out, int lane) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        const int row = rowv[r];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = wave_reduce_sum(acc[r][t]);
+            if (lane == t && row < n_out) {
+                if (Y_BF16) ((nstf_bf16 *)y)[(size_t)t * n_out + row] = nstf_float_to_bf16(v);
+                else ((float *)y)[(size_t)t * n_out + row] = v;
+            }
+        }
+    }
+}
+
+template <int WT, int NT, bool Y_BF16, int FZ, int ROWS = GEMV_ROWS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__restrict__ x,
-            void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec) {
+            void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec, const gemv_fz f) {
     extern __shared__ uint4 gemv_smem[]; /* uint4: 16-byte aligned */
+    __shared__ float fz_sh[32];
     uint16_t *xs = (uint16_t *)gemv_smem;
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
-    constexpr int RPW = GEMV_ROWS / N_WAVES; /* rows per wave */
-    static_assert(RPW >= 1 && RPW * N_WAVES == GEMV_ROWS, "GEMV_ROWS must be a multiple of the waves per block");
+    constexpr int RPW = ROWS / N_WAVES; /* rows per wave */
+    static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
+    static_assert(FZ == 0 || NT == 1, "fused GEMVs are one token");
     constexpr int EL = gemv_traits<WT>::elems;
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
-    const int row0 = blockIdx.x * GEMV_ROWS + wave * RPW;
+    int rowv[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
+    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+    /* One token, one chunk: the first weight loads of the first row are
+     * issued now, before the wait for the previous kernel and the staging
+     * of x, and consumed in the first pass of the loop below. */
+    const bool pre_on = NT == 1 && !f.no_pre && chunk >= n_in && rowv[0] < n_out;
+    gemv_raw pre[GEMV_UNROLL];
+    if (pre_on) {
+#pragma unroll
+        for (int k = 0; k < GEMV_UNROLL; k++) {
+            const int u = lane + k * NSTF_WAVE;
+            if (u < n_in / EL) pre[k] = gemv_load<WT>(w + (size_t)rowv[0] * row_bytes, u);
+        }
+    }
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
+    float rn = 0.0f;
+    if (FZ & FZ_NORM) rn = fz_rnorm(f, n_in, fz_sh);
 
     float acc[RPW][NT];
 #pragma unroll
@@ -173,7 +338,9 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
     for (int c0 = 0; c0 < n_in; c0 += chunk) {
         const int len = min(chunk, n_in - c0);
         __syncthreads(); /* the previous chunk is consumed */
-        if (x_vec) {     /* 16-byte copies: n_in % 8 == 0 and x aligned, so len % 8 == 0 */
+        if (FZ & FZ_NORM) { /* one chunk: the host checks */
+            for (int i = threadIdx.x; i < len; i += GEMV_THREADS) xs[i] = fz_xnorm(f, i, rn).bits;
+        } else if (x_vec) { /* 16-byte copies: n_in % 8 == 0 and x aligned, so len % 8 == 0 */
             for (int t = 0; t < NT; t++)
                 for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8)
                     *(uint4 *)(xs + t * chunk + i) = *(const uint4 *)(x + (size_t)t * n_in + c0 + i);
@@ -188,15 +355,20 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
         const int ubase = c0 / EL;
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            const int row = row0 + r;
-            if (row >= n_out) break;
+            const int row = rowv[r];
+            if (row >= n_out) continue;
             const uint8_t *wr = w + (size_t)row * row_bytes;
             for (int u0 = lane; u0 < n_units; u0 += NSTF_WAVE * GEMV_UNROLL) {
                 gemv_raw raw[GEMV_UNROLL];
+                if (r == 0 && pre_on && u0 == lane) {
 #pragma unroll
-                for (int k = 0; k < GEMV_UNROLL; k++) {
-                    const int u = u0 + k * NSTF_WAVE;
-                    if (u < n_units) raw[k] = gemv_load<WT>(wr, ubase + u);
+                    for (int k = 0; k < GEMV_UNROLL; k++) raw[k] = pre[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < GEMV_UNROLL; k++) {
+                        const int u = u0 + k * NSTF_WAVE;
+                        if (u < n_units) raw[k] = gemv_load<WT>(wr, ubase + u);
+                    }
                 }
 #pragma unroll
                 for (int k = 0; k < GEMV_UNROLL; k++) {
@@ -206,17 +378,13 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
             }
         }
     }
+    if (FZ) {
+        float v[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const int row = row0 + r;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = wave_reduce_sum(acc[r][t]);
-            if (lane == t && row < n_out) {
-                if (Y_BF16) ((nstf_bf16 *)y)[(size_t)t * n_out + row] = nstf_float_to_bf16(v);
-                else ((float *)y)[(size_t)t * n_out + row] = v;
-            }
-        }
+        for (int r = 0; r < RPW; r++) v[r] = wave_reduce_sum(acc[r][0]);
+        fz_store<FZ, Y_BF16, ROWS, RPW>(v, rowv, y, n_out, f, fz_sh);
+    } else {
+        gemv_store<NT, Y_BF16, RPW>(acc, rowv, y, n_out, lane);
     }
 }
 
@@ -334,11 +502,13 @@ static __device__ __forceinline__ void gemvq_xfrag(const uint16_t *xs, const flo
     }
 }
 
-template <int WT, int NT, bool Y_BF16, int ROWS>
+template <int WT, int NT, bool Y_BF16, int ROWS, int FZ>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__restrict__ x,
-             void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec) {
+             void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec, const gemv_fz f) {
     extern __shared__ uint4 gemv_smem[];
+    __shared__ float fz_sh[ROWS > 32 ? ROWS : 32];
+    static_assert(FZ == 0 || NT == 1, "fused GEMVs are one token");
     /* x: bf16 [NT][chunk], or fp32 [chunk] when NT == 1 (converted once
      * while staging; the shared-memory traffic is affordable for one token) */
     constexpr bool XF = NT == 1;
@@ -350,11 +520,31 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     constexpr int RPW = ROWS / N_WAVES;
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
-    const int row0 = blockIdx.x * ROWS + wave * RPW;
+    int rowv[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
     const uint8_t *wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
-        wr[r] = w + (size_t)min(row0 + r, n_out - 1) * row_bytes;
+        wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
+    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+    /* one token, one chunk: the first loads issued before the wait (as in gemv_kernel) */
+    const bool pre_on = NT == 1 && !f.no_pre && chunk >= n_in;
+    gemvq_raw<WT> pre[GEMVQ_UNROLL][RPW];
+    if (pre_on) {
+#pragma unroll
+        for (int k = 0; k < GEMVQ_UNROLL; k++) {
+            const int u = lane + k * NSTF_WAVE;
+            if (u < n_in / 16) {
+#pragma unroll
+                for (int r = 0; r < RPW; r++) pre[k][r] = gemvq_load<WT>(wr[r], u);
+            }
+        }
+    }
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
+    float rn = 0.0f;
+    if (FZ & FZ_NORM) rn = fz_rnorm(f, n_in, fz_sh);
 
     float acc[RPW][NT];
 #pragma unroll
@@ -367,7 +557,13 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
         const int len = min(chunk, n_in - c0);
         const int n_units = len / 16;
         __syncthreads(); /* the previous chunk is consumed */
-        if (XF && x_vec) {
+        if (FZ & FZ_NORM) { /* one chunk, NT 1 (XF): the host checks */
+            for (int i = threadIdx.x; i < len; i += GEMV_THREADS) {
+                int p, u, o;
+                gemvq_xslot<WT>(i, p, u, o);
+                xs32[((2 * p + (o >> 2)) * nu_chunk + u) * 4 + (o & 3)] = nstf_bf16_to_float(fz_xnorm(f, i, rn));
+            }
+        } else if (XF && x_vec) {
             for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
                 const uint4 a = *(const uint4 *)(x + c0 + i);
                 const uint32_t v[4] = {a.x, a.y, a.z, a.w};
@@ -416,12 +612,19 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
         const int ubase = c0 / 16;
         for (int u0 = lane; u0 < n_units; u0 += NSTF_WAVE * GEMVQ_UNROLL) {
             gemvq_raw<WT> raw[GEMVQ_UNROLL][RPW];
+            if (pre_on && u0 == lane) {
 #pragma unroll
-            for (int k = 0; k < GEMVQ_UNROLL; k++) {
-                const int u = u0 + k * NSTF_WAVE;
-                if (u < n_units) {
+                for (int k = 0; k < GEMVQ_UNROLL; k++)
 #pragma unroll
-                    for (int r = 0; r < RPW; r++) raw[k][r] = gemvq_load<WT>(wr[r], ubase + u);
+                    for (int r = 0; r < RPW; r++) raw[k][r] = pre[k][r];
+            } else {
+#pragma unroll
+                for (int k = 0; k < GEMVQ_UNROLL; k++) {
+                    const int u = u0 + k * NSTF_WAVE;
+                    if (u < n_units) {
+#pragma unroll
+                        for (int r = 0; r < RPW; r++) raw[k][r] = gemvq_load<WT>(wr[r], ubase + u);
+                    }
                 }
             }
 #pragma unroll
@@ -487,17 +690,13 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
             }
         }
     }
+    if (FZ) {
+        float v[RPW];
 #pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        const int row = row0 + r;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float v = wave_reduce_sum(acc[r][t]);
-            if (lane == t && row < n_out) {
-                if (Y_BF16) ((nstf_bf16 *)y)[(size_t)t * n_out + row] = nstf_float_to_bf16(v);
-                else ((float *)y)[(size_t)t * n_out + row] = v;
-            }
-        }
+        for (int r = 0; r < RPW; r++) v[r] = wave_reduce_sum(acc[r][0]);
+        fz_store<FZ, Y_BF16, ROWS, RPW>(v, rowv, y, n_out, f, fz_sh);
+    } else {
+        gemv_store<NT, Y_BF16, RPW>(acc, rowv, y, n_out, lane);
     }
 }
 
@@ -562,31 +761,31 @@ extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, cons
     return buf;
 }
 
-typedef void (*gemv_fn)(const uint8_t *, size_t, const uint16_t *, void *, int, int, int, int);
+typedef void (*gemv_fn)(const uint8_t *, size_t, const uint16_t *, void *, int, int, int, int, const gemv_fz);
 
 template <int WT, bool YB> static gemv_fn gemv_pick_nt(int nt) {
     switch (nt) {
-    case 1: return gemv_kernel<WT, 1, YB>;
-    case 2: return gemv_kernel<WT, 2, YB>;
-    case 3: return gemv_kernel<WT, 3, YB>;
-    case 4: return gemv_kernel<WT, 4, YB>;
-    case 5: return gemv_kernel<WT, 5, YB>;
-    case 6: return gemv_kernel<WT, 6, YB>;
-    case 7: return gemv_kernel<WT, 7, YB>;
-    default: return gemv_kernel<WT, 8, YB>;
+    case 1: return gemv_kernel<WT, 1, YB, 0>;
+    case 2: return gemv_kernel<WT, 2, YB, 0>;
+    case 3: return gemv_kernel<WT, 3, YB, 0>;
+    case 4: return gemv_kernel<WT, 4, YB, 0>;
+    case 5: return gemv_kernel<WT, 5, YB, 0>;
+    case 6: return gemv_kernel<WT, 6, YB, 0>;
+    case 7: return gemv_kernel<WT, 7, YB, 0>;
+    default: return gemv_kernel<WT, 8, YB, 0>;
     }
 }
 
 template <int WT, bool YB, int R> static gemv_fn gemvq_pick_nt(int nt) {
     switch (nt) {
-    case 1: return gemvq_kernel<WT, 1, YB, R>;
-    case 2: return gemvq_kernel<WT, 2, YB, R>;
-    case 3: return gemvq_kernel<WT, 3, YB, R>;
-    case 4: return gemvq_kernel<WT, 4, YB, R>;
-    case 5: return gemvq_kernel<WT, 5, YB, R>;
-    case 6: return gemvq_kernel<WT, 6, YB, R>;
-    case 7: return gemvq_kernel<WT, 7, YB, R>;
-    default: return gemvq_kernel<WT, 8, YB, R>;
+    case 1: return gemvq_kernel<WT, 1, YB, R, 0>;
+    case 2: return gemvq_kernel<WT, 2, YB, R, 0>;
+    case 3: return gemvq_kernel<WT, 3, YB, R, 0>;
+    case 4: return gemvq_kernel<WT, 4, YB, R, 0>;
+    case 5: return gemvq_kernel<WT, 5, YB, R, 0>;
+    case 6: return gemvq_kernel<WT, 6, YB, R, 0>;
+    case 7: return gemvq_kernel<WT, 7, YB, R, 0>;
+    default: return gemvq_kernel<WT, 8, YB, R, 0>;
     }
 }
 
@@ -613,6 +812,36 @@ template <bool YB> static gemv_fn gemv_pick(int wt, int nt) {
     case GW_F16_S: return gemv_pick_nt<GW_F16_S, YB>(nt);
     default: return gemv_pick_nt<GW_BF16_S, YB>(nt);
     }
+}
+
+/* The prefetch before the PDL wait: under PDL only, whole rows, in the
+ * blocks of the first wave (8 per SM), of matrices of at most GEMV_PF_MAX
+ * bytes. On the H100 that is what pays: the decode of the 135M model gains
+ * 5% from it, while prefetching (even 4 KiB of each row of) the 1B and 8B
+ * matrices costs 7-20%: the first wave's lines are evicted from L2 before
+ * they are read. NSTF_PF_BYTES=n prefetches n bytes of each row of every
+ * matrix instead (measurement). */
+#define GEMV_PF_MAX ((uint64_t)8 << 20)
+static void gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes) {
+    static int n_sm = 0, dev_cached = -1, pf_env = -2, pre_env = -2;
+    if (pre_env == -2) {
+        const char *e = getenv("NSTF_GEMV_PRE");
+        pre_env = e && e[0] == '0';
+    }
+    f->no_pre = pre_env;
+    int dev = 0;
+    if (!nstf_gpu_pdl() || gpuGetDevice(&dev) != gpuSuccess) return;
+    if (dev != dev_cached) {
+        gpuDeviceProp_t pr;
+        n_sm = gpuGetDeviceProperties(&pr, dev) == gpuSuccess ? pr.multiProcessorCount : 0;
+        dev_cached = dev;
+    }
+    if (pf_env == -2) {
+        const char *e = getenv("NSTF_PF_BYTES");
+        pf_env = e ? atoi(e) : -1;
+    }
+    f->prefetch = pf_env >= 0 ? pf_env : matrix_bytes <= GEMV_PF_MAX ? INT32_MAX : 0;
+    f->pf_blocks = 8 * n_sm;
 }
 
 extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint16_t *x, void *y,
@@ -648,10 +877,111 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         if (p.quant) fn = y_type == NSTF_TYPE_BF16 ? gemvq_pick<true>(p.wt, nt, rows) : gemvq_pick<false>(p.wt, nt, rows);
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
         const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
-        fn<<<grid, GEMV_THREADS, p.smem, s>>>((const uint8_t *)w, (size_t)row_bytes, xt,
-                                             (char *)y + (size_t)(t0 * n_out) * ysz, (int)n_in,
-                                             (int)n_out, p.chunk, p.x_vec);
+        gemv_fz f = {};
+        gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
+        GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,
+                                  (size_t)row_bytes, xt, (void *)((char *)y + (size_t)(t0 * n_out) * ysz), (int)n_in,
+                                  (int)n_out, p.chunk, p.x_vec, f));
         GPU_LAUNCH_CHECK(s);
     }
+    return NSTF_OK;
+}
+
+/* ---- fused launcher -------------------------------------------------------- */
+
+extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm) {
+    if (!w || n_in <= 0 || n_in > INT32_MAX / 2 || gemv_wt(wtype, true) < 0) return 0;
+    uint64_t rb = 0;
+    if (!nstf_type_row_bytes(wtype, n_in, &rb)) return 0;
+    const gemv_plan p = gemv_make_plan(wtype, w, NULL, 1, n_in); /* x is staged, never read in place */
+    if (!p.quant && p.wt != GW_BF16) return 0;
+    return !norm || p.n_chunks == 1;
+}
+
+/* Rows per block of the fused bf16 kernel: more rows share one staging of
+ * x (and one norm) as n_out grows. NSTF_GEMV_ROWS=8|16|32 overrides it
+ * (measurement). */
+static int gemv_fused_rows(int64_t n_out) {
+    static int env = -2;
+    if (env == -2) {
+        const char *e = getenv("NSTF_GEMV_ROWS");
+        env = e ? atoi(e) : -1;
+    }
+    if (env == 8 || env == 16 || env == 32) return env;
+    return n_out >= 16384 ? 16 : GEMV_ROWS;
+}
+
+/* One fused instance: weight kind (GW_BF16 or a quantized GW_*) x FZ; bf16
+ * blocks of 8, 16 or 32 rows. */
+template <int FZ, bool YB> static gemv_fn gemv_fused_pick(int wt, int rows) {
+    switch (wt) {
+    case GW_BF16:
+        return rows == 32 ? gemv_kernel<GW_BF16, 1, YB, FZ, 32>
+               : rows == 16 ? gemv_kernel<GW_BF16, 1, YB, FZ, 16>
+                            : gemv_kernel<GW_BF16, 1, YB, FZ, GEMV_ROWS>;
+    case GW_Q8_0: return gemvq_kernel<GW_Q8_0, 1, YB, GEMVQ_ROWS, FZ>;
+    case GW_Q4_0: return gemvq_kernel<GW_Q4_0, 1, YB, GEMVQ_ROWS, FZ>;
+    default: return gemvq_kernel<GW_Q4_1, 1, YB, GEMVQ_ROWS, FZ>;
+    }
+}
+
+extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
+                                           int64_t n_in, int64_t n_out, const nstf_gemv_fusion *fu,
+                                           void *stream) {
+    if (!fu || !y || n_out <= 0 || n_out > INT32_MAX - GEMVQ_ROWS_BIG || (!fu->norm_x && !x) ||
+        (fu->norm_x && !fu->norm_w) || !(fu->norm_eps >= 0.0f))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: bad arguments (n_in %lld, n_out %lld)",
+                              (long long)n_in, (long long)n_out);
+    const int norm = fu->norm_x != NULL;
+    if (!nstf_gpu_gemv_fusable(wtype, w, n_in, norm))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "nstf_gpu_gemv_fused: %s weights of %lld columns%s (see nstf_gpu_gemv_fusable)",
+                              nstf_type_name(wtype), (long long)n_in, norm ? " with the norm prologue" : "");
+    const nstf_gemv_epi epi = fu->epi;
+    if (epi == NSTF_GEMV_ROPE || epi == NSTF_GEMV_SWIGLU) {
+        if (n_out % 2) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: odd n_out %lld", (long long)n_out);
+    } else if (epi != NSTF_GEMV_STORE && epi != NSTF_GEMV_ACCUM) {
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: epilogue %d", (int)epi);
+    }
+    if (epi == NSTF_GEMV_ROPE &&
+        (!fu->pos || !fu->rope_freqs || fu->head_dim <= 0 || fu->head_dim % 2 || fu->head_dim > 256 ||
+         fu->rope_rows < 0 || fu->rope_rows % fu->head_dim || fu->rope_rows > n_out ||
+         (fu->rope_mode != NSTF_ROPE_NORM && fu->rope_mode != NSTF_ROPE_NEOX) ||
+         (fu->head_dim / 2) % (GEMVQ_ROWS / 2) != 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_gpu_gemv_fused: RoPE of %d rows, head_dim %d, mode %d (rows a multiple of "
+                              "head_dim, head_dim/2 a multiple of %d)",
+                              fu->rope_rows, fu->head_dim, (int)fu->rope_mode, GEMVQ_ROWS / 2);
+    uint64_t row_bytes = 0;
+    (void)nstf_type_row_bytes(wtype, n_in, &row_bytes);
+    const gemv_plan p = gemv_make_plan(wtype, w, norm ? NULL : x, 1, n_in);
+    gemv_fz f = {};
+    f.nx = fu->norm_x;
+    f.nw = fu->norm_w;
+    f.eps = fu->norm_eps;
+    f.rope_rows = fu->rope_rows;
+    f.hd = fu->head_dim;
+    f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
+    f.pos = fu->pos;
+    f.freqs = fu->rope_freqs;
+    gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
+    const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
+    gemv_fn fn;
+    switch ((int)epi * 2 + norm) {
+    case 0 * 2 + 1: fn = gemv_fused_pick<0 * 2 + 1, false>(p.wt, rows); break;
+    case 1 * 2 + 0: fn = gemv_fused_pick<1 * 2 + 0, false>(p.wt, rows); break;
+    case 1 * 2 + 1: fn = gemv_fused_pick<1 * 2 + 1, false>(p.wt, rows); break;
+    case 2 * 2 + 0: fn = gemv_fused_pick<2 * 2 + 0, true>(p.wt, rows); break;
+    case 2 * 2 + 1: fn = gemv_fused_pick<2 * 2 + 1, true>(p.wt, rows); break;
+    case 3 * 2 + 0: fn = gemv_fused_pick<3 * 2 + 0, true>(p.wt, rows); break;
+    case 3 * 2 + 1: fn = gemv_fused_pick<3 * 2 + 1, true>(p.wt, rows); break;
+    default: /* plain STORE: the unfused GEMV */
+        return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
+    }
+    const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
+    gpuStream_t s = (gpuStream_t)stream;
+    GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,
+                              (size_t)row_bytes, x, y, (int)n_in, (int)n_out, p.chunk, p.x_vec, f));
+    GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

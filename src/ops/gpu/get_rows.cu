@@ -36,6 +36,8 @@ __global__ void __launch_bounds__(GET_ROWS_THREADS)
 get_rows_kernel(nstf_type type, const uint8_t *__restrict__ table, size_t row_bytes, int64_t n_rows,
                 const int32_t *__restrict__ ids, void *__restrict__ out, int out_bf16,
                 int64_t n_tok, int64_t dim) {
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
     for (int64_t t = blockIdx.x; t < n_tok; t += gridDim.x) {
         const int32_t id = ids[t];
         const bool ok = id >= 0 && id < n_rows;
@@ -68,9 +70,9 @@ extern "C" nstf_status nstf_gpu_get_rows(nstf_type type, const void *table, int6
     if (n_tok == 0) return NSTF_OK;
     gpuStream_t s = (gpuStream_t)stream;
     const unsigned grid = (unsigned)(n_tok < NSTF_GPU_MAX_GRID ? n_tok : NSTF_GPU_MAX_GRID);
-    get_rows_kernel<<<grid, GET_ROWS_THREADS, 0, s>>>(type, (const uint8_t *)table, (size_t)row_bytes,
-                                                      n_rows, ids, out, out_type == NSTF_TYPE_BF16,
-                                                      n_tok, dim);
+    GPU_CHECK(nstf_gpu_launch(get_rows_kernel, dim3(grid), dim3(GET_ROWS_THREADS), 0, s, nstf_gpu_pdl(), type,
+                              (const uint8_t *)table, (size_t)row_bytes, n_rows, ids, out,
+                              (int)(out_type == NSTF_TYPE_BF16), n_tok, dim));
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

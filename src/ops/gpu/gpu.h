@@ -106,6 +106,59 @@ __device__ __forceinline__ float block_reduce_sum(float v, float *red) {
     return wave_reduce_sum(v);
 }
 
+/* ---- programmatic dependent launch ------------------------------------ *
+ * On sm_90 a kernel launched with the programmatic-serialization attribute
+ * (nstf_gpu_launch with pdl on) may start while the kernel before it in the
+ * stream is still running. It must execute NSTF_PDL_WAIT() before it reads
+ * anything the previous kernels wrote or writes anything they read; work on
+ * constant data (weight prefetch) may come before. NSTF_PDL_TRIGGER() lets
+ * the next kernel be scheduled once every block of this one has passed it.
+ * Kernels call both unconditionally: without the attribute (HIP, sm_80, or
+ * pdl off) the wait returns at once and the trigger does nothing. */
+#if defined(NSTF_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define NSTF_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define NSTF_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+/* Starts reading [p, p + bytes) into L2 without waiting; p 16-byte aligned,
+ * bytes a multiple of 16. */
+#define NSTF_L2_PREFETCH(p, bytes) \
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)(bytes)) : "memory")
+#else
+#define NSTF_PDL_WAIT() ((void)0)
+#define NSTF_PDL_TRIGGER() ((void)0)
+#define NSTF_L2_PREFETCH(p, bytes) ((void)(p), (void)(bytes))
+#endif
+
+/* Whether launches through nstf_gpu_launch on this host thread carry the
+ * programmatic-serialization attribute (gpu_common.cu; see
+ * nstf_gpu_set_pdl in gpu_api.h). */
+extern "C" int nstf_gpu_pdl(void);
+
+/* kern<<<grid, block, smem, stream>>>(args...), with programmatic
+ * serialization when pdl is non-zero and the vendor has it (CUDA). */
+template <typename... P, typename... A>
+static inline gpuError_t nstf_gpu_launch(void (*kern)(P...), dim3 grid, dim3 block, size_t smem,
+                                         gpuStream_t stream, int pdl, A... args) {
+#if defined(NSTF_GPU_CUDA)
+    if (pdl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, kern, ((P)args)...);
+    }
+#else
+    (void)pdl;
+#endif
+    kern<<<grid, block, smem, stream>>>(((P)args)...);
+    return gpuGetLastError();
+}
+
 /* ---- errors -------------------------------------------------------------- */
 
 /* Records "GPU call `stmt` failed at file:line on device d: <error>" as the

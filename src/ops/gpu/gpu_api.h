@@ -52,6 +52,12 @@ nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info);
 /* Make `dev` current for the calling thread; fails (NSTF_ERR_UNSUPPORTED)
  * when the build has no code for the device (nstf_gpu_check_device). */
 nstf_status nstf_gpu_set_device(int dev);
+/* Programmatic dependent launch (CUDA, sm_90+): while on, the decode-path
+ * kernels (GEMV, fused GEMV, flash decode, get_rows, argmax) launched from
+ * this host thread may start before the previous kernel ends, overlapping
+ * their launch and weight prefetch with its tail. Returns the previous
+ * setting. NSTF_PDL=0 in the environment keeps it off. No effect on HIP. */
+int nstf_gpu_set_pdl(int on);
 /* HIP: NSTF_ERR_UNSUPPORTED, naming the device's gfx target and the compiled
  * ones, when this build has no code object for `dev`. Called by
  * nstf_gpu_set_device and before the first launch of the matrix kernels, so
@@ -106,6 +112,12 @@ nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t 
                           int n_heads, int n_kv_heads, int head_dim, float base,
                           nstf_rope_mode mode, void *stream);
 
+/* The RoPE inverse frequencies base^(-2i/head_dim), i < head_dim/2, each a
+ * double split into two floats: hi_lo[i] the float nearest, hi_lo[half + i]
+ * the remainder (host function; the table nstf_gemv_fusion.rope_freqs
+ * points to, after a copy to the device). */
+void nstf_gpu_rope_freqs(float base, int head_dim, float *hi_lo);
+
 /* y[i] = silu(gate[i]) * up[i] over n elements, bf16 in and out (fp32 math). */
 nstf_status nstf_gpu_swiglu(const uint16_t *gate, const uint16_t *up, uint16_t *y, int64_t n,
                             void *stream);
@@ -123,6 +135,45 @@ nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint16_t *x, voi
  * storage owned by the library, overwritten by the next call. */
 const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t *x,
                                  int64_t n_tok, int64_t n_in);
+
+/* The decode GEMV of one token with the ops around it fused, so a layer is
+ * five kernels: the RMSNorm before it (prologue) and the residual add, the
+ * RoPE or the SwiGLU after it (epilogue). Each result is bitwise what the
+ * unfused kernels give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_rope,
+ * nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same order, the same
+ * bf16 roundings in between. */
+typedef enum nstf_gemv_epi {
+    NSTF_GEMV_STORE = 0,  /* y[o] = (W x)[o], y F32 */
+    NSTF_GEMV_ACCUM = 1,  /* y[o] += (W x)[o], y F32 (the residual stream) */
+    NSTF_GEMV_ROPE = 2,   /* y[o] bf16; rows [0, rope_rows) are q | k heads of
+                             head_dim, rotated at position *pos */
+    NSTF_GEMV_SWIGLU = 3, /* W rows [0, n_out/2) gate, [n_out/2, n_out) up;
+                             y[j] = silu(gate_j) * up_j, bf16, n_out/2 of them */
+} nstf_gemv_epi;
+
+typedef struct nstf_gemv_fusion {
+    const float *norm_x; /* non-NULL: the input is bf16(norm_x * rsqrt(mean(norm_x^2)
+                            + norm_eps) * norm_w), norm_x, norm_w f32 [n_in]
+                            (device); x is then not read */
+    const float *norm_w;
+    float norm_eps;
+    nstf_gemv_epi epi;
+    int rope_rows;           /* ROPE: rotated rows, a multiple of head_dim */
+    int head_dim;            /* ROPE: even, <= 256 */
+    nstf_rope_mode rope_mode;
+    const int32_t *pos;      /* ROPE: device position */
+    const float *rope_freqs; /* ROPE: device table of nstf_gpu_rope_freqs() */
+} nstf_gemv_fusion;
+
+/* Whether nstf_gpu_gemv_fused takes this weight (BF16 with n_in % 8 == 0 and
+ * 16-byte aligned, Q8_0, Q4_0, 4-byte aligned Q4_1) and, with the norm
+ * prologue (norm != 0), whether x of n_in fits the staging buffer. */
+int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm);
+/* One token: W [n_out, n_in] as in nstf_gpu_gemv, x [n_in] bf16 (unless
+ * f->norm_x), y as f->epi says (n_out even for ROPE and SWIGLU). */
+nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
+                                int64_t n_in, int64_t n_out, const nstf_gemv_fusion *f,
+                                void *stream);
 
 /* Greedy sampling: out[r] = argmax_j x[r, j] (first index on ties; NaN
  * never wins; an all-NaN row gives 0). x [n_rows, n] of x_type F32 or BF16,
@@ -235,14 +286,18 @@ nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
  * kernel runs, so a captured launch stays valid at every position. The split
  * plan and the scratch size are made for the bound pos_max (>= every *d_pos0
  * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
- * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split. */
+ * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split.
+ * one_kernel != 0 merges the partials in the same kernel (the last block of
+ * each kv head does it, found through counters at the start of the scratch:
+ * they must be zero before the first such call, and each call leaves them
+ * zero); else a second kernel merges. Both give the same bits. */
 nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                        int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                        uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
                                        int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                        int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
                                        int head_dim, float scale, void *scratch,
-                                       size_t scratch_bytes, void *stream);
+                                       size_t scratch_bytes, int one_kernel, void *stream);
 
 /* ==========================================================================
  * Unfused kernels of the lower execution levels (attn_naive.cu): attention

@@ -2,6 +2,7 @@
  * the GPU backend (everything in gpu_api.h that is not a kernel). */
 #include "gpu.h"
 
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,6 +68,19 @@ extern "C" nstf_status nstf_gpu_set_device(int dev) {
     GPU_CHECK(gpuSetDevice(dev));
     return nstf_gpu_check_device(dev);
 }
+
+/* Programmatic dependent launch: per host thread, off until a caller turns
+ * it on; NSTF_PDL=0 in the environment keeps it off (for A/B timing). */
+static thread_local int pdl_on = 0;
+
+extern "C" int nstf_gpu_set_pdl(int on) {
+    const int prev = pdl_on;
+    const char *e = getenv("NSTF_PDL");
+    pdl_on = on && !(e && e[0] == '0');
+    return prev;
+}
+
+extern "C" int nstf_gpu_pdl(void) { return pdl_on; }
 
 extern "C" nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info) {
     if (!info) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_query: info is NULL");

@@ -8,6 +8,7 @@
  * (Cody-Waite), and only then given to the fast hardware sin/cos. At
  * position 10^5 a plain fp32 angle would be off by ~4e-3 rad. */
 #include "gpu.h"
+#include "fused_math.h"
 
 #include <math.h>
 
@@ -31,18 +32,23 @@ rope_kernel(nstf_bf16 *__restrict__ q, nstf_bf16 *__restrict__ k, const int32_t 
         const int64_t t = p / ((int64_t)half * heads);
         nstf_bf16 *v = h < n_heads ? q + (t * n_heads + h) * head_dim
                                    : k + (t * n_kv_heads + (h - n_heads)) * head_dim;
-        const float fp = (float)pos[t]; /* exact: |pos| < 2^24 */
-        const float a = fp * f.hi[i];
-        const float a_err = fmaf(fp, f.hi[i], -a) + fp * f.lo[i]; /* a + a_err = pos * freq */
-        const float n2pi = rintf(a * 0.15915494309189535f);
-        float r = fmaf(-n2pi, 6.28318548202514648f, a); /* float(2pi), exact product */
-        r += a_err;
-        r = fmaf(-n2pi, -1.7484556e-07f, r); /* 2pi - float(2pi) */
-        const float c = nstf_fast_cosf(r), sn = nstf_fast_sinf(r);
+        float c, sn;
+        nstf_rope_cs(pos[t], f.hi[i], f.lo[i], &c, &sn);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         const float x0 = nstf_bf16_to_float(v[i0]), x1 = nstf_bf16_to_float(v[i1]);
-        v[i0] = nstf_float_to_bf16(x0 * c - x1 * sn);
-        v[i1] = nstf_float_to_bf16(x0 * sn + x1 * c);
+        float y0, y1;
+        nstf_rope_rot(x0, x1, c, sn, &y0, &y1);
+        v[i0] = nstf_float_to_bf16(y0);
+        v[i1] = nstf_float_to_bf16(y1);
+    }
+}
+
+extern "C" void nstf_gpu_rope_freqs(float base, int head_dim, float *hi_lo) {
+    const int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const double v = pow((double)base, -2.0 * i / head_dim);
+        hi_lo[i] = (float)v;
+        hi_lo[half + i] = (float)(v - (double)hi_lo[i]);
     }
 }
 
@@ -62,10 +68,11 @@ extern "C" nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *po
     const int64_t blocks = (n_pairs + ROPE_THREADS - 1) / ROPE_THREADS;
     const unsigned grid = (unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID);
     rope_freqs f;
+    float hl[2 * ROPE_MAX_PAIRS];
+    nstf_gpu_rope_freqs(base, head_dim, hl);
     for (int i = 0; i < ROPE_MAX_PAIRS; i++) {
-        const double v = i < head_dim / 2 ? pow((double)base, -2.0 * i / head_dim) : 0.0;
-        f.hi[i] = (float)v;
-        f.lo[i] = (float)(v - (double)f.hi[i]);
+        f.hi[i] = i < head_dim / 2 ? hl[i] : 0.0f;
+        f.lo[i] = i < head_dim / 2 ? hl[head_dim / 2 + i] : 0.0f;
     }
     rope_kernel<<<grid, ROPE_THREADS, 0, s>>>((nstf_bf16 *)q, (nstf_bf16 *)k, pos, n_tok, n_heads,
                                               n_kv_heads, head_dim, f, mode == NSTF_ROPE_NEOX);

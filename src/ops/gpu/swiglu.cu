@@ -2,20 +2,16 @@
  * and out, fp32 math. Grid-stride, two elements per thread-step through
  * 32-bit loads when the three pointers are 4-byte aligned. */
 #include "gpu.h"
+#include "fused_math.h"
 
 #define SWIGLU_THREADS 256
-
-static __device__ __forceinline__ float swiglu1(float g, float u) {
-    /* exp(-g) = 2^(-g log2 e); for g < -88 it is +inf and g / inf = -0. */
-    return g / (1.0f + nstf_fast_exp2f(-1.4426950408889634f * g)) * u;
-}
 
 __global__ void __launch_bounds__(SWIGLU_THREADS)
 swiglu_kernel(const nstf_bf16 *__restrict__ gate, const nstf_bf16 *__restrict__ up,
               nstf_bf16 *__restrict__ y, int64_t n) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        y[i] = nstf_float_to_bf16(swiglu1(nstf_bf16_to_float(gate[i]), nstf_bf16_to_float(up[i])));
+        y[i] = nstf_float_to_bf16(nstf_swiglu1(nstf_bf16_to_float(gate[i]), nstf_bf16_to_float(up[i])));
 }
 
 __global__ void __launch_bounds__(SWIGLU_THREADS)
@@ -24,8 +20,8 @@ swiglu_kernel2(const uint32_t *__restrict__ gate, const uint32_t *__restrict__ u
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n2; i += stride) {
         const uint32_t g = gate[i], u = up[i];
-        const nstf_bf16 lo = nstf_float_to_bf16(swiglu1(nstf_bf16lo_to_float(g), nstf_bf16lo_to_float(u)));
-        const nstf_bf16 hi = nstf_float_to_bf16(swiglu1(nstf_bf16hi_to_float(g), nstf_bf16hi_to_float(u)));
+        const nstf_bf16 lo = nstf_float_to_bf16(nstf_swiglu1(nstf_bf16lo_to_float(g), nstf_bf16lo_to_float(u)));
+        const nstf_bf16 hi = nstf_float_to_bf16(nstf_swiglu1(nstf_bf16hi_to_float(g), nstf_bf16hi_to_float(u)));
         y[i] = (uint32_t)lo.bits | ((uint32_t)hi.bits << 16);
     }
 }

@@ -50,8 +50,8 @@ NSTF_WA_FN float nstf_softmax_base(float m) { return m == -__builtin_huge_valf()
         float num_ = 0.0f, den_ = 0.0f;                                                     \
         for (int s_ = 0; s_ < (n_split); s_++) {                                            \
             float w_ = EXP2((ml)[(int64_t)s_ * (ml_stride)] - base_);                       \
-            den_ += w_ * (ml)[(int64_t)s_ * (ml_stride) + 1];                               \
-            num_ += w_ * (acc)[(int64_t)s_ * (acc_stride)];                                 \
+            den_ = fmaf(w_, (ml)[(int64_t)s_ * (ml_stride) + 1], den_);                     \
+            num_ = fmaf(w_, (acc)[(int64_t)s_ * (acc_stride)], num_);                       \
         }                                                                                   \
         (out) = num_ / den_;                                                                \
     } while (0)
