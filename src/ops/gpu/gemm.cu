@@ -8,7 +8,16 @@
  * 3 deep; on HIP by plain 16-byte loads into a double buffer. Blocks are
  * rasterized in groups of 8 block rows for L2 reuse. Rows beyond M or N and
  * k beyond K are zero-filled, so any M, N work; K must be a multiple of 8
- * (16-byte pieces of a row). */
+ * (16-byte pieces of a row).
+ *
+ * On Hopper the same call takes the wgmma + TMA path of gemm_wgmma.h
+ * (CUDA builds only; used when the device is compute capability 9.x and the
+ * loaded kernel image is sm_90a). The environment variable NSTF_GEMM=mma
+ * forces the portable kernel above, so both can be compared in one process;
+ * nstf_gpu_gemm_path() says which kernel a call of a given shape takes. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "mma.h"
 
 typedef unsigned short u16;
@@ -30,6 +39,10 @@ typedef unsigned short u16;
 static __device__ __forceinline__ float silu_f(float x) {
     return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
 }
+
+#if defined(NSTF_GPU_CUDA)
+#include "gemm_wgmma.h"
+#endif
 
 /* One k-slice of rows [r0, r0+ROWS) of a [rows_total, K] matrix into smem. */
 template <int ROWS, int NT>
@@ -187,6 +200,36 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     return NSTF_OK;
 }
 
+#if defined(NSTF_GPU_CUDA)
+/* 1 when NSTF_GEMM=mma asks for the portable kernel (read per call, so a
+ * benchmark can set it between calls). */
+static int gemm_force_mma(void) {
+    const char *e = getenv("NSTF_GEMM");
+    return e && strcmp(e, "mma") == 0;
+}
+#endif
+
+/* The kernel a call of this shape takes on the current device:
+ * 0 = portable 128x128, 1 = portable 64x128, 2/3/4 = wgmma 128x256/128/64. */
+static int gemm_pick(int64_t m, int64_t n, int n_sm) {
+#if defined(NSTF_GPU_CUDA)
+    if (!gemm_force_mma() && gemm_wgmma_usable()) {
+        const int bn = gemm_wgmma_bn(m, n, n_sm);
+        return bn == 256 ? 2 : bn == 128 ? 3 : 4;
+    }
+#endif
+    return ((m + 127) / 128) * ((n + 127) / 128) >= n_sm ? 0 : 1;
+}
+
+extern "C" const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k) {
+    static const char *names[] = {"mma.sync 128x128", "mma.sync 64x128", "wgmma 128x256", "wgmma 128x128",
+                                  "wgmma 128x64"};
+    (void)k;
+    int n_sm = 0, wave = 0;
+    if (m <= 0 || n <= 0 || nstf_mma_device(&n_sm, &wave) != NSTF_OK) return "none";
+    return names[gemm_pick(m, n, n_sm)];
+}
+
 extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
     int64_t grp = p / 32, r = p % 32;
     return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);
@@ -220,9 +263,23 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, 
     const int c_bf16 = c_type == NSTF_TYPE_BF16;
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
-    const int64_t big_blocks = ((m + 127) / 128) * ((n + 127) / 128);
     gpuStream_t s = (gpuStream_t)stream;
-    if (big_blocks >= n_sm)
+    const int path = gemm_pick(m, n, n_sm);
+#if defined(NSTF_GPU_CUDA)
+    if (path >= 2) {
+        /* paired (8- or 4-byte) epilogue accesses need an even row length
+         * and C, R aligned to two elements */
+        const int64_t n_out = epi == NSTF_GEMM_EPI_SWIGLU ? n / 2 : n;
+        const uintptr_t c_al = c_bf16 ? 4 : 8, r_al = r_bf16 ? 4 : 8;
+        const int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 &&
+                        (epi != NSTF_GEMM_EPI_RESIDUAL || (uintptr_t)res % r_al == 0);
+        const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
+        if (path == 2) return gemm_wgmma_launch<256>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+        if (path == 3) return gemm_wgmma_launch<128>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+        return gemm_wgmma_launch<64>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+    }
+#endif
+    if (path == 0)
         return gemm_launch<128, 128, 64, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
     return gemm_launch<64, 128, 32, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
 }
