@@ -2,9 +2,11 @@
  * random bf16 data: every epilogue (none, residual f32/bf16 incl. in place,
  * SwiGLU), f32 and bf16 output, M = 1 .. 4096 and N, K that are not tile
  * multiples, every kernel the device can take: each case runs with the
- * default choice (wgmma on Hopper, every tile width) and again with
- * NSTF_GEMM=mma (the portable kernel, both block configurations); each line
- * names the kernel that ran. Metric: RMS error vs fp64 must
+ * default choice (wgmma on Hopper), then with each wgmma tile width forced
+ * (NSTF_GEMM=wgmma256/128/64) and with NSTF_GEMM=mma (the portable kernel,
+ * both block configurations); each line names the kernel that ran. Row
+ * lengths (N) multiple of 8, even and odd exercise the 16-byte, paired and
+ * single-element epilogues. Metric: RMS error vs fp64 must
  * be <= 2x the RMS error of a naive host GEMM (bf16 inputs, fp32 sequential
  * accumulation, fp32 epilogue, bf16 output); fp32 outputs must also have
  * NMSE <= 1e-10 vs fp64; outputs
@@ -98,14 +100,19 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
     }
     void *hc = malloc(c_bytes);
     float *got = (float *)malloc(M * n_out * 4);
-    /* both kernels: the default choice (wgmma on Hopper) and NSTF_GEMM=mma */
-    const char *path0 = "";
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 0) unsetenv("NSTF_GEMM");
-        else setenv("NSTF_GEMM", "mma", 1);
+    /* every kernel: the default choice, then each forced one (NSTF_GEMM);
+     * a forced choice that lands on a kernel already run is skipped */
+    static const char *const env[] = {NULL, "wgmma256", "wgmma128", "wgmma64", "mma"};
+    const char *done[5];
+    int n_done = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        if (!env[pass]) unsetenv("NSTF_GEMM");
+        else setenv("NSTF_GEMM", env[pass], 1);
         const char *path = nstf_gpu_gemm_path(M, N, K);
-        if (pass == 0) path0 = path;
-        else if (strcmp(path, path0) == 0) break; /* no second kernel on this device */
+        int seen = 0;
+        for (int i = 0; i < n_done; i++) seen |= strcmp(done[i], path) == 0;
+        if (seen) continue;
+        done[n_done++] = path;
         note_path(path);
         DEV_CHECK(gpuMemset(dc, 0xff, c_bytes)); /* poison again */
         if (dr) DEV_CHECK(gpuMemcpy(dr, hr, M * N * r_el, gpuMemcpyHostToDevice));

@@ -92,6 +92,29 @@ int main(void) {
                    fl / t_swi / 1e9, diff[0], diff[1]);
             fflush(stdout);
         }
+    /* the wgmma tile widths one by one (NSTF_GEMM=wgmma256/128/64), for the
+     * choice in gemm_wgmma_bn(); only where the wgmma path exists */
+    if (strncmp(nstf_gpu_gemm_path(2048, 2048, 2048), "wgmma", 5) == 0) {
+        printf("\nwgmma tile sweep, bf16 out, no epilogue (TFLOP/s):\n\n");
+        printf("| M | K | N | default | 128x256 | 128x128 | 128x64 |\n|---|---|---|---|---|---|---|\n");
+        static const char *const env[] = {"wgmma256", "wgmma128", "wgmma64"};
+        for (int64_t M : ms)
+            for (const auto &s : kn) {
+                const int64_t K = s[0], N = s[1];
+                const double fl = 2.0 * M * N * K;
+                float t[3];
+                for (int i = 0; i < 3; i++) {
+                    setenv("NSTF_GEMM", env[i], 1);
+                    t[i] = time_ms([&] {
+                        nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE,
+                                           NULL);
+                    });
+                }
+                unsetenv("NSTF_GEMM");
+                printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f |\n", (long long)M, (long long)K, (long long)N,
+                       nstf_gpu_gemm_path(M, N, K), fl / t[0] / 1e9, fl / t[1] / 1e9, fl / t[2] / 1e9);
+            }
+    }
     cublasDestroy(h);
     return 0;
 }

@@ -13,7 +13,8 @@
  * On Hopper the same call takes the wgmma + TMA path of gemm_wgmma.h
  * (CUDA builds only; used when the device is compute capability 9.x and the
  * loaded kernel image is sm_90a). The environment variable NSTF_GEMM=mma
- * forces the portable kernel above, so both can be compared in one process;
+ * forces the portable kernel above, so both can be compared in one process
+ * (NSTF_GEMM=wgmma256 / wgmma128 / wgmma64 force one wgmma tile width);
  * nstf_gpu_gemm_path() says which kernel a call of a given shape takes. */
 #include <stdlib.h>
 #include <string.h>
@@ -201,11 +202,18 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
 }
 
 #if defined(NSTF_GPU_CUDA)
-/* 1 when NSTF_GEMM=mma asks for the portable kernel (read per call, so a
- * benchmark can set it between calls). */
-static int gemm_force_mma(void) {
+/* NSTF_GEMM (read per call, so a benchmark can switch between calls):
+ * "mma" forces the portable kernel; "wgmma256", "wgmma128", "wgmma64" force
+ * that wgmma tile width where the wgmma path is usable (tests, tile sweeps).
+ * Returns -1 for the portable kernel, 0 for the default choice, else the width. */
+static int gemm_env_choice(void) {
     const char *e = getenv("NSTF_GEMM");
-    return e && strcmp(e, "mma") == 0;
+    if (!e) return 0;
+    if (strcmp(e, "mma") == 0) return -1;
+    if (strcmp(e, "wgmma256") == 0) return 256;
+    if (strcmp(e, "wgmma128") == 0) return 128;
+    if (strcmp(e, "wgmma64") == 0) return 64;
+    return 0;
 }
 #endif
 
@@ -213,8 +221,9 @@ static int gemm_force_mma(void) {
  * 0 = portable 128x128, 1 = portable 64x128, 2/3/4 = wgmma 128x256/128/64. */
 static int gemm_pick(int64_t m, int64_t n, int n_sm) {
 #if defined(NSTF_GPU_CUDA)
-    if (!gemm_force_mma() && gemm_wgmma_usable()) {
-        const int bn = gemm_wgmma_bn(m, n, n_sm);
+    const int env = gemm_env_choice();
+    if (env >= 0 && gemm_wgmma_usable()) {
+        const int bn = env > 0 ? env : gemm_wgmma_bn(m, n, n_sm);
         return bn == 256 ? 2 : bn == 128 ? 3 : 4;
     }
 #endif
@@ -267,12 +276,16 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, 
     const int path = gemm_pick(m, n, n_sm);
 #if defined(NSTF_GPU_CUDA)
     if (path >= 2) {
-        /* paired (8- or 4-byte) epilogue accesses need an even row length
-         * and C, R aligned to two elements */
+        /* epilogue access width: 8 elements (16-byte and wider accesses)
+         * when rows are a multiple of 8 and C, R 16-byte aligned; else pairs
+         * (8- or 4-byte) when rows are even and C, R aligned to two elements;
+         * else single elements */
         const int64_t n_out = epi == NSTF_GEMM_EPI_SWIGLU ? n / 2 : n;
         const uintptr_t c_al = c_bf16 ? 4 : 8, r_al = r_bf16 ? 4 : 8;
-        const int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 &&
-                        (epi != NSTF_GEMM_EPI_RESIDUAL || (uintptr_t)res % r_al == 0);
+        const int res_on = epi == NSTF_GEMM_EPI_RESIDUAL;
+        int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 && (!res_on || (uintptr_t)res % r_al == 0);
+        if (epi != NSTF_GEMM_EPI_SWIGLU && n % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0))
+            vec = 2;
         const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
         if (path == 2) return gemm_wgmma_launch<256>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
         if (path == 3) return gemm_wgmma_launch<128>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);

@@ -28,7 +28,10 @@
  *     K % 8 == 0 (16-byte row pitch, a TMA rule) work;
  *   - epilogue straight from the accumulators to global memory (each output
  *     element read (residual) and written by one thread, so R may alias C)
- *     while the producer already streams the next tile's slices.
+ *     while the producer already streams the next tile's slices; when rows
+ *     are a multiple of 8 and C, R 16-byte aligned, a quad transposes its
+ *     pairs with shuffles so each lane moves 8 consecutive outputs with
+ *     16-byte accesses.
  * The tensor maps are encoded on the host per call with
  * cuTensorMapEncodeTiled, reached through cudaGetDriverEntryPointByVersion
  * so nothing links libcuda. */
@@ -143,6 +146,66 @@ static __device__ __forceinline__ void wg_store2(void *C, const void *R, int64_t
             ((u16 *)C)[o + e] = nstf_mma_f2bf(x);
         else
             ((float *)C)[o + e] = x;
+    }
+}
+/* Eight consecutive outputs (row, col .. col + 7) of the NONE / RESIDUAL
+ * epilogue with 16-byte accesses: col % 8 == 0, N % 8 == 0, C and R 16-byte
+ * aligned (vec == 2), so the eight are all in range or all out. */
+static __device__ __forceinline__ void wg_store8(void *C, const void *R, int64_t row, int64_t col, int64_t M,
+                                                 int64_t N, float *x, int epi, int c_bf16, int r_bf16) {
+    if (row >= M || col >= N) return;
+    const int64_t o = row * N + col;
+    if (epi == NSTF_GEMM_EPI_RESIDUAL) {
+        if (r_bf16) {
+            const uint4 rv = *(const uint4 *)((const u16 *)R + o);
+            const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                x[2 * i] += nstf_bf16lo_to_float(w[i]);
+                x[2 * i + 1] += nstf_bf16hi_to_float(w[i]);
+            }
+        } else {
+            const float4 r0 = *(const float4 *)((const float *)R + o), r1 = *(const float4 *)((const float *)R + o + 4);
+            x[0] += r0.x, x[1] += r0.y, x[2] += r0.z, x[3] += r0.w;
+            x[4] += r1.x, x[5] += r1.y, x[6] += r1.z, x[7] += r1.w;
+        }
+    }
+    if (c_bf16) {
+        uint4 v;
+        v.x = (uint32_t)nstf_mma_f2bf(x[0]) | ((uint32_t)nstf_mma_f2bf(x[1]) << 16);
+        v.y = (uint32_t)nstf_mma_f2bf(x[2]) | ((uint32_t)nstf_mma_f2bf(x[3]) << 16);
+        v.z = (uint32_t)nstf_mma_f2bf(x[4]) | ((uint32_t)nstf_mma_f2bf(x[5]) << 16);
+        v.w = (uint32_t)nstf_mma_f2bf(x[6]) | ((uint32_t)nstf_mma_f2bf(x[7]) << 16);
+        *(uint4 *)((u16 *)C + o) = v;
+    } else {
+        *(float4 *)((float *)C + o) = make_float4(x[0], x[1], x[2], x[3]);
+        *(float4 *)((float *)C + o + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    }
+}
+
+/* 4 x 4 transpose of float pairs across the 4 lanes of a quad: on entry
+ * lane q's p[j] is pair j of lane q; on exit lane q's p[j] is lane j's
+ * pair q. Two butterfly stages swap the lane/index high bit, then the low
+ * bit; each lane sends the two pairs it gives up (selects on its own lane
+ * bit, no dynamic register indexing). */
+static __device__ __forceinline__ void wg_quad_transpose(float2 *p, int q) {
+#pragma unroll
+    for (int st = 0; st < 2; st++) {
+        const int bitv = st == 0 ? 2 : 1, b = (q & bitv) != 0;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            /* the two indices whose bit differs from the lane's: stage 0
+             * (bit 1) k, k + 2; stage 1 (bit 0) 2k, 2k + 1 */
+            const int lo = st == 0 ? k : 2 * k, hi = st == 0 ? k + 2 : 2 * k + 1;
+            float2 send = b ? p[lo] : p[hi];
+            float2 r;
+            r.x = __shfl_xor_sync(0xffffffffu, send.x, bitv);
+            r.y = __shfl_xor_sync(0xffffffffu, send.y, bitv);
+            if (b)
+                p[lo] = r;
+            else
+                p[hi] = r;
+        }
     }
 }
 #endif /* NSTF_WGMMA_DEVICE */
@@ -276,6 +339,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     }
                 }
             }
+        } else if (vec == 2) {
+            /* a quad holds 4 chunks of 8 columns as pairs; transposed, lane
+             * q owns all 8 columns of chunk 4g + q: one 16-byte (bf16) or
+             * two 16-byte (f32) accesses instead of four 4- or 8-byte ones */
+            const int q = lane % 4;
+#pragma unroll
+            for (int g = 0; g < BN / 32; g++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float2 p[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+                        p[jj] = make_float2(acc[4 * (4 * g + jj) + 2 * h], acc[4 * (4 * g + jj) + 2 * h + 1]);
+                    wg_quad_transpose(p, q);
+                    float x[8] = {p[0].x, p[0].y, p[1].x, p[1].y, p[2].x, p[2].y, p[3].x, p[3].y};
+                    wg_store8(C, R, row + 8 * h, n0 + 32 * g + 8 * q, M, N, x, epi, c_bf16, r_bf16);
+                }
         } else {
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
