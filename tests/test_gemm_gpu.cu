@@ -35,7 +35,9 @@ struct gemm_case {
     int in_place;
 };
 
-static void run_case(const gemm_case &tc, uint64_t seed) {
+/* c_off: C (and an in-place R) start c_off bytes into their allocation, to
+ * take the paired and single-element epilogues of the wgmma path */
+static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
     const int64_t M = tc.m, N = tc.n, K = tc.k;
     const int64_t n_out = tc.epi == NSTF_GEMM_EPI_SWIGLU ? N / 2 : N;
     test_rng rng = {seed};
@@ -89,7 +91,8 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
     void *da = dev_alloc_poisoned(M * K * 2), *dw = dev_alloc_poisoned(N * K * 2);
     DEV_CHECK(gpuMemcpy(da, a, M * K * 2, gpuMemcpyHostToDevice));
     DEV_CHECK(gpuMemcpy(dw, w, N * K * 2, gpuMemcpyHostToDevice));
-    void *dc = dev_alloc_poisoned(c_bytes), *dr = NULL, *hr = NULL;
+    void *dc_alloc = dev_alloc_poisoned(c_bytes + c_off), *dr = NULL, *hr = NULL;
+    void *dc = (char *)dc_alloc + c_off;
     if (tc.epi == NSTF_GEMM_EPI_RESIDUAL) {
         hr = malloc(M * N * r_el);
         for (int64_t i = 0; i < M * N; i++) {
@@ -114,7 +117,7 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
         if (seen) continue;
         done[n_done++] = path;
         note_path(path);
-        DEV_CHECK(gpuMemset(dc, 0xff, c_bytes)); /* poison again */
+        DEV_CHECK(gpuMemset(dc_alloc, 0xff, c_bytes + c_off)); /* poison again */
         if (dr) DEV_CHECK(gpuMemcpy(dr, hr, M * N * r_el, gpuMemcpyHostToDevice));
         nstf_status st = nstf_gpu_gemm_bf16((const uint16_t *)da, (const uint16_t *)dw, dc, tc.c_type, dr, tc.r_type,
                                             M, N, K, (nstf_gemm_epilogue)tc.epi, NULL);
@@ -138,6 +141,7 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
                path, (long long)M, (long long)N, (long long)K, en_s[tc.epi], tc.c_type == T_BF16 ? "bf16" : "f32 ",
                tc.epi == NSTF_GEMM_EPI_RESIDUAL ? (tc.r_type == T_BF16 ? "bf16" : "f32 ") : "-   ",
                tc.in_place ? " in-place" : "", ek, en, rr, ok ? "" : "  FAIL");
+        if (c_off) printf("    (C at byte offset %zu)\n", c_off);
         CHECK(guard, "guard region overwritten");
         CHECK(bad == 0, "%lld non-finite outputs", (long long)bad);
         CHECK(within_2x_naive(ek, en, rr), "error %.3e > 2x naive %.3e", ek, en);
@@ -147,7 +151,7 @@ static void run_case(const gemm_case &tc, uint64_t seed) {
 
     DEV_CHECK(gpuFree(da));
     DEV_CHECK(gpuFree(dw));
-    DEV_CHECK(gpuFree(dc));
+    DEV_CHECK(gpuFree(dc_alloc));
     if (dr && !tc.in_place) DEV_CHECK(gpuFree(dr));
     free(hr);
     free(a); free(w); free(res); free(ref); free(naive); free(accd); free(accf); free(hc); free(got);
@@ -182,6 +186,15 @@ int main(void) {
         run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++);
         run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++);
     }
+    /* C not 16-byte aligned: the wgmma path's paired (8- or 4-byte) and
+     * single-element epilogues */
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++, 4);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++, 2);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++, 8);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++, 4);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0}, seed++, 8);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++, 4);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++, 2);
     /* argument validation: errors, not crashes */
     {
         void *d = dev_alloc_poisoned(4096);

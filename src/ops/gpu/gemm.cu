@@ -284,8 +284,7 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, 
         const uintptr_t c_al = c_bf16 ? 4 : 8, r_al = r_bf16 ? 4 : 8;
         const int res_on = epi == NSTF_GEMM_EPI_RESIDUAL;
         int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 && (!res_on || (uintptr_t)res % r_al == 0);
-        if (epi != NSTF_GEMM_EPI_SWIGLU && n % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0))
-            vec = 2;
+        if (n_out % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0)) vec = 2;
         const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
         if (path == 2) return gemm_wgmma_launch<256>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
         if (path == 3) return gemm_wgmma_launch<128>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);

@@ -148,28 +148,35 @@ static __device__ __forceinline__ void wg_store2(void *C, const void *R, int64_t
             ((float *)C)[o + e] = x;
     }
 }
-/* Eight consecutive outputs (row, col .. col + 7) of the NONE / RESIDUAL
- * epilogue with 16-byte accesses: col % 8 == 0, N % 8 == 0, C and R 16-byte
- * aligned (vec == 2), so the eight are all in range or all out. */
-static __device__ __forceinline__ void wg_store8(void *C, const void *R, int64_t row, int64_t col, int64_t M,
-                                                 int64_t N, float *x, int epi, int c_bf16, int r_bf16) {
-    if (row >= M || col >= N) return;
-    const int64_t o = row * N + col;
-    if (epi == NSTF_GEMM_EPI_RESIDUAL) {
-        if (r_bf16) {
-            const uint4 rv = *(const uint4 *)((const u16 *)R + o);
-            const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+/* Residual of eight consecutive outputs (row, col .. col + 7), 16-byte
+ * loads (vec == 2: col % 8 == 0, N % 8 == 0, R 16-byte aligned, so the
+ * eight are all in range or all out); zeros when out of range. */
+static __device__ __forceinline__ void wg_load8(float *x, const void *R, int64_t row, int64_t col, int64_t M,
+                                                int64_t N, int r_bf16) {
+    if (row >= M || col >= N) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                x[2 * i] += nstf_bf16lo_to_float(w[i]);
-                x[2 * i + 1] += nstf_bf16hi_to_float(w[i]);
-            }
-        } else {
-            const float4 r0 = *(const float4 *)((const float *)R + o), r1 = *(const float4 *)((const float *)R + o + 4);
-            x[0] += r0.x, x[1] += r0.y, x[2] += r0.z, x[3] += r0.w;
-            x[4] += r1.x, x[5] += r1.y, x[6] += r1.z, x[7] += r1.w;
-        }
+        for (int i = 0; i < 8; i++) x[i] = 0.0f;
+        return;
     }
+    const int64_t o = row * N + col;
+    if (r_bf16) {
+        const uint4 rv = *(const uint4 *)((const u16 *)R + o);
+        const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[2 * i] = nstf_bf16lo_to_float(w[i]);
+            x[2 * i + 1] = nstf_bf16hi_to_float(w[i]);
+        }
+    } else {
+        const float4 r0 = *(const float4 *)((const float *)R + o), r1 = *(const float4 *)((const float *)R + o + 4);
+        x[0] = r0.x, x[1] = r0.y, x[2] = r0.z, x[3] = r0.w;
+        x[4] = r1.x, x[5] = r1.y, x[6] = r1.z, x[7] = r1.w;
+    }
+}
+
+/* Eight consecutive outputs (row, col .. col + 7) of a row of length ld,
+ * 16-byte stores (col % 8 == 0, ld % 8 == 0, C 16-byte aligned). */
+static __device__ __forceinline__ void wg_store8(void *C, int64_t o, const float *x, int c_bf16) {
     if (c_bf16) {
         uint4 v;
         v.x = (uint32_t)nstf_mma_f2bf(x[0]) | ((uint32_t)nstf_mma_f2bf(x[1]) << 16);
@@ -308,10 +315,33 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
          * (+8 for i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 ---- */
         const int64_t row = m0 + cw * 64 + warp * 16 + lane / 4;
         const int64_t colt = n0 + 2 * (lane % 4);
-        if (epi == NSTF_GEMM_EPI_SWIGLU) {
+        const int q = lane % 4;
+        if (epi == NSTF_GEMM_EPI_SWIGLU && vec == 2) {
             /* columns [32g, 32g+16) of the tile are gate, [32g+16, 32g+32)
              * the up rows of the same 16 outputs: chunk j (j % 4 < 2) pairs
-             * with chunk j + 2, held by the same thread */
+             * with chunk j + 2, held by the same thread. Two groups give 4
+             * output chunks of 8; transposed in the quad, lane q owns output
+             * chunk 2g + q: 16-byte stores (C 16-byte aligned; n_out % 16 == 0) */
+            const int64_t n_out = N / 2;
+#pragma unroll
+            for (int g = 0; g < BN / 32; g += 2)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float2 p[4];
+#pragma unroll
+                    for (int u = 0; u < 2; u++)
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            const int j = 4 * (g + u) + jj;
+                            p[2 * u + jj] = make_float2(silu_f(acc[4 * j + 2 * h]) * acc[4 * (j + 2) + 2 * h],
+                                                        silu_f(acc[4 * j + 2 * h + 1]) * acc[4 * (j + 2) + 2 * h + 1]);
+                        }
+                    wg_quad_transpose(p, q);
+                    const float x[8] = {p[0].x, p[0].y, p[1].x, p[1].y, p[2].x, p[2].y, p[3].x, p[3].y};
+                    const int64_t r = row + 8 * h, oc = n0 / 2 + 16 * g + 8 * q;
+                    if (r < M && oc < n_out) wg_store8(C, r * n_out + oc, x, c_bf16);
+                }
+        } else if (epi == NSTF_GEMM_EPI_SWIGLU) {
             const int64_t n_out = N / 2;
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
@@ -342,20 +372,35 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         } else if (vec == 2) {
             /* a quad holds 4 chunks of 8 columns as pairs; transposed, lane
              * q owns all 8 columns of chunk 4g + q: one 16-byte (bf16) or
-             * two 16-byte (f32) accesses instead of four 4- or 8-byte ones */
-            const int q = lane % 4;
+             * two 16-byte (f32) accesses instead of four 4- or 8-byte ones.
+             * Items (g, h) go in batches of 4 whose residual loads are all
+             * issued before the batch's stores: with R possibly aliasing C
+             * the compiler cannot hoist a load above an earlier store. */
+            constexpr int ITEMS = BN / 16, BATCH = 4;
 #pragma unroll
-            for (int g = 0; g < BN / 32; g++)
+            for (int b = 0; b < ITEMS; b += BATCH) {
+                float rx[BATCH][8];
+                if (epi == NSTF_GEMM_EPI_RESIDUAL) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
+                    for (int i = 0; i < BATCH; i++)
+                        wg_load8(rx[i], R, row + 8 * ((b + i) % 2), n0 + 32 * ((b + i) / 2) + 8 * q, M, N, r_bf16);
+                }
+#pragma unroll
+                for (int i = 0; i < BATCH; i++) {
+                    const int g = (b + i) / 2, h = (b + i) % 2;
                     float2 p[4];
 #pragma unroll
                     for (int jj = 0; jj < 4; jj++)
                         p[jj] = make_float2(acc[4 * (4 * g + jj) + 2 * h], acc[4 * (4 * g + jj) + 2 * h + 1]);
                     wg_quad_transpose(p, q);
                     float x[8] = {p[0].x, p[0].y, p[1].x, p[1].y, p[2].x, p[2].y, p[3].x, p[3].y};
-                    wg_store8(C, R, row + 8 * h, n0 + 32 * g + 8 * q, M, N, x, epi, c_bf16, r_bf16);
+                    if (epi == NSTF_GEMM_EPI_RESIDUAL)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) x[e] += rx[i][e];
+                    const int64_t r = row + 8 * h, col = n0 + 32 * g + 8 * q;
+                    if (r < M && col < N) wg_store8(C, r * N + col, x, c_bf16);
                 }
+            }
         } else {
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
