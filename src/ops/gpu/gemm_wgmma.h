@@ -3,7 +3,8 @@
  * brings into shared memory. NVIDIA only: gemm.cu includes this file only
  * in CUDA builds, and the kernel body exists only in sm_90a device code
  * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes compile an empty body
- * and the host never launches it there (gemm_wgmma_usable()).
+ * and the host never launches it there (gemm_wgmma_usable() checks the
+ * loaded image).
  *
  * Same contract and epilogues as the portable kernel in gemm.cu. Design:
  *   - block tile 128 x BN x 64 (BN 256, 128 or 64, chosen per shape so the
@@ -54,9 +55,9 @@ template <int BN> struct wg_cfg {
     static constexpr int STAGES = BN == 256 ? 4 : BN == 128 ? 6 : 8;
     static constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    /* + 1024 to align the ring to the 128-byte swizzle's 1024-byte period,
-     * + the 2 x STAGES mbarriers */
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
+    /* dynamic shared memory: the ring + 1024 to align it to the 128-byte
+     * swizzle's 1024-byte period (the mbarriers are static, see the kernel) */
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024;
 };
 
 #if defined(NSTF_WGMMA_DEVICE)
@@ -226,11 +227,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     typedef wg_cfg<BN> cfg;
     constexpr int S = cfg::STAGES, NR = BN / 2;
     extern __shared__ unsigned char wg_smem_raw[];
+    /* The mbarriers live in static shared memory, which only this sm_90a
+     * body declares: the host reads the kernel's static shared size to know
+     * the loaded image holds this body (gemm_wgmma_usable). */
+    __shared__ __align__(8) uint64_t wg_bars[2 * S];
     /* the ring: [S] A slices then [S] W slices, 1024-byte aligned */
     const uint32_t raw = wg_smem_addr(wg_smem_raw);
     const uint32_t ring = (raw + 1023u) & ~1023u;
     const uint32_t s_a = ring, s_w = ring + S * cfg::A_BYTES;
-    const uint32_t bar_full = ring + S * cfg::STAGE_BYTES, bar_empty = bar_full + S * 8;
+    const uint32_t bar_full = wg_smem_addr(wg_bars), bar_empty = bar_full + S * 8;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++) {
@@ -454,8 +459,11 @@ static nstf_status wg_make_map(CUtensorMap *map, const void *base, int64_t rows,
 }
 
 /* Whether this process can run the wgmma kernels: a 9.x device, the driver
- * entry point, and a kernel image that really is sm_90a (binaryVersion 90;
- * an sm_80-only build reports 80 and keeps the portable path). */
+ * entry point, and a loaded kernel image that holds the sm_90a body. An
+ * image for sm_80 (binaryVersion 80), or for sm_90 without the "a" features
+ * or JIT-compiled from compute_80 / compute_90 PTX (binaryVersion 90 but an
+ * empty body), keeps the portable path: only the real body declares the
+ * static shared mbarriers, so its static shared size is non-zero. */
 static int gemm_wgmma_usable(void) {
     static int cached = -1;
     if (cached < 0) {
@@ -467,6 +475,7 @@ static int gemm_wgmma_usable(void) {
         if (cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
             cudaFuncGetAttributes(&fa, (const void *)kfn) == cudaSuccess && fa.binaryVersion >= 90 &&
+            fa.sharedSizeBytes >= 2 * (size_t)wg_cfg<128>::STAGES * 8 &&
             wg_encoder() != NULL)
             cached = 1;
         (void)cudaGetLastError();
