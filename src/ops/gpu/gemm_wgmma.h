@@ -478,7 +478,8 @@ static int gemm_wgmma_usable(void) {
             fa.sharedSizeBytes >= 2 * (size_t)wg_cfg<128>::STAGES * 8 &&
             wg_encoder() != NULL)
             cached = 1;
-        (void)cudaGetLastError();
+        else
+            (void)cudaGetLastError(); /* a failed query must not linger as the "last error" */
     }
     return cached;
 }
