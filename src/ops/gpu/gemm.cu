@@ -8,7 +8,17 @@
  * 3 deep; on HIP by plain 16-byte loads into a double buffer. Blocks are
  * rasterized in groups of 8 block rows for L2 reuse. Rows beyond M or N and
  * k beyond K are zero-filled, so any M, N work; K must be a multiple of 8
- * (16-byte pieces of a row). */
+ * (16-byte pieces of a row).
+ *
+ * On Hopper the same call takes the wgmma + TMA path of gemm_wgmma.h
+ * (CUDA builds only; used when the device is compute capability 9.x and the
+ * loaded kernel image is sm_90a). The environment variable NSTF_GEMM=mma
+ * forces the portable kernel above, so both can be compared in one process
+ * (NSTF_GEMM=wgmma256 / wgmma128 / wgmma64 force one wgmma tile width);
+ * nstf_gpu_gemm_path() says which kernel a call of a given shape takes. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "mma.h"
 
 typedef unsigned short u16;
@@ -30,6 +40,10 @@ typedef unsigned short u16;
 static __device__ __forceinline__ float silu_f(float x) {
     return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
 }
+
+#if defined(NSTF_GPU_CUDA)
+#include "gemm_wgmma.h"
+#endif
 
 /* One k-slice of rows [r0, r0+ROWS) of a [rows_total, K] matrix into smem. */
 template <int ROWS, int NT>
@@ -187,6 +201,44 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     return NSTF_OK;
 }
 
+#if defined(NSTF_GPU_CUDA)
+/* NSTF_GEMM (read per call, so a benchmark can switch between calls):
+ * "mma" forces the portable kernel; "wgmma256", "wgmma128", "wgmma64" force
+ * that wgmma tile width where the wgmma path is usable (tests, tile sweeps).
+ * Returns -1 for the portable kernel, 0 for the default choice, else the width. */
+static int gemm_env_choice(void) {
+    const char *e = getenv("NSTF_GEMM");
+    if (!e) return 0;
+    if (strcmp(e, "mma") == 0) return -1;
+    if (strcmp(e, "wgmma256") == 0) return 256;
+    if (strcmp(e, "wgmma128") == 0) return 128;
+    if (strcmp(e, "wgmma64") == 0) return 64;
+    return 0;
+}
+#endif
+
+/* The kernel a call of this shape takes on the current device:
+ * 0 = portable 128x128, 1 = portable 64x128, 2/3/4 = wgmma 128x256/128/64. */
+static int gemm_pick(int64_t m, int64_t n, int n_sm) {
+#if defined(NSTF_GPU_CUDA)
+    const int env = gemm_env_choice();
+    if (env >= 0 && gemm_wgmma_usable()) {
+        const int bn = env > 0 ? env : gemm_wgmma_bn(m, n, n_sm);
+        return bn == 256 ? 2 : bn == 128 ? 3 : 4;
+    }
+#endif
+    return ((m + 127) / 128) * ((n + 127) / 128) >= n_sm ? 0 : 1;
+}
+
+extern "C" const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k) {
+    static const char *names[] = {"mma.sync 128x128", "mma.sync 64x128", "wgmma 128x256", "wgmma 128x128",
+                                  "wgmma 128x64"};
+    (void)k;
+    int n_sm = 0, wave = 0;
+    if (m <= 0 || n <= 0 || nstf_mma_device(&n_sm, &wave) != NSTF_OK) return "none";
+    return names[gemm_pick(m, n, n_sm)];
+}
+
 extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
     int64_t grp = p / 32, r = p % 32;
     return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);
@@ -220,9 +272,26 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, 
     const int c_bf16 = c_type == NSTF_TYPE_BF16;
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
-    const int64_t big_blocks = ((m + 127) / 128) * ((n + 127) / 128);
     gpuStream_t s = (gpuStream_t)stream;
-    if (big_blocks >= n_sm)
+    const int path = gemm_pick(m, n, n_sm);
+#if defined(NSTF_GPU_CUDA)
+    if (path >= 2) {
+        /* epilogue access width: 8 elements (16-byte and wider accesses)
+         * when rows are a multiple of 8 and C, R 16-byte aligned; else pairs
+         * (8- or 4-byte) when rows are even and C, R aligned to two elements;
+         * else single elements */
+        const int64_t n_out = epi == NSTF_GEMM_EPI_SWIGLU ? n / 2 : n;
+        const uintptr_t c_al = c_bf16 ? 4 : 8, r_al = r_bf16 ? 4 : 8;
+        const int res_on = epi == NSTF_GEMM_EPI_RESIDUAL;
+        int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 && (!res_on || (uintptr_t)res % r_al == 0);
+        if (n_out % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0)) vec = 2;
+        const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
+        if (path == 2) return gemm_wgmma_launch<256>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+        if (path == 3) return gemm_wgmma_launch<128>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+        return gemm_wgmma_launch<64>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+    }
+#endif
+    if (path == 0)
         return gemm_launch<128, 128, 64, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
     return gemm_launch<64, 128, 32, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
 }

@@ -220,6 +220,12 @@ nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, ns
                                const void *res, nstf_type res_type, int64_t m, int64_t n,
                                int64_t k, nstf_gemm_epilogue epi, void *stream);
 
+/* Which kernel nstf_gpu_gemm_bf16 takes for an M x N x K call on the current
+ * device, as a static string ("wgmma 128x256", "mma.sync 128x128", ...; "none"
+ * without a usable device). For tests and benchmarks to print. On Hopper
+ * the wgmma path is taken unless the environment has NSTF_GEMM=mma. */
+const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k);
+
 /* SWIGLU packing: row p of the packed W holds row nstf_gpu_swiglu_packed_row(p,
  * n_ff) of the stacked [gate (n_ff rows); up (n_ff rows)] matrix. */
 int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff);

@@ -1,0 +1,534 @@
+/* gemm_wgmma.h — the Hopper (sm_90a) path of nstf_gpu_gemm_bf16: warpgroup
+ * MMA (`wgmma.mma_async`) on operands that TMA (`cp.async.bulk.tensor`)
+ * brings into shared memory. NVIDIA only: gemm.cu includes this file only
+ * in CUDA builds, and the kernel body exists only in sm_90a device code
+ * (__CUDA_ARCH_FEAT_SM90_ALL); other device passes compile an empty body
+ * and the host never launches it there (gemm_wgmma_usable() checks the
+ * loaded image).
+ *
+ * Same contract and epilogues as the portable kernel in gemm.cu. Design:
+ *   - block tile 128 x BN x 64 (BN 256, 128 or 64, chosen per shape so the
+ *     tiles fill the SMs), one block per SM, persistent: block b takes tiles
+ *     b, b + grid, ... in the grouped raster order of gemm.cu (GEMM_GROUP_M
+ *     block rows at a time) so the tiles in flight share A and W panels in L2;
+ *   - 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
+ *     loads; the warpgroup gives its registers away with setmaxnreg), 1 and 2
+ *     are consumers, each owning 64 rows x BN of the tile (BN/2 fp32
+ *     accumulators per thread, `wgmma m64nBNk16`);
+ *   - STAGES-deep ring of (A 128x64, W BNx64) k-slices; per stage a "full"
+ *     mbarrier (producer's expect_tx; TMA completes the byte count) and an
+ *     "empty" mbarrier (one arrive per consumer warpgroup once its wgmmas
+ *     on the stage have retired: wgmma.wait_group 1 keeps one k-slice of
+ *     MMAs in flight while the next is issued);
+ *   - 128-byte swizzle: a 64-element bf16 row is exactly one 128-byte
+ *     swizzle row, TMA writes the box swizzled and the wgmma descriptors say
+ *     so (rows 128 B apart, 8-row groups 1024 B apart); stepping k by 16
+ *     inside the slice adds 32 B to the descriptor's start address, as the
+ *     swizzle is a function of the address bits;
+ *   - TMA zero-fills rows beyond M or N and k beyond K, so any M, N and any
+ *     K % 8 == 0 (16-byte row pitch, a TMA rule) work;
+ *   - epilogue straight from the accumulators to global memory (each output
+ *     element read (residual) and written by one thread, so R may alias C)
+ *     while the producer already streams the next tile's slices; when rows
+ *     are a multiple of 8 and C, R 16-byte aligned, a quad transposes its
+ *     pairs with shuffles so each lane moves 8 consecutive outputs with
+ *     16-byte accesses.
+ * The tensor maps are encoded on the host per call with
+ * cuTensorMapEncodeTiled, reached through cudaGetDriverEntryPointByVersion
+ * so nothing links libcuda. */
+#ifndef NSTF_GEMM_WGMMA_H
+#define NSTF_GEMM_WGMMA_H
+
+#include <cuda.h> /* CUtensorMap and the cuTensorMapEncodeTiled types only; no libcuda link */
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NSTF_WGMMA_DEVICE 1
+#include "wgmma_ops.h"
+#endif
+
+#define WG_BM 128
+#define WG_BK 64
+#define WG_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+
+/* Stages per tile width: as deep as ~192 KiB of shared memory allows. */
+template <int BN> struct wg_cfg {
+    static constexpr int STAGES = BN == 256 ? 4 : BN == 128 ? 6 : 8;
+    static constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    /* dynamic shared memory: the ring + 1024 to align it to the 128-byte
+     * swizzle's 1024-byte period (the mbarriers are static, see the kernel) */
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024;
+};
+
+#if defined(NSTF_WGMMA_DEVICE)
+static __device__ __forceinline__ uint32_t wg_smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void wg_bar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void wg_bar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+static __device__ __forceinline__ void wg_bar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+static __device__ __forceinline__ void wg_bar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* box (k0 .. k0+63, r0 .. r0+rows-1) of a 2-D tensor map into shared memory */
+static __device__ __forceinline__ void wg_tma_load(uint32_t dst, const CUtensorMap *map, int k0, int r0,
+                                                   uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
+                 : "memory");
+}
+/* wgmma shared-memory descriptor, K-major operand in the 128-byte swizzle:
+ * bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4
+ * (unused for swizzled K-major; 1 by convention), 32-45 stride byte offset
+ * >> 4 (1024 B between 8-row groups), 62-63 layout (1 = 128-byte swizzle). */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+template <int BN>
+static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BN == 256)
+        nstf_wgmma_m64n256(d, da, db, acc);
+    else if constexpr (BN == 128)
+        nstf_wgmma_m64n128(d, da, db, acc);
+    else
+        nstf_wgmma_m64n64(d, da, db, acc);
+}
+/* keeps the compiler from moving accumulator reads across wgmma waits */
+template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Two adjacent outputs (row, col), (row, col + 1) of the NONE / RESIDUAL
+ * epilogue. vec: N even and C, R aligned for a paired access. */
+static __device__ __forceinline__ void wg_store2(void *C, const void *R, int64_t row, int64_t col, int64_t M,
+                                                 int64_t N, float v0, float v1, int epi, int c_bf16, int r_bf16,
+                                                 int vec) {
+    if (row >= M || col >= N) return;
+    const int64_t o = row * N + col;
+    if (vec) { /* col even and N even: col + 1 < N */
+        if (epi == NSTF_GEMM_EPI_RESIDUAL) {
+            if (r_bf16) {
+                uint32_t rv = *(const uint32_t *)((const u16 *)R + o);
+                v0 += nstf_bf16lo_to_float(rv);
+                v1 += nstf_bf16hi_to_float(rv);
+            } else {
+                float2 rv = *(const float2 *)((const float *)R + o);
+                v0 += rv.x;
+                v1 += rv.y;
+            }
+        }
+        if (c_bf16)
+            *(uint32_t *)((u16 *)C + o) = (uint32_t)nstf_mma_f2bf(v0) | ((uint32_t)nstf_mma_f2bf(v1) << 16);
+        else
+            *(float2 *)((float *)C + o) = make_float2(v0, v1);
+        return;
+    }
+    const float v[2] = {v0, v1};
+    for (int e = 0; e < 2 && col + e < N; e++) {
+        float x = v[e];
+        if (epi == NSTF_GEMM_EPI_RESIDUAL)
+            x += r_bf16 ? nstf_mma_bf2f(((const u16 *)R)[o + e]) : ((const float *)R)[o + e];
+        if (c_bf16)
+            ((u16 *)C)[o + e] = nstf_mma_f2bf(x);
+        else
+            ((float *)C)[o + e] = x;
+    }
+}
+/* Residual of eight consecutive outputs (row, col .. col + 7), 16-byte
+ * loads (vec == 2: col % 8 == 0, N % 8 == 0, R 16-byte aligned, so the
+ * eight are all in range or all out); zeros when out of range. */
+static __device__ __forceinline__ void wg_load8(float *x, const void *R, int64_t row, int64_t col, int64_t M,
+                                                int64_t N, int r_bf16) {
+    if (row >= M || col >= N) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = 0.0f;
+        return;
+    }
+    const int64_t o = row * N + col;
+    if (r_bf16) {
+        const uint4 rv = *(const uint4 *)((const u16 *)R + o);
+        const uint32_t w[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[2 * i] = nstf_bf16lo_to_float(w[i]);
+            x[2 * i + 1] = nstf_bf16hi_to_float(w[i]);
+        }
+    } else {
+        const float4 r0 = *(const float4 *)((const float *)R + o), r1 = *(const float4 *)((const float *)R + o + 4);
+        x[0] = r0.x, x[1] = r0.y, x[2] = r0.z, x[3] = r0.w;
+        x[4] = r1.x, x[5] = r1.y, x[6] = r1.z, x[7] = r1.w;
+    }
+}
+
+/* Eight consecutive outputs (row, col .. col + 7) of a row of length ld,
+ * 16-byte stores (col % 8 == 0, ld % 8 == 0, C 16-byte aligned). */
+static __device__ __forceinline__ void wg_store8(void *C, int64_t o, const float *x, int c_bf16) {
+    if (c_bf16) {
+        uint4 v;
+        v.x = (uint32_t)nstf_mma_f2bf(x[0]) | ((uint32_t)nstf_mma_f2bf(x[1]) << 16);
+        v.y = (uint32_t)nstf_mma_f2bf(x[2]) | ((uint32_t)nstf_mma_f2bf(x[3]) << 16);
+        v.z = (uint32_t)nstf_mma_f2bf(x[4]) | ((uint32_t)nstf_mma_f2bf(x[5]) << 16);
+        v.w = (uint32_t)nstf_mma_f2bf(x[6]) | ((uint32_t)nstf_mma_f2bf(x[7]) << 16);
+        *(uint4 *)((u16 *)C + o) = v;
+    } else {
+        *(float4 *)((float *)C + o) = make_float4(x[0], x[1], x[2], x[3]);
+        *(float4 *)((float *)C + o + 4) = make_float4(x[4], x[5], x[6], x[7]);
+    }
+}
+
+/* 4 x 4 transpose of float pairs across the 4 lanes of a quad: on entry
+ * lane q's p[j] is pair j of lane q; on exit lane q's p[j] is lane j's
+ * pair q. Two butterfly stages swap the lane/index high bit, then the low
+ * bit; each lane sends the two pairs it gives up (selects on its own lane
+ * bit, no dynamic register indexing). */
+static __device__ __forceinline__ void wg_quad_transpose(float2 *p, int q) {
+#pragma unroll
+    for (int st = 0; st < 2; st++) {
+        const int bitv = st == 0 ? 2 : 1, b = (q & bitv) != 0;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            /* the two indices whose bit differs from the lane's: stage 0
+             * (bit 1) k, k + 2; stage 1 (bit 0) 2k, 2k + 1 */
+            const int lo = st == 0 ? k : 2 * k, hi = st == 0 ? k + 2 : 2 * k + 1;
+            float2 send = b ? p[lo] : p[hi];
+            float2 r;
+            r.x = __shfl_xor_sync(0xffffffffu, send.x, bitv);
+            r.y = __shfl_xor_sync(0xffffffffu, send.y, bitv);
+            if (b)
+                p[lo] = r;
+            else
+                p[hi] = r;
+        }
+    }
+}
+#endif /* NSTF_WGMMA_DEVICE */
+
+template <int BN>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
+                      void *C, const void *R, int64_t M, int64_t N, int64_t K, int epi, int c_bf16, int r_bf16,
+                      int vec) {
+#if defined(NSTF_WGMMA_DEVICE)
+    typedef wg_cfg<BN> cfg;
+    constexpr int S = cfg::STAGES, NR = BN / 2;
+    extern __shared__ unsigned char wg_smem_raw[];
+    /* The mbarriers live in static shared memory, which only this sm_90a
+     * body declares: the host reads the kernel's static shared size to know
+     * the loaded image holds this body (gemm_wgmma_usable). */
+    __shared__ __align__(8) uint64_t wg_bars[2 * S];
+    /* the ring: [S] A slices then [S] W slices, 1024-byte aligned */
+    const uint32_t raw = wg_smem_addr(wg_smem_raw);
+    const uint32_t ring = (raw + 1023u) & ~1023u;
+    const uint32_t s_a = ring, s_w = ring + S * cfg::A_BYTES;
+    const uint32_t bar_full = wg_smem_addr(wg_bars), bar_empty = bar_full + S * 8;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; s++) {
+            wg_bar_init(bar_full + 8 * s, 1);  /* the producer's expect_tx arrive */
+            wg_bar_init(bar_empty + 8 * s, 2); /* one arrive per consumer warpgroup */
+        }
+        /* make the initialized barriers visible to the async (TMA) proxy */
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    const int64_t n_pm = (M + WG_BM - 1) / WG_BM, n_pn = (N + BN - 1) / BN, n_tiles = n_pm * n_pn;
+    const int ktiles = (int)((K + WG_BK - 1) / WG_BK);
+
+    if (wg == 0) {
+        /* producer: 40 registers are plenty for one thread issuing TMA */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+                const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+                const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+                const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
+                const int m0 = (int)((first_m + in_grp % gsz) * WG_BM), n0 = (int)((in_grp / gsz) * BN);
+                for (int kt = 0; kt < ktiles; kt++) {
+                    /* a fresh barrier counts as having completed the phase
+                     * before phase 0: the first lap does not wait */
+                    wg_bar_wait(bar_empty + 8 * stage, phase ^ 1);
+                    wg_bar_expect_tx(bar_full + 8 * stage, cfg::STAGE_BYTES);
+                    wg_tma_load(s_a + stage * cfg::A_BYTES, &map_a, kt * WG_BK, m0, bar_full + 8 * stage);
+                    wg_tma_load(s_w + stage * cfg::B_BYTES, &map_w, kt * WG_BK, n0, bar_full + 8 * stage);
+                    if (++stage == S) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                }
+            }
+        }
+        return;
+    }
+
+    /* consumers: 232 registers (BN/2 accumulators + addressing) */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    float acc[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = 0.0f;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+        const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+        const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
+        const int64_t m0 = (first_m + in_grp % gsz) * WG_BM, n0 = (in_grp / gsz) * BN;
+        int prev = -1;
+        for (int kt = 0; kt < ktiles; kt++) {
+            wg_bar_wait(bar_full + 8 * stage, phase);
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            const uint32_t a0 = s_a + stage * cfg::A_BYTES + cw * 64 * 128; /* this warpgroup's 64 rows */
+            const uint32_t b0 = s_w + stage * cfg::B_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++)
+                wg_mma<BN>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            /* the previous slice's MMAs have retired: hand its stage back */
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            wg_fence_regs<NR>(acc);
+            if (prev >= 0 && tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
+            prev = stage;
+            if (++stage == S) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_fence_regs<NR>(acc);
+        if (tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
+
+        /* ---- epilogue: accumulator i of this thread is row 16 warp + lane/4
+         * (+8 for i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 ---- */
+        const int64_t row = m0 + cw * 64 + warp * 16 + lane / 4;
+        const int64_t colt = n0 + 2 * (lane % 4);
+        const int q = lane % 4;
+        if (epi == NSTF_GEMM_EPI_SWIGLU && vec == 2) {
+            /* columns [32g, 32g+16) of the tile are gate, [32g+16, 32g+32)
+             * the up rows of the same 16 outputs: chunk j (j % 4 < 2) pairs
+             * with chunk j + 2, held by the same thread. Two groups give 4
+             * output chunks of 8; transposed in the quad, lane q owns output
+             * chunk 2g + q: 16-byte stores (C 16-byte aligned; n_out % 16 == 0) */
+            const int64_t n_out = N / 2;
+#pragma unroll
+            for (int g = 0; g < BN / 32; g += 2)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float2 p[4];
+#pragma unroll
+                    for (int u = 0; u < 2; u++)
+#pragma unroll
+                        for (int jj = 0; jj < 2; jj++) {
+                            const int j = 4 * (g + u) + jj;
+                            p[2 * u + jj] = make_float2(silu_f(acc[4 * j + 2 * h]) * acc[4 * (j + 2) + 2 * h],
+                                                        silu_f(acc[4 * j + 2 * h + 1]) * acc[4 * (j + 2) + 2 * h + 1]);
+                        }
+                    wg_quad_transpose(p, q);
+                    const float x[8] = {p[0].x, p[0].y, p[1].x, p[1].y, p[2].x, p[2].y, p[3].x, p[3].y};
+                    const int64_t r = row + 8 * h, oc = n0 / 2 + 16 * g + 8 * q;
+                    if (r < M && oc < n_out) wg_store8(C, r * n_out + oc, x, c_bf16);
+                }
+        } else if (epi == NSTF_GEMM_EPI_SWIGLU) {
+            const int64_t n_out = N / 2;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                if (j % 4 >= 2) continue;
+                const int64_t gc = colt + 8 * j; /* gate column in W rows; n0 % 32 == 0 */
+                const int64_t oc = (gc / 32) * 16 + gc % 32;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t r = row + 8 * h;
+                    if (r >= M || oc >= n_out) continue;
+                    const float v0 = silu_f(acc[4 * j + 2 * h]) * acc[4 * (j + 2) + 2 * h];
+                    const float v1 = silu_f(acc[4 * j + 2 * h + 1]) * acc[4 * (j + 2) + 2 * h + 1];
+                    /* n_out % 16 == 0 and oc even: the pair is in range */
+                    const int64_t o = r * n_out + oc;
+                    if (c_bf16 && vec)
+                        *(uint32_t *)((u16 *)C + o) = (uint32_t)nstf_mma_f2bf(v0) | ((uint32_t)nstf_mma_f2bf(v1) << 16);
+                    else if (c_bf16) {
+                        ((u16 *)C)[o] = nstf_mma_f2bf(v0);
+                        ((u16 *)C)[o + 1] = nstf_mma_f2bf(v1);
+                    } else if (vec)
+                        *(float2 *)((float *)C + o) = make_float2(v0, v1);
+                    else {
+                        ((float *)C)[o] = v0;
+                        ((float *)C)[o + 1] = v1;
+                    }
+                }
+            }
+        } else if (vec == 2) {
+            /* a quad holds 4 chunks of 8 columns as pairs; transposed, lane
+             * q owns all 8 columns of chunk 4g + q: one 16-byte (bf16) or
+             * two 16-byte (f32) accesses instead of four 4- or 8-byte ones.
+             * Items (g, h) go in batches of 4 whose residual loads are all
+             * issued before the batch's stores: with R possibly aliasing C
+             * the compiler cannot hoist a load above an earlier store. */
+            constexpr int ITEMS = BN / 16, BATCH = 4;
+#pragma unroll
+            for (int b = 0; b < ITEMS; b += BATCH) {
+                float rx[BATCH][8];
+                if (epi == NSTF_GEMM_EPI_RESIDUAL) {
+#pragma unroll
+                    for (int i = 0; i < BATCH; i++)
+                        wg_load8(rx[i], R, row + 8 * ((b + i) % 2), n0 + 32 * ((b + i) / 2) + 8 * q, M, N, r_bf16);
+                }
+#pragma unroll
+                for (int i = 0; i < BATCH; i++) {
+                    const int g = (b + i) / 2, h = (b + i) % 2;
+                    float2 p[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+                        p[jj] = make_float2(acc[4 * (4 * g + jj) + 2 * h], acc[4 * (4 * g + jj) + 2 * h + 1]);
+                    wg_quad_transpose(p, q);
+                    float x[8] = {p[0].x, p[0].y, p[1].x, p[1].y, p[2].x, p[2].y, p[3].x, p[3].y};
+                    if (epi == NSTF_GEMM_EPI_RESIDUAL)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) x[e] += rx[i][e];
+                    const int64_t r = row + 8 * h, col = n0 + 32 * g + 8 * q;
+                    if (r < M && col < N) wg_store8(C, r * N + col, x, c_bf16);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                wg_store2(C, R, row, colt + 8 * j, M, N, acc[4 * j], acc[4 * j + 1], epi, c_bf16, r_bf16, vec);
+                wg_store2(C, R, row + 8, colt + 8 * j, M, N, acc[4 * j + 2], acc[4 * j + 3], epi, c_bf16, r_bf16,
+                          vec);
+            }
+        }
+    }
+#endif /* NSTF_WGMMA_DEVICE */
+}
+
+/* ---------------------------------------------------------------- host ---- */
+
+typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver the runtime already loaded. */
+static wg_encode_fn wg_encoder(void) {
+    static wg_encode_fn fn = NULL;
+    static int tried = 0;
+    if (!tried) {
+        tried = 1;
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (wg_encode_fn)p;
+        else
+            (void)cudaGetLastError(); /* do not leave the failure as the sticky "last error" */
+    }
+    return fn;
+}
+
+/* [rows, K] bf16 row-major as a 2-D tensor map with a 64 x box_rows box,
+ * 128-byte swizzle, zero fill out of bounds. */
+static nstf_status wg_make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t k, int box_rows) {
+    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    const cuuint32_t box[2] = {WG_BK, (cuuint32_t)box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    CUresult r = wg_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cuTensorMapEncodeTiled failed (%d) for [%lld, %lld]",
+                              (int)r, (long long)rows, (long long)k);
+    return NSTF_OK;
+}
+
+/* Whether this process can run the wgmma kernels: a 9.x device, the driver
+ * entry point, and a loaded kernel image that holds the sm_90a body. An
+ * image for sm_80 (binaryVersion 80), or for sm_90 without the "a" features
+ * or JIT-compiled from compute_80 / compute_90 PTX (binaryVersion 90 but an
+ * empty body), keeps the portable path: only the real body declares the
+ * static shared mbarriers, so its static shared size is non-zero. */
+static int gemm_wgmma_usable(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        cached = 0;
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
+                    int, int) = gemm_wgmma_kernel<128>;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
+            cudaFuncGetAttributes(&fa, (const void *)kfn) == cudaSuccess && fa.binaryVersion >= 90 &&
+            fa.sharedSizeBytes >= 2 * (size_t)wg_cfg<128>::STAGES * 8 &&
+            wg_encoder() != NULL)
+            cached = 1;
+        else
+            (void)cudaGetLastError(); /* a failed query must not linger as the "last error" */
+    }
+    return cached;
+}
+
+/* Tile width for an M x N problem on n_sm SMs: the fewest "column-waves"
+ * (waves of persistent tiles x tile width), a narrower tile paying for its
+ * lower MMA efficiency (wider wgmma reuses each A fragment more). */
+static int gemm_wgmma_bn(int64_t m, int64_t n, int n_sm) {
+    static const int bns[3] = {256, 128, 64};
+    static const double eff[3] = {1.0, 0.9, 0.75};
+    int best = 256;
+    double best_cost = 0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + bns[i] - 1) / bns[i]);
+        const int64_t waves = (tiles + n_sm - 1) / n_sm;
+        const double cost = (double)waves * bns[i] / eff[i];
+        if (i == 0 || cost < best_cost) {
+            best = bns[i];
+            best_cost = cost;
+        }
+    }
+    return best;
+}
+
+template <int BN>
+static nstf_status gemm_wgmma_launch(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
+                                     int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
+                                     cudaStream_t stream) {
+    typedef wg_cfg<BN> cfg;
+    static bool attr_set = false; /* per instantiation */
+    if (!attr_set) {
+        void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
+                    int, int) = gemm_wgmma_kernel<BN>;
+        if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
+            cudaSuccess)
+            return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cannot allow %d bytes of shared memory", cfg::SMEM);
+        attr_set = true;
+    }
+    CUtensorMap map_a, map_w;
+    NSTF_TRY(wg_make_map(&map_a, a, m, k, WG_BM));
+    NSTF_TRY(wg_make_map(&map_w, w, n, k, BN));
+    const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + BN - 1) / BN);
+    const int grid = (int)(tiles < n_sm ? tiles : n_sm);
+    gemm_wgmma_kernel<BN><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi, c_bf16, r_bf16,
+                                                                    vec);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): launch failed: %s", cudaGetErrorString(e));
+    return NSTF_OK;
+}
+
+#endif /* NSTF_GEMM_WGMMA_H */
