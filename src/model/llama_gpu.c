@@ -12,7 +12,7 @@
  * graph and replayed (re-captured only when the context passes a power-of-
  * two bound of the attention split plan). Level 3 (the default) runs that
  * step on fused kernels where the weights allow (nstf_gpu_gemv_fused: the
- * norms, RoPE, SwiGLU and residual adds inside the GEMVs; 5 kernels per
+ * norms, RoPE, SwiGLU and residual adds inside the GEMVs; 6 kernels per
  * layer instead of 10) with programmatic dependent launch on sm_90.
  *
  * Prefill (several tokens): the same sequence with GEMMs on the matrix
@@ -81,7 +81,6 @@ struct nstf_llama_gpu {
     uint16_t *h3;          /* [B, ffn]: SwiGLU out of the fused gate|up GEMM (L2+ prefill) */
     float *rope_freqs;     /* [head_dim]: RoPE frequencies for the fused QKV GEMV */
     bool fused;            /* every matrix takes the fused decode GEMVs (L3 decode) */
-    bool fd_one;           /* fused decode: flash-decode merge in the same kernel (NSTF_FD_ONE=0: two) */
     /* graph */
     void *graph;
     int64_t graph_bound;
@@ -241,6 +240,12 @@ static void dequant_need(const nstf_llama *m, uint64_t *elems, int64_t *rows) {
             uint64_t e = (uint64_t)ms[i]->n_in * (uint64_t)ms[i]->n_out;
             if (e > *elems) *elems = e;
             if (ms[i]->n_out > *rows) *rows = ms[i]->n_out;
+        }
+        if (L->wq.type != NSTF_TYPE_BF16 && L->wq.type == L->wk.type && L->wq.type == L->wv.type) { /* QKV GEMM */
+            const int64_t r = L->wq.n_out + L->wk.n_out + L->wv.n_out;
+            uint64_t e = (uint64_t)L->wq.n_in * (uint64_t)r;
+            if (e > *elems) *elems = e;
+            if (r > *rows) *rows = r;
         }
         if (L->w_gate.type != NSTF_TYPE_BF16 && L->w_gate.type == L->w_up.type) { /* the fused gate|up GEMM (L2+) */
             uint64_t e = (uint64_t)L->w_gate.n_in * (uint64_t)(L->w_gate.n_out + L->w_up.n_out);
@@ -419,8 +424,6 @@ nstf_status nstf_llama_gpu_create(const nstf_llama *m, int dev, int n_ctx, int n
         st = nstf_gpu_memcpy_h2d(g->rope_freqs, fr, (size_t)c->head_dim * sizeof(float), g->stream);
     }
     if (st == NSTF_OK) g->fused = fused_decode_ok(g);
-    const char *fd_env = getenv("NSTF_FD_ONE");
-    g->fd_one = !(fd_env && fd_env[0] == '0');
     if (st == NSTF_OK) st = nstf_gpu_stream_sync(g->stream);
     if (st != NSTF_OK) {
         nstf_llama_gpu_free(g);
@@ -521,12 +524,11 @@ static double attn_bytes(const nstf_llama_config *c, int64_t n, int64_t n_kv) {
  * Unfused (L2, and L3 where the weights do not allow more): per layer
  * RMSNorm (+ the previous residual), one QKV GEMV, RoPE, flash decode and
  * its merge, out GEMV, RMSNorm + residual, one gate/up GEMV, SwiGLU, down
- * GEMV. Fused (L3): five kernels per layer: QKV with the norm before and
- * RoPE after it; flash decode with its merge in the same kernel; out-proj
- * adding into the residual; gate/up with the norm and SwiGLU; down adding
+ * GEMV. Fused (L3): six kernels per layer: QKV with the norm before and
+ * RoPE after it; flash decode and its merge; out-proj adding into the
+ * residual; gate/up with the norm and SwiGLU; down adding
  * into the residual; then the final norm inside the logits GEMV. Both give
- * the same bits (nstf_gpu_gemv_fused, nstf_gpu_flash_decode_dpos;
- * test_levels_gpu checks it). */
+ * the same bits (nstf_gpu_gemv_fused; test_levels_gpu checks it). */
 static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_hint, bool fused) {
     const nstf_llama_config *c = &g->cfg;
     const int64_t dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd,
@@ -573,11 +575,10 @@ static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_
             OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * (qd + kvd), 4.0 * (qd + kvd),
                nstf_gpu_rope(q, k, g->dio + 1, 1, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
         }
-        OP(NSTF_GPU_CAT_ATTN, "flash_decode", l, fused ? 1 : 2, attn_flops(c, 1, pos_hint + 1),
+        OP(NSTF_GPU_CAT_ATTN, "flash_decode", l, 2, attn_flops(c, 1, pos_hint + 1),
            attn_bytes(c, 1, pos_hint + 1),
            nstf_gpu_flash_decode_dpos(q, row, k, row, v, row, kc, vc, g->att, qd, 1, g->dio + 1, bound, g->n_ctx,
-                                      c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes,
-                                      fused && g->fd_one, s));
+                                      c->n_heads, c->n_kv_heads, (int)hd, scale, g->fd_scratch, g->fd_bytes, s));
         w = L->w_gate;
         w.n_out = 2 * ffn;
         if (fused) {
@@ -738,23 +739,29 @@ static nstf_status run_tokens(nstf_llama_gpu *g, int n, int pos0, bool all_logit
         snprintf(lname, sizeof lname, "layer %d", l);
         nstf_gpu_range_push(lname);
         NSTF_TRY(add_norm(g, l, g->x, l ? g->y : NULL, L->attn_norm, n));
-        if (one && g->level >= 1 && L->qkv_fused) { /* L1+: one QKV GEMV */
+        /* one QKV GEMV (L1+) or GEMM (L2+) over the adjacent matrices: rows
+         * of q | k | v per token */
+        const bool fq = L->qkv_fused && (one ? g->level >= 1 : !naive);
+        uint16_t *lk = fq && !one ? q + qd : k, *lv = fq && !one ? q + qd + kvd : v;
+        const int64_t lqs = fq ? row : q_stride, lkvs = fq ? row : kv_stride;
+        if (fq) {
             dmat w = L->wq;
             w.n_out = row;
-            MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, 1);
+            MM(NSTF_GPU_CAT_ATTN, "qkv_proj", l, &w, g->xb, q, NSTF_TYPE_BF16, n);
         } else {
             MM(NSTF_GPU_CAT_ATTN, "q_proj", l, &L->wq, g->xb, q, NSTF_TYPE_BF16, n);
             MM(NSTF_GPU_CAT_ATTN, "k_proj", l, &L->wk, g->xb, k, NSTF_TYPE_BF16, n);
             MM(NSTF_GPU_CAT_ATTN, "v_proj", l, &L->wv, g->xb, v, NSTF_TYPE_BF16, n);
         }
         OP(NSTF_GPU_CAT_ATTN, "rope", l, 1, 6.0 * n * (qd + kvd), 4.0 * n * (qd + kvd),
-           nstf_gpu_rope(q, k, pos, n, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base, c->rope_mode, s));
+           nstf_gpu_rope_strided(q, lqs, lk, lkvs, pos, n, c->n_heads, c->n_kv_heads, (int)hd, c->rope_base,
+                                 c->rope_mode, s));
         if (naive) {
-            NSTF_TRY(naive_attention(g, l, q, q_stride, k, v, kv_stride, pos, n, pos0, kc, vc));
+            NSTF_TRY(naive_attention(g, l, q, lqs, lk, lv, lkvs, pos, n, pos0, kc, vc));
         } else {
             OP(NSTF_GPU_CAT_ATTN, "flash_attn", l, 1, attn_flops(c, n, pos0 + n) / 2, attn_bytes(c, n, pos0 + n),
-               nstf_gpu_flash_attn(q, q_stride, k, kv_stride, v, kv_stride, kc, vc, g->att, qd, n, pos0, g->n_ctx,
-                                   c->n_heads, c->n_kv_heads, (int)hd, scale, s));
+               nstf_gpu_flash_attn(q, lqs, lk, lkvs, lv, lkvs, kc, vc, g->att, qd, n, pos0, g->n_ctx, c->n_heads,
+                                   c->n_kv_heads, (int)hd, scale, s));
         }
         MM(NSTF_GPU_CAT_ATTN, "o_proj", l, &L->wo, g->att, g->y, NSTF_TYPE_F32, n);
         NSTF_TRY(add_norm(g, l, g->x, g->y, L->ffn_norm, n));

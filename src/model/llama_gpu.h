@@ -56,8 +56,12 @@ void *nstf_llama_gpu_stream(const nstf_llama_gpu *g);
  * L1 fused: one QKV GEMV (decode), residual fused into RMSNorm, scale +
  *    mask + softmax in one kernel (scores still materialized).
  * L2 tiled: flash attention (prefill) / split-KV flash decoding, one GEMV
- *    or GEMM over the adjacent gate|up matrices with SwiGLU over its rows.
- * L3 ultra: L2 with the decode step replayed as one graph launch (default).
+ *    or GEMM over the adjacent Q|K|V and gate|up matrices, SwiGLU over its
+ *    rows.
+ * L3 ultra: L2, with the decode step on fused GEMVs (norm prologue; RoPE,
+ *    SwiGLU or residual-add epilogue: 6 kernels per layer, where the weight
+ *    types allow), programmatic
+ *    dependent launch on sm_90, and replayed as one graph launch (default).
  * Levels 0 and 1 allocate the score matrix [n_heads, n_batch, n_ctx] fp32
  * on first selection (workspace; kept until free). */
 #define NSTF_GPU_N_LEVELS 4

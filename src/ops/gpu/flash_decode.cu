@@ -10,12 +10,11 @@
  * partial (m, l, unnormalized acc) for the valid rows. A second kernel
  * merges the S partials of each row: out = sum_s 2^(m_s - M) acc_s /
  * sum_s 2^(m_s - M) l_s. S is chosen from the context length and the SM
- * count so that about 3 blocks per SM are in flight.
- *
- * With per-kv-head counters (the decode graph's call), there is no second
- * kernel: each block counts itself done on its kv head's counter, and the
- * last one merges that head's rows (same arithmetic in the same order as
- * the merge kernel, so the same bits) and sets the counter back to 0. */
+ * count so that about 3 blocks per SM are in flight. The merge stages the
+ * S (m, l) pairs and the weights 2^(m_s - M) in shared memory and unrolls
+ * its loop over the splits, so the loads of acc_s are in flight together:
+ * a plain loop over S pays one L2 latency per split (~10 us per layer at
+ * S = 32). */
 #include "flash_common.h"
 
 #define FD_NW 4
@@ -28,13 +27,6 @@
 #define FD_BKV 32
 #endif
 
-/* The partials as the merging block reads them: written by other blocks of
- * the same kernel, so loaded past this SM's L1. */
-struct fd_cg {
-    const float *p;
-    __device__ float operator[](int64_t i) const { return nstf_ld_cg(p + i); }
-};
-
 template <int HD> static constexpr size_t fd_smem_bytes() {
     return ((size_t)16 * (HD + 8) + (size_t)FD_NW * 2 * FD_BKV * (HD + 8) + (size_t)FD_NW * 16 * NSTF_MMA_SCRATCH_LD) *
            sizeof(u16);
@@ -45,7 +37,7 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                         const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
                         int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc,
-                        const int32_t *__restrict__ pos_dev, unsigned *counters, u16 *out, int64_t out_stride) {
+                        const int32_t *__restrict__ pos_dev) {
     NSTF_PDL_WAIT();
     NSTF_PDL_TRIGGER();
     if (pos_dev) pos0 = *pos_dev;
@@ -111,45 +103,54 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
                 part_ml[(base + row) * 2 + 1] = st.l[nstf_mma_c_slot(e)];
             }
         }
-    if (!counters) return;
-    __shared__ int fd_last;
-    __threadfence(); /* this block's partials, visible before it counts itself */
-    __syncthreads();
-    if (tid == 0) fd_last = atomicAdd(&counters[hkv], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!fd_last) return;
-    __threadfence();
-    for (int i = tid; i < rows * HD; i += nt) {
-        const int row = i / HD, d = i % HD;
-        const int64_t i0 = (int64_t)hkv * n_split * rows + row;
-        float o;
-        NSTF_SOFTMAX_MERGE_ROW(o, fd_cg{part_ml + i0 * 2}, (int64_t)rows * 2, fd_cg{part_acc + i0 * HD + d},
-                               (int64_t)rows * HD, n_split, nstf_exp2);
-        out[(row / group) * out_stride + (int64_t)(hkv * group + row % group) * HD + d] = nstf_mma_f2bf(o);
-    }
-    if (tid == 0) counters[hkv] = 0; /* ready for the next launch */
 }
 
-/* grid (rows, n_kv), HD threads: merges the S partials of one query row. */
+/* grid (rows, n_kv), HD threads, 2 S floats of shared memory: merges the S
+ * partials of one query row, the arithmetic of NSTF_SOFTMAX_MERGE_ROW
+ * (wave_algo.h) in the same order: M = max m_s, w_s = 2^(m_s - base(M)),
+ * out = (sum_s w_s acc_s) / (sum_s w_s l_s), sums in split order. */
 template <int HD>
 __global__ void __launch_bounds__(HD)
     flash_decode_merge(const float *__restrict__ part_ml, const float *__restrict__ part_acc, u16 *out,
                        int64_t out_stride, int n_split, int rows, int group) {
     NSTF_PDL_WAIT();
     NSTF_PDL_TRIGGER();
+    constexpr int NWV = HD / NSTF_WAVE > 0 ? HD / NSTF_WAVE : 1;
+    extern __shared__ float fdm[]; /* [S] m then w_s, [S] l */
+    __shared__ float red[NWV];
+    float *sw = fdm, *sl = fdm + n_split;
     const int row = blockIdx.x, hkv = blockIdx.y, d = threadIdx.x;
     const int64_t i0 = (int64_t)hkv * n_split * rows + row; /* split s of this row: i0 + s * rows */
-    float o;
-    NSTF_SOFTMAX_MERGE_ROW(o, part_ml + i0 * 2, (int64_t)rows * 2, part_acc + i0 * HD + d, (int64_t)rows * HD,
-                           n_split, nstf_exp2);
+    const float *ml = part_ml + i0 * 2;
+    float mx = -__builtin_huge_valf();
+    for (int s = d; s < n_split; s += HD) {
+        const float m = ml[(int64_t)s * rows * 2];
+        sw[s] = m;
+        sl[s] = ml[(int64_t)s * rows * 2 + 1];
+        mx = fmaxf(mx, m);
+    }
+    mx = wave_reduce_max(mx);
+    if (d % NSTF_WAVE == 0) red[d / NSTF_WAVE] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int i = 1; i < NWV; i++) mx = fmaxf(mx, red[i]);
+    const float base = nstf_softmax_base(mx);
+    for (int s = d; s < n_split; s += HD) sw[s] = nstf_exp2(sw[s] - base);
+    __syncthreads();
+    const float *acc = part_acc + i0 * HD + d;
+    const int64_t as = (int64_t)rows * HD;
+    float num = 0.0f, den = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < n_split; s++) {
+        const float w = sw[s];
+        den = fmaf(w, sl[s], den);
+        num = fmaf(w, acc[(int64_t)s * as], num);
+    }
+    const float o = num / den;
     const int64_t t = row / group;
     const int h = hkv * group + row % group;
     out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(o);
 }
-
-/* Bytes of the counters at the start of the scratch (256-byte aligned, so
- * the partials after them stay aligned). */
-static size_t fd_counter_bytes(int n_kv) { return ((size_t)n_kv * sizeof(unsigned) + 255) / 256 * 256; }
 
 /* The split plan: chunk keys per split, S splits (a multiple of FD_NW). */
 static void fd_plan(int64_t kv_total, int n_kv, int n_sm, int64_t *chunk, int64_t *n_split) {
@@ -170,36 +171,33 @@ extern "C" size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos
     int64_t chunk = 0, n_split = 0;
     fd_plan(pos0 + n_tok, n_kv_heads, n_sm, &chunk, &n_split);
     int64_t rows = n_tok * (n_heads / n_kv_heads);
-    /* one counter per kv head (at a fixed place: first), then the partials */
-    return fd_counter_bytes(n_kv_heads) + (size_t)(n_kv_heads * n_split * rows * (head_dim + 2)) * sizeof(float);
+    return (size_t)(n_kv_heads * n_split * rows * (head_dim + 2)) * sizeof(float);
 }
 
 template <int HD>
 static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
                                        int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
                                        int64_t pos0, int n_heads, int n_kv, float scale, void *scratch,
-                                       size_t scratch_bytes, const int32_t *pos_dev, int one_kernel,
-                                       gpuStream_t stream) {
+                                       size_t scratch_bytes, const int32_t *pos_dev, gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     int64_t chunk = 0, n_split = 0;
     fd_plan(pos0 + n_tok, n_kv, n_sm, &chunk, &n_split); /* with pos_dev, pos0 is the bound */
     const int rows = (int)n_tok * (n_heads / n_kv);
-    const size_t cb = fd_counter_bytes(n_kv);
-    const size_t need = cb + (size_t)(n_kv * n_split * rows * (HD + 2)) * sizeof(float);
+    const size_t need = (size_t)(n_kv * n_split * rows * (HD + 2)) * sizeof(float);
     if (!scratch || scratch_bytes < need)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode: scratch of %zu bytes, need %zu", scratch_bytes,
                               need);
     if (n_split / FD_NW > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "flash_decode: context too long");
-    unsigned *counters = one_kernel ? (unsigned *)scratch : NULL;
-    float *part_ml = (float *)((char *)scratch + cb);
+    if ((size_t)n_split * 2 * sizeof(float) > 48 * 1024)
+        return nstf_set_error(NSTF_ERR_RANGE, "flash_decode: %lld splits", (long long)n_split);
+    float *part_ml = (float *)scratch;
     float *part_acc = part_ml + (size_t)n_kv * n_split * rows * 2;
     const size_t smem = fd_smem_bytes<HD>();
     static bool attr_set = false;
     if (!attr_set) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
-                    int, int, float, int64_t, float *, float *, const int32_t *, unsigned *, u16 *, int64_t) =
-            flash_decode_kernel<HD>;
+                    int, int, float, int64_t, float *, float *, const int32_t *) = flash_decode_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
@@ -207,11 +205,10 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     const int pdl = nstf_gpu_pdl();
     GPU_CHECK(nstf_gpu_launch(flash_decode_kernel<HD>, grid, dim3(FD_NW * wave), smem, stream, pdl, q, q_stride, k,
                               k_stride, v, v_stride, kc, vc, n_tok, pos0, n_heads, n_kv,
-                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, counters, out,
-                              out_stride));
+                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev));
     GPU_LAUNCH_CHECK(stream);
-    if (counters) return NSTF_OK;
-    GPU_CHECK(nstf_gpu_launch(flash_decode_merge<HD>, dim3((unsigned)rows, (unsigned)n_kv), dim3(HD), 0, stream, pdl,
+    GPU_CHECK(nstf_gpu_launch(flash_decode_merge<HD>, dim3((unsigned)rows, (unsigned)n_kv), dim3(HD),
+                              (size_t)n_split * 2 * sizeof(float), stream, pdl,
                               (const float *)part_ml, (const float *)part_acc, out, out_stride, (int)n_split, rows,
                               n_heads / n_kv));
     GPU_LAUNCH_CHECK(stream);
@@ -234,9 +231,9 @@ extern "C" nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, 0, s);
+                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
     return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, 0, s);
+                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
 }
 
 extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -245,7 +242,7 @@ extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_s
                                                   int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                                   int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
                                                   int head_dim, float scale, void *scratch, size_t scratch_bytes,
-                                                  int one_kernel, void *stream) {
+                                                  void *stream) {
     if (!d_pos0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode_dpos: d_pos0 is NULL");
     NSTF_TRY(flash_check_args("flash_decode", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
                               n_tok, pos_max, n_ctx, n_heads, n_kv_heads, head_dim));
@@ -255,7 +252,7 @@ extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_s
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, one_kernel, s);
+                                       pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
     return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, one_kernel, s);
+                                    pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
 }

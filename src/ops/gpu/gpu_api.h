@@ -111,6 +111,11 @@ nstf_status nstf_gpu_rmsnorm(float *x, const void *res, nstf_type res_type, cons
 nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t n_tok,
                           int n_heads, int n_kv_heads, int head_dim, float base,
                           nstf_rope_mode mode, void *stream);
+/* The same with token strides (elements) for q and k, e.g. the rows of one
+ * fused q | k | v GEMM output. */
+nstf_status nstf_gpu_rope_strided(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride,
+                                  const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
+                                  int head_dim, float base, nstf_rope_mode mode, void *stream);
 
 /* The RoPE inverse frequencies base^(-2i/head_dim), i < head_dim/2, each a
  * double split into two floats: hi_lo[i] the float nearest, hi_lo[half + i]
@@ -137,7 +142,7 @@ const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t 
                                  int64_t n_tok, int64_t n_in);
 
 /* The decode GEMV of one token with the ops around it fused, so a layer is
- * five kernels: the RMSNorm before it (prologue) and the residual add, the
+ * six kernels: the RMSNorm before it (prologue) and the residual add, the
  * RoPE or the SwiGLU after it (epilogue). Each result is bitwise what the
  * unfused kernels give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_rope,
  * nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same order, the same
@@ -292,18 +297,14 @@ nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
  * kernel runs, so a captured launch stays valid at every position. The split
  * plan and the scratch size are made for the bound pos_max (>= every *d_pos0
  * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
- * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split.
- * one_kernel != 0 merges the partials in the same kernel (the last block of
- * each kv head does it, found through counters at the start of the scratch:
- * they must be zero before the first such call, and each call leaves them
- * zero); else a second kernel merges. Both give the same bits. */
+ * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split. */
 nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                        int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                        uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
                                        int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                        int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
                                        int head_dim, float scale, void *scratch,
-                                       size_t scratch_bytes, int one_kernel, void *stream);
+                                       size_t scratch_bytes, void *stream);
 
 /* ==========================================================================
  * Unfused kernels of the lower execution levels (attn_naive.cu): attention

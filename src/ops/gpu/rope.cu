@@ -20,8 +20,9 @@ struct rope_freqs {
 };
 
 __global__ void __launch_bounds__(ROPE_THREADS)
-rope_kernel(nstf_bf16 *__restrict__ q, nstf_bf16 *__restrict__ k, const int32_t *__restrict__ pos,
-            int64_t n_tok, int n_heads, int n_kv_heads, int head_dim, const rope_freqs f, int neox) {
+rope_kernel(nstf_bf16 *__restrict__ q, int64_t q_stride, nstf_bf16 *__restrict__ k, int64_t k_stride,
+            const int32_t *__restrict__ pos, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
+            const rope_freqs f, int neox) {
     const int half = head_dim / 2;
     const int heads = n_heads + n_kv_heads;
     const int64_t n_pairs = n_tok * heads * (int64_t)half;
@@ -30,8 +31,8 @@ rope_kernel(nstf_bf16 *__restrict__ q, nstf_bf16 *__restrict__ k, const int32_t 
         const int i = (int)(p % half);
         const int h = (int)((p / half) % heads);
         const int64_t t = p / ((int64_t)half * heads);
-        nstf_bf16 *v = h < n_heads ? q + (t * n_heads + h) * head_dim
-                                   : k + (t * n_kv_heads + (h - n_heads)) * head_dim;
+        nstf_bf16 *v = h < n_heads ? q + t * q_stride + (int64_t)h * head_dim
+                                   : k + t * k_stride + (int64_t)(h - n_heads) * head_dim;
         float c, sn;
         nstf_rope_cs(pos[t], f.hi[i], f.lo[i], &c, &sn);
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
@@ -55,11 +56,21 @@ extern "C" void nstf_gpu_rope_freqs(float base, int head_dim, float *hi_lo) {
 extern "C" nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t n_tok,
                                      int n_heads, int n_kv_heads, int head_dim, float base,
                                      nstf_rope_mode mode, void *stream) {
+    return nstf_gpu_rope_strided(q, (int64_t)n_heads * head_dim, k, (int64_t)n_kv_heads * head_dim, pos, n_tok,
+                                 n_heads, n_kv_heads, head_dim, base, mode, stream);
+}
+
+extern "C" nstf_status nstf_gpu_rope_strided(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride,
+                                             const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
+                                             int head_dim, float base, nstf_rope_mode mode, void *stream) {
     if (!q || !pos || n_tok < 0 || n_heads <= 0 || n_kv_heads < 0 || (n_kv_heads > 0 && !k) ||
         head_dim <= 0 || head_dim % 2 || head_dim > 2 * ROPE_MAX_PAIRS || !(base > 0.0f))
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_gpu_rope: bad arguments (n_tok %lld, heads %d/%d, head_dim %d, base %g)",
                               (long long)n_tok, n_heads, n_kv_heads, head_dim, (double)base);
+    if (q_stride < (int64_t)n_heads * head_dim || (n_kv_heads > 0 && k_stride < (int64_t)n_kv_heads * head_dim))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_rope: token strides %lld/%lld below the rows",
+                              (long long)q_stride, (long long)k_stride);
     if (mode != NSTF_ROPE_NORM && mode != NSTF_ROPE_NEOX)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_rope: mode %d", (int)mode);
     if (n_tok == 0) return NSTF_OK;
@@ -74,8 +85,8 @@ extern "C" nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *po
         f.hi[i] = i < head_dim / 2 ? hl[i] : 0.0f;
         f.lo[i] = i < head_dim / 2 ? hl[head_dim / 2 + i] : 0.0f;
     }
-    rope_kernel<<<grid, ROPE_THREADS, 0, s>>>((nstf_bf16 *)q, (nstf_bf16 *)k, pos, n_tok, n_heads,
-                                              n_kv_heads, head_dim, f, mode == NSTF_ROPE_NEOX);
+    rope_kernel<<<grid, ROPE_THREADS, 0, s>>>((nstf_bf16 *)q, q_stride, (nstf_bf16 *)k, k_stride, pos, n_tok,
+                                              n_heads, n_kv_heads, head_dim, f, mode == NSTF_ROPE_NEOX);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

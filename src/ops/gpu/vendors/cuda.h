@@ -71,9 +71,6 @@
 #define nstf_fast_cosf(x) __cosf(x)
 #define nstf_fast_rsqrtf(x) rsqrtf(x)
 
-/* A load that skips the SM's L1 (data another block of this kernel wrote). */
-#define nstf_ld_cg(p) __ldcg(p)
-
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return __half2float(__ushort_as_half(h));
 }

@@ -135,9 +135,6 @@ static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
 #define nstf_fast_cosf(x) __builtin_cosf(x)
 #define nstf_fast_rsqrtf(x) (1.0f / __builtin_sqrtf(x))
 
-/* A load that skips the CU's vector L1 (data another block of this kernel wrote). */
-#define nstf_ld_cg(p) __builtin_nontemporal_load(p)
-
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return (float)__builtin_bit_cast(_Float16, h);
 }
