@@ -6,6 +6,13 @@
 #include <string.h>
 #include <time.h>
 
+/* The build identity: generated at build time by cmake/build_info.cmake
+ * (absent when the sources are compiled outside CMake). */
+#if defined(__has_include)
+#if __has_include("nstf_build_info.h")
+#include "nstf_build_info.h"
+#endif
+#endif
 #ifndef NSTF_BUILD_COMMIT
 #define NSTF_BUILD_COMMIT "unknown"
 #endif

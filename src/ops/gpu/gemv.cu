@@ -221,6 +221,16 @@ static __device__ __forceinline__ float fz_rnorm(const gemv_fz &f, int n, float 
     return nstf_fast_rsqrtf(ss / (float)n + f.eps);
 }
 
+/* After the work on constant data: wait for the previous kernel (PDL), let
+ * the next one be scheduled, and return the norm prologue's 1 / rms (0
+ * without it). Every thread of the block calls it. */
+template <int FZ>
+static __device__ __forceinline__ float fz_begin(const gemv_fz &f, int n, float *red) {
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
+    return (FZ & FZ_NORM) ? fz_rnorm(f, n, red) : 0.0f;
+}
+
 /* The normalized input element i, rounded to bf16 as nstf_gpu_rmsnorm stores it. */
 static __device__ __forceinline__ nstf_bf16 fz_xnorm(const gemv_fz &f, int i, float rn) {
     return nstf_float_to_bf16(f.nx[i] * rn * f.nw[i]);
@@ -311,7 +321,7 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
     int rowv[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
-    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+    if (NT == 1 && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f); /* PDL: decode only */
     /* One token, one chunk: the first weight loads of the first row are
      * issued now, before the wait for the previous kernel and the staging
      * of x, and consumed in the first pass of the loop below. */
@@ -324,10 +334,7 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
             if (u < n_in / EL) pre[k] = gemv_load<WT>(w + (size_t)rowv[0] * row_bytes, u);
         }
     }
-    NSTF_PDL_WAIT();
-    NSTF_PDL_TRIGGER();
-    float rn = 0.0f;
-    if (FZ & FZ_NORM) rn = fz_rnorm(f, n_in, fz_sh);
+    const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
     float acc[RPW][NT];
 #pragma unroll
@@ -527,24 +534,17 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 #pragma unroll
     for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
         wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
-    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
-    /* one token, one chunk: the first loads issued before the wait (as in gemv_kernel) */
-    const bool pre_on = NT == 1 && !f.no_pre && chunk >= n_in;
-    gemvq_raw<WT> pre[GEMVQ_UNROLL][RPW];
+    if (NT == 1 && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f); /* PDL: decode only */
+    /* one token, one chunk: the first unit of each row loaded before the
+     * wait (as in gemv_kernel; one unit, not GEMVQ_UNROLL, and not in the
+     * 32-row blocks: registers) */
+    const bool pre_on = NT == 1 && RPW <= 2 && !f.no_pre && chunk >= n_in && lane < n_in / 16;
+    gemvq_raw<WT> pre[RPW];
     if (pre_on) {
 #pragma unroll
-        for (int k = 0; k < GEMVQ_UNROLL; k++) {
-            const int u = lane + k * NSTF_WAVE;
-            if (u < n_in / 16) {
-#pragma unroll
-                for (int r = 0; r < RPW; r++) pre[k][r] = gemvq_load<WT>(wr[r], u);
-            }
-        }
+        for (int r = 0; r < RPW; r++) pre[r] = gemvq_load<WT>(wr[r], lane);
     }
-    NSTF_PDL_WAIT();
-    NSTF_PDL_TRIGGER();
-    float rn = 0.0f;
-    if (FZ & FZ_NORM) rn = fz_rnorm(f, n_in, fz_sh);
+    const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
     float acc[RPW][NT];
 #pragma unroll
@@ -612,19 +612,13 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
         const int ubase = c0 / 16;
         for (int u0 = lane; u0 < n_units; u0 += NSTF_WAVE * GEMVQ_UNROLL) {
             gemvq_raw<WT> raw[GEMVQ_UNROLL][RPW];
-            if (pre_on && u0 == lane) {
 #pragma unroll
-                for (int k = 0; k < GEMVQ_UNROLL; k++)
+            for (int k = 0; k < GEMVQ_UNROLL; k++) {
+                const int u = u0 + k * NSTF_WAVE;
+                if (u < n_units) {
+                    const bool from_pre = k == 0 && pre_on && u0 == lane;
 #pragma unroll
-                    for (int r = 0; r < RPW; r++) raw[k][r] = pre[k][r];
-            } else {
-#pragma unroll
-                for (int k = 0; k < GEMVQ_UNROLL; k++) {
-                    const int u = u0 + k * NSTF_WAVE;
-                    if (u < n_units) {
-#pragma unroll
-                        for (int r = 0; r < RPW; r++) raw[k][r] = gemvq_load<WT>(wr[r], ubase + u);
-                    }
+                    for (int r = 0; r < RPW; r++) raw[k][r] = from_pre ? pre[r] : gemvq_load<WT>(wr[r], ubase + u);
                 }
             }
 #pragma unroll
