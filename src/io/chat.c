@@ -81,6 +81,19 @@ static char *chatml_default_system(const char *tmpl) {
     return NULL;
 }
 
+/* Each message as pre + role + mid + content (stripped if trim) + post. */
+static void render_turns(sbuf *b, const nstf_chat_msg *msgs, int n, const char *pre, const char *mid,
+                         const char *post, bool trim) {
+    for (int i = 0; i < n; i++) {
+        sb_puts(b, pre);
+        sb_puts(b, msgs[i].role);
+        sb_puts(b, mid);
+        if (trim) sb_trimmed(b, msgs[i].content);
+        else sb_puts(b, msgs[i].content);
+        sb_puts(b, post);
+    }
+}
+
 static nstf_status render_chatml(sbuf *b, const char *tmpl, const nstf_chat_msg *msgs, int n, bool gen) {
     if (tmpl && (n == 0 || strcmp(msgs[0].role, "system") != 0)) {
         char *sys = chatml_default_system(tmpl);
@@ -91,25 +104,13 @@ static nstf_status render_chatml(sbuf *b, const char *tmpl, const nstf_chat_msg 
             free(sys);
         }
     }
-    for (int i = 0; i < n; i++) {
-        sb_puts(b, "<|im_start|>");
-        sb_puts(b, msgs[i].role);
-        sb_puts(b, "\n");
-        sb_puts(b, msgs[i].content);
-        sb_puts(b, "<|im_end|>\n");
-    }
+    render_turns(b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", false);
     if (gen) sb_puts(b, "<|im_start|>assistant\n");
     return NSTF_OK;
 }
 
 static nstf_status render_llama3(sbuf *b, const nstf_chat_msg *msgs, int n, bool gen) {
-    for (int i = 0; i < n; i++) {
-        sb_puts(b, "<|start_header_id|>");
-        sb_puts(b, msgs[i].role);
-        sb_puts(b, "<|end_header_id|>\n\n");
-        sb_trimmed(b, msgs[i].content);
-        sb_puts(b, "<|eot_id|>");
-    }
+    render_turns(b, msgs, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", true);
     if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return NSTF_OK;
 }
