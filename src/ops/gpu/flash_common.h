@@ -141,15 +141,19 @@ NSTF_DEV const u16 *flash_kv_row(const u16 *cache, const u16 *fresh, int64_t fre
 }
 
 /* Cooperative load of BKV key rows and value rows (positions kv0..) into
- * sk / sv [BKV][ld] by threads tid of nt; rows at or past kv_end are zeros. */
+ * sk / sv [BKV][ld] by threads tid of nt; rows at or past kv_end are zeros.
+ * part -1: every row; 0: only the cache rows (p < pos0); 1: only the rest
+ * (so the cache rows of a tile can be loaded before the kernel waits for
+ * the one that writes this call's k, v). */
 template <int HD, int BKV>
 NSTF_DEV void flash_load_kv(u16 *sk, u16 *sv, int ld, const u16 *kc, const u16 *vc, const u16 *kn, int64_t kn_stride,
                             const u16 *vn, int64_t vn_stride, int64_t kv0, int64_t kv_end, int64_t pos0, int n_kv,
-                            int hkv, int tid, int nt) {
+                            int hkv, int tid, int nt, int part = -1) {
     constexpr int CH = HD / 8; /* 16-byte chunks per row */
     for (int c = tid; c < BKV * CH; c += nt) {
         int row = c / CH, ch = c % CH;
         int64_t p = kv0 + row;
+        if ((part == 0 && p >= pos0) || (part == 1 && p < pos0)) continue;
         bool valid = p < kv_end;
         int64_t pp = valid ? p : 0;
         const u16 *ks = flash_kv_row(kc, kn, kn_stride, pp, pos0, n_kv, hkv, HD) + ch * 8;
