@@ -610,7 +610,7 @@ static nstf_status enqueue_decode(nstf_llama_gpu *g, int64_t bound, int64_t pos_
            nstf_gpu_rmsnorm(g->x, g->y, NSTF_TYPE_F32, g->out_norm, g->xb, 1, dim, c->norm_eps, s));
         MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, 1);
     }
-    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 1, (double)c->n_vocab, 4.0 * c->n_vocab,
+    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 2, (double)c->n_vocab, 4.0 * c->n_vocab,
        nstf_gpu_argmax(g->logits, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab, g->am_scratch, s));
     return NSTF_OK;
 }
@@ -784,7 +784,7 @@ static nstf_status run_tokens(nstf_llama_gpu *g, int n, int pos0, bool all_logit
     const int64_t first = all_logits ? 0 : n - 1, rows = all_logits ? n : 1;
     NSTF_TRY(add_norm(g, -1, g->x + first * dim, g->y + first * dim, g->out_norm, rows));
     MM(NSTF_GPU_CAT_OTHER, "logits", -1, &g->output, g->xb, g->logits, NSTF_TYPE_F32, rows);
-    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 1, (double)c->n_vocab, 4.0 * c->n_vocab,
+    OP(NSTF_GPU_CAT_OTHER, "argmax", -1, 2, (double)c->n_vocab, 4.0 * c->n_vocab,
        nstf_gpu_argmax(g->logits + (rows - 1) * (int64_t)c->n_vocab, NSTF_TYPE_F32, g->tok_out, 1, c->n_vocab,
                        g->am_scratch, s));
     return NSTF_OK;
