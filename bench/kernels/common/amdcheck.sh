@@ -3,7 +3,7 @@
 # object) and for gfx942 / gfx1100 (clang++-19, device assembly), then count
 # the matrix instructions and print scratch / VGPR lines per kernel.
 # Usage from the repository root: sh bench/kernels/common/amdcheck.sh src/ops/gpu/gemm.cu
-INC="${AMDCHECK_INC:--Isrc/ops/gpu -Iinclude}"
+INC="${AMDCHECK_INC:--Isrc/ops/gpu -Isrc -Iinclude}"
 OUTD="${AMDCHECK_OUT:-build-amd}"
 mkdir -p "$OUTD"
 rc=0
