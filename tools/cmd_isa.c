@@ -399,23 +399,48 @@ static bool yaml_key(yaml_item *y, const char *key, const char *val, const char 
     return true;
 }
 
+/* A text file read line by line, the line number kept for messages. */
+typedef struct line_reader {
+    FILE *f;
+    char *line;
+    size_t cap;
+    long ln;
+} line_reader;
+
+/* Opens path; says "cannot open <what><path>" on failure. */
+static bool reader_open(line_reader *r, const char *path, const char *what) {
+    r->line = NULL;
+    r->cap = 0;
+    r->ln = 0;
+    r->f = fopen(path, "r");
+    if (!r->f) fprintf(stderr, "nstf isa: cannot open %s%s: %s\n", what, path, strerror(errno));
+    return r->f != NULL;
+}
+
+/* The next line (ending newline kept; the buffer is reused), or NULL at the end. */
+static char *reader_next(line_reader *r) {
+    if (getline(&r->line, &r->cap, r->f) == -1) return NULL;
+    r->ln++;
+    return r->line;
+}
+
+static void reader_close(line_reader *r) {
+    free(r->line);
+    fclose(r->f);
+}
+
 static bool parse_amd_asm(isa_set *s, const char *path, const char *dir_target, const char *stem) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "nstf isa: cannot open %s: %s\n", path, strerror(errno));
-        return false;
-    }
+    line_reader rd;
+    if (!reader_open(&rd, path, "")) return false;
     char target[24];
     snprintf(target, sizeof target, "%s", dir_target);
-    char *line = NULL;
-    size_t cap = 0;
-    long ln = 0;
     bool ok = true, in_yaml = false;
     isa_kernel *cur = NULL, *last = NULL; /* function being read; the one before its Kernel info */
     yaml_item y;
     yaml_item_reset(&y);
-    while (ok && getline(&line, &cap, f) != -1) {
-        ln++;
+    char *line;
+    while (ok && (line = reader_next(&rd))) {
+        const long ln = rd.ln;
         if (in_yaml) {
             if (starts(skip_ws(line), ".end_amdgpu_metadata")) {
                 yaml_item_apply(s, target, &y);
@@ -484,7 +509,7 @@ static bool parse_amd_asm(isa_set *s, const char *path, const char *dir_target, 
             }
         }
     }
-    if (ok && ferror(f)) {
+    if (ok && ferror(rd.f)) {
         fprintf(stderr, "nstf isa: read error on %s\n", path);
         ok = false;
     }
@@ -492,8 +517,7 @@ static bool parse_amd_asm(isa_set *s, const char *path, const char *dir_target, 
         fprintf(stderr, "nstf isa: %s: amdgpu_metadata block not closed (truncated file?)\n", path);
         ok = false;
     }
-    free(line);
-    fclose(f);
+    reader_close(&rd);
     return ok;
 }
 
@@ -526,18 +550,13 @@ static long number_before(const char *line, const char *word) {
 }
 
 static bool parse_ptxas(isa_set *s, const char *path, const char *target, const char *stem) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "nstf isa: cannot open %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    long ln = 0;
+    line_reader rd;
+    if (!reader_open(&rd, path, "")) return false;
     bool ok = true;
     isa_kernel *cur = NULL, *props = NULL;
-    while (ok && getline(&line, &cap, f) != -1) {
-        ln++;
+    char *line;
+    while (ok && (line = reader_next(&rd))) {
+        const long ln = rd.ln;
         size_t len;
         const char *nm;
         if ((nm = quoted_after(line, "Compiling entry function '", &len))) {
@@ -569,8 +588,7 @@ static bool parse_ptxas(isa_set *s, const char *path, const char *target, const 
             }
         }
     }
-    free(line);
-    fclose(f);
+    reader_close(&rd);
     return ok;
 }
 
@@ -588,18 +606,13 @@ static void sass_count(isa_kernel *k, const char *op) {
 }
 
 static bool parse_sass(isa_set *s, const char *path, const char *target, const char *stem) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "nstf isa: cannot open %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    long ln = 0;
+    line_reader rd;
+    if (!reader_open(&rd, path, "")) return false;
     bool ok = true;
     isa_kernel *cur = NULL;
-    while (ok && getline(&line, &cap, f) != -1) {
-        ln++;
+    char *line;
+    while (ok && (line = reader_next(&rd))) {
+        const long ln = rd.ln;
         const char *p = skip_ws(line);
         if (starts(p, "Function : ")) {
             p += 11;
@@ -625,8 +638,7 @@ static bool parse_sass(isa_set *s, const char *path, const char *target, const c
             continue;
         }
     }
-    free(line);
-    fclose(f);
+    reader_close(&rd);
     return ok;
 }
 
@@ -639,19 +651,14 @@ static int ptx_ld_bits(const char *op) {
 }
 
 static bool parse_ptx(isa_set *s, const char *path, const char *target, const char *stem) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "nstf isa: cannot open %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    long ln = 0;
+    line_reader rd;
+    if (!reader_open(&rd, path, "")) return false;
     bool ok = true;
     isa_kernel *cur = NULL;
     int depth = 0;
-    while (ok && getline(&line, &cap, f) != -1) {
-        ln++;
+    char *line;
+    while (ok && (line = reader_next(&rd))) {
+        const long ln = rd.ln;
         const char *p = skip_ws(line);
         const char *e = strstr(line, ".entry ");
         if (e && (starts(p, ".visible") || starts(p, ".entry") || starts(p, ".weak"))) {
@@ -690,8 +697,7 @@ static bool parse_ptx(isa_set *s, const char *path, const char *target, const ch
         else if (starts(op, "st.global")) cur->gst++;
         else if (starts(op, "bar.sync") || starts(op, "barrier.sync")) cur->barrier++;
     }
-    free(line);
-    fclose(f);
+    reader_close(&rd);
     return ok;
 }
 
@@ -984,19 +990,14 @@ static bool gate_field(const char *f, long *v, const char *path, long ln, const 
 }
 
 static bool load_gates(const char *path, gate **out, size_t *n_out) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "nstf isa: cannot open gates %s: %s\n", path, strerror(errno));
-        return false;
-    }
+    line_reader rd;
+    if (!reader_open(&rd, path, "gates ")) return false;
     gate *g = NULL;
     size_t n = 0, cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    long ln = 0;
     bool ok = true;
-    while (ok && getline(&line, &lcap, f) != -1) {
-        ln++;
+    char *line;
+    while (ok && (line = reader_next(&rd))) {
+        const long ln = rd.ln;
         line[strcspn(line, "\r\n")] = 0;
         if (!line[0] || line[0] == '#') continue;
         char *fld[8];
@@ -1044,8 +1045,7 @@ static bool load_gates(const char *path, gate **out, size_t *n_out) {
              gate_field(fld[5], &r->dyn_lds, path, ln, "dyn_lds") && gate_field(fld[6], &r->block, path, ln, "block");
         if (ok) n++;
     }
-    free(line);
-    fclose(f);
+    reader_close(&rd);
     if (!ok) {
         free(g);
         return false;
