@@ -9,12 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "model/llama_gpu.h"
 #include "ops/gpu/gpu_api.h"
+#include "gpu_model_test.h"
 #include "test_util.h"
 
 #define N_PROMPT 600
@@ -56,13 +56,7 @@ int main(int argc, char **argv) {
     if (argc > 1) {
         snprintf(path, sizeof path, "%s", argv[1]);
     } else {
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/tests/random-smollm2-135m-bf16.gguf", NSTF_BUILD_DIR);
-        if (stat(path, &sb) != 0) {
-            char cmd[2600];
-            snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type bf16 -o '%s'", NSTF_BUILD_DIR, path);
-            CHECK(system(cmd) == 0, "cannot generate %s", path);
-        }
+        CHECK(random_model_path(path, sizeof path, "bf16"), "cannot generate %s", path);
     }
     nstf_gguf *f;
     nstf_llama *m;

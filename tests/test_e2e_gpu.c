@@ -29,6 +29,7 @@
 #include "model/llama.h"
 #include "model/llama_gpu.h"
 #include "ops/gpu/gpu_api.h"
+#include "gpu_model_test.h"
 #include "test_util.h"
 
 #define N_TOK 256
@@ -211,16 +212,11 @@ int main(int argc, char **argv) {
     } else {
         static const char *types[] = {"q4_1", "bf16", "q8_0"};
         for (int i = 0; i < 3; i++) {
-            char path[1024], cmd[2600];
-            snprintf(path, sizeof path, "%s/tests/random-smollm2-135m-%s.gguf", NSTF_BUILD_DIR, types[i]);
-            if (!exists(path)) {
-                snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type %s -o '%s'", NSTF_BUILD_DIR,
-                         types[i], path);
-                if (system(cmd) != 0) {
-                    printf("cannot generate %s  FAIL\n", path);
-                    g_fail++;
-                    continue;
-                }
+            char path[1024];
+            if (!random_model_path(path, sizeof path, types[i])) {
+                printf("cannot generate %s  FAIL\n", path);
+                g_fail++;
+                continue;
             }
             run_model(path, false);
         }
