@@ -172,6 +172,15 @@ static int top1(const float *x, int n, double *margin) {
     return b;
 }
 
+/* The N_TOK-token prefill, then N_GEN decode steps at the current level;
+ * out [N_STEP][nv]: each forward's logits. */
+static void run_steps(nstf_llama_gpu *g, const int32_t *ids, int nv, float *out) {
+    CHECK(nstf_llama_gpu_forward(g, ids, N_TOK, 0, false, out, NULL) == NSTF_OK, "%s", nstf_last_error());
+    for (int s = 0; s < N_GEN; s++)
+        CHECK(nstf_llama_gpu_forward(g, ids + N_TOK + s, 1, N_TOK + s, false, out + (size_t)(s + 1) * nv, NULL) ==
+                  NSTF_OK, "%s", nstf_last_error());
+}
+
 static void test_model(const char *path) {
     nstf_gguf *gf = NULL;
     nstf_llama *m = NULL;
@@ -189,11 +198,7 @@ static void test_model(const char *path) {
     for (int i = 0; i < N_TOK + N_GEN; i++) ids[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
     for (int L = NSTF_GPU_N_LEVELS - 1; g && L >= 0; L--) {
         CHECK(nstf_llama_gpu_set_level(g, L) == NSTF_OK, "%s", nstf_last_error());
-        float *out = lg + (size_t)L * N_STEP * nv;
-        CHECK(nstf_llama_gpu_forward(g, ids, N_TOK, 0, false, out, NULL) == NSTF_OK, "%s", nstf_last_error());
-        for (int s = 0; s < N_GEN; s++)
-            CHECK(nstf_llama_gpu_forward(g, ids + N_TOK + s, 1, N_TOK + s, false, out + (size_t)(s + 1) * nv, NULL) ==
-                      NSTF_OK, "%s", nstf_last_error());
+        run_steps(g, ids, nv, lg + (size_t)L * N_STEP * nv);
         printf("  L%d: %lld kernels in the last decode step\n", L, (long long)nstf_llama_gpu_kernels(g));
     }
     for (int L = 0; g && L < NSTF_GPU_N_LEVELS - 1; L++) {
@@ -219,10 +224,7 @@ static void test_model(const char *path) {
         CHECK(un != NULL, "out of memory");
         CHECK(nstf_llama_gpu_set_level(g, 3) == NSTF_OK, "%s", nstf_last_error());
         (void)nstf_llama_gpu_set_fused(g, false);
-        CHECK(nstf_llama_gpu_forward(g, ids, N_TOK, 0, false, un, NULL) == NSTF_OK, "%s", nstf_last_error());
-        for (int s = 0; un && s < N_GEN; s++)
-            CHECK(nstf_llama_gpu_forward(g, ids + N_TOK + s, 1, N_TOK + s, false, un + (size_t)(s + 1) * nv, NULL) ==
-                      NSTF_OK, "%s", nstf_last_error());
+        if (un) run_steps(g, ids, nv, un);
         const int64_t k_un = nstf_llama_gpu_kernels(g);
         (void)nstf_llama_gpu_set_fused(g, true);
         int64_t diff = 0;
