@@ -195,11 +195,12 @@ int main(int argc, char **argv) {
         t1 = ts.tv_sec + ts.tv_nsec * 1e-9;
     }
     const bool fused = nstf_llama_gpu_set_fused(g, !unfused);
-    const char *pdl = getenv("NSTF_PDL");
+    (void)nstf_gpu_set_pdl(1); /* what the library makes of a request for PDL (NSTF_PDL=0 refuses it) */
+    const bool pdl = nstf_gpu_set_pdl(0) != 0;
     printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s; decode kernels %s, PDL %s\n", label,
            nstf_type_name(m->w.layers[0].wq.type), m->cfg.n_layers, m->cfg.dim,
            (double)nstf_llama_gpu_bytes(g) / (1u << 30), t1 - t0, fused ? "fused" : "unfused",
-           !fused ? "off" : pdl && pdl[0] == '0' ? "off" : "on (sm_90)");
+           fused && pdl ? "on (sm_90)" : "off");
 
     void *stream = nstf_llama_gpu_stream(g), *e0, *e1;
     if (nstf_gpu_event_create(&e0) != NSTF_OK || nstf_gpu_event_create(&e1) != NSTF_OK) DIE("%s", nstf_last_error());
