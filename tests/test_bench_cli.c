@@ -126,7 +126,7 @@ int main(void) {
 
     rc = run((const char *const[]){"profile", "-m", tiny, "-p", "8", "-n", "2", "-t", "1", "--trace", trace, "--svg", svg,
                                    "--roofline-cache", cache, NULL});
-    CHECK(rc == 0 && strstr(g_out, "matmul.ffn_down") && strstr(g_out, "roof%"), "profile: exit %d: %s %s", rc, g_out, g_err);
+    CHECK(rc == 0 && strstr(g_out, "down_proj") && strstr(g_out, "roof%"), "profile: exit %d: %s %s", rc, g_out, g_err);
     char *tr = read_all(trace);
     cJSON *t = tr ? cJSON_Parse(tr) : NULL;
     const cJSON *ev = cJSON_GetObjectItemCaseSensitive(t, "traceEvents");

@@ -36,11 +36,11 @@ static int run(int n_threads, bool deterministic, float *out, int n_vocab) {
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(rng_next(&r) % 49152);
     nstf_status st = nstf_session_prefill(s, prompt, N_PROMPT, 0);
     for (int i = 0; st == NSTF_OK && i <= N_GEN; i++) {
-        memcpy(out + (size_t)i * n_vocab, s->state.logits, (size_t)n_vocab * sizeof(float));
+        memcpy(out + (size_t)i * n_vocab, s->logits, (size_t)n_vocab * sizeof(float));
         int best = 0;
         for (int j = 1; j < n_vocab; j++)
-            if (s->state.logits[j] > s->state.logits[best]) best = j;
-        if (i < N_GEN) st = nstf_llama_forward(s->model, &s->state, &s->cpu, &best, 1, N_PROMPT + i, false);
+            if (s->logits[j] > s->logits[best]) best = j;
+        if (i < N_GEN) st = nstf_session_forward(s, &best, 1, N_PROMPT + i, false, s->logits, NULL);
     }
     CHECK(st == NSTF_OK, "forward: %s", nstf_last_error());
     nstf_session_close(s);

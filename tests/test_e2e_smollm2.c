@@ -162,12 +162,12 @@ static void check_greedy(bool precise) {
         nstf_status st = nstf_session_prefill(s, prompt, n_prompt, 0);
         int pos = n_prompt, n_got = 0;
         while (st == NSTF_OK && n_got < n_want) {
-            const float *lg = s->state.logits;
+            const float *lg = s->logits;
             int best = 0;
             for (int j = 1; j < s->model->cfg.n_vocab; j++)
                 if (lg[j] > lg[best]) best = j;
             got[n_got++] = best;
-            if (n_got < n_want) st = nstf_llama_forward(s->model, &s->state, &s->cpu, &best, 1, pos++, false);
+            if (n_got < n_want) st = nstf_session_forward(s, &best, 1, pos++, false, s->logits, NULL);
         }
         CHECK(st == NSTF_OK, "%s: %s", name, nstf_last_error());
         int first_diff = -1;

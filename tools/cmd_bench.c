@@ -7,8 +7,9 @@
 #include <string.h>
 
 #include "cli_util.h"
-#include "gpu_measure.h"
+#include "levels.h"
 #include "nstf.h"
+#include "nstf_tools.h"
 #include "prof/bench.h"
 #include "prof/memory.h"
 #include "prof/regress.h"
@@ -28,6 +29,8 @@ static void bench_usage(FILE *f) {
             "  -t, --threads N[,N]       CPU threads (default: all cores)\n"
             "  -r, --repetitions N       timed runs per test (default 5)\n"
             "      --no-warmup           skip the untimed warm-up run\n"
+            "      --tg-argmax           tg: bring back only the greedy token computed on the device\n"
+            "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
@@ -84,7 +87,7 @@ int cmd_bench(int argc, char **argv) {
     int n_models = 0;
     int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
     int reps = 5, level = 0;
-    bool warmup = true, verbose = false, levels = false, level_set = false;
+    bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
     const char *device = "auto", *baseline = NULL;
     double tolerance = 0.05;
     nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
@@ -159,6 +162,8 @@ int cmd_bench(int argc, char **argv) {
             level_set = true;
         } else if (!strcmp(a, "--levels")) {
             levels = true;
+        } else if (!strcmp(a, "--tg-argmax")) {
+            tg_argmax = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             verbose = true;
         } else {
@@ -173,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (levels && strcmp(device, "gpu") == 0) { /* the GPU level matrix, one model after another */
         int rc = 0;
-        for (int mi = 0; mi < n_models && rc == 0; mi++) rc = nstf_gpu_levels_matrix(models[mi], reps);
+        for (int mi = 0; mi < n_models && rc == 0; mi++) rc = nstf_levels_matrix(models[mi], reps);
         return rc;
     }
     nstf_baseline base = {0};
@@ -233,9 +238,11 @@ int cmd_bench(int argc, char **argv) {
                 if (!level_set) level = nstf_bench_n_levels(s) - 1; /* the backend's default: its highest */
                 nstf_bench_model_info info;
                 nstf_bench_model_info_get(s, &info);
+                nstf_bench_backend_info bi_info;
+                nstf_bench_backend_info_get(s, &bi_info);
                 for (int di = 0; di < n_depth.n && rc == 0; di++) {
                     for (int k = 0; k < n_prompt.n + n_gen.n && rc == 0; k++) {
-                        nstf_bench_test t = {0, 0, n_depth.v[di], reps, warmup};
+                        nstf_bench_test t = {0, 0, n_depth.v[di], reps, warmup, tg_argmax};
                         if (k < n_prompt.n) t.n_prompt = n_prompt.v[k];
                         else t.n_gen = n_gen.v[k - n_prompt.n];
                         if (t.n_prompt == 0 && t.n_gen == 0) continue;
@@ -249,11 +256,12 @@ int cmd_bench(int argc, char **argv) {
                         }
                         nstf_bench_result r = {
                             .build_commit = nstf_build_commit(), .build_number = nstf_build_number(),
-                            .cpu_info = cpu_info, .gpu_info = s->gpu ? s->device : "", .backends = nstf_bench_backend(s),
+                            .cpu_info = cpu_info, .gpu_info = nstf_session_on_gpu(s) ? nstf_session_device(s) : "", .backends = nstf_bench_backend(s),
                             .model_filename = models[mi], .model_type = info.model_type,
                             .model_size = info.size, .model_n_params = info.n_params,
                             .n_batch = n_batch.v[bi], .n_ubatch = n_batch.v[bi], .n_threads = threads.v[ti],
-                            .type_k = "f32", .type_v = "f32", .n_gpu_layers = 0, .flash_attn = false,
+                            .type_k = bi_info.type_k, .type_v = bi_info.type_v,
+                            .n_gpu_layers = bi_info.n_gpu_layers, .flash_attn = bi_info.flash_attn,
                             .use_mmap = true, .embeddings = false, .devices = device,
                             .n_prompt = t.n_prompt, .n_gen = t.n_gen, .n_depth = t.n_depth, .level = level,
                             .samples_ns = samples, .n_samples = reps};

@@ -6,10 +6,7 @@
 #include <string.h>
 
 #include "nstf.h"
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-#include "model/llama_gpu.h"
-#include "ops/gpu/gpu_api.h"
-#endif
+#include "nstf_tools.h"
 
 int cmd_devices(int argc, char **argv);
 
@@ -22,22 +19,20 @@ int cmd_devices(int argc, char **argv) {
         fprintf(stderr, "nstf devices: unknown option '%s'\n", argv[i]);
         return 2;
     }
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-    int n = nstf_gpu_device_count();
+    const char *runtime = nstf_gpu_runtime();
+    if (!runtime) {
+        printf("no GPU backend in this build (CPU only; rebuild with -DNSTF_CUDA=ON or -DNSTF_HIP=ON)\n");
+        return 0;
+    }
+    int n = nstf_gpu_count();
     if (n == 0) {
-        printf("no GPU (no device visible to the %s runtime, or no driver)\n",
-#if defined(NSTF_HAVE_HIP)
-               "HIP"
-#else
-               "CUDA"
-#endif
-        );
+        printf("no GPU (no device visible to the %s runtime, or no driver)\n", runtime);
         return 0;
     }
     int rc = 0;
     for (int d = 0; d < n; d++) {
         char line[320];
-        if (nstf_gpu_device_line(d, line, sizeof line) != NSTF_OK) {
+        if (nstf_gpu_describe(d, line, sizeof line) != NSTF_OK) {
             fprintf(stderr, "nstf: GPU %d: %s\n", d, nstf_last_error());
             rc = 1;
             continue;
@@ -45,8 +40,4 @@ int cmd_devices(int argc, char **argv) {
         printf("%s\n", line);
     }
     return rc;
-#else
-    printf("no GPU backend in this build (CPU only; rebuild with -DNSTF_CUDA=ON or -DNSTF_HIP=ON)\n");
-    return 0;
-#endif
 }

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "cli_util.h"
-#include "gpu_measure.h"
 #include "nstf.h"
+#include "nstf_tools.h"
 #include "prof/bench.h"
 #include "prof/memory.h"
 #include "prof/profiler.h"
@@ -46,29 +46,55 @@ static int cmp_site(const void *a, const void *b) {
     return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
 }
 
-static void print_table(const char *phase, int n_tok, double wall_ms, nstf_prof *p, const nstf_roofline *rl,
+/* One row per op site: time, work, achieved rates and the place under the
+ * roofline (int8 ceiling for int8 matmuls). GPU rates in TFLOP/s. */
+static void print_table(const char *phase, int n_tok, double wall_ms, nstf_prof *p, const nstf_roofline *rl, bool gpu,
                         nstf_roofline_point *pts, int *n_pts, int series) {
     qsort(p->sites, (size_t)p->n_sites, sizeof p->sites[0], cmp_site);
     uint64_t sum_ns = 0;
     for (int i = 0; i < p->n_sites; i++) sum_ns += p->sites[i].total_ns;
-    printf("\n%s: %d tokens in %.2f ms (%.2f t/s); ops account for %.2f ms\n", phase, n_tok, wall_ms,
-           wall_ms > 0 ? n_tok / (wall_ms * 1e-3) : 0.0, (double)sum_ns * 1e-6);
-    printf("%-20s %7s %10s %10s %9s %9s %9s %8s %8s %6s %-7s\n", "op", "calls", "total ms", "mean us", "GFLOP",
-           "MB", "GFLOP/s", "GB/s", "FLOP/B", "roof%", "bound");
+    printf("\n%s: %d tokens in %.3f ms (%.2f t/s, unprofiled); ops account for %.3f ms (profiled)\n", phase, n_tok,
+           wall_ms, wall_ms > 0 ? n_tok / (wall_ms * 1e-3) : 0.0, (double)sum_ns * 1e-6);
+    const double unit = gpu ? 1e12 : 1e9;
+    printf("%-20s %7s %10s %10s %9s %9s %9s %8s %8s %6s %-7s\n", "op", "calls", "total ms", "mean us", "GFLOP", "MB",
+           gpu ? "TFLOP/s" : "GFLOP/s", "GB/s", "FLOP/B", "roof%", "bound");
     for (int i = 0; i < p->n_sites; i++) {
         const nstf_prof_site *s = &p->sites[i];
         double secs = (double)s->total_ns * 1e-9;
-        double gfs = secs > 0 ? s->flops / secs / 1e9 : 0, gbs = secs > 0 ? s->bytes / secs / 1e9 : 0;
+        double fs = secs > 0 ? s->flops / secs : 0, gbs = secs > 0 ? s->bytes / secs / 1e9 : 0;
         double ai = s->bytes > 0 ? s->flops / s->bytes : 0;
         double att = nstf_roofline_attainable(rl, ai, s->int8);
         bool mem_bound = ai < nstf_roofline_ridge(rl, s->int8);
         printf("%-20s %7lld %10.3f %10.2f %9.4f %9.2f %9.2f %8.2f %8.2f %6.1f %-7s\n", s->label,
-               (long long)s->calls, secs * 1e3, secs * 1e6 / (double)s->calls, s->flops / 1e9, s->bytes / 1e6, gfs,
-               gbs, ai, att > 0 ? 100.0 * gfs / att : 0.0, mem_bound ? "memory" : "compute");
-        if (*n_pts < 2 * NSTF_PROF_MAX_SITES)
-            pts[(*n_pts)++] = (nstf_roofline_point){s->label, ai, gfs, series};
+               (long long)s->calls, secs * 1e3, secs * 1e6 / (double)s->calls, s->flops / 1e9, s->bytes / 1e6,
+               fs / unit, gbs, ai, att > 0 ? 100.0 * fs / 1e9 / att : 0.0, mem_bound ? "memory" : "compute");
+        if (*n_pts < 2 * NSTF_PROF_MAX_SITES && s->flops > 0)
+            pts[(*n_pts)++] = (nstf_roofline_point){s->label, ai, fs / 1e9, series};
     }
     if (p->dropped) printf("(%lld calls at further op sites were not counted)\n", (long long)p->dropped);
+}
+
+/* Median ms of `reps` forwards of n tokens at pos0, unprofiled, on the
+ * backend's timer (after one untimed run). */
+static nstf_status time_fwd(nstf_session *s, const int32_t *toks, int n, int pos0, int reps, double *ms) {
+    nstf_timer t = nstf_bench_timer(s);
+    uint64_t ns[16];
+    if (reps > 16) reps = 16;
+    for (int r = -1; r < reps; r++) {
+        uint64_t e = 0;
+        NSTF_TRY(nstf_timer_start(&t));
+        NSTF_TRY(nstf_session_forward(s, toks, n, pos0, false, NULL, NULL));
+        NSTF_TRY(nstf_timer_stop(&t, &e));
+        if (r >= 0) ns[r] = e;
+    }
+    for (int i = 1; i < reps; i++) /* insertion sort: a handful of samples */
+        for (int j = i; j > 0 && ns[j] < ns[j - 1]; j--) {
+            uint64_t x = ns[j];
+            ns[j] = ns[j - 1];
+            ns[j - 1] = x;
+        }
+    *ms = (double)ns[reps / 2] * 1e-6;
+    return NSTF_OK;
 }
 
 int cmd_profile(int argc, char **argv) {
@@ -127,7 +153,7 @@ int cmd_profile(int argc, char **argv) {
         return 2;
     }
     nstf_session_params sp = nstf_session_default_params();
-    sp.n_ctx = n_prompt + n_gen + 1;
+    sp.n_ctx = n_prompt + n_gen + 2;
     sp.n_batch = n_batch;
     sp.n_threads = n_threads;
     sp.device = device;
@@ -149,37 +175,31 @@ int cmd_profile(int argc, char **argv) {
         nstf_roofline_default_cache(cache_buf, sizeof cache_buf);
         cache = cache_buf;
     }
-    if (s->gpu) { /* per-kernel GPU profile from events */
-        int grc = nstf_gpu_profile(s, n_prompt, n_gen, trace_path, svg_path, cache, remeasure);
-        nstf_session_close(s);
-        return grc;
-    }
+    const bool gpu = nstf_session_on_gpu(s);
     nstf_roofline rl;
-    char cpu_key[sizeof rl.cpu]; /* the cache key, truncated as the cache stores it */
-    nstf_cpu_info(cpu_key, sizeof cpu_key);
-    int rc = 0;
-    if (remeasure || nstf_roofline_load(cache, cpu_key, nstf_pool_size(s->pool), &rl) != NSTF_OK) {
-        fprintf(stderr, "nstf: measuring roofline ceilings (copy bandwidth, fp32 FMA, int8 dot) on %d threads...\n",
-                nstf_pool_size(s->pool));
-        if (nstf_roofline_measure(s->pool, &rl) != NSTF_OK) {
-            fprintf(stderr, "nstf: %s\n", nstf_last_error());
-            nstf_session_close(s);
-            return 1;
-        }
-        if (nstf_roofline_save(cache, &rl) != NSTF_OK) fprintf(stderr, "nstf: warning: %s\n", nstf_last_error());
+    if (nstf_roofline_for_session(s, cache, remeasure, stderr, &rl) != NSTF_OK) {
+        fprintf(stderr, "nstf: profile: %s\n", nstf_last_error());
+        nstf_session_close(s);
+        return 1;
     }
-    printf("roofline (%s, %d threads): memory %.2f GB/s, fp32 %.2f GFLOP/s (ridge %.2f FLOP/B), "
-           "int8 %.2f GOP/s (ridge %.2f FLOP/B)\n",
-           rl.cpu, rl.n_threads, rl.mem_gbs, rl.fp32_gflops, nstf_roofline_ridge(&rl, false), rl.int8_gops,
-           nstf_roofline_ridge(&rl, true));
+    if (gpu)
+        printf("roofline (%s): copy %.1f GB/s, bf16 GEMM %.1f TFLOP/s (ridge %.1f FLOP/B); level L%d\n", rl.cpu,
+               rl.mem_gbs, rl.fp32_gflops / 1e3, nstf_roofline_ridge(&rl, false),
+               nstf_session_get_opt(s, NSTF_SESSION_LEVEL));
+    else
+        printf("roofline (%s, %d threads): memory %.2f GB/s, fp32 %.2f GFLOP/s (ridge %.2f FLOP/B), "
+               "int8 %.2f GOP/s (ridge %.2f FLOP/B)\n",
+               rl.cpu, rl.n_threads, rl.mem_gbs, rl.fp32_gflops, nstf_roofline_ridge(&rl, false), rl.int8_gops,
+               nstf_roofline_ridge(&rl, true));
 
+    int rc = 0;
     nstf_trace *trace = NULL;
     if (trace_path && nstf_trace_create(&trace) != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
         nstf_session_close(s);
         return 1;
     }
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt > 0 ? n_prompt : 1));
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(n_prompt > 1 ? n_prompt : 2));
     nstf_prof *prof = calloc(1, sizeof *prof);
     nstf_roofline_point *pts = calloc(2 * NSTF_PROF_MAX_SITES, sizeof *pts);
     int n_pts = 0;
@@ -188,47 +208,46 @@ int cmd_profile(int argc, char **argv) {
         rc = 1;
     }
     uint64_t rng = 0x9e3779b97f4a7c15ull;
-    const int nv = s->model->cfg.n_vocab;
-    for (int i = 0; rc == 0 && i < n_prompt; i++) {
+    const int nv = nstf_session_n_vocab(s);
+    for (int i = 0; rc == 0 && i < (n_prompt > 1 ? n_prompt : 2); i++) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         toks[i] = (int32_t)(rng % (uint64_t)nv);
     }
-    /* warm-up (unprofiled): one short forward touches every code path */
-    int32_t tok0 = 0;
-    if (rc == 0 && nstf_session_prefill(s, &tok0, 1, 0) != NSTF_OK) rc = 1;
+    /* unprofiled times (and warm-up: every code path runs once) */
+    double wall_p = 0, wall_d = 0;
+    if (rc == 0 && n_prompt > 0 && time_fwd(s, toks, n_prompt, 0, 5, &wall_p) != NSTF_OK) rc = 1;
+    if (rc == 0 && n_gen > 0 && time_fwd(s, toks, 1, n_prompt, 9, &wall_d) != NSTF_OK) rc = 1;
     if (rc == 0) {
         prof->trace = trace;
-        s->cpu.prof = prof;
+        if (nstf_prof_attach(prof, s, 0) != NSTF_OK) rc = 1;
     }
     if (rc == 0 && n_prompt > 0) {
         uint64_t t0 = nstf_now_ns();
-        if (nstf_session_prefill(s, toks, n_prompt, 0) != NSTF_OK) rc = 1;
-        uint64_t t1 = nstf_now_ns();
+        if (nstf_session_prefill(s, toks, n_prompt, 0) != NSTF_OK || nstf_prof_collect(prof) != NSTF_OK) rc = 1;
         if (rc == 0) {
-            if (trace) (void)nstf_trace_span(trace, "prefill", "phase", t0, t1, -1, 0, 0);
+            if (trace) (void)nstf_trace_span(trace, "prefill", "phase", t0, nstf_now_ns(), -1, 0, 0);
             char phase[64];
             snprintf(phase, sizeof phase, "prefill (pp%d)", n_prompt);
-            print_table(phase, n_prompt, (double)(t1 - t0) * 1e-6, prof, &rl, pts, &n_pts, 0);
+            print_table(phase, n_prompt, wall_p, prof, &rl, gpu, pts, &n_pts, 0);
         }
     }
     if (rc == 0 && n_gen > 0) {
         nstf_prof_reset(prof);
-        int32_t tok = n_prompt > 0 ? toks[n_prompt - 1] : 0;
-        uint64_t t0 = nstf_now_ns();
+        int32_t tok = toks[0];
         for (int i = 0; rc == 0 && i < n_gen; i++) {
             uint64_t a = nstf_now_ns();
-            if (nstf_session_prefill(s, &tok, 1, n_prompt + i) != NSTF_OK) rc = 1;
-            else nstf_cpu_argmax(&s->cpu, s->state.logits, &tok, 1, nv);
+            if (nstf_session_forward(s, &tok, 1, n_prompt + i, false, NULL, &tok) != NSTF_OK ||
+                nstf_prof_collect(prof) != NSTF_OK)
+                rc = 1;
             if (trace) (void)nstf_trace_span(trace, "decode", "phase", a, nstf_now_ns(), -1, 0, 0);
         }
-        uint64_t t1 = nstf_now_ns();
         if (rc == 0) {
             char phase[64];
             snprintf(phase, sizeof phase, "decode (tg%d)", n_gen);
-            print_table(phase, n_gen, (double)(t1 - t0) * 1e-6, prof, &rl, pts, &n_pts, 1);
+            print_table(phase, n_gen, wall_d * n_gen, prof, &rl, gpu, pts, &n_pts, 1);
         }
     }
-    s->cpu.prof = NULL;
+    nstf_prof_detach(prof);
     if (rc == 1 && toks && prof && pts) fprintf(stderr, "nstf: %s\n", nstf_last_error());
     if (rc == 0 && trace) {
         if (nstf_trace_save(trace, trace_path) != NSTF_OK) {

@@ -31,13 +31,21 @@ void *nstf_calloc(size_t n, size_t size, const char *what) {
 
 void nstf_free(void *p) { free(p); }
 
-uint64_t nstf_host_mem_available(void) {
+void nstf_host_mem_info(uint64_t *total, uint64_t *avail) {
+    *total = *avail = 0;
     FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
+    if (!f) return;
     char line[256];
     unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) *total = (uint64_t)kb * 1024;
+        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) *avail = (uint64_t)kb * 1024;
+    }
     fclose(f);
-    return (uint64_t)kb * 1024;
+}
+
+uint64_t nstf_host_mem_available(void) {
+    uint64_t total, avail;
+    nstf_host_mem_info(&total, &avail);
+    return avail;
 }

@@ -29,5 +29,7 @@ void nstf_free(void *p);
  * MemAvailable), in bytes; 0 when unknown. Used to fail early, with the
  * figures, instead of being killed by the OOM killer mid-run. */
 uint64_t nstf_host_mem_available(void);
+/* MemTotal and MemAvailable in bytes (0 where unknown). */
+void nstf_host_mem_info(uint64_t *total, uint64_t *avail);
 
 #endif

@@ -1,4 +1,4 @@
-/* llama.c — Llama-family config, weights and the CPU forward pass. */
+/* llama.c — Llama-family config and weights: read and checked from a GGUF. */
 #include "model/llama.h"
 
 #include <math.h>
@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "core/mem.h"
-#include "prof/profiler.h"
 
 /* ---- config ------------------------------------------------------------- */
 
@@ -194,138 +193,4 @@ void nstf_llama_free(nstf_llama *m) {
     nstf_free(m->w.norms);
     nstf_gguf_close(m->file);
     nstf_free(m);
-}
-
-/* ---- run state -------------------------------------------------------------- */
-
-nstf_status nstf_llama_state_init(nstf_llama_state *s, const nstf_llama_config *c, int n_ctx,
-                                  int n_batch) {
-    memset(s, 0, sizeof *s);
-    if (n_ctx < 1 || n_batch < 1)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d) and batch (%d) must be positive", n_ctx, n_batch);
-    if (n_batch > n_ctx) n_batch = n_ctx;
-    const uint64_t B = (uint64_t)n_batch, q_dim = (uint64_t)c->n_heads * c->head_dim,
-                   kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    /* size table: element counts of every buffer, carved in this order */
-    uint64_t sizes[10] = {0};
-    bool ok = nstf_mul_ok(B, (uint64_t)c->dim, &sizes[0]) && nstf_mul_ok(B, q_dim, &sizes[3]) &&
-              nstf_mul_ok(B, (uint64_t)c->ffn_dim, &sizes[5]) && nstf_mul_ok(B, (uint64_t)c->n_vocab, &sizes[7]) &&
-              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)n_ctx, kv_dim, &sizes[8]);
-    sizes[1] = sizes[2] = sizes[0]; /* x, xb, xb2 */
-    sizes[4] = sizes[3];            /* q, att */
-    sizes[6] = sizes[5];            /* hb, hb2 */
-    sizes[9] = sizes[8];            /* k_cache, v_cache */
-    uint64_t total = B; /* pos (int32, same size as float) */
-    for (int i = 0; ok && i < 10; i++) {
-        uint64_t rounded = (sizes[i] + 15) & ~(uint64_t)15; /* keep every buffer 64-byte aligned */
-        ok = nstf_add_ok(total, rounded, &total);
-    }
-    uint64_t bytes;
-    if (!ok || !nstf_mul_ok(total, 4, &bytes) || bytes > SIZE_MAX)
-        return nstf_set_error(NSTF_ERR_OOM, "run state for context %d and batch %d overflows", n_ctx, n_batch);
-    uint64_t avail = nstf_host_mem_available();
-    if (avail && bytes > avail)
-        return nstf_set_error(NSTF_ERR_OOM,
-                              "activations and KV cache for context %d need %.1f MiB but only %.1f MiB of host "
-                              "memory is available; try a smaller -c",
-                              n_ctx, (double)bytes / (1 << 20), (double)avail / (1 << 20));
-    s->block = nstf_alloc((size_t)bytes, "activations and KV cache");
-    if (!s->block) {
-        return nstf_set_error(NSTF_ERR_OOM,
-                              "out of host memory: activations and KV cache for context %d need %.1f MiB; "
-                              "try a smaller -c", n_ctx, (double)bytes / (1 << 20));
-    }
-    s->block_bytes = bytes;
-    float *p = s->block;
-    float **dst[10] = {&s->x, &s->xb, &s->xb2, &s->q, &s->att, &s->hb, &s->hb2, &s->logits, &s->k_cache, &s->v_cache};
-    for (int i = 0; i < 10; i++) {
-        *dst[i] = p;
-        p += (sizes[i] + 15) & ~(uint64_t)15;
-    }
-    s->pos = (int32_t *)p;
-    s->n_ctx = n_ctx;
-    s->n_batch = n_batch;
-    return NSTF_OK;
-}
-
-void nstf_llama_state_free(nstf_llama_state *s) {
-    if (!s) return;
-    nstf_free(s->block);
-    memset(s, 0, sizeof *s);
-}
-
-/* ---- forward ------------------------------------------------------------------ */
-
-/* Each op call goes through OP: with no profiler attached (cpu->prof NULL)
- * it is the bare call behind one predictable branch. */
-#define OP(label, layer, cost, call) NSTF_PROF_OP(cpu->prof, label, layer, cost, call)
-
-static void matmul_op(nstf_cpu *cpu, const nstf_matrix *w, const float *x, float *y, int n) {
-    if (cpu->precise)
-        nstf_cpu_matmul_precise(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
-    else
-        nstf_cpu_matmul(cpu, w->type, w->data, x, y, n, w->n_in, w->n_out);
-}
-
-#define matmul(cpu, label, layer, w, x, y, n)                                                        \
-    OP(label, layer, nstf_cost_matmul((w)->type, n, (w)->n_in, (w)->n_out, !(cpu)->precise), \
-       matmul_op(cpu, w, x, y, n))
-
-nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cpu *cpu,
-                               const int32_t *tokens, int n, int pos0, bool all_logits) {
-    const nstf_llama_config *c = &m->cfg;
-    const nstf_llama_weights *w = &m->w;
-    if (n < 1 || n > s->n_batch)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", n, s->n_batch);
-    if (pos0 < 0 || pos0 + n > s->n_ctx)
-        return nstf_set_error(NSTF_ERR_RANGE, "positions %d..%d exceed the context of %d tokens", pos0,
-                              pos0 + n - 1, s->n_ctx);
-    for (int t = 0; t < n; t++) {
-        if (tokens[t] < 0 || tokens[t] >= c->n_vocab)
-            return nstf_set_error(NSTF_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", tokens[t],
-                                  c->n_vocab - 1);
-        s->pos[t] = pos0 + t;
-    }
-    const int dim = c->dim, hd = c->head_dim;
-    const int64_t kv_dim = (int64_t)c->n_kv_heads * hd, nd = (int64_t)n * dim;
-    const float scale = 1.0f / sqrtf((float)hd);
-
-    OP("get_rows", -1, nstf_cost_get_rows(w->tok_embd.type, n, dim),
-       nstf_cpu_get_rows(cpu, w->tok_embd.type, w->tok_embd.data, tokens, s->x, n, dim));
-    for (int l = 0; l < c->n_layers; l++) {
-        const nstf_llama_layer *L = &w->layers[l];
-        /* this layer's cache; the chunk's K and V rows are written in place */
-        float *kc = s->k_cache + (int64_t)l * s->n_ctx * kv_dim;
-        float *vc = s->v_cache + (int64_t)l * s->n_ctx * kv_dim;
-        float *k_new = kc + (int64_t)pos0 * kv_dim, *v_new = vc + (int64_t)pos0 * kv_dim;
-
-        /* attention block */
-        OP("rmsnorm", l, nstf_cost_rmsnorm(n, dim), nstf_cpu_rmsnorm(cpu, s->x, L->attn_norm, s->xb, n, dim, c->norm_eps));
-        matmul(cpu, "matmul.attn_q", l, &L->wq, s->xb, s->q, n);
-        matmul(cpu, "matmul.attn_k", l, &L->wk, s->xb, k_new, n);
-        matmul(cpu, "matmul.attn_v", l, &L->wv, s->xb, v_new, n);
-        OP("rope", l, nstf_cost_rope(n, c->n_heads, hd),
-           nstf_cpu_rope(cpu, s->q, s->pos, n, c->n_heads, hd, c->rope_base, c->rope_mode));
-        OP("rope", l, nstf_cost_rope(n, c->n_kv_heads, hd),
-           nstf_cpu_rope(cpu, k_new, s->pos, n, c->n_kv_heads, hd, c->rope_base, c->rope_mode));
-        OP("attention", l, nstf_cost_attention(n, pos0, c->n_heads, c->n_kv_heads, hd),
-           nstf_cpu_attention(cpu, s->q, kc, vc, s->att, n, pos0, c->n_heads, c->n_kv_heads, hd, scale));
-        matmul(cpu, "matmul.attn_output", l, &L->wo, s->att, s->xb2, n);
-        OP("add", l, nstf_cost_add(nd), nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd));
-
-        /* feed-forward block */
-        OP("rmsnorm", l, nstf_cost_rmsnorm(n, dim), nstf_cpu_rmsnorm(cpu, s->x, L->ffn_norm, s->xb, n, dim, c->norm_eps));
-        matmul(cpu, "matmul.ffn_gate", l, &L->w_gate, s->xb, s->hb, n);
-        matmul(cpu, "matmul.ffn_up", l, &L->w_up, s->xb, s->hb2, n);
-        OP("swiglu", l, nstf_cost_swiglu((int64_t)n * c->ffn_dim),
-           nstf_cpu_swiglu(cpu, s->hb, s->hb2, s->hb, (int64_t)n * c->ffn_dim));
-        matmul(cpu, "matmul.ffn_down", l, &L->w_down, s->hb, s->xb2, n);
-        OP("add", l, nstf_cost_add(nd), nstf_cpu_add(cpu, s->x, s->xb2, s->x, nd));
-    }
-    /* final norm and logits: of every token, or of the last one only */
-    const float *last = all_logits ? s->x : s->x + (int64_t)(n - 1) * dim;
-    int n_out = all_logits ? n : 1;
-    OP("rmsnorm", -1, nstf_cost_rmsnorm(n_out, dim), nstf_cpu_rmsnorm(cpu, last, w->out_norm, s->xb, n_out, dim, c->norm_eps));
-    matmul(cpu, "matmul.output", -1, &w->output, s->xb, s->logits, n_out);
-    return NSTF_OK;
 }

@@ -1,17 +1,22 @@
 /* llama.h — the Llama-family model: Config (the blueprint), Weights
  * (views into the GGUF mapping plus one small allocation for converted
- * norms), RunState (activations and the KV cache), and the forward pass.
+ * norms), and the model placed on a backend (nstf_llama_run: the weights
+ * in the backend's memory and the RunState, activations and the KV cache,
+ * carved from one backend allocation by a size table), and the forward.
  *
- * The forward reads like the paper: embed; for each layer: norm, Q/K/V,
- * rope, attention over the KV cache, out-proj + residual, norm, SwiGLU
- * feed-forward, down-proj + residual; final norm; logits. Quantized
- * weights are used in place by the matmul, never expanded at load. */
+ * The forward (forward.c) is written once, against the backend table
+ * (backend/backend.h), and reads like the paper: embed; for each layer:
+ * norm, Q/K/V, rope, attention over the KV cache, out-proj + residual,
+ * norm, SwiGLU feed-forward, down-proj + residual; final norm; logits.
+ * Quantized weights are used as stored by the matmul, never expanded at
+ * load. */
 #ifndef NSTF_MODEL_LLAMA_H
 #define NSTF_MODEL_LLAMA_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "io/gguf.h"
 #include "ops/ops.h"
@@ -30,13 +35,6 @@ typedef struct nstf_llama_config {
     nstf_rope_mode rope_mode;
     bool tied_output; /* logits use the token embedding */
 } nstf_llama_config;
-
-/* A weight matrix [n_out, n_in] as stored in the file. */
-typedef struct nstf_matrix {
-    const void *data;
-    nstf_type type;
-    int64_t n_in, n_out;
-} nstf_matrix;
 
 typedef struct nstf_llama_layer {
     const float *attn_norm; /* [dim] */
@@ -58,24 +56,6 @@ typedef struct nstf_llama_weights {
     float *norms;            /* owned: all norm vectors as fp32, carved by a size table */
 } nstf_llama_weights;
 
-typedef struct nstf_llama_state {
-    int n_ctx;      /* KV cache capacity in positions */
-    int n_batch;    /* most tokens per forward call */
-    float *x;       /* [n_batch, dim] residual stream */
-    float *xb;      /* [n_batch, dim] normed input to a block */
-    float *xb2;     /* [n_batch, dim] block output before the residual add */
-    float *q;       /* [n_batch, n_heads * head_dim] */
-    float *att;     /* [n_batch, n_heads * head_dim] attention output */
-    float *hb;      /* [n_batch, ffn_dim] gate, then silu(gate) * up */
-    float *hb2;     /* [n_batch, ffn_dim] up */
-    float *logits;  /* [n_batch, n_vocab] (only row 0 used unless all-logits) */
-    int32_t *pos;   /* [n_batch] positions of the current chunk */
-    float *k_cache; /* [n_layers, n_ctx, n_kv_heads * head_dim] */
-    float *v_cache; /* [n_layers, n_ctx, n_kv_heads * head_dim] */
-    void *block;    /* the one allocation everything above is carved from */
-    uint64_t block_bytes;
-} nstf_llama_state;
-
 typedef struct nstf_llama {
     nstf_llama_config cfg;
     nstf_llama_weights w;
@@ -88,14 +68,60 @@ typedef struct nstf_llama {
 nstf_status nstf_llama_load(nstf_gguf *file, nstf_llama **out);
 void nstf_llama_free(nstf_llama *m);
 
-nstf_status nstf_llama_state_init(nstf_llama_state *s, const nstf_llama_config *cfg, int n_ctx,
-                                  int n_batch);
-void nstf_llama_state_free(nstf_llama_state *s);
+/* The run state: activations and the KV cache, in backend memory, carved
+ * from one allocation. Element types: x, y, logits fp32; the activations
+ * the backend's act_type; the caches its kv_type. */
+typedef struct nstf_llama_state {
+    int n_ctx;       /* KV cache positions per sequence */
+    int n_batch;     /* most tokens per forward */
+    int n_seq;       /* sequence slots of the KV cache */
+    float *x;        /* [n_batch, dim] the residual stream */
+    float *y;        /* [n_batch, dim] a block's output before it is added into x */
+    void *xb;        /* [n_batch, dim] normed input of a block */
+    void *qkv;       /* [n_batch, q_dim + 2 kv_dim] q, k, v (layout: the backend's place) */
+    void *att;       /* [n_batch, q_dim] attention output */
+    void *h;         /* [n_batch, 2 ffn_dim] gate, up (layout: the backend's place) */
+    void *hs;        /* [n_batch, ffn_dim] silu(gate) * up */
+    float *logits;   /* [n_batch, n_vocab] (the last row only unless all-logits) */
+    int32_t *argmax; /* [1] the greedy token of the last row */
+    void *k_cache;   /* [n_layers, n_seq, n_ctx, kv_dim] */
+    void *v_cache;   /* [n_layers, n_seq, n_ctx, kv_dim] */
+    void *block;     /* the one backend allocation everything above is carved from */
+    uint64_t block_bytes, kv_bytes;
+} nstf_llama_state;
 
-/* Run `n` tokens at positions pos0..pos0+n-1 (n <= n_batch, pos0 + n <=
- * n_ctx). Writes logits of the last token to s->logits[0..n_vocab), or of
- * every token to s->logits[t * n_vocab ...] when all_logits is set. */
-nstf_status nstf_llama_forward(const nstf_llama *m, nstf_llama_state *s, nstf_cpu *cpu,
-                               const int32_t *tokens, int n, int pos0, bool all_logits);
+/* A model placed on a backend for running. */
+typedef struct nstf_llama_run {
+    const nstf_llama *m;   /* not owned */
+    nstf_backend *be;      /* not owned */
+    nstf_llama_weights w;  /* in backend memory; a host backend's are m's own views */
+    void *wblock;          /* the weights' one backend allocation (NULL on a host backend) */
+    uint64_t wbytes;       /* weight bytes the run holds (a host backend: the file's tensors) */
+    nstf_llama_state s;
+} nstf_llama_run;
+
+/* Place m on be for a KV cache of n_ctx positions in each of n_seq
+ * sequences and forwards of up to n_batch tokens: plan the weights, the
+ * run state and the backend's workspace, check them against the device's
+ * free memory (NSTF_ERR_OOM names what is needed and what is free), then
+ * allocate, upload and prepare. m must outlive the run. */
+nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                  nstf_llama_run **out);
+void nstf_llama_run_free(nstf_llama_run *r);
+/* Empty the KV cache (every sequence reads as zeros). */
+nstf_status nstf_llama_run_clear(nstf_llama_run *r);
+
+/* One forward of b (b->n <= n_batch; positions below n_ctx; seq < n_seq).
+ * logits (host, may be NULL): the last token's [n_vocab], or every token's
+ * [n, n_vocab] with all_logits. argmax (host, may be NULL; needs
+ * b->argmax): the greedy token of the last row, computed on the backend. */
+nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
+/* The common case: n tokens of sequence 0 at positions pos0.. */
+nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax);
+
+/* The matmuls the forward issues (a group of adjacent matrices as one),
+ * for a backend's plan: writes up to cap entries, returns the count. */
+int nstf_llama_matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap);
 
 #endif

@@ -9,15 +9,6 @@
 #include <unistd.h>
 
 #include "core/mem.h"
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-#include "ops/gpu/gpu_api.h"
-#endif
-
-double nstf_time_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 uint64_t nstf_time_seed(void) {
     struct timespec ts;
@@ -30,16 +21,18 @@ nstf_session_params nstf_session_default_params(void) {
     return p;
 }
 
-/* Put the forward on the GPU when asked (gpu) or possible (auto). gpu: any
+/* Place the model on the GPU when asked (gpu) or possible (auto). gpu: any
  * failure is the session's error. auto: a missing device or a failing
- * start leaves s->gpu NULL (the CPU runs) and says why with --verbose. */
-static nstf_status open_gpu(nstf_session *s, const char *path, int n_ctx) {
+ * start leaves s->run NULL (the CPU runs) and says why with --verbose. */
+static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     const nstf_session_params *p = &s->params;
     const bool want = strcmp(p->device, "gpu") == 0, maybe = strcmp(p->device, "auto") == 0;
-    (void)path;
     if (!want && !maybe) return NSTF_OK;
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-    if (nstf_gpu_device_count() < 1) {
+    if (!nstf_backend_gpu_built()) {
+        if (p->verbose) fprintf(stderr, "nstf: this build has no GPU backend; running on the CPU\n");
+        return NSTF_OK;
+    }
+    if (nstf_backend_gpu_count() < 1) {
         if (want)
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                                   "--device gpu: no GPU found (no device visible, or the driver is missing or "
@@ -47,44 +40,20 @@ static nstf_status open_gpu(nstf_session *s, const char *path, int n_ctx) {
         if (p->verbose) fprintf(stderr, "nstf: no GPU found; running on the CPU\n");
         return NSTF_OK;
     }
-    nstf_status st = nstf_gpu_device_line(0, s->device, sizeof s->device);
-    if (st == NSTF_OK) st = nstf_llama_gpu_create(s->model, 0, n_ctx, p->n_batch, &s->gpu);
-    if (st == NSTF_OK) {
-        s->gpu_logits = nstf_alloc((size_t)s->model->cfg.n_vocab * sizeof(float), "logits");
-        if (!s->gpu_logits) st = NSTF_ERR_OOM;
-    }
+    nstf_status st = nstf_backend_gpu_create(0, &s->be);
+    if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p->n_batch, 1, &s->run);
     if (st != NSTF_OK) {
-        nstf_llama_gpu_free(s->gpu);
-        s->gpu = NULL;
-        nstf_free(s->gpu_logits);
-        s->gpu_logits = NULL;
+        nstf_backend_free(s->be);
+        s->be = NULL;
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
-        return NSTF_OK;
     }
-    s->logits = s->gpu_logits;
-    s->n_ctx = n_ctx;
-    s->n_batch = p->n_batch < n_ctx ? p->n_batch : n_ctx;
     return NSTF_OK;
-#else
-    if (maybe && p->verbose) fprintf(stderr, "nstf: this build has no GPU backend; running on the CPU\n");
-    return NSTF_OK;
-#endif
 }
 
-/* One forward of n tokens on the session's device. logits (host): where
- * the last token's (all_logits: every token's) logits go; argmax (GPU
- * only, may be NULL): the greedy token, computed on the device. */
-static nstf_status session_forward(nstf_session *s, const int32_t *tokens, int n, int pos0, bool all_logits,
-                                   float *logits, int32_t *argmax) {
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-    if (s->gpu) return nstf_llama_gpu_forward(s->gpu, tokens, n, pos0, all_logits, logits, argmax);
-#endif
-    (void)argmax;
-    NSTF_TRY(nstf_llama_forward(s->model, &s->state, &s->cpu, tokens, n, pos0, all_logits));
-    if (logits && logits != s->state.logits)
-        memcpy(logits, s->state.logits, (size_t)(all_logits ? n : 1) * (size_t)s->model->cfg.n_vocab * sizeof(float));
-    return NSTF_OK;
+nstf_status nstf_session_forward(nstf_session *s, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                 float *logits, int32_t *argmax) {
+    return nstf_llama_forward_seq(s->run, tokens, n, pos0, all_logits, logits, argmax);
 }
 
 nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, nstf_session **out) {
@@ -97,10 +66,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (!p.device) p.device = "auto";
     if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
-#if !defined(NSTF_HAVE_CUDA) && !defined(NSTF_HAVE_HIP)
-    if (strcmp(p.device, "gpu") == 0)
+    if (strcmp(p.device, "gpu") == 0 && !nstf_backend_gpu_built())
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)");
-#endif
 
     double t0 = nstf_time_ms();
     nstf_session *s = nstf_calloc(1, sizeof *s, "session");
@@ -122,22 +89,18 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
             fprintf(stderr, "nstf: context %d is longer than the %d the model was trained for\n", p.n_ctx,
                     s->model->cfg.n_ctx_train);
         s->params.n_ctx = n_ctx;
-        st = open_gpu(s, path, n_ctx);
-        if (st == NSTF_OK && !s->gpu) st = nstf_llama_state_init(&s->state, &s->model->cfg, n_ctx, p.n_batch);
+        st = open_gpu(s, n_ctx);
+        if (st == NSTF_OK && !s->run) {
+            const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic};
+            st = nstf_backend_cpu_create(&cp, &s->be);
+            if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p.n_batch, 1, &s->run);
+        }
     }
-    if (st == NSTF_OK && !s->gpu) st = nstf_pool_create(p.n_threads ? p.n_threads : nstf_cpu_count(), &s->pool);
-    if (st == NSTF_OK && !s->gpu) {
-        s->logits = s->state.logits;
-        s->n_ctx = s->state.n_ctx;
-        s->n_batch = s->state.n_batch;
-        snprintf(s->device, sizeof s->device, "cpu");
-        s->cpu.pool = s->pool;
-        s->cpu.precise = p.precise;
-        s->cpu.deterministic = p.deterministic;
-        const nstf_llama_config *c = &s->model->cfg;
-        int widest = c->ffn_dim > c->dim ? c->ffn_dim : c->dim;
-        if (c->n_heads * c->head_dim > widest) widest = c->n_heads * c->head_dim;
-        st = nstf_cpu_reserve(&s->cpu, s->state.n_batch, widest);
+    if (st == NSTF_OK) {
+        s->n_ctx = s->run->s.n_ctx;
+        s->n_batch = s->run->s.n_batch;
+        s->logits = nstf_alloc((size_t)s->model->cfg.n_vocab * sizeof(float), "logits");
+        if (!s->logits) st = NSTF_ERR_OOM;
     }
     if (st != NSTF_OK) {
         nstf_session_close(s);
@@ -149,16 +112,13 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
         fprintf(stderr, "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
                 path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                 c->n_ctx_train);
-        if (s->gpu) {
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-            fprintf(stderr, "nstf: device %s\nnstf: context %d, batch %d, %.1f MiB on the device, loaded in %.0f ms\n",
-                    s->device, s->n_ctx, s->n_batch, (double)nstf_llama_gpu_bytes(s->gpu) / (1 << 20), s->load_ms);
-#endif
-        } else {
-            fprintf(stderr, "nstf: device cpu, %d threads, context %d, batch %d, state %.1f MiB, loaded in %.0f ms\n",
-                    nstf_pool_size(s->pool), s->state.n_ctx, s->state.n_batch,
-                    (double)s->state.block_bytes / (1 << 20), s->load_ms);
-        }
+        const nstf_llama_state *rs = &s->run->s;
+        nstf_backend_mem mem;
+        s->be->vt->mem(s->be, &mem);
+        fprintf(stderr, "nstf: device %s\nnstf: context %d, batch %d, weights %.1f MiB, state %.1f MiB, workspace %.1f "
+                "MiB, loaded in %.0f ms\n",
+                s->be->device, s->n_ctx, s->n_batch, (double)s->run->wbytes / (1 << 20),
+                (double)rs->block_bytes / (1 << 20), (double)mem.workspace / (1 << 20), s->load_ms);
     }
     *out = s;
     return NSTF_OK;
@@ -166,13 +126,9 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
 
 void nstf_session_close(nstf_session *s) {
     if (!s) return;
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-    nstf_llama_gpu_free(s->gpu);
-#endif
-    nstf_free(s->gpu_logits);
-    nstf_cpu_release(&s->cpu);
-    nstf_pool_free(s->pool);
-    nstf_llama_state_free(&s->state);
+    nstf_llama_run_free(s->run);
+    nstf_backend_free(s->be);
+    nstf_free(s->logits);
     nstf_tokenizer_free(s->tok);
     nstf_llama_free(s->model);
     nstf_free(s);
@@ -188,8 +144,8 @@ static nstf_status prefill(nstf_session *s, const int32_t *tokens, int n, int po
     for (int i = 0; i < n; i += s->n_batch) {
         int chunk = n - i < s->n_batch ? n - i : s->n_batch;
         bool last = i + chunk >= n;
-        NSTF_TRY(session_forward(s, tokens + i, chunk, pos0 + i, false, last && !argmax ? s->logits : NULL,
-                                 last ? argmax : NULL));
+        NSTF_TRY(nstf_session_forward(s, tokens + i, chunk, pos0 + i, false, last && !argmax ? s->logits : NULL,
+                                      last ? argmax : NULL));
     }
     return NSTF_OK;
 }
@@ -203,7 +159,7 @@ nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n,
     const int64_t nv = s->model->cfg.n_vocab;
     for (int i = 0; i < n; i += s->n_batch) {
         int chunk = n - i < s->n_batch ? n - i : s->n_batch;
-        NSTF_TRY(session_forward(s, tokens + i, chunk, i, true, out + (int64_t)i * nv, NULL));
+        NSTF_TRY(nstf_session_forward(s, tokens + i, chunk, i, true, out + (int64_t)i * nv, NULL));
     }
     return NSTF_OK;
 }
@@ -251,7 +207,7 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
 
     /* greedy without penalties on a GPU: the argmax runs on the device and
      * only the token comes back (the same first-maximum rule as the sampler) */
-    const bool dev_greedy = s->gpu && spp.temp <= 0.0f && spp.repeat_penalty == 1.0f;
+    const bool dev_greedy = !s->be->host_memory && spp.temp <= 0.0f && spp.repeat_penalty == 1.0f;
     int32_t next = 0;
     double t0 = nstf_time_ms();
     r = prefill(s, ids, (int)n_ids, 0, dev_greedy ? &next : NULL);
@@ -271,7 +227,7 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
         if (cb && !cb(user, tok, piece, (size_t)len)) break;
         if (st.n_gen >= n_predict) break;
         if (pos >= s->n_ctx) break; /* context full: stop, as llama.cpp does without shifting */
-        r = session_forward(s, &tok, 1, pos, false, dev_greedy ? NULL : s->logits, dev_greedy ? &next : NULL);
+        r = nstf_session_forward(s, &tok, 1, pos, false, dev_greedy ? NULL : s->logits, dev_greedy ? &next : NULL);
         pos++;
         st.n_decode++;
     }

@@ -23,20 +23,38 @@
 #include "core/status.h"
 #include "core/threadpool.h"
 
-/* X(UPPER, lower, description) */
-#define NSTF_OPS(X)                                                                  \
-    X(GET_ROWS, get_rows, "embedding gather: out[t,:] = dequant(table[ids[t],:])")  \
-    X(RMSNORM, rmsnorm, "y = x * rsqrt(mean(x^2) + eps) * w")                       \
-    X(ADD, add, "y = a + b (residual)")                                              \
-    X(MATMUL, matmul, "y[t,o] = sum_i W[o,i] * x[t,i] (quantized W used directly)") \
-    X(ROPE, rope, "rotary position embedding, in place")                             \
-    X(ATTENTION, attention, "causal grouped-query attention over the KV cache")      \
-    X(SWIGLU, swiglu, "y = silu(gate) * up")                                         \
-    X(ARGMAX, argmax, "index of the largest value per row")
+/* ---- the op table ----------------------------------------------------------
+ * One row per op of the forward. Everything else about an op is generated
+ * from or checked against this row (test_op_table walks it):
+ *   UPPER, lower   enum NSTF_OP_UPPER, name "lower", args member a.lower
+ *   ref            the scalar reference (nstf_ref_*, src/ops/cpu/ref.c)
+ *   cpu            the fast CPU entry (nstf_cpu_*, src/ops/cpu/)
+ *   gpu            the GPU launcher (nstf_gpu_*, src/ops/gpu/gpu_api.h)
+ *   description    what it computes
+ * The backend table (src/backend/backend.h) has one entry per row, the
+ * cost model (nstf_op_cost_of, ops/cost.c) one case per row, and the
+ * op-comparison test (tests/test_backend_ops.c) one case generator per
+ * row; a row without any of them fails the build or test_op_table. */
+#define NSTF_OPS(X)                                                                                 \
+    X(GET_ROWS, get_rows, nstf_ref_get_rows, nstf_cpu_get_rows, nstf_gpu_get_rows,                 \
+      "embedding gather: out[t,:] = dequant(table[ids[t],:])")                                      \
+    X(RMSNORM, rmsnorm, nstf_ref_rmsnorm, nstf_cpu_rmsnorm, nstf_gpu_rmsnorm,                      \
+      "x += res (optional); y = x * rsqrt(mean(x^2) + eps) * w")                                     \
+    X(ADD, add, nstf_ref_add, nstf_cpu_add, nstf_gpu_add, "x += y (residual)")                       \
+    X(MATMUL, matmul, nstf_ref_matmul, nstf_cpu_matmul, nstf_gpu_gemv,                             \
+      "y[t,o] = sum_i W[o,i] x[t,i] over a group of matrices; fusion flags: norm prologue, "       \
+      "RoPE / SwiGLU / residual epilogue")                                                          \
+    X(ROPE, rope, nstf_ref_rope, nstf_cpu_rope, nstf_gpu_rope_strided,                             \
+      "rotary position embedding of q and k, in place")                                             \
+    X(ATTENTION, attention, nstf_ref_attention, nstf_cpu_attention, nstf_gpu_flash_attn,           \
+      "causal grouped-query attention over the KV cache (the batch's K and V written into it)")    \
+    X(SWIGLU, swiglu, nstf_ref_swiglu, nstf_cpu_swiglu, nstf_gpu_swiglu, "y = silu(gate) * up")    \
+    X(ARGMAX, argmax, nstf_ref_argmax, nstf_cpu_argmax, nstf_gpu_argmax,                           \
+      "index of the largest value per row (first on ties)")
 #define NSTF_OP_COUNT 8
 
 typedef enum nstf_op {
-#define NSTF_X(U, l, d) NSTF_OP_##U,
+#define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
     NSTF_OPS(NSTF_X)
 #undef NSTF_X
         NSTF_OP_N
@@ -45,11 +63,159 @@ _Static_assert(NSTF_OP_N == NSTF_OP_COUNT, "op table and NSTF_OP_COUNT disagree"
 
 const char *nstf_op_name(nstf_op op);
 const char *nstf_op_desc(nstf_op op);
+/* The names of a row's reference, CPU entry and GPU launcher (for
+ * test_op_table and `nstf devices --verbose`). */
+const char *nstf_op_ref_name(nstf_op op);
+const char *nstf_op_cpu_name(nstf_op op);
+const char *nstf_op_gpu_name(nstf_op op);
 
 typedef enum nstf_rope_mode {
     NSTF_ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): GGUF "llama" */
     NSTF_ROPE_NEOX = 2, /* rotate (x[i], x[i + d/2]): HF layout, GGUF neox-style archs */
 } nstf_rope_mode;
+
+/* ---- op arguments --------------------------------------------------------------
+ * Every op of the table takes one nstf_op_args: the op, a label and layer
+ * for profiles, and the op's own member of the union (named like the op).
+ * Pointers are in the memory of the backend that runs the op. */
+
+/* A weight matrix [n_out, n_in] in its stored type (one row per output). */
+typedef struct nstf_matrix {
+    const void *data;
+    nstf_type type;
+    int64_t n_in, n_out;
+} nstf_matrix;
+
+/* Rows of activations: row t starts at data + t * stride elements of
+ * `type` (F32; BF16 for a GPU's activations). */
+typedef struct nstf_view {
+    void *data;
+    nstf_type type;
+    int64_t stride;
+} nstf_view;
+
+/* Where an op's work belongs, for profiles that split time by block. */
+typedef enum nstf_block {
+    NSTF_BLOCK_OTHER = 0, /* embedding, logits, argmax */
+    NSTF_BLOCK_ATTN,      /* norm, Q/K/V/O projections, RoPE, attention */
+    NSTF_BLOCK_FFN,       /* norm, gate/up/down projections, SwiGLU */
+} nstf_block;
+
+enum { NSTF_MM_MAX_GROUP = 3 };
+
+/* Epilogue of a matmul (a fusion flag: a backend runs it inside the
+ * matmul only where it said it can; the forward otherwise runs the ops). */
+typedef enum nstf_mm_epi {
+    NSTF_MM_STORE = 0, /* out[i] = x W_i^T */
+    NSTF_MM_ACCUM,     /* one matrix: res += x W^T (res: the fp32 residual stream) */
+    NSTF_MM_ROPE,      /* q | k | v group: out views, then RoPE on q and k */
+    NSTF_MM_SWIGLU,    /* gate | up group: act = silu(x Wg^T) * (x Wu^T) */
+} nstf_mm_epi;
+
+typedef struct nstf_rope_args {
+    const int32_t *pos; /* [n] positions */
+    int n_heads, n_kv_heads, head_dim;
+    float base;
+    nstf_rope_mode mode;
+} nstf_rope_args;
+
+typedef struct nstf_op_args {
+    nstf_op op;
+    const char *label; /* call site ("qkv_proj"): a string literal */
+    int layer;         /* -1 outside the layers */
+    nstf_block block;
+    union {
+        struct {
+            const nstf_matrix *table; /* [n_rows, dim] */
+            const int32_t *ids;       /* [n] */
+            nstf_view out;            /* [n, dim] */
+            int64_t n;
+        } get_rows;
+        struct {
+            float *x;        /* [n, dim] fp32, stride dim */
+            const float *res; /* [n, dim] fp32 added into x first, or NULL */
+            const float *w;  /* [dim] */
+            nstf_view y;     /* [n, dim] */
+            int64_t n, dim;
+            float eps;
+        } rmsnorm;
+        struct {
+            float *x;       /* [n] += y */
+            const float *y; /* [n] */
+            int64_t n;
+        } add;
+        struct {
+            const nstf_matrix *w[NSTF_MM_MAX_GROUP]; /* n_w matrices of one n_in */
+            int n_w;
+            nstf_view x;                    /* [n, n_in] (unused with the norm prologue) */
+            nstf_view out[NSTF_MM_MAX_GROUP]; /* [n, w[i]->n_out] each */
+            int64_t n;
+            /* fusion flags */
+            nstf_mm_epi epi;
+            const float *norm_x; /* non-NULL: x = rmsnorm(norm_x [n, n_in] fp32) * norm_w */
+            const float *norm_w;
+            float eps;
+            nstf_rope_args rope; /* ROPE */
+            nstf_view act;       /* SWIGLU output [n, n_ff] */
+            float *res;          /* ACCUM: the residual stream [n, n_out] fp32 */
+        } matmul;
+        struct {
+            nstf_view q, k; /* [n, n_heads, head_dim], [n, n_kv_heads, head_dim] */
+            int64_t n;
+            nstf_rope_args r;
+        } rope;
+        struct {
+            nstf_view q, k, v;      /* this batch: [n, heads, head_dim] rows (k, v RoPE'd / raw) */
+            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim] */
+            nstf_view out;          /* [n, n_heads * head_dim] */
+            const int32_t *pos;     /* [n] */
+            const int32_t *seq;     /* [n] sequence slots, or NULL: all 0 */
+            int64_t n, n_ctx;
+            int64_t pos0;           /* host: the first position when the batch is one run of one
+                                       sequence at consecutive positions, else -1 */
+            int n_heads, n_kv_heads, head_dim;
+            float scale;
+        } attention;
+        struct {
+            nstf_view gate, up, y; /* [n, n_ff] each */
+            int64_t n, n_ff;
+        } swiglu;
+        struct {
+            nstf_view x;  /* [n_rows, n] */
+            int32_t *out; /* [n_rows] */
+            int64_t n_rows, n;
+        } argmax;
+    };
+} nstf_op_args;
+
+/* FLOPs and bytes of one op call. Bytes are the op's compulsory traffic:
+ * every input read once and every output written once (weights at their
+ * stored size), which is what a roofline places an op by. int8 says the
+ * op's arithmetic runs as int8 dot products (quantized matmul in the
+ * default CPU mode), so its compute ceiling is the int8 one. */
+typedef struct nstf_op_cost {
+    double flops;
+    double bytes;
+    bool int8;
+} nstf_op_cost;
+
+/* The cost model of the op table (ops/cost.c): one case per row, fusions
+ * included. int8_act: the backend runs quantized matmuls on 8-bit
+ * activations. */
+nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act);
+
+nstf_op_cost nstf_cost_get_rows(nstf_type type, int64_t n_tok, int64_t dim);
+nstf_op_cost nstf_cost_rmsnorm(int64_t n_tok, int64_t dim);
+nstf_op_cost nstf_cost_add(int64_t n);
+nstf_op_cost nstf_cost_swiglu(int64_t n);
+nstf_op_cost nstf_cost_rope(int64_t n_tok, int n_heads, int head_dim);
+/* y[n_tok, n_out] = x[n_tok, n_in] W^T; int8_act: activations quantized
+ * to 8-bit blocks (the default CPU path for quantized W). */
+nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int64_t n_out, bool int8_act);
+/* Causal attention of n_tok queries at pos0.. over the cache (each token
+ * sees pos0 + t + 1 positions): QK^T and PV are 2 FLOPs per MAC each. */
+nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
+nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 
@@ -94,7 +260,6 @@ typedef struct nstf_cpu {
                              (attention does not split a row's keys) */
     void *scratch;        /* owned; e.g. quantized activations for matmul */
     size_t scratch_bytes;
-    struct nstf_prof *prof; /* optional per-op profiler (src/prof/profiler.h); NULL = off */
 } nstf_cpu;
 
 /* Make sure the scratch arena holds what nstf_cpu_matmul needs for

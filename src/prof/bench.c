@@ -1,5 +1,5 @@
-/* bench.c — pp/tg tests on a session, the backend hooks (name, timer,
- * execution levels) and the model description llama-bench prints. */
+/* bench.c — pp/tg tests on a session, what llama-bench prints of the
+ * backend (name, timer, levels, KV type) and of the model. */
 #include "prof/bench.h"
 
 #include <stdio.h>
@@ -7,10 +7,7 @@
 #include <string.h>
 
 #include "core/mem.h"
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-#include "ops/gpu/gpu_api.h"
-#define BENCH_GPU 1
-#endif
+#include "model/session.h"
 
 void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out) {
     memset(out, 0, sizeof *out);
@@ -30,72 +27,44 @@ void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out
     snprintf(out->model_type, sizeof out->model_type, "llama %s %s", params, nstf_type_name(t));
 }
 
-const char *nstf_bench_backend(const nstf_session *s) {
-#if defined(NSTF_HAVE_HIP)
-    if (s->gpu) return "HIP";
-#elif defined(NSTF_HAVE_CUDA)
-    if (s->gpu) return "CUDA";
-#endif
-    (void)s;
-    return "CPU";
+const char *nstf_bench_backend(const nstf_session *s) { return s->be->vt->name; }
+
+void nstf_bench_backend_info_get(const nstf_session *s, nstf_bench_backend_info *out) {
+    const nstf_backend *be = s->be;
+    out->type_k = out->type_v = be->kv_type == NSTF_TYPE_BF16 ? "bf16" : be->kv_type == NSTF_TYPE_F16 ? "f16" : "f32";
+    out->n_gpu_layers = be->host_memory ? 0 : s->model->cfg.n_layers;
+    /* the CPU and the GPU from level 2 attend with an online softmax over
+     * tiles; GPU levels 0 and 1 materialize the score matrix */
+    out->flash_attn = be->host_memory || be->vt->get_opt(be, NSTF_OPT_LEVEL) >= 2;
 }
 
-#ifdef BENCH_GPU
-/* GPU timer: events recorded on the session's stream; ctx is the stream,
- * the two events are made once per process (bench runs one timer at a time). */
-static void *g_ev[2];
-
-static nstf_status gpu_timer_start(nstf_timer *t) {
-    if (!g_ev[0]) {
-        NSTF_TRY(nstf_gpu_event_create(&g_ev[0]));
-        NSTF_TRY(nstf_gpu_event_create(&g_ev[1]));
-    }
-    return nstf_gpu_event_record(g_ev[0], t->ctx);
+/* The timer on two of the backend's marks (the profiler, when attached,
+ * uses the others: these are the last two it reserved, or 0 and 1). */
+static nstf_status mark_start(nstf_timer *t) {
+    nstf_backend *be = t->ctx;
+    NSTF_TRY(be->vt->marks_reserve(be, 2));
+    return be->vt->mark(be, 0);
 }
 
-static nstf_status gpu_timer_stop(nstf_timer *t, uint64_t *ns) {
-    float ms = 0;
-    NSTF_TRY(nstf_gpu_event_record(g_ev[1], t->ctx));
-    NSTF_TRY(nstf_gpu_event_ms(g_ev[0], g_ev[1], &ms));
-    *ns = (uint64_t)((double)ms * 1e6);
-    return NSTF_OK;
-}
-#endif
-
-nstf_timer nstf_bench_timer(const nstf_session *s) {
-#ifdef BENCH_GPU
-    if (s->gpu) {
-        nstf_timer t = {0};
-        t.name = "gpu events";
-        t.ctx = nstf_llama_gpu_stream(s->gpu);
-        t.start = gpu_timer_start;
-        t.stop = gpu_timer_stop;
-        return t;
-    }
-#endif
-    (void)s;
-    return nstf_timer_cpu();
+static nstf_status mark_stop(nstf_timer *t, uint64_t *ns) {
+    nstf_backend *be = t->ctx;
+    NSTF_TRY(be->vt->mark(be, 1));
+    return be->vt->mark_ns(be, 0, 1, ns);
 }
 
-int nstf_bench_n_levels(const nstf_session *s) {
-#ifdef BENCH_GPU
-    if (s->gpu) return NSTF_GPU_N_LEVELS;
-#endif
-    (void)s;
-    return 1;
+nstf_timer nstf_bench_timer(nstf_session *s) {
+    nstf_timer t = {0};
+    t.name = s->be->host_memory ? "monotonic clock" : "gpu events";
+    t.ctx = s->be;
+    t.start = mark_start;
+    t.stop = mark_stop;
+    return t;
 }
+
+int nstf_bench_n_levels(const nstf_session *s) { return s->be->vt->n_levels; }
 
 nstf_status nstf_bench_set_level(nstf_session *s, int level) {
-#ifdef BENCH_GPU
-    if (s->gpu) return nstf_llama_gpu_set_level(s->gpu, level);
-#endif
-    int n = nstf_bench_n_levels(s);
-    if (level < 0 || level >= n)
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                              "execution level %d: the %s backend has only one level (L0); levels L1-L3 are GPU "
-                              "execution strategies",
-                              level, nstf_bench_backend(s));
-    return NSTF_OK;
+    return s->be->vt->set_opt(s->be, NSTF_OPT_LEVEL, level);
 }
 
 static int32_t rand_token(uint64_t *rng, int n_vocab) {
@@ -113,17 +82,16 @@ static nstf_status prompt(nstf_session *s, int32_t *toks, int n, int pos0, uint6
     return nstf_session_prefill(s, toks, n, pos0);
 }
 
-static nstf_status generate(nstf_session *s, int n, int pos0, uint64_t *rng) {
-    int32_t tok = rand_token(rng, s->model->cfg.n_vocab);
+static nstf_status generate(nstf_session *s, int n, int pos0, bool argmax_only, uint64_t *rng) {
+    const int nv = s->model->cfg.n_vocab;
+    int32_t tok = rand_token(rng, nv);
     for (int i = 0; i < n; i++) {
-#ifdef BENCH_GPU
-        if (s->gpu) { /* greedy on the device: only the token comes back */
-            NSTF_TRY(nstf_llama_gpu_forward(s->gpu, &tok, 1, pos0 + i, false, NULL, &tok));
-            continue;
+        if (argmax_only) { /* greedy on the backend: only the token comes back */
+            NSTF_TRY(nstf_session_forward(s, &tok, 1, pos0 + i, false, NULL, &tok));
+        } else { /* the logits come back, as llama_decode does; the next token is random */
+            NSTF_TRY(nstf_session_forward(s, &tok, 1, pos0 + i, false, s->logits, NULL));
+            tok = rand_token(rng, nv);
         }
-#endif
-        NSTF_TRY(nstf_session_prefill(s, &tok, 1, pos0 + i));
-        nstf_cpu_argmax(&s->cpu, s->state.logits, &tok, 1, s->model->cfg.n_vocab);
     }
     return NSTF_OK;
 }
@@ -141,12 +109,12 @@ nstf_status nstf_bench_run(nstf_session *s, const nstf_bench_test *t, uint64_t *
     nstf_status st = NSTF_OK;
     if (t->n_depth > 0) st = prompt(s, toks, t->n_depth, 0, rng);
     if (st == NSTF_OK && t->warmup)
-        st = t->n_prompt > 0 ? prompt(s, toks, t->n_prompt, t->n_depth, rng) : generate(s, 1, t->n_depth, rng);
+        st = t->n_prompt > 0 ? prompt(s, toks, t->n_prompt, t->n_depth, rng) : generate(s, 1, t->n_depth, t->argmax_only, rng);
     nstf_timer timer = nstf_bench_timer(s);
     for (int r = 0; st == NSTF_OK && r < t->reps; r++) {
         st = nstf_timer_start(&timer);
         if (st == NSTF_OK)
-            st = t->n_prompt > 0 ? prompt(s, toks, t->n_prompt, t->n_depth, rng) : generate(s, t->n_gen, t->n_depth, rng);
+            st = t->n_prompt > 0 ? prompt(s, toks, t->n_prompt, t->n_depth, rng) : generate(s, t->n_gen, t->n_depth, t->argmax_only, rng);
         if (st == NSTF_OK) st = nstf_timer_stop(&timer, &samples_ns[r]);
     }
     nstf_free(toks);

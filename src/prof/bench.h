@@ -2,8 +2,10 @@
  * llama-bench's terms:
  *   pp N  process N random tokens as one prompt (chunks of n_batch) from
  *         the given depth; the whole prefill is timed;
- *   tg N  generate N tokens one forward at a time, each the argmax of the
- *         previous logits (greedy), from the given depth;
+ *   tg N  generate N tokens one forward at a time from the given depth;
+ *         as llama-bench, each forward brings its logits back to the host
+ *         and the next token is drawn at random (or, argmax_only, only the
+ *         greedy token computed on the backend comes back: 4 bytes);
  *   depth D: D random tokens are in the KV cache before the test (filled
  *         once, untimed; the test only writes positions >= D).
  * One untimed warm-up run precedes the timed repetitions (a full prompt
@@ -19,7 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/session.h"
+#include "nstf.h"
 #include "prof/timer.h"
 
 typedef struct nstf_bench_model_info {
@@ -30,9 +32,20 @@ typedef struct nstf_bench_model_info {
 
 void nstf_bench_model_info_get(const nstf_session *s, nstf_bench_model_info *out);
 
-/* The session's backend name as llama-bench writes it ("CPU") and its timer. */
+/* The session's backend name as llama-bench writes it ("CPU") and its timer
+ * (two of the backend's time marks: a clock on the CPU, events on a GPU). */
 const char *nstf_bench_backend(const nstf_session *s);
-nstf_timer nstf_bench_timer(const nstf_session *s);
+nstf_timer nstf_bench_timer(nstf_session *s);
+
+/* The fields of a llama-bench record that describe the backend, true for
+ * the session: KV cache element type ("f32", "bf16"), layers on a GPU, and
+ * whether attention runs without a materialized score matrix. */
+typedef struct nstf_bench_backend_info {
+    const char *type_k, *type_v;
+    int n_gpu_layers;
+    bool flash_attn;
+} nstf_bench_backend_info;
+void nstf_bench_backend_info_get(const nstf_session *s, nstf_bench_backend_info *out);
 
 /* Execution levels of the session's backend (1 on the CPU), and selecting
  * one (level >= n_levels is NSTF_ERR_UNSUPPORTED naming the backend). */
@@ -43,6 +56,8 @@ typedef struct nstf_bench_test {
     int n_prompt, n_gen, n_depth; /* exactly one of n_prompt, n_gen > 0 */
     int reps;                     /* timed repetitions, >= 1 */
     bool warmup;
+    bool argmax_only;             /* tg: bring back only the greedy token (4 bytes)
+                                     instead of the logits, as llama-bench does */
 } nstf_bench_test;
 
 /* Run one test; samples_ns[reps] receives each repetition's time. The

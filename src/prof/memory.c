@@ -4,56 +4,21 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/session.h"
 #include "prof/timer.h"
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-#include "ops/gpu/gpu_api.h"
-#endif
-
-static uint64_t meminfo_kb(const char *key) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    size_t klen = strlen(key);
-    unsigned long long v = 0;
-    while (fgets(line, sizeof line, f)) {
-        if (!strncmp(line, key, klen) && line[klen] == ':') {
-            sscanf(line + klen + 1, "%llu", &v);
-            break;
-        }
-    }
-    fclose(f);
-    return (uint64_t)v * 1024;
-}
 
 void nstf_mem_report_session(const nstf_session *s, nstf_mem_report *out) {
     memset(out, 0, sizeof *out);
-#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
-    if (s->gpu) { /* the GPU's own memory: what the model holds there */
-        nstf_gpu_info info;
-        nstf_gpu_mem gm;
-        nstf_llama_gpu_mem(s->gpu, &gm);
-        out->device = "gpu";
-        if (nstf_gpu_query(0, &info) == NSTF_OK) {
-            out->total = info.total_mem;
-            out->free = info.free_mem;
-        }
-        out->weights = gm.weights;
-        out->kv_cache = gm.kv_cache;
-        out->compute = gm.activations + gm.workspace;
-        return;
-    }
-#endif
-    out->device = "cpu";
-    out->total = meminfo_kb("MemTotal");
-    out->free = meminfo_kb("MemAvailable");
-    const nstf_llama *m = s->model;
-    const nstf_gguf *g = m->file;
-    for (uint64_t i = 0; i < g->n_tensors; i++) out->weights += g->tensors[i].n_bytes;
-    out->weights += (uint64_t)(2 * m->cfg.n_layers + 1) * (uint64_t)m->cfg.dim * sizeof(float); /* fp32 norms */
-    const nstf_llama_state *st = &s->state;
-    uint64_t kv_dim = (uint64_t)m->cfg.n_kv_heads * (uint64_t)m->cfg.head_dim;
-    out->kv_cache = 2 * (uint64_t)m->cfg.n_layers * (uint64_t)st->n_ctx * kv_dim * sizeof(float);
-    out->compute = (st->block_bytes > out->kv_cache ? st->block_bytes - out->kv_cache : 0) + s->cpu.scratch_bytes;
+    const nstf_backend *be = s->be;
+    const nstf_llama_run *r = s->run;
+    nstf_backend_mem mem;
+    be->vt->mem(be, &mem);
+    out->device = be->host_memory ? "cpu" : "gpu";
+    out->total = mem.total;
+    out->free = mem.free;
+    out->weights = r->wbytes;
+    out->kv_cache = r->s.kv_bytes;
+    out->compute = (r->s.block_bytes > r->s.kv_bytes ? r->s.block_bytes - r->s.kv_bytes : 0) + mem.workspace;
 }
 
 void nstf_mem_report_print(FILE *f, const nstf_mem_report *r) {

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "model/session.h"
+#include "nstf.h"
 
 typedef struct nstf_mem_report {
     const char *device; /* "cpu", "cuda0", ... */
@@ -21,7 +21,7 @@ typedef struct nstf_mem_report {
     uint64_t compute;   /* activations, logits and op scratch */
 } nstf_mem_report;
 
-/* The CPU session's report (a GPU backend adds one per device). */
+/* The session's report, for the device its backend runs on. */
 void nstf_mem_report_session(const nstf_session *s, nstf_mem_report *out);
 void nstf_mem_report_print(FILE *f, const nstf_mem_report *r);
 

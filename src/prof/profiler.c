@@ -1,74 +1,109 @@
-/* profiler.c — the op cost model and per-site accumulation. */
+/* profiler.c — per-site accumulation, and the hooks that record the ops of
+ * a session's forwards between two of its backend's time marks. */
 #include "prof/profiler.h"
 
 #include <string.h>
 
-static double row_bytes(nstf_type type, int64_t n) {
-    uint64_t b;
-    return nstf_type_row_bytes(type, n, &b) ? (double)b : 4.0 * (double)n;
-}
-
-static bool is_quantized(nstf_type t) {
-    return t == NSTF_TYPE_Q8_0 || t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1;
-}
-
-nstf_op_cost nstf_cost_get_rows(nstf_type type, int64_t n_tok, int64_t dim) {
-    /* one dequantize multiply per element; reads the rows, writes fp32 */
-    nstf_op_cost c = {(double)n_tok * dim, (double)n_tok * (row_bytes(type, dim) + 4.0 * dim + 4.0), false};
-    return c;
-}
-
-nstf_op_cost nstf_cost_rmsnorm(int64_t n_tok, int64_t dim) {
-    /* x^2 and sum (2), scale and weight (2) per element */
-    nstf_op_cost c = {4.0 * n_tok * dim, 4.0 * (2.0 * n_tok * dim + dim), false};
-    return c;
-}
-
-nstf_op_cost nstf_cost_add(int64_t n) {
-    nstf_op_cost c = {(double)n, 12.0 * n, false};
-    return c;
-}
-
-nstf_op_cost nstf_cost_swiglu(int64_t n) {
-    /* silu(g) * u: exp, add, divide, two multiplies ~ 5 */
-    nstf_op_cost c = {5.0 * n, 12.0 * n, false};
-    return c;
-}
-
-nstf_op_cost nstf_cost_rope(int64_t n_tok, int n_heads, int head_dim) {
-    /* per rotated pair: 4 multiplies and 2 adds; in place read + write */
-    double elems = (double)n_tok * n_heads * head_dim;
-    nstf_op_cost c = {3.0 * elems, 8.0 * elems + 4.0 * n_tok, false};
-    return c;
-}
-
-nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int64_t n_out, bool int8_act) {
-    nstf_op_cost c;
-    c.flops = 2.0 * n_tok * n_in * n_out;
-    c.bytes = (double)n_out * row_bytes(wtype, n_in) + 4.0 * n_tok * (n_in + n_out);
-    c.int8 = int8_act && is_quantized(wtype);
-    return c;
-}
-
-nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim) {
-    /* sum over t of (pos0 + t + 1) visible positions */
-    double visible = (double)n_tok * pos0 + (double)n_tok * (n_tok + 1) / 2.0;
-    nstf_op_cost c;
-    c.flops = 4.0 * visible * n_heads * head_dim + 5.0 * visible * n_heads; /* + softmax */
-    /* q and out, plus the K and V rows of every position read once */
-    c.bytes = 8.0 * n_tok * n_heads * head_dim + 8.0 * (double)(pos0 + n_tok) * n_kv_heads * head_dim;
-    c.int8 = false;
-    return c;
-}
+#include "core/mem.h"
+#include "model/session.h"
 
 void nstf_prof_reset(nstf_prof *p) {
-    nstf_trace *t = p->trace;
-    memset(p, 0, sizeof *p);
-    p->trace = t;
+    memset(p->sites, 0, sizeof p->sites);
+    p->n_sites = 0;
+    p->dropped = 0;
+}
+
+/* ---- attached to a session ---------------------------------------------------------- */
+
+static void hook_begin(void *user, nstf_backend *be, const nstf_op_args *a) {
+    nstf_prof *p = user;
+    (void)a;
+    if (p->collected) { /* a new forward after a collect: records start afresh */
+        p->n_recs = 0;
+        p->collected = false;
+    }
+    p->k0 = be->vt->kernels(be);
+    if (p->n_recs < p->cap) (void)be->vt->mark(be, 2 * p->n_recs);
+}
+
+static void hook_end(void *user, nstf_backend *be, const nstf_op_args *a, nstf_status st) {
+    nstf_prof *p = user;
+    if (st != NSTF_OK) return;
+    if (p->n_recs >= p->cap) {
+        p->dropped++;
+        return;
+    }
+    (void)be->vt->mark(be, 2 * p->n_recs + 1);
+    if (p->n_recs == 0) p->host_t0 = nstf_now_ns();
+    nstf_prof_rec *r = &p->recs[p->n_recs++];
+    r->label = a->label ? a->label : nstf_op_name(a->op);
+    r->layer = a->layer;
+    r->op = a->op;
+    r->block = a->block;
+    r->cost = nstf_op_cost_of(a, be->int8_act);
+    r->kernels = be->vt->kernels(be) - p->k0;
+    r->t0_ns = r->t1_ns = 0;
+}
+
+nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap) {
+    nstf_backend *be = s->be;
+    if (cap < 1) cap = 4096;
+    nstf_backend_hooks *h = nstf_calloc(1, sizeof *h, "profiler hooks");
+    p->recs = nstf_calloc((size_t)cap, sizeof *p->recs, "profile records");
+    if (!h || !p->recs) {
+        nstf_free(h);
+        nstf_free(p->recs);
+        p->recs = NULL;
+        return NSTF_ERR_OOM;
+    }
+    NSTF_TRY(be->vt->marks_reserve(be, 2 * cap));
+    NSTF_TRY(be->vt->set_opt(be, NSTF_OPT_PROFILE, 1));
+    h->op_begin = hook_begin;
+    h->op_end = hook_end;
+    h->user = p;
+    p->hooks = h;
+    p->cap = cap;
+    p->n_recs = 0;
+    p->session = s;
+    if (!p->trace_cat) p->trace_cat = be->host_memory ? "op" : "gpu";
+    be->hooks = h;
+    return NSTF_OK;
+}
+
+nstf_status nstf_prof_collect(nstf_prof *p) {
+    nstf_backend *be = p->session->be;
+    for (int i = 0; i < p->n_recs; i++) {
+        nstf_prof_rec *r = &p->recs[i];
+        uint64_t a = 0, b = 0;
+        NSTF_TRY(be->vt->mark_ns(be, 0, 2 * i, &a));
+        NSTF_TRY(be->vt->mark_ns(be, 0, 2 * i + 1, &b));
+        r->t0_ns = p->host_t0 + a;
+        r->t1_ns = p->host_t0 + (b > a ? b : a);
+        nstf_prof_add(p, r->label, r->layer, r->cost, r->t0_ns, r->t1_ns);
+    }
+    p->collected = true;
+    return NSTF_OK;
+}
+
+void nstf_prof_detach(nstf_prof *p) {
+    if (p->session) {
+        nstf_backend *be = p->session->be;
+        if (be->hooks == p->hooks) be->hooks = NULL;
+        (void)be->vt->set_opt(be, NSTF_OPT_PROFILE, 0);
+    }
+    nstf_free(p->hooks);
+    nstf_free(p->recs);
+    p->hooks = NULL;
+    p->recs = NULL;
+    p->session = NULL;
+    p->n_recs = p->cap = 0;
 }
 
 void nstf_prof_end(nstf_prof *p, const char *label, int layer, nstf_op_cost cost, uint64_t t0) {
-    uint64_t t1 = nstf_now_ns();
+    nstf_prof_add(p, label, layer, cost, t0, nstf_now_ns());
+}
+
+void nstf_prof_add(nstf_prof *p, const char *label, int layer, nstf_op_cost cost, uint64_t t0, uint64_t t1) {
     nstf_prof_site *s = NULL;
     for (int i = 0; i < p->n_sites; i++)
         if (p->sites[i].label == label || !strcmp(p->sites[i].label, label)) {
@@ -89,5 +124,7 @@ void nstf_prof_end(nstf_prof *p, const char *label, int layer, nstf_op_cost cost
     s->bytes += cost.bytes;
     s->int8 = cost.int8;
     /* a failed append (out of memory) only loses trace detail, never the table */
-    if (p->trace) (void)nstf_trace_span(p->trace, label, "op", t0, t1, layer, cost.flops, cost.bytes);
+    if (p->trace)
+        (void)nstf_trace_span(p->trace, label, p->trace_cat ? p->trace_cat : "op", t0, t1, layer, cost.flops,
+                              cost.bytes);
 }

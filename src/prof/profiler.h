@@ -1,44 +1,24 @@
 /* profiler.h — per-op timing of the forward pass, with each op's FLOPs and
- * bytes from its shapes (the cost model), for the profile table, the
+ * bytes from the op table's cost model, for the profile table, the
  * roofline and the trace.
  *
- * The hook: the model code wraps every op call in NSTF_PROF_OP. When no
- * profiler is attached (cpu->prof == NULL) that is one predictable branch
- * and the cost expression is never evaluated, so the default path keeps
- * its speed. A GPU backend records its ops into the same nstf_prof with
- * event times. */
+ * The hook: nstf_prof_attach() installs hooks on a session's backend; the
+ * forward calls them around every op it dispatches, and they bracket the
+ * op with two of the backend's time marks (a clock read on the CPU, events
+ * on a GPU stream) and keep its label, layer, block, cost and kernel
+ * count. nstf_prof_collect() turns the marks of the forwards run since
+ * into per-site totals (and trace spans). Without a profiler attached the
+ * forward pays one branch per op. */
 #ifndef NSTF_PROF_PROFILER_H
 #define NSTF_PROF_PROFILER_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/dtype.h"
+#include "nstf.h"
+#include "ops/ops.h"
 #include "prof/timer.h"
 #include "prof/trace.h"
-
-/* FLOPs and bytes of one op call. Bytes are the op's compulsory traffic:
- * every input read once and every output written once (weights at their
- * stored size), which is what a roofline places an op by. int8 says the
- * op's arithmetic runs as int8 dot products (quantized matmul in the
- * default mode), so its compute ceiling is the int8 one. */
-typedef struct nstf_op_cost {
-    double flops;
-    double bytes;
-    bool int8;
-} nstf_op_cost;
-
-nstf_op_cost nstf_cost_get_rows(nstf_type type, int64_t n_tok, int64_t dim);
-nstf_op_cost nstf_cost_rmsnorm(int64_t n_tok, int64_t dim);
-nstf_op_cost nstf_cost_add(int64_t n);
-nstf_op_cost nstf_cost_swiglu(int64_t n);
-nstf_op_cost nstf_cost_rope(int64_t n_tok, int n_heads, int head_dim);
-/* y[n_tok, n_out] = x[n_tok, n_in] W^T; int8_act: activations quantized
- * to 8-bit blocks (the default CPU path for quantized W). */
-nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int64_t n_out, bool int8_act);
-/* Causal attention of n_tok queries at pos0.. over the cache (each token
- * sees pos0 + t + 1 positions): QK^T and PV are 2 FLOPs per MAC each. */
-nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
 
 enum { NSTF_PROF_MAX_SITES = 64 };
 
@@ -51,11 +31,31 @@ typedef struct nstf_prof_site {
     bool int8;
 } nstf_prof_site;
 
+/* One op call of the forwards since the last collect. */
+typedef struct nstf_prof_rec {
+    const char *label;
+    int layer;
+    nstf_op op;
+    nstf_block block;
+    nstf_op_cost cost;
+    int64_t kernels; /* the backend's kernels (CPU: ops) this call launched */
+    uint64_t t0_ns, t1_ns; /* filled by nstf_prof_collect, on the trace's clock */
+} nstf_prof_rec;
+
 typedef struct nstf_prof {
     nstf_prof_site sites[NSTF_PROF_MAX_SITES];
     int n_sites;
-    int64_t dropped;   /* calls at sites beyond NSTF_PROF_MAX_SITES */
+    int64_t dropped;   /* calls at sites beyond NSTF_PROF_MAX_SITES, or beyond the record capacity */
     nstf_trace *trace; /* optional, not owned: spans of every op call */
+    const char *trace_cat; /* the spans' category ("op"; "gpu" on a GPU) */
+    /* attached to a session: the records of the forwards since the last collect */
+    nstf_session *session;
+    nstf_prof_rec *recs; /* [cap] */
+    int n_recs, cap;
+    int64_t k0;          /* kernel count at the current op's start */
+    uint64_t host_t0;    /* host clock at the first record's mark */
+    bool collected;      /* the next op starts a new set of records */
+    void *hooks;         /* the installed hooks (owned) */
 } nstf_prof;
 
 void nstf_prof_reset(nstf_prof *p);
@@ -66,6 +66,21 @@ static inline uint64_t nstf_prof_begin(nstf_prof *p) {
 }
 /* Account one call that began at t0 (from nstf_prof_begin). */
 void nstf_prof_end(nstf_prof *p, const char *label, int layer, nstf_op_cost cost, uint64_t t0);
+/* Account one call that ran from t0 to t1 (ns). */
+void nstf_prof_add(nstf_prof *p, const char *label, int layer, nstf_op_cost cost, uint64_t t0, uint64_t t1);
+
+/* Attach to a session: every op of its following forwards is recorded
+ * (up to cap per collect, 0 = 4096; more are counted as dropped), and the
+ * backend runs without graphs or overlapped launches, so the marks
+ * bracket each op. */
+nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap);
+/* Turn the records since the last collect into site totals and trace
+ * spans; waits for the backend. The records stay readable in p->recs
+ * (p->n_recs of them) until the next forward, which starts afresh. */
+nstf_status nstf_prof_collect(nstf_prof *p);
+/* Detach (the backend's normal launches resume) and free the records. */
+void nstf_prof_detach(nstf_prof *p);
+
 
 /* Wrap one op call: `prof` is an nstf_prof pointer (may be NULL), `cost`
  * an nstf_op_cost expression evaluated only when profiling. */

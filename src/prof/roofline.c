@@ -15,6 +15,7 @@
 #endif
 
 #include "core/mem.h"
+#include "model/session.h"
 #include "prof/report.h"
 #include "prof/timer.h"
 
@@ -166,6 +167,36 @@ nstf_status nstf_roofline_measure(nstf_pool *pool, nstf_roofline *out) {
     dt = best_time(pool, int8_worker, pj, 3);
     out->int8_gops = INT8_OPS_PER_THREAD * out->n_threads / dt / 1e9;
     nstf_free(pj);
+    return NSTF_OK;
+}
+
+nstf_status nstf_roofline_for_session(nstf_session *s, const char *cache, bool remeasure, FILE *log,
+                                      nstf_roofline *out) {
+    nstf_backend *be = s->be;
+    nstf_pool *pool = nstf_backend_cpu_pool(be);
+    char key[sizeof out->cpu];
+    int n_threads = pool ? nstf_pool_size(pool) : 0;
+    if (pool) {
+        nstf_cpu_info(key, sizeof key);
+    } else { /* "GPU 0: NVIDIA H100 80GB HBM3, sm_90, ...": the name, not the free memory */
+        snprintf(key, sizeof key, "%.127s", be->device);
+        char *comma = strchr(key, ',');
+        if (comma) *comma = 0;
+    }
+    if (!remeasure && nstf_roofline_load(cache, key, n_threads, out) == NSTF_OK) return NSTF_OK;
+    if (pool) {
+        if (log)
+            fprintf(log, "nstf: measuring roofline ceilings (copy bandwidth, fp32 FMA, int8 dot) on %d threads...\n",
+                    n_threads);
+        NSTF_TRY(nstf_roofline_measure(pool, out));
+    } else {
+        if (log) fprintf(log, "nstf: measuring GPU roofline (device copy bandwidth, bf16 GEMM 8192^3)...\n");
+        memset(out, 0, sizeof *out);
+        snprintf(out->cpu, sizeof out->cpu, "%s", key);
+        NSTF_TRY(nstf_backend_gpu_peaks(be, &out->mem_gbs, &out->fp32_gflops));
+        out->int8_gops = out->fp32_gflops;
+    }
+    if (nstf_roofline_save(cache, out) != NSTF_OK && log) fprintf(log, "nstf: warning: %s\n", nstf_last_error());
     return NSTF_OK;
 }
 

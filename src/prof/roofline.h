@@ -1,4 +1,4 @@
-/* roofline.h — measured CPU ceilings and the roofline model.
+/* roofline.h — measured device ceilings and the roofline model.
  *
  * Ceilings are measured, never quoted: memory bandwidth by a threaded copy
  * of buffers far larger than the last-level cache (bytes read + written per
@@ -13,8 +13,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <stdio.h>
+
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "nstf.h"
 
 typedef struct nstf_roofline {
     double mem_gbs;     /* GB/s (1e9 bytes) */
@@ -26,6 +29,14 @@ typedef struct nstf_roofline {
 
 /* Run the three measurements on the pool's threads (about a second). */
 nstf_status nstf_roofline_measure(nstf_pool *pool, nstf_roofline *out);
+
+/* The ceilings of the device a session runs on, from the cache when it
+ * holds them for this device (and thread count), else measured and cached:
+ * a CPU's three measurements on its threads; a GPU's device copy
+ * bandwidth and bf16 matrix rate (stored as both compute ceilings). A line
+ * on `log` says when it measures. */
+nstf_status nstf_roofline_for_session(nstf_session *s, const char *cache, bool remeasure, FILE *log,
+                                      nstf_roofline *out);
 
 /* Default cache file: $XDG_CACHE_HOME/nstf/roofline.json or
  * ~/.cache/nstf/roofline.json. */

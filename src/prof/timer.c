@@ -1,13 +1,5 @@
-/* timer.c — the monotonic clock and the CPU backend's timer. */
+/* timer.c — the CPU backend's timer (a monotonic clock). */
 #include "prof/timer.h"
-
-#include <time.h>
-
-uint64_t nstf_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static nstf_status cpu_start(nstf_timer *t) {
     t->t0 = nstf_now_ns();

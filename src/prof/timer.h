@@ -8,10 +8,8 @@
 
 #include <stdint.h>
 
+#include "core/clock.h"
 #include "core/status.h"
-
-/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
-uint64_t nstf_now_ns(void);
 
 typedef struct nstf_timer nstf_timer;
 struct nstf_timer {

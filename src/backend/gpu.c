@@ -26,7 +26,7 @@
  * Compiled only with a GPU backend. */
 #if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
 
-#include "model/llama_gpu.h"
+#include "backend/gpu_old.h"
 
 #include <math.h>
 #include <stdio.h>

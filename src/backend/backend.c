@@ -1,0 +1,50 @@
+/* backend.c — what is shared by every backend: matrix groups, and the one
+ * place that knows whether this build has a GPU backend (the GPU entry
+ * points of backend.h answer "none" in a CPU-only build). */
+#include "backend/backend.h"
+
+#include <stdio.h>
+
+#include "core/mem.h"
+
+bool nstf_matrix_group_span(const nstf_matrix *const *w, int n_w, nstf_matrix *span) {
+    if (n_w < 1) return false;
+    *span = *w[0];
+    for (int i = 1; i < n_w; i++) {
+        uint64_t rb = 0, bytes = 0;
+        const nstf_matrix *prev = w[i - 1];
+        if (w[i]->type != w[0]->type || w[i]->n_in != w[0]->n_in || !nstf_type_row_bytes(prev->type, prev->n_in, &rb) ||
+            !nstf_mul_ok(rb, (uint64_t)prev->n_out, &bytes))
+            return false;
+        /* adjacent, and the joint rows stay 16-byte aligned for vector loads */
+        if ((const unsigned char *)prev->data + bytes != (const unsigned char *)w[i]->data || bytes % 16 != 0)
+            return false;
+        span->n_out += w[i]->n_out;
+    }
+    return true;
+}
+
+#if !defined(NSTF_HAVE_CUDA) && !defined(NSTF_HAVE_HIP)
+
+bool nstf_backend_gpu_built(void) { return false; }
+const char *nstf_backend_gpu_runtime(void) { return NULL; }
+int nstf_backend_gpu_count(void) { return 0; }
+
+nstf_status nstf_backend_gpu_line(int dev, char *buf, size_t cap) {
+    snprintf(buf, cap, "no GPU backend in this build");
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU %d: this build has no GPU backend", dev);
+}
+
+nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
+    *out = NULL;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                          "GPU %d: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)", dev);
+}
+
+nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops) {
+    (void)be;
+    *copy_gbs = *matrix_gflops = 0;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+
+#endif

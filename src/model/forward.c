@@ -1,0 +1,258 @@
+/* forward.c — the Llama forward, written once for every backend.
+ *
+ *   x = embed(tokens)
+ *   for each layer:
+ *       q, k, v = rope(rmsnorm(x) [Wq; Wk; Wv])      one matmul op (norm, RoPE fused)
+ *       a = attention(q, k, v, cache)                 writes k, v into the cache
+ *       x += a Wo                                     one matmul op (residual fused)
+ *       h = silu(rmsnorm(x) Wg) * (rmsnorm(x) Wu)     one matmul op (norm, SwiGLU fused)
+ *       x += h Wd                                     one matmul op (residual fused)
+ *   logits = rmsnorm(x) Wout                          one matmul op (norm fused)
+ *
+ * Each fused matmul is one op of the table with fusion flags. A backend
+ * that runs it as one kernel says so through can_fuse; otherwise the
+ * forward runs the separate ops here (rmsnorm, matmul, rope / swiglu), and
+ * a residual add is carried to the next norm, which adds it on its way
+ * (x += y; rmsnorm(x)): the order of the reference forward, so every
+ * backend's unfused path computes what its fused one does. */
+#include <math.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "model/llama.h"
+
+typedef struct fwd {
+    nstf_llama_run *r;
+    nstf_backend *be;
+    const nstf_llama_config *c;
+    const nstf_batch *b;
+    nstf_batch_io io;
+    int64_t n;
+    float *pending; /* a block output (r->s.y) not yet added into x */
+} fwd;
+
+static nstf_view f32_rows(float *p, int64_t stride) { return (nstf_view){p, NSTF_TYPE_F32, stride}; }
+static nstf_view act_rows(const fwd *f, void *p, int64_t stride) { return (nstf_view){p, f->be->act_type, stride}; }
+
+static nstf_status run(fwd *f, const nstf_op_args *a) { return nstf_backend_op(f->be, a); }
+
+/* A matmul op with its fusion flags: one op where the backend fuses it,
+ * else the ops it stands for. a->matmul.out holds the group's views. */
+static nstf_status matmul(fwd *f, nstf_op_args *a) {
+    const nstf_llama_state *s = &f->r->s;
+    const int64_t n = a->matmul.n, n_in = a->matmul.w[0]->n_in;
+    if (f->be->vt->can_fuse(f->be, a)) {
+        if (a->matmul.norm_x && f->pending) { /* a fused norm reads x: add the carried output first */
+            nstf_op_args add = {.op = NSTF_OP_ADD, .label = "add", .layer = a->layer, .block = a->block};
+            add.add.x = (float *)a->matmul.norm_x;
+            add.add.y = f->pending + (a->matmul.norm_x - s->x);
+            add.add.n = n * n_in;
+            NSTF_TRY(run(f, &add));
+            f->pending = NULL;
+        }
+        return run(f, a);
+    }
+    nstf_op_args mm = *a;
+    mm.matmul.epi = NSTF_MM_STORE;
+    mm.matmul.norm_x = NULL;
+    if (a->matmul.norm_x) {
+        nstf_op_args norm = {.op = NSTF_OP_RMSNORM, .layer = a->layer, .block = a->block};
+        norm.label = f->pending ? "add_rmsnorm" : "rmsnorm";
+        norm.rmsnorm.x = (float *)a->matmul.norm_x;
+        norm.rmsnorm.res = f->pending ? f->pending + (a->matmul.norm_x - s->x) : NULL;
+        norm.rmsnorm.w = a->matmul.norm_w;
+        norm.rmsnorm.y = act_rows(f, s->xb, n_in);
+        norm.rmsnorm.n = n;
+        norm.rmsnorm.dim = n_in;
+        norm.rmsnorm.eps = a->matmul.eps;
+        NSTF_TRY(run(f, &norm));
+        f->pending = NULL;
+        mm.matmul.x = norm.rmsnorm.y;
+    }
+    if (a->matmul.epi == NSTF_MM_ACCUM) mm.matmul.out[0] = f32_rows(s->y, a->matmul.w[0]->n_out);
+    NSTF_TRY(run(f, &mm));
+    switch (a->matmul.epi) {
+    case NSTF_MM_ROPE: {
+        nstf_op_args rope = {.op = NSTF_OP_ROPE, .label = "rope", .layer = a->layer, .block = a->block};
+        rope.rope.q = a->matmul.out[0];
+        rope.rope.k = a->matmul.out[1];
+        rope.rope.n = n;
+        rope.rope.r = a->matmul.rope;
+        return run(f, &rope);
+    }
+    case NSTF_MM_SWIGLU: {
+        nstf_op_args sw = {.op = NSTF_OP_SWIGLU, .label = "swiglu", .layer = a->layer, .block = a->block};
+        sw.swiglu.gate = a->matmul.out[0];
+        sw.swiglu.up = a->matmul.out[1];
+        sw.swiglu.y = a->matmul.act;
+        sw.swiglu.n = n;
+        sw.swiglu.n_ff = a->matmul.w[0]->n_out;
+        return run(f, &sw);
+    }
+    case NSTF_MM_ACCUM:
+        f->pending = s->y; /* the next norm adds it */
+        return NSTF_OK;
+    case NSTF_MM_STORE: return NSTF_OK;
+    }
+    return NSTF_OK;
+}
+
+static nstf_op_args mm_args(const char *label, int layer, nstf_block block, int64_t n) {
+    nstf_op_args a = {.op = NSTF_OP_MATMUL, .label = label, .layer = layer, .block = block};
+    a.matmul.n = n;
+    return a;
+}
+
+/* The group's matrices and their output views in buf (the backend's layout). */
+static void group(fwd *f, nstf_op_args *a, const nstf_matrix *w0, const nstf_matrix *w1, const nstf_matrix *w2,
+                  void *buf) {
+    const nstf_matrix *w[3] = {w0, w1, w2};
+    a->matmul.n_w = w2 ? 3 : w1 ? 2 : 1;
+    for (int i = 0; i < a->matmul.n_w; i++) a->matmul.w[i] = w[i];
+    f->be->vt->place(f->be, a->matmul.w, a->matmul.n_w, a->matmul.n, buf, a->matmul.out);
+}
+
+static nstf_status layers(fwd *f) {
+    const nstf_llama_config *c = f->c;
+    const nstf_llama_weights *w = &f->r->w;
+    nstf_llama_state *s = &f->r->s;
+    const int64_t n = f->n, dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd,
+                  kvd = (int64_t)c->n_kv_heads * hd;
+    uint64_t kv_es = 0;
+    (void)nstf_type_row_bytes(f->be->kv_type, 1, &kv_es);
+    const uint64_t layer_cache = (uint64_t)s->n_seq * (uint64_t)s->n_ctx * (uint64_t)kvd * kv_es;
+    const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode};
+    f->pending = NULL;
+
+    nstf_op_args e = {.op = NSTF_OP_GET_ROWS, .label = "embed", .layer = -1};
+    e.get_rows.table = &w->tok_embd;
+    e.get_rows.ids = f->io.ids;
+    e.get_rows.out = f32_rows(s->x, dim);
+    e.get_rows.n = n;
+    NSTF_TRY(run(f, &e));
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &w->layers[l];
+        /* attention block */
+        nstf_op_args qkv = mm_args("qkv_proj", l, NSTF_BLOCK_ATTN, n);
+        group(f, &qkv, &L->wq, &L->wk, &L->wv, s->qkv);
+        qkv.matmul.norm_x = s->x;
+        qkv.matmul.norm_w = L->attn_norm;
+        qkv.matmul.eps = c->norm_eps;
+        qkv.matmul.epi = NSTF_MM_ROPE;
+        qkv.matmul.rope = rope;
+        NSTF_TRY(matmul(f, &qkv));
+
+        nstf_op_args at = {.op = NSTF_OP_ATTENTION, .label = "attention", .layer = l, .block = NSTF_BLOCK_ATTN};
+        at.attention.q = qkv.matmul.out[0];
+        at.attention.k = qkv.matmul.out[1];
+        at.attention.v = qkv.matmul.out[2];
+        at.attention.k_cache = (char *)s->k_cache + l * layer_cache;
+        at.attention.v_cache = (char *)s->v_cache + l * layer_cache;
+        at.attention.out = act_rows(f, s->att, qd);
+        at.attention.pos = f->io.pos;
+        at.attention.seq = f->io.seq;
+        at.attention.n = n;
+        at.attention.n_ctx = s->n_ctx;
+        at.attention.pos0 = -1;
+        at.attention.n_heads = c->n_heads;
+        at.attention.n_kv_heads = c->n_kv_heads;
+        at.attention.head_dim = c->head_dim;
+        at.attention.scale = 1.0f / sqrtf((float)hd);
+        if (!f->b->seq || f->b->seq[0] == 0) {
+            bool run1 = true;
+            for (int64_t t = 1; t < n && run1; t++)
+                run1 = f->b->pos[t] == f->b->pos[t - 1] + 1 && (!f->b->seq || f->b->seq[t] == f->b->seq[0]);
+            if (run1) at.attention.pos0 = f->b->pos[0];
+        }
+        NSTF_TRY(run(f, &at));
+
+        nstf_op_args o = mm_args("o_proj", l, NSTF_BLOCK_ATTN, n);
+        group(f, &o, &L->wo, NULL, NULL, s->y);
+        o.matmul.x = act_rows(f, s->att, qd);
+        o.matmul.epi = NSTF_MM_ACCUM;
+        o.matmul.res = s->x;
+        NSTF_TRY(matmul(f, &o));
+
+        /* feed-forward block */
+        nstf_op_args gu = mm_args("gate_up_proj", l, NSTF_BLOCK_FFN, n);
+        group(f, &gu, &L->w_gate, &L->w_up, NULL, s->h);
+        gu.matmul.norm_x = s->x;
+        gu.matmul.norm_w = L->ffn_norm;
+        gu.matmul.eps = c->norm_eps;
+        gu.matmul.epi = NSTF_MM_SWIGLU;
+        gu.matmul.act = act_rows(f, s->hs, c->ffn_dim);
+        NSTF_TRY(matmul(f, &gu));
+
+        nstf_op_args d = mm_args("down_proj", l, NSTF_BLOCK_FFN, n);
+        group(f, &d, &L->w_down, NULL, NULL, s->y);
+        d.matmul.x = gu.matmul.act;
+        d.matmul.epi = NSTF_MM_ACCUM;
+        d.matmul.res = s->x;
+        NSTF_TRY(matmul(f, &d));
+    }
+
+    /* final norm and logits: of every token, or of the last one only */
+    const int64_t first = f->b->all_logits ? 0 : n - 1, rows = n - first;
+    nstf_op_args lg = mm_args("logits", -1, NSTF_BLOCK_OTHER, rows);
+    group(f, &lg, &w->output, NULL, NULL, s->logits);
+    lg.matmul.norm_x = s->x + first * dim;
+    lg.matmul.norm_w = w->out_norm;
+    lg.matmul.eps = c->norm_eps;
+    lg.matmul.epi = NSTF_MM_STORE;
+    NSTF_TRY(matmul(f, &lg));
+
+    if (f->b->argmax) {
+        nstf_op_args am = {.op = NSTF_OP_ARGMAX, .label = "argmax", .layer = -1};
+        am.argmax.x = f32_rows(s->logits + (rows - 1) * (int64_t)c->n_vocab, c->n_vocab);
+        am.argmax.out = s->argmax;
+        am.argmax.n_rows = 1;
+        am.argmax.n = c->n_vocab;
+        NSTF_TRY(run(f, &am));
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
+    const nstf_llama_config *c = &r->m->cfg;
+    const nstf_llama_state *s = &r->s;
+    if (b->n < 1 || b->n > s->n_batch)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", b->n, s->n_batch);
+    if (argmax && !b->argmax)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: a greedy token asked for without batch.argmax");
+    for (int t = 0; t < b->n; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab)
+            return nstf_set_error(NSTF_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
+                                  c->n_vocab - 1);
+        if (b->pos[t] < 0 || b->pos[t] >= s->n_ctx)
+            return nstf_set_error(NSTF_ERR_RANGE, "position %d exceeds the context of %d tokens", b->pos[t], s->n_ctx);
+        if (b->seq && (b->seq[t] < 0 || b->seq[t] >= s->n_seq))
+            return nstf_set_error(NSTF_ERR_RANGE, "sequence %d is not one of the %d slots", b->seq[t], s->n_seq);
+    }
+    fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
+    const int64_t rows = b->all_logits ? b->n : 1;
+    const nstf_fwd_out out = {s->logits, rows, c->n_vocab, b->argmax ? s->argmax : NULL, logits, argmax};
+    for (int attempt = 0;; attempt++) {
+        bool replayed = false, retry = false;
+        NSTF_TRY(r->be->vt->begin(r->be, b, &f.io, &replayed));
+        nstf_status st = replayed ? NSTF_OK : layers(&f);
+        st = r->be->vt->end(r->be, b, st, &out, &retry);
+        if (!retry || attempt > 0) return st;
+    }
+}
+
+nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax) {
+    if (n < 1 || n > r->s.n_batch)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", n, r->s.n_batch);
+    if (pos0 < 0 || pos0 + n > r->s.n_ctx)
+        return nstf_set_error(NSTF_ERR_RANGE, "positions %d..%d exceed the context of %d tokens", pos0, pos0 + n - 1,
+                              r->s.n_ctx);
+    int32_t pbuf[256], *pos = n <= 256 ? pbuf : nstf_alloc((size_t)n * sizeof(int32_t), "positions");
+    if (!pos) return NSTF_ERR_OOM;
+    for (int t = 0; t < n; t++) pos[t] = pos0 + t;
+    const nstf_batch b = {tokens, pos, NULL, n, all_logits, argmax != NULL};
+    nstf_status st = nstf_llama_forward(r, &b, logits, argmax);
+    if (pos != pbuf) nstf_free(pos);
+    return st;
+}

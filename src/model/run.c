@@ -1,0 +1,309 @@
+/* run.c — a model placed on a backend: the weights in its memory (one
+ * allocation carved by a size table, or the file's mapping itself on a
+ * host backend), the run state (activations and KV cache, a second
+ * allocation carved by a size table) and the backend's own workspace,
+ * all planned and checked against the free memory before anything is
+ * allocated. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "model/llama.h"
+
+#define ALIGN 256u
+
+/* A carve: entries placed one after another, each ALIGN-aligned. */
+typedef struct carve {
+    uint64_t off;
+    bool ok;
+} carve;
+
+static uint64_t carve_take(carve *c, uint64_t bytes) {
+    uint64_t at = c->off, r;
+    if (!c->ok || !nstf_add_ok(bytes, ALIGN - 1, &r) || !nstf_add_ok(c->off, r & ~(uint64_t)(ALIGN - 1), &c->off))
+        c->ok = false;
+    return at;
+}
+
+static bool mat_bytes(const nstf_matrix *m, uint64_t *out) {
+    uint64_t rb;
+    return nstf_type_row_bytes(m->type, m->n_in, &rb) && nstf_mul_ok(rb, (uint64_t)m->n_out, out);
+}
+
+/* ---- weights --------------------------------------------------------------------- */
+
+typedef struct placer {
+    nstf_backend *be;
+    char *base; /* NULL: sizes only */
+    carve cv;
+    nstf_status st;
+} placer;
+
+static void put(placer *p, uint64_t off, const void *src, uint64_t bytes) {
+    if (p->base && p->cv.ok && p->st == NSTF_OK) p->st = p->be->vt->upload(p->be, p->base + off, src, bytes);
+}
+
+static void view(placer *p, nstf_matrix *dst, const nstf_matrix *src, uint64_t off) {
+    if (!p->base) return;
+    *dst = *src;
+    dst->data = p->base + off;
+}
+
+/* Matrices that share a type are placed back to back (Q|K|V, gate|up), so
+ * a backend can run each group as one matmul (nstf_matrix_group_span). */
+static void put_group(placer *p, const nstf_matrix *const *src, nstf_matrix *const *dst, int n) {
+    uint64_t b[NSTF_MM_MAX_GROUP];
+    bool adjacent = true;
+    for (int i = 0; i < n; i++) {
+        if (!mat_bytes(src[i], &b[i])) {
+            p->cv.ok = false;
+            return;
+        }
+        if (i > 0 && (src[i]->type != src[0]->type || b[i - 1] % 16 != 0)) adjacent = false;
+    }
+    uint64_t off[NSTF_MM_MAX_GROUP];
+    if (adjacent) {
+        uint64_t sum = 0;
+        for (int i = 0; i < n; i++) sum += b[i];
+        off[0] = carve_take(&p->cv, sum);
+        for (int i = 1; i < n; i++) off[i] = off[i - 1] + b[i - 1];
+    } else {
+        for (int i = 0; i < n; i++) off[i] = carve_take(&p->cv, b[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        put(p, off[i], src[i]->data, b[i]);
+        view(p, dst[i], src[i], off[i]);
+    }
+}
+
+static void put_norm(placer *p, const float *src, int64_t dim, const float **dst) {
+    const uint64_t bytes = (uint64_t)dim * sizeof(float);
+    uint64_t off = carve_take(&p->cv, bytes);
+    put(p, off, src, bytes);
+    if (p->base) *dst = (const float *)(p->base + off);
+}
+
+/* The weights' size table; with p->base also upload them and fill w. */
+static nstf_status weights_place(placer *p, const nstf_llama *m, nstf_llama_weights *w, uint64_t *total) {
+    const nstf_llama_config *c = &m->cfg;
+    const nstf_matrix *te = &m->w.tok_embd;
+    nstf_matrix *te_dst = &w->tok_embd;
+    put_group(p, &te, &te_dst, 1);
+    for (int l = 0; p->cv.ok && l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &m->w.layers[l];
+        nstf_llama_layer *D = &w->layers[l];
+        put_norm(p, L->attn_norm, c->dim, &D->attn_norm);
+        put_norm(p, L->ffn_norm, c->dim, &D->ffn_norm);
+        const nstf_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *o = &L->wo, *gu[2] = {&L->w_gate, &L->w_up},
+                          *dn = &L->w_down;
+        nstf_matrix *qkv_d[3] = {&D->wq, &D->wk, &D->wv}, *o_d = &D->wo, *gu_d[2] = {&D->w_gate, &D->w_up},
+                    *dn_d = &D->w_down;
+        put_group(p, qkv, qkv_d, 3);
+        put_group(p, &o, &o_d, 1);
+        put_group(p, gu, gu_d, 2);
+        put_group(p, &dn, &dn_d, 1);
+    }
+    put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
+    if (c->tied_output) {
+        if (p->base) w->output = w->tok_embd;
+    } else {
+        const nstf_matrix *out = &m->w.output;
+        nstf_matrix *out_d = &w->output;
+        put_group(p, &out, &out_d, 1);
+    }
+    if (!p->cv.ok) return nstf_set_error(NSTF_ERR_RANGE, "the weight table overflows or has a bad row size");
+    *total = p->cv.off;
+    return p->st;
+}
+
+/* Whether put_group places these matrices back to back. */
+static bool placed_adjacent(const nstf_matrix *const *w, int n) {
+    for (int i = 1; i < n; i++) {
+        uint64_t b;
+        if (w[i]->type != w[0]->type || !mat_bytes(w[i - 1], &b) || b % 16 != 0) return false;
+    }
+    return true;
+}
+
+/* One entry per matmul: a group as one matrix where it is (or, with
+ * as_placed, where put_group will make it) adjacent. */
+static int matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap, bool as_placed) {
+    int n = 0;
+#define ADD(m) do { if (n < cap) out[n] = (m); n++; } while (0)
+    for (int l = 0; l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &w->layers[l];
+        const nstf_matrix *g[2][3] = {{&L->wq, &L->wk, &L->wv}, {&L->w_gate, &L->w_up, NULL}};
+        for (int k = 0; k < 2; k++) {
+            const int gn = k ? 2 : 3;
+            nstf_matrix span = *g[k][0];
+            bool one = as_placed ? placed_adjacent(g[k], gn) : nstf_matrix_group_span(g[k], gn, &span);
+            if (one && as_placed)
+                for (int i = 1; i < gn; i++) span.n_out += g[k][i]->n_out;
+            if (one) ADD(span);
+            else for (int i = 0; i < gn; i++) ADD(*g[k][i]);
+            ADD(k ? L->w_down : L->wo);
+        }
+    }
+    ADD(w->output);
+#undef ADD
+    return n;
+}
+
+int nstf_llama_matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap) {
+    return matmuls(w, c, out, cap, false);
+}
+
+/* ---- run state ------------------------------------------------------------------------- */
+
+/* The run state's size table; with base also carve the pointers. */
+static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, const nstf_backend *be, char *base,
+                              uint64_t *total) {
+    uint64_t act = 0, kv = 0;
+    (void)nstf_type_row_bytes(be->act_type, 1, &act);
+    (void)nstf_type_row_bytes(be->kv_type, 1, &kv);
+    const uint64_t B = (uint64_t)s->n_batch, dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
+                   kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim, V = (uint64_t)c->n_vocab;
+    uint64_t sz[12] = {0}, cache = 0;
+    bool ok = nstf_mul_ok(B * 4, dim, &sz[0]) &&                    /* x */
+              nstf_mul_ok(B * act, dim, &sz[2]) &&                  /* xb */
+              nstf_mul_ok(B * act, qd + 2 * kvd, &sz[3]) &&         /* qkv */
+              nstf_mul_ok(B * act, qd, &sz[4]) &&                   /* att */
+              nstf_mul_ok(B * act, 2 * ffn, &sz[5]) &&              /* h */
+              nstf_mul_ok(B * act, ffn, &sz[6]) &&                  /* hs */
+              nstf_mul_ok(B * 4, V, &sz[7]) &&                      /* logits */
+              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)s->n_seq, (uint64_t)s->n_ctx, &cache) &&
+              nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
+    sz[1] = sz[0];  /* y */
+    sz[8] = 16;     /* argmax */
+    sz[10] = sz[9]; /* v_cache */
+    carve cv = {0, ok};
+    uint64_t off[11];
+    for (int i = 0; i < 11; i++) off[i] = carve_take(&cv, sz[i]);
+    if (!cv.ok)
+        return nstf_set_error(NSTF_ERR_RANGE, "the run state for context %d, batch %d and %d sequences overflows",
+                              s->n_ctx, s->n_batch, s->n_seq);
+    *total = cv.off;
+    s->kv_bytes = 2 * sz[9];
+    if (!base) return NSTF_OK;
+    s->x = (float *)(base + off[0]);
+    s->y = (float *)(base + off[1]);
+    s->xb = base + off[2];
+    s->qkv = base + off[3];
+    s->att = base + off[4];
+    s->h = base + off[5];
+    s->hs = base + off[6];
+    s->logits = (float *)(base + off[7]);
+    s->argmax = (int32_t *)(base + off[8]);
+    s->k_cache = base + off[9];
+    s->v_cache = base + off[10];
+    return NSTF_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+static double mib(uint64_t b) { return (double)b / (1 << 20); }
+static double gib(uint64_t b) { return (double)b / (1u << 30); }
+
+void nstf_llama_run_free(nstf_llama_run *r) {
+    if (!r) return;
+    if (r->be) {
+        (void)r->be->vt->sync(r->be);
+        if (r->s.block) r->be->vt->free(r->be, r->s.block);
+        if (r->wblock) r->be->vt->free(r->be, r->wblock);
+    }
+    if (r->w.layers != r->m->w.layers) nstf_free(r->w.layers);
+    nstf_free(r);
+}
+
+nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                  nstf_llama_run **out) {
+    *out = NULL;
+    const nstf_llama_config *c = &m->cfg;
+    if (n_ctx < 1 || n_batch < 1 || n_seq < 1)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d), batch (%d) and sequences (%d) must be positive",
+                              n_ctx, n_batch, n_seq);
+    if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;
+    nstf_llama_run *r = nstf_calloc(1, sizeof *r, "model run");
+    if (!r) return NSTF_ERR_OOM;
+    r->m = m;
+    r->be = be;
+    r->s.n_ctx = n_ctx;
+    r->s.n_batch = n_batch;
+    r->s.n_seq = n_seq;
+
+    /* plan: weights, run state, workspace */
+    nstf_status st = NSTF_OK;
+    placer p = {be, NULL, {0, true}, NSTF_OK};
+    if (be->host_memory) {
+        r->w = m->w;
+        const nstf_gguf *g = m->file;
+        for (uint64_t i = 0; g && i < g->n_tensors; i++) r->wbytes += g->tensors[i].n_bytes;
+        r->wbytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); /* fp32 norms */
+    } else {
+        r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
+        if (!r->w.layers) st = NSTF_ERR_OOM;
+        if (st == NSTF_OK) st = weights_place(&p, m, &r->w, &r->wbytes);
+    }
+    uint64_t sbytes = 0, ws = 0;
+    if (st == NSTF_OK) st = state_plan(&r->s, c, be, NULL, &sbytes);
+    nstf_matrix *mats = NULL;
+    const int n_mats = 7 * c->n_layers + 1; /* every matrix on its own: the most there can be */
+    nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
+                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0};
+    if (st == NSTF_OK) {
+        mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
+        if (!mats) st = NSTF_ERR_OOM;
+    }
+    if (st == NSTF_OK) {
+        /* sizes only here: the groups as they will be placed */
+        bp.mats = mats;
+        bp.n_mats = matmuls(&m->w, c, mats, n_mats, !be->host_memory);
+        st = be->vt->plan(be, &bp, &ws);
+    }
+    if (st == NSTF_OK) {
+        nstf_backend_mem mem;
+        be->vt->mem(be, &mem);
+        const uint64_t wneed = be->host_memory ? 0 : r->wbytes, need = wneed + sbytes + ws + mem.reserve;
+        if (mem.free && need > mem.free) {
+            if (be->host_memory)
+                st = nstf_set_error(NSTF_ERR_OOM,
+                                    "activations and KV cache for context %d need %.1f MiB but only %.1f MiB of host "
+                                    "memory is available; try a smaller -c",
+                                    n_ctx, mib(sbytes + ws), mib(mem.free));
+            else
+                st = nstf_set_error(NSTF_ERR_OOM,
+                                    "out of GPU memory: the model needs %.2f GiB on %s (weights %.2f, activations and "
+                                    "KV cache for context %d %.2f, workspace %.2f, reserve %.2f) but %.2f GiB of %.2f "
+                                    "are free; try a smaller -c or a quantized model",
+                                    gib(need), be->device, gib(wneed), n_ctx, gib(sbytes), gib(ws), gib(mem.reserve),
+                                    gib(mem.free), gib(mem.total));
+        }
+    }
+    /* allocate and upload */
+    if (st == NSTF_OK && !be->host_memory) st = be->vt->alloc(be, r->wbytes, &r->wblock);
+    if (st == NSTF_OK && !be->host_memory) {
+        p = (placer){be, r->wblock, {0, true}, NSTF_OK};
+        st = weights_place(&p, m, &r->w, &r->wbytes);
+    }
+    if (st == NSTF_OK) st = be->vt->alloc(be, sbytes, &r->s.block);
+    if (st == NSTF_OK) {
+        r->s.block_bytes = sbytes;
+        st = state_plan(&r->s, c, be, r->s.block, &sbytes);
+    }
+    /* a device's empty cache reads as zeros, never as NaN from stale memory
+     * (host pages are left untouched until used: attention never reads a
+     * position no token wrote) */
+    if (st == NSTF_OK && !be->host_memory) st = be->vt->zero(be, r->s.block, sbytes);
+    if (st == NSTF_OK) {
+        bp.n_mats = matmuls(&r->w, c, mats, n_mats, false);
+        st = be->vt->prepare(be, &bp);
+    }
+    if (st == NSTF_OK) st = be->vt->sync(be);
+    nstf_free(mats);
+    if (st != NSTF_OK) {
+        nstf_llama_run_free(r);
+        return st;
+    }
+    *out = r;
+    return NSTF_OK;
+}

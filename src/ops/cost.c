@@ -1,0 +1,140 @@
+/* cost.c — the op table's cost model: FLOPs and compulsory bytes of every
+ * op call from its arguments (fusions included), for profiles, rooflines
+ * and traces. Activation bytes follow the views' element types, so one
+ * model serves the fp32 CPU path and the bf16 GPU path. */
+#include "ops/ops.h"
+
+static double esize(nstf_type t) {
+    uint64_t b;
+    return nstf_type_row_bytes(t, 1, &b) ? (double)b : 4.0;
+}
+
+static double row_bytes(nstf_type type, int64_t n) {
+    uint64_t b;
+    return nstf_type_row_bytes(type, n, &b) ? (double)b : 4.0 * (double)n;
+}
+
+static bool is_quantized(nstf_type t) { return nstf_type_block_elems(t) > 1; }
+
+nstf_op_cost nstf_cost_get_rows(nstf_type type, int64_t n_tok, int64_t dim) {
+    /* one dequantize multiply per element; reads the rows, writes fp32 */
+    nstf_op_cost c = {(double)n_tok * dim, (double)n_tok * (row_bytes(type, dim) + 4.0 * dim + 4.0), false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_rmsnorm(int64_t n_tok, int64_t dim) {
+    /* x^2 and sum (2), scale and weight (2) per element */
+    nstf_op_cost c = {4.0 * n_tok * dim, 4.0 * (2.0 * n_tok * dim + dim), false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_add(int64_t n) {
+    nstf_op_cost c = {(double)n, 12.0 * n, false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_swiglu(int64_t n) {
+    /* silu(g) * u: exp, add, divide, two multiplies ~ 5 */
+    nstf_op_cost c = {5.0 * n, 12.0 * n, false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_rope(int64_t n_tok, int n_heads, int head_dim) {
+    /* per rotated pair: 4 multiplies and 2 adds; in place read + write */
+    double elems = (double)n_tok * n_heads * head_dim;
+    nstf_op_cost c = {3.0 * elems, 8.0 * elems + 4.0 * n_tok, false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int64_t n_out, bool int8_act) {
+    nstf_op_cost c;
+    c.flops = 2.0 * n_tok * n_in * n_out;
+    c.bytes = (double)n_out * row_bytes(wtype, n_in) + 4.0 * n_tok * (n_in + n_out);
+    c.int8 = int8_act && is_quantized(wtype);
+    return c;
+}
+
+nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim) {
+    /* sum over t of (pos0 + t + 1) visible positions */
+    double visible = (double)n_tok * pos0 + (double)n_tok * (n_tok + 1) / 2.0;
+    nstf_op_cost c;
+    c.flops = 4.0 * visible * n_heads * head_dim + 5.0 * visible * n_heads; /* + softmax */
+    /* q and out, plus the K and V rows of every position read once */
+    c.bytes = 8.0 * n_tok * n_heads * head_dim + 8.0 * (double)(pos0 + n_tok) * n_kv_heads * head_dim;
+    c.int8 = false;
+    return c;
+}
+
+
+nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n) {
+    nstf_op_cost c = {(double)n_rows * n, 4.0 * (double)n_rows * (n + 1), false};
+    return c;
+}
+
+static void cost_add(nstf_op_cost *c, nstf_op_cost d) {
+    c->flops += d.flops;
+    c->bytes += d.bytes;
+    c->int8 = c->int8 || d.int8;
+}
+
+nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
+    nstf_op_cost c = {0, 0, false};
+    switch (a->op) {
+    case NSTF_OP_GET_ROWS: {
+        const int64_t n = a->get_rows.n, dim = a->get_rows.table->n_in;
+        c = nstf_cost_get_rows(a->get_rows.table->type, n, dim);
+        c.bytes += (double)n * dim * (esize(a->get_rows.out.type) - 4.0);
+        break;
+    }
+    case NSTF_OP_RMSNORM:
+        c = nstf_cost_rmsnorm(a->rmsnorm.n, a->rmsnorm.dim);
+        c.bytes += (double)a->rmsnorm.n * a->rmsnorm.dim * (esize(a->rmsnorm.y.type) - 4.0);
+        if (a->rmsnorm.res) cost_add(&c, nstf_cost_add(a->rmsnorm.n * a->rmsnorm.dim));
+        break;
+    case NSTF_OP_ADD: c = nstf_cost_add(a->add.n); break;
+    case NSTF_OP_MATMUL: {
+        const int64_t n = a->matmul.n, n_in = a->matmul.w[0]->n_in;
+        const double sx = a->matmul.norm_x ? 4.0 : esize(a->matmul.x.type);
+        int64_t n_out = 0;
+        for (int i = 0; i < a->matmul.n_w; i++) {
+            const nstf_matrix *w = a->matmul.w[i];
+            nstf_op_cost m = nstf_cost_matmul(w->type, n, w->n_in, w->n_out, int8_act);
+            m.bytes -= 4.0 * n * (w->n_in + w->n_out); /* activations counted once below */
+            cost_add(&c, m);
+            n_out += w->n_out;
+        }
+        const double sy = a->matmul.epi == NSTF_MM_ACCUM ? 8.0 : esize(a->matmul.out[0].type);
+        c.bytes += (double)n * ((double)n_in * sx + (double)n_out * sy);
+        if (a->matmul.norm_x) c.flops += 4.0 * (double)n * n_in;
+        if (a->matmul.epi == NSTF_MM_ACCUM) c.flops += (double)n * n_out;
+        if (a->matmul.epi == NSTF_MM_ROPE)
+            c.flops += nstf_cost_rope(n, a->matmul.rope.n_heads + a->matmul.rope.n_kv_heads, a->matmul.rope.head_dim).flops;
+        if (a->matmul.epi == NSTF_MM_SWIGLU) c.flops += nstf_cost_swiglu(n * (n_out / 2)).flops;
+        break;
+    }
+    case NSTF_OP_ROPE: {
+        const nstf_rope_args *r = &a->rope.r;
+        c = nstf_cost_rope(a->rope.n, r->n_heads + r->n_kv_heads, r->head_dim);
+        c.bytes += (double)a->rope.n * (r->n_heads + r->n_kv_heads) * r->head_dim * 2.0 * (esize(a->rope.q.type) - 4.0);
+        break;
+    }
+    case NSTF_OP_ATTENTION: {
+        const int64_t n = a->attention.n, pos0 = a->attention.pos0 > 0 ? a->attention.pos0 : 0;
+        const int nh = a->attention.n_heads, nkv = a->attention.n_kv_heads, hd = a->attention.head_dim;
+        c = nstf_cost_attention(n, pos0, nh, nkv, hd);
+        const double sq = esize(a->attention.q.type), skv = esize(a->attention.k.type);
+        c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * (double)(pos0 + n) * nkv * hd;
+        break;
+    }
+    case NSTF_OP_SWIGLU:
+        c = nstf_cost_swiglu(a->swiglu.n * a->swiglu.n_ff);
+        c.bytes = 3.0 * esize(a->swiglu.y.type) * (double)a->swiglu.n * a->swiglu.n_ff;
+        break;
+    case NSTF_OP_ARGMAX:
+        c = nstf_cost_argmax(a->argmax.n_rows, a->argmax.n);
+        c.bytes = (double)a->argmax.n_rows * (esize(a->argmax.x.type) * a->argmax.n + 4.0);
+        break;
+    case NSTF_OP_N: break;
+    }
+    return c;
+}
