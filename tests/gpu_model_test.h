@@ -1,7 +1,8 @@
-/* gpu_model_test.h — the random-weight model the C GPU tests run on when
- * they are given no file: <build>/tests/random-smollm2-135m-<type>.gguf,
- * written by `nstf gen-model` on first use. Needs NSTF_BUILD_DIR (set for
- * these tests in cmake/gpu.cmake). */
+/* gpu_model_test.h — what the C GPU tests share: the random-weight model
+ * they run on when given no file (<build>/tests/random-smollm2-135m-
+ * <type>.gguf, written by `nstf gen-model` on first use; needs
+ * NSTF_BUILD_DIR, set for these tests in cmake/gpu.cmake), and a model
+ * placed on the GPU backend or the CPU backend for comparison. */
 #ifndef NSTF_TESTS_GPU_MODEL_TEST_H
 #define NSTF_TESTS_GPU_MODEL_TEST_H
 
@@ -9,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+
+#include "backend/backend.h"
+#include "io/gguf.h"
+#include "model/llama.h"
 
 /* Puts the model's path in path; generates the file if it is missing.
  * False when it cannot be generated. */
@@ -20,6 +25,50 @@ static bool random_model_path(char *path, size_t cap, const char *type) {
     snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type %s -o '%s'", NSTF_BUILD_DIR, type,
              path);
     return system(cmd) == 0;
+}
+
+/* A model on a backend: GPU 0 (gpu) or the CPU (fp32 activations in the
+ * matmuls when precise). */
+typedef struct placed {
+    nstf_backend *be;
+    nstf_llama_run *run;
+} placed;
+
+static nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch, placed *p) {
+    p->be = NULL;
+    p->run = NULL;
+    nstf_status st;
+    if (gpu) {
+        st = nstf_backend_gpu_create(0, &p->be);
+    } else {
+        const nstf_cpu_params cp = {0, precise, false};
+        st = nstf_backend_cpu_create(&cp, &p->be);
+    }
+    if (st == NSTF_OK) st = nstf_llama_run_create(m, p->be, n_ctx, n_batch, 1, &p->run);
+    if (st != NSTF_OK) {
+        nstf_backend_free(p->be);
+        p->be = NULL;
+    }
+    return st;
+}
+
+static void placed_free(placed *p) {
+    nstf_llama_run_free(p->run);
+    nstf_backend_free(p->be);
+    p->run = NULL;
+    p->be = NULL;
+}
+
+static nstf_status placed_set(placed *p, nstf_backend_opt opt, int v) { return p->be->vt->set_opt(p->be, opt, v); }
+static int placed_get(const placed *p, nstf_backend_opt opt) { return p->be->vt->get_opt(p->be, opt); }
+
+/* Open and load a model file (the model owns the file on success). */
+static nstf_status load_model(const char *path, nstf_llama **m) {
+    nstf_gguf *f;
+    NSTF_TRY(nstf_gguf_open(path, &f));
+    nstf_status st = nstf_llama_load(f, m);
+    if (st != NSTF_OK) nstf_gguf_close(f);
+    return st;
 }
 
 #endif

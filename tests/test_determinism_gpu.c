@@ -10,10 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/gguf.h"
-#include "model/llama.h"
-#include "model/llama_gpu.h"
-#include "ops/gpu/gpu_api.h"
 #include "gpu_model_test.h"
 #include "test_util.h"
 
@@ -24,12 +20,12 @@
  * [(N_GEN + 1) * n_vocab], into out. */
 static int run(const nstf_llama *m, bool graphs, float *out) {
     const int nv = m->cfg.n_vocab;
-    nstf_llama_gpu *g;
-    if (nstf_llama_gpu_create(m, 0, 1024, 512, &g) != NSTF_OK) {
+    placed g;
+    if (place_model(m, true, false, 1024, 512, &g) != NSTF_OK) {
         CHECK(0, "gpu create: %s", nstf_last_error());
         return 0;
     }
-    nstf_llama_gpu_set_graphs(g, graphs);
+    (void)placed_set(&g, NSTF_OPT_GRAPHS, graphs);
     int32_t prompt[N_PROMPT];
     test_rng r = {7};
     for (int i = 0; i < N_PROMPT; i++) prompt[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
@@ -37,18 +33,18 @@ static int run(const nstf_llama *m, bool graphs, float *out) {
     int32_t tok = 0;
     for (int i = 0; st == NSTF_OK && i < N_PROMPT; i += 512) {
         int n = N_PROMPT - i < 512 ? N_PROMPT - i : 512;
-        st = nstf_llama_gpu_forward(g, prompt + i, n, i, false, out, &tok);
+        st = nstf_llama_forward_seq(g.run, prompt + i, n, i, false, out, &tok);
     }
     for (int s = 1; st == NSTF_OK && s <= N_GEN; s++)
-        st = nstf_llama_gpu_forward(g, &tok, 1, N_PROMPT + s - 1, false, out + (size_t)s * nv, &tok);
+        st = nstf_llama_forward_seq(g.run, &tok, 1, N_PROMPT + s - 1, false, out + (size_t)s * nv, &tok);
     CHECK(st == NSTF_OK, "forward: %s", nstf_last_error());
-    CHECK(!graphs || nstf_llama_gpu_graph_used(g), "the decode step did not run from a graph");
-    nstf_llama_gpu_free(g);
+    CHECK(!graphs || placed_get(&g, NSTF_OPT_GRAPH_USED), "the decode step did not run from a graph");
+    placed_free(&g);
     return st == NSTF_OK;
 }
 
 int main(int argc, char **argv) {
-    if (nstf_gpu_device_count() < 1) {
+    if (nstf_backend_gpu_count() < 1) {
         printf("test_determinism_gpu: no GPU; skipped\n");
         return TEST_SKIP;
     }
@@ -58,15 +54,9 @@ int main(int argc, char **argv) {
     } else {
         CHECK(random_model_path(path, sizeof path, "bf16"), "cannot generate %s", path);
     }
-    nstf_gguf *f;
     nstf_llama *m;
-    if (nstf_gguf_open(path, &f) != NSTF_OK) {
+    if (load_model(path, &m) != NSTF_OK) {
         CHECK(0, "%s", nstf_last_error());
-        return test_finish("test_determinism_gpu");
-    }
-    if (nstf_llama_load(f, &m) != NSTF_OK) {
-        CHECK(0, "%s", nstf_last_error());
-        nstf_gguf_close(f);
         return test_finish("test_determinism_gpu");
     }
     const size_t n = (size_t)(N_GEN + 1) * (size_t)m->cfg.n_vocab;

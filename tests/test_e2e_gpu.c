@@ -3,20 +3,29 @@
  *
  * Models: the paths given as arguments, else SmolLM2-135M-shaped random
  * models written by `nstf gen-model` (Q4_1, BF16, Q8_0) into the build
- * folder, plus the real SmolLM2 file when it has been fetched.
- * Reference: the CPU path in precise mode (fp32 activations, fp64-free but
- * exact-to-rounding matmuls). Compared, per model:
+ * folder, and the real SmolLM2 file, which must be present (a missing
+ * file fails: this test runs on the GPU machine, where it is carried).
+ * Reference: the CPU path in precise mode (fp32 activations, exact-to-
+ * rounding matmuls). Compared, per model:
  *   - GPU prefill (all 256 tokens in one forward: GEMM + flash attention),
  *   - GPU decode (one token at a time from position 0: GEMV + split-KV flash
  *     decoding, replayed from a captured graph),
- * by the mean KL(CPU || GPU) of the softmax (tolerance 0.01 nats) and the
- * top-1 agreement (tolerance 97%, enforced on the real model only: random
- * weights give near-flat distributions whose top-1 is a coin toss between
- * near-equal logits, so there it is reported, not enforced). Also reported:
- * greedy generation of 32 tokens, GPU vs CPU, and the device argmax against
- * the argmax of the GPU's own logits (must agree). And: a context far too
- * large for the device fails with NSTF_ERR_OOM and a message, not a crash.
- * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
+ * position by position, so that a bug in a few positions fails:
+ *   - KL(CPU || GPU) of the softmax at every position <= KL_MAX, and the
+ *     mean <= KL_MEAN;
+ *   - the centred NMSE of every logit row (each row minus its mean) <=
+ *     NMSE_MAX;
+ *   - top-1: the GPU may pick another token only where the CPU's top two
+ *     logits are closer than TOP2_EPS (a near-tie bf16 rounding can flip);
+ *     anywhere else a different top-1 fails.
+ * The bounds come from the bf16 activations (8 mantissa bits: a relative
+ * rounding of 2^-9 per value, accumulated in fp32 over a few hundred terms
+ * per layer) and the first H100 measurements, with the margins stated where
+ * they are set. Also: greedy generation of 32 tokens (reported), the device
+ * argmax against the argmax of the GPU's own logits (must agree), and a
+ * context far too large for the device fails with NSTF_ERR_OOM and a
+ * message, not a crash. Exit 77 (skipped) without a GPU. Built only with
+ * a GPU backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,18 +34,19 @@
 #include <time.h>
 
 #include "core/mem.h"
-#include "io/gguf.h"
-#include "model/llama.h"
-#include "model/llama_gpu.h"
-#include "ops/gpu/gpu_api.h"
 #include "gpu_model_test.h"
 #include "test_util.h"
 
 #define N_TOK 256
 #define N_PROMPT 8
 #define N_GEN 32
-#define KL_TOL 0.01
-#define TOP1_TOL 0.97
+/* Per-position bounds (see the header). Measured on the H100 (commit
+ * 1f137a2's kernels): mean KL 4.2e-4 on the real model, <= 7.6e-6 on the
+ * random ones. */
+#define KL_MEAN 2e-3
+#define KL_MAX 2e-2
+#define NMSE_MAX 1e-3
+#define TOP2_EPS 0.25f
 
 static int g_fail = 0;
 
@@ -66,91 +76,101 @@ static double kl_row(const float *a, const float *b, int n) {
     return kl;
 }
 
-static void compare(const char *what, const float *cpu, const float *gpu, int n_tok, int nv, bool strict_top1) {
-    double kl = 0, kl_max = 0;
-    int agree = 0, bad = 0;
+/* Centred NMSE of row b against row a: sum((b - a - mean(b - a))^2) /
+ * sum((a - mean(a))^2), so that a row's offset (which softmax ignores)
+ * does not hide an error in its shape. */
+static double nmse_centred(const float *a, const float *b, int n) {
+    double ma = 0, md = 0, num = 0, den = 0;
+    for (int i = 0; i < n; i++) { ma += a[i]; md += (double)b[i] - a[i]; }
+    ma /= n;
+    md /= n;
+    for (int i = 0; i < n; i++) {
+        double d = (double)b[i] - a[i] - md, c = a[i] - ma;
+        num += d * d;
+        den += c * c;
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* The gap between a row's two largest values. */
+static float top2_gap(const float *v, int n) {
+    float m1 = -INFINITY, m2 = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (v[i] > m1) { m2 = m1; m1 = v[i]; }
+        else if (v[i] > m2) m2 = v[i];
+    }
+    return m1 - m2;
+}
+
+static void compare(const char *what, const float *cpu, const float *gpu, int n_tok, int nv) {
+    double kl = 0, kl_max = 0, nmse_max = 0;
+    int agree = 0, bad = 0, flips_ok = 0, flips_bad = 0, worst_kl = 0, worst_nmse = 0;
     for (int t = 0; t < n_tok; t++) {
         const float *a = cpu + (int64_t)t * nv, *b = gpu + (int64_t)t * nv;
         for (int i = 0; i < nv; i++) bad += !isfinite(b[i]);
-        double k = kl_row(a, b, nv);
+        double k = kl_row(a, b, nv), e = nmse_centred(a, b, nv);
         kl += k;
-        if (k > kl_max) kl_max = k;
-        agree += argmax_row(a, nv) == argmax_row(b, nv);
+        if (k > kl_max) { kl_max = k; worst_kl = t; }
+        if (e > nmse_max) { nmse_max = e; worst_nmse = t; }
+        if (argmax_row(a, nv) == argmax_row(b, nv)) agree++;
+        else if (top2_gap(a, nv) < TOP2_EPS) flips_ok++;
+        else flips_bad++;
     }
     kl /= n_tok;
-    double top1 = (double)agree / n_tok;
-    bool ok = bad == 0 && kl <= KL_TOL && (!strict_top1 || top1 >= TOP1_TOL);
-    printf("  %-8s mean KL(cpu||gpu) %.3g nats (max %.3g; tol %.2g), top-1 %d/%d = %.1f%% (%s %.0f%%)%s  %s\n", what,
-           kl, kl_max, KL_TOL, agree, n_tok, 100 * top1, strict_top1 ? "tol" : "reported; target", 100 * TOP1_TOL,
-           bad ? " NON-FINITE" : "", ok ? "ok" : "FAIL");
+    bool ok = bad == 0 && kl <= KL_MEAN && kl_max <= KL_MAX && nmse_max <= NMSE_MAX && flips_bad == 0;
+    printf("  %-8s KL(cpu||gpu) mean %.3g (tol %.2g), max %.3g at %d (tol %.2g); centred NMSE max %.3g at %d (tol "
+           "%.2g); top-1 %d/%d, %d flips at near-ties (gap < %.2f), %d elsewhere%s  %s\n",
+           what, kl, KL_MEAN, kl_max, worst_kl, KL_MAX, nmse_max, worst_nmse, NMSE_MAX, agree, n_tok, flips_ok,
+           (double)TOP2_EPS, flips_bad, bad ? " NON-FINITE" : "", ok ? "ok" : "FAIL");
     if (!ok) g_fail++;
-}
-
-static nstf_status cpu_all_logits(const nstf_llama *m, nstf_llama_state *st, nstf_cpu *cpu, const int32_t *ids, int n,
-                                  float *out) {
-    const int64_t nv = m->cfg.n_vocab;
-    for (int i = 0; i < n; i += st->n_batch) {
-        int chunk = n - i < st->n_batch ? n - i : st->n_batch;
-        NSTF_TRY(nstf_llama_forward(m, st, cpu, ids + i, chunk, i, true));
-        memcpy(out + i * nv, st->logits, (size_t)chunk * nv * sizeof(float));
-    }
-    return NSTF_OK;
 }
 
 static void run_model(const char *path, bool real) {
     printf("%s%s\n", path, real ? " (real weights)" : " (random weights)");
-    nstf_gguf *gf = NULL;
     nstf_llama *m = NULL;
-    if (nstf_gguf_open(path, &gf) != NSTF_OK || nstf_llama_load(gf, &m) != NSTF_OK) {
+    if (load_model(path, &m) != NSTF_OK) {
         printf("  cannot load: %s  FAIL\n", nstf_last_error());
         g_fail++;
-        if (!m) nstf_gguf_close(gf);
         return;
     }
     const int nv = m->cfg.n_vocab;
     printf("  types: embd %s, attn_q %s, ffn_down %s\n", nstf_type_name(m->w.tok_embd.type),
            nstf_type_name(m->w.layers[0].wq.type), nstf_type_name(m->w.layers[0].w_down.type));
-    nstf_llama_state st;
-    nstf_cpu cpu = {0};
-    nstf_pool *pool = NULL;
-    nstf_llama_gpu *g = NULL;
+    placed cpu = {0}, g = {0};
     float *lc = malloc((size_t)N_TOK * nv * sizeof(float)), *lg = malloc((size_t)N_TOK * nv * sizeof(float));
     int32_t ids[N_TOK];
     test_rng rng = {0x5eed1234u};
     for (int i = 0; i < N_TOK; i++) ids[i] = (int32_t)(rng_next(&rng) % (uint64_t)nv);
-    int widest = m->cfg.ffn_dim > m->cfg.dim ? m->cfg.ffn_dim : m->cfg.dim;
     CHECK(lc && lg, "out of host memory");
-    CHECK(nstf_llama_state_init(&st, &m->cfg, N_TOK, 64) == NSTF_OK, "%s", nstf_last_error());
-    CHECK(nstf_pool_create(nstf_cpu_count(), &pool) == NSTF_OK, "%s", nstf_last_error());
-    cpu.pool = pool;
-    cpu.precise = true;
-    CHECK(nstf_cpu_reserve(&cpu, 64, widest) == NSTF_OK, "%s", nstf_last_error());
-    nstf_status s = nstf_llama_gpu_create(m, 0, N_TOK + N_GEN, N_TOK, &g);
-    if (s != NSTF_OK) {
+    CHECK(place_model(m, false, true, N_TOK + N_GEN, 64, &cpu) == NSTF_OK, "%s", nstf_last_error());
+    nstf_status s = place_model(m, true, false, N_TOK + N_GEN, N_TOK, &g);
+    if (s != NSTF_OK || !cpu.run) {
         printf("  GPU create failed: %s  FAIL\n", nstf_last_error());
         g_fail++;
         goto done;
     }
     double t0 = now_ms();
-    CHECK(cpu_all_logits(m, &st, &cpu, ids, N_TOK, lc) == NSTF_OK, "%s", nstf_last_error());
+    for (int i = 0; i < N_TOK; i += 64)
+        CHECK(nstf_llama_forward_seq(cpu.run, ids + i, 64, i, true, lc + (int64_t)i * nv, NULL) == NSTF_OK, "%s",
+              nstf_last_error());
     double t1 = now_ms();
     /* prefill: one forward of all tokens */
-    s = nstf_llama_gpu_forward(g, ids, N_TOK, 0, true, lg, NULL);
+    s = nstf_llama_forward_seq(g.run, ids, N_TOK, 0, true, lg, NULL);
     double t2 = now_ms();
     if (s != NSTF_OK) { printf("  GPU prefill: %s  FAIL\n", nstf_last_error()); g_fail++; goto done; }
     printf("  CPU (precise) %.0f ms, GPU prefill %.1f ms\n", t1 - t0, t2 - t1);
-    compare("prefill", lc, lg, N_TOK, nv, real);
+    compare("prefill", lc, lg, N_TOK, nv);
     /* decode: token by token from position 0 (the cache is rewritten) */
     int dev_mismatch = 0, graphs = 0;
     for (int t = 0; t < N_TOK; t++) {
         int32_t am = -1;
-        s = nstf_llama_gpu_forward(g, &ids[t], 1, t, false, lg + (int64_t)t * nv, &am);
+        s = nstf_llama_forward_seq(g.run, &ids[t], 1, t, false, lg + (int64_t)t * nv, &am);
         if (s != NSTF_OK) break;
         dev_mismatch += am != argmax_row(lg + (int64_t)t * nv, nv);
-        graphs += nstf_llama_gpu_graph_used(g);
+        graphs += placed_get(&g, NSTF_OPT_GRAPH_USED);
     }
     if (s != NSTF_OK) { printf("  GPU decode: %s  FAIL\n", nstf_last_error()); g_fail++; goto done; }
-    compare("decode", lc, lg, N_TOK, nv, real);
+    compare("decode", lc, lg, N_TOK, nv);
     printf("  decode steps from a graph: %d/%d; device argmax vs host argmax of the GPU logits: %d mismatches  %s\n",
            graphs, N_TOK, dev_mismatch, dev_mismatch == 0 && graphs >= N_TOK - 1 ? "ok" : "FAIL");
     if (dev_mismatch || graphs < N_TOK - 1) g_fail++;
@@ -158,15 +178,19 @@ static void run_model(const char *path, bool real) {
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {
         int32_t cseq[N_GEN], gseq[N_GEN], tok;
-        CHECK(nstf_llama_forward(m, &st, &cpu, ids, N_PROMPT, 0, false) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_llama_forward_seq(cpu.run, ids, N_PROMPT, 0, false, NULL, &tok) == NSTF_OK, "%s", nstf_last_error());
         for (int i = 0; i < N_GEN; i++) {
-            tok = cseq[i] = argmax_row(st.logits, nv);
-            if (i + 1 < N_GEN) CHECK(nstf_llama_forward(m, &st, &cpu, &tok, 1, N_PROMPT + i, false) == NSTF_OK, "%s", nstf_last_error());
+            cseq[i] = tok;
+            if (i + 1 < N_GEN)
+                CHECK(nstf_llama_forward_seq(cpu.run, &cseq[i], 1, N_PROMPT + i, false, NULL, &tok) == NSTF_OK, "%s",
+                      nstf_last_error());
         }
-        CHECK(nstf_llama_gpu_forward(g, ids, N_PROMPT, 0, false, NULL, &tok) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_llama_forward_seq(g.run, ids, N_PROMPT, 0, false, NULL, &tok) == NSTF_OK, "%s", nstf_last_error());
         for (int i = 0; i < N_GEN; i++) {
             gseq[i] = tok;
-            if (i + 1 < N_GEN) CHECK(nstf_llama_gpu_forward(g, &gseq[i], 1, N_PROMPT + i, false, NULL, &tok) == NSTF_OK, "%s", nstf_last_error());
+            if (i + 1 < N_GEN)
+                CHECK(nstf_llama_forward_seq(g.run, &gseq[i], 1, N_PROMPT + i, false, NULL, &tok) == NSTF_OK, "%s",
+                      nstf_last_error());
         }
         int same = 0, prefix = 0;
         for (int i = 0; i < N_GEN; i++) same += cseq[i] == gseq[i];
@@ -176,19 +200,17 @@ static void run_model(const char *path, bool real) {
 
     /* out of device memory: a message, not a crash */
     {
-        nstf_llama_gpu *big = NULL;
-        nstf_status so = nstf_llama_gpu_create(m, 0, 1 << 24, 512, &big);
-        bool ok = so == NSTF_ERR_OOM && !big && strstr(nstf_last_error(), "free");
+        placed big = {0};
+        nstf_status so = place_model(m, true, false, 1 << 24, 512, &big);
+        bool ok = so == NSTF_ERR_OOM && !big.run && strstr(nstf_last_error(), "free");
         printf("  context of 2^24 positions: %s -> \"%s\"  %s\n", nstf_status_str(so), nstf_last_error(),
                ok ? "ok" : "FAIL");
         if (!ok) g_fail++;
-        nstf_llama_gpu_free(big);
+        placed_free(&big);
     }
 done:
-    nstf_llama_gpu_free(g);
-    nstf_cpu_release(&cpu);
-    nstf_pool_free(pool);
-    nstf_llama_state_free(&st);
+    placed_free(&g);
+    placed_free(&cpu);
     free(lc);
     free(lg);
     nstf_llama_free(m);
@@ -200,12 +222,12 @@ static bool exists(const char *p) {
 }
 
 int main(int argc, char **argv) {
-    if (nstf_gpu_device_count() < 1) {
+    if (nstf_backend_gpu_count() < 1) {
         printf("test_e2e_gpu: no GPU; skipped\n");
         return 77;
     }
     char line[320];
-    CHECK(nstf_gpu_device_line(0, line, sizeof line) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_backend_gpu_line(0, line, sizeof line) == NSTF_OK, "%s", nstf_last_error());
     printf("%s\n", line);
     if (argc > 1) {
         for (int i = 1; i < argc; i++) run_model(argv[i], strstr(argv[i], "SmolLM2-135M-Instruct") != NULL);
@@ -221,8 +243,12 @@ int main(int argc, char **argv) {
             run_model(path, false);
         }
         const char *real = NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-        if (exists(real)) run_model(real, true);
-        else printf("real SmolLM2 model not present (%s): not compared\n", "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if (exists(real)) {
+            run_model(real, true);
+        } else {
+            printf("real SmolLM2 model not present (models/SmolLM2-135M-Instruct.Q4_1.gguf; make model)  FAIL\n");
+            g_fail++;
+        }
     }
     printf("test_e2e_gpu: %s (%d comparison failures)\n", g_fail ? "FAIL" : "ok", g_fail);
     return test_finish("test_e2e_gpu") | (g_fail ? 1 : 0);

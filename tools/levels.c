@@ -17,7 +17,14 @@
 #include "prof/bench.h"
 #include "prof/profiler.h"
 
-enum { CAT_ATTN, CAT_FFN, CAT_NORM, CAT_RESID, CAT_OTHER, N_CAT };
+enum {
+    CAT_ATTN = NSTF_PROF_CAT_ATTN,
+    CAT_FFN = NSTF_PROF_CAT_FFN,
+    CAT_NORM = NSTF_PROF_CAT_NORM,
+    CAT_RESID = NSTF_PROF_CAT_RESID,
+    CAT_OTHER = NSTF_PROF_CAT_OTHER,
+    N_CAT = NSTF_PROF_N_CAT
+};
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -50,12 +57,6 @@ static nstf_status time_fwd(nstf_session *s, const int32_t *toks, int n, int pos
     return NSTF_OK;
 }
 
-static int category(const nstf_prof_rec *r) {
-    if (r->op == NSTF_OP_RMSNORM) return CAT_NORM;
-    if (r->op == NSTF_OP_ADD) return CAT_RESID;
-    return r->block == NSTF_BLOCK_ATTN ? CAT_ATTN : r->block == NSTF_BLOCK_FFN ? CAT_FFN : CAT_OTHER;
-}
-
 /* One profiled forward: time per category (ms). */
 static nstf_status prof_fwd(nstf_session *s, const int32_t *toks, int n, int pos0, double cat[N_CAT]) {
     nstf_prof *p = calloc(1, sizeof *p);
@@ -65,7 +66,7 @@ static nstf_status prof_fwd(nstf_session *s, const int32_t *toks, int n, int pos
     if (rc == NSTF_OK) rc = nstf_prof_collect(p);
     for (int c = 0; c < N_CAT; c++) cat[c] = 0;
     for (int i = 0; rc == NSTF_OK && i < p->n_recs; i++)
-        cat[category(&p->recs[i])] += (double)(p->recs[i].t1_ns - p->recs[i].t0_ns) * 1e-6;
+        cat[p->recs[i].cat] += (double)(p->recs[i].t1_ns - p->recs[i].t0_ns) * 1e-6;
     nstf_prof_detach(p);
     free(p);
     return rc;

@@ -29,10 +29,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "core/mem.h"
 #include "io/gguf.h"
 #include "model/llama.h"
-#include "model/llama_gpu.h"
 #include "ops/gpu/gpu_api.h"
 
 typedef struct {
@@ -156,9 +156,9 @@ int main(int argc, char **argv) {
         else DIE("unknown option %s", a);
     }
     if (prompt < 2 || gen < 4 || reps < 1 || (!shape_name == !model)) DIE("usage: see the header of bench_infer.c");
-    if (nstf_gpu_device_count() < 1) DIE("no GPU");
+    if (nstf_backend_gpu_count() < 1) DIE("no GPU");
     char line[320];
-    if (nstf_gpu_device_line(0, line, sizeof line) != NSTF_OK) DIE("%s", nstf_last_error());
+    if (nstf_backend_gpu_line(0, line, sizeof line) != NSTF_OK) DIE("%s", nstf_last_error());
     printf("%s\n", line);
 
     nstf_llama *m = NULL;
@@ -180,30 +180,30 @@ int main(int argc, char **argv) {
         label = shape_name;
     }
     const int n_ctx = prompt + 3 * gen + 8;
-    nstf_llama_gpu *g = NULL;
+    nstf_backend *be = NULL;
+    nstf_llama_run *g = NULL;
     double t0 = 0;
     {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
     }
-    if (nstf_llama_gpu_create(m, 0, n_ctx, prompt, &g) != NSTF_OK) DIE("%s", nstf_last_error());
+    if (nstf_backend_gpu_create(0, &be) != NSTF_OK || nstf_llama_run_create(m, be, n_ctx, prompt, 1, &g) != NSTF_OK)
+        DIE("%s", nstf_last_error());
     double t1;
     {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         t1 = ts.tv_sec + ts.tv_nsec * 1e-9;
     }
-    const bool fused = nstf_llama_gpu_set_fused(g, !unfused);
+    (void)be->vt->set_opt(be, NSTF_OPT_FUSED, !unfused);
     (void)nstf_gpu_set_pdl(1); /* what the library makes of a request for PDL (NSTF_PDL=0 refuses it) */
     const bool pdl = nstf_gpu_set_pdl(0) != 0;
-    printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s; decode kernels %s, PDL %s\n", label,
+    printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s; PDL %s\n", label,
            nstf_type_name(m->w.layers[0].wq.type), m->cfg.n_layers, m->cfg.dim,
-           (double)nstf_llama_gpu_bytes(g) / (1u << 30), t1 - t0, fused ? "fused" : "unfused",
-           fused && pdl ? "on (sm_90)" : "off");
+           (double)(g->wbytes + g->s.block_bytes) / (1u << 30), t1 - t0, !unfused && pdl ? "on (sm_90)" : "off");
 
-    void *stream = nstf_llama_gpu_stream(g), *e0, *e1;
-    if (nstf_gpu_event_create(&e0) != NSTF_OK || nstf_gpu_event_create(&e1) != NSTF_OK) DIE("%s", nstf_last_error());
+    if (be->vt->marks_reserve(be, 2) != NSTF_OK) DIE("%s", nstf_last_error());
     int32_t *ids = malloc((size_t)prompt * sizeof(int32_t));
     float *times = malloc((size_t)(reps > gen ? reps : gen) * sizeof(float));
     float *logits = malloc((size_t)m->cfg.n_vocab * sizeof(float));
@@ -213,13 +213,11 @@ int main(int argc, char **argv) {
     /* prefill */
     int32_t tok = 0;
     for (int r = -1; r < reps; r++) {
-        if (nstf_gpu_event_record(e0, stream) != NSTF_OK ||
-            nstf_llama_gpu_forward(g, ids, prompt, 0, false, NULL, &tok) != NSTF_OK ||
-            nstf_gpu_event_record(e1, stream) != NSTF_OK)
+        uint64_t ns = 0;
+        if (be->vt->mark(be, 0) != NSTF_OK || nstf_llama_forward_seq(g, ids, prompt, 0, false, NULL, &tok) != NSTF_OK ||
+            be->vt->mark(be, 1) != NSTF_OK || be->vt->mark_ns(be, 0, 1, &ns) != NSTF_OK)
             DIE("%s", nstf_last_error());
-        float ms;
-        if (nstf_gpu_event_ms(e0, e1, &ms) != NSTF_OK) DIE("%s", nstf_last_error());
-        if (r >= 0) times[r] = ms;
+        if (r >= 0) times[r] = (float)(ns * 1e-6);
     }
     float pf = median(times, reps);
     printf("prefill %d tokens: %.3f ms (median of %d) = %.0f tokens/s\n", prompt, pf, reps, prompt / pf * 1e3);
@@ -227,30 +225,30 @@ int main(int argc, char **argv) {
     /* decode, three ways */
     static const char *modes[] = {"graph, device argmax", "graph, logits to host", "plain launches, device argmax"};
     for (int mode = 0; mode < 3; mode++) {
-        nstf_llama_gpu_set_graphs(g, mode != 2);
+        (void)be->vt->set_opt(be, NSTF_OPT_GRAPHS, mode != 2);
         int pos = prompt;
         for (int i = -4; i < gen; i++) { /* 4 warm-up steps (the first runs plainly, the second captures) */
             int32_t next = tok;
-            if (nstf_gpu_event_record(e0, stream) != NSTF_OK ||
-                nstf_llama_gpu_forward(g, &tok, 1, pos, false, mode == 1 ? logits : NULL, mode == 1 ? NULL : &next) !=
+            uint64_t ns = 0;
+            if (be->vt->mark(be, 0) != NSTF_OK ||
+                nstf_llama_forward_seq(g, &tok, 1, pos, false, mode == 1 ? logits : NULL, mode == 1 ? NULL : &next) !=
                     NSTF_OK ||
-                nstf_gpu_event_record(e1, stream) != NSTF_OK)
+                be->vt->mark(be, 1) != NSTF_OK || be->vt->mark_ns(be, 0, 1, &ns) != NSTF_OK)
                 DIE("%s", nstf_last_error());
-            float ms;
-            if (nstf_gpu_event_ms(e0, e1, &ms) != NSTF_OK) DIE("%s", nstf_last_error());
-            if (i >= 0) times[i] = ms;
+            if (i >= 0) times[i] = (float)(ns * 1e-6);
             tok = mode == 1 ? tok : next;
             if (i >= -1) pos++; /* warm-up steps rewrite the same position */
         }
-        bool graph = nstf_llama_gpu_graph_used(g);
+        bool graph = be->vt->get_opt(be, NSTF_OPT_GRAPH_USED) != 0;
         float med = median(times, gen);
+        if (mode == 0)
+            printf("decode kernels %s\n", be->vt->get_opt(be, NSTF_OPT_FUSED) ? "fused" : "unfused");
         printf("decode at context %d (%s%s): %.4f ms/token (median of %d steps; min %.4f, max %.4f) = %.0f tokens/s\n",
                prompt, modes[mode], mode != 2 && !graph ? " [graph capture FAILED, plain]" : "", med, gen, times[0],
                times[gen - 1], 1e3 / med);
     }
-    nstf_gpu_event_destroy(e0);
-    nstf_gpu_event_destroy(e1);
-    nstf_llama_gpu_free(g);
+    nstf_llama_run_free(g);
+    nstf_backend_free(be);
     free(ids);
     free(times);
     free(logits);

@@ -90,6 +90,7 @@ typedef enum nstf_backend_opt {
     NSTF_OPT_GRAPHS,    /* replay the decode step from a captured graph (default 1) */
     NSTF_OPT_FUSED,     /* fused ops where the weights allow (default 1) */
     NSTF_OPT_PROFILE,   /* per-op marks wanted: no graphs, no overlapped launches */
+    NSTF_OPT_GRAPH_USED, /* read only: whether the last forward ran from a graph */
     NSTF_OPT_N
 } nstf_backend_opt;
 

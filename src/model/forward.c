@@ -69,7 +69,6 @@ static nstf_status matmul(fwd *f, nstf_op_args *a) {
         f->pending = NULL;
         mm.matmul.x = norm.rmsnorm.y;
     }
-    if (a->matmul.epi == NSTF_MM_ACCUM) mm.matmul.out[0] = f32_rows(s->y, a->matmul.w[0]->n_out);
     NSTF_TRY(run(f, &mm));
     switch (a->matmul.epi) {
     case NSTF_MM_ROPE: {
@@ -169,6 +168,7 @@ static nstf_status layers(fwd *f) {
 
         nstf_op_args o = mm_args("o_proj", l, NSTF_BLOCK_ATTN, n);
         group(f, &o, &L->wo, NULL, NULL, s->y);
+        o.matmul.out[0] = f32_rows(s->y, dim);
         o.matmul.x = act_rows(f, s->att, qd);
         o.matmul.epi = NSTF_MM_ACCUM;
         o.matmul.res = s->x;
@@ -186,6 +186,7 @@ static nstf_status layers(fwd *f) {
 
         nstf_op_args d = mm_args("down_proj", l, NSTF_BLOCK_FFN, n);
         group(f, &d, &L->w_down, NULL, NULL, s->y);
+        d.matmul.out[0] = f32_rows(s->y, dim);
         d.matmul.x = gu.matmul.act;
         d.matmul.epi = NSTF_MM_ACCUM;
         d.matmul.res = s->x;
@@ -196,6 +197,7 @@ static nstf_status layers(fwd *f) {
     const int64_t first = f->b->all_logits ? 0 : n - 1, rows = n - first;
     nstf_op_args lg = mm_args("logits", -1, NSTF_BLOCK_OTHER, rows);
     group(f, &lg, &w->output, NULL, NULL, s->logits);
+    lg.matmul.out[0] = f32_rows(s->logits, c->n_vocab);
     lg.matmul.norm_x = s->x + first * dim;
     lg.matmul.norm_w = w->out_norm;
     lg.matmul.eps = c->norm_eps;

@@ -40,6 +40,11 @@ static void hook_end(void *user, nstf_backend *be, const nstf_op_args *a, nstf_s
     r->layer = a->layer;
     r->op = a->op;
     r->block = a->block;
+    r->cat = a->op == NSTF_OP_RMSNORM ? NSTF_PROF_CAT_NORM
+             : a->op == NSTF_OP_ADD   ? NSTF_PROF_CAT_RESID
+             : a->block == NSTF_BLOCK_ATTN ? NSTF_PROF_CAT_ATTN
+             : a->block == NSTF_BLOCK_FFN  ? NSTF_PROF_CAT_FFN
+                                           : NSTF_PROF_CAT_OTHER;
     r->cost = nstf_op_cost_of(a, be->int8_act);
     r->kernels = be->vt->kernels(be) - p->k0;
     r->t0_ns = r->t1_ns = 0;

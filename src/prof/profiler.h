@@ -31,12 +31,23 @@ typedef struct nstf_prof_site {
     bool int8;
 } nstf_prof_site;
 
+/* Where an op's time goes in a profile split by kind of work. */
+typedef enum nstf_prof_cat {
+    NSTF_PROF_CAT_ATTN = 0, /* Q/K/V/O projections, RoPE, KV write, attention */
+    NSTF_PROF_CAT_FFN,      /* gate/up/down projections, SwiGLU */
+    NSTF_PROF_CAT_NORM,     /* RMSNorm (with the residual add when fused) */
+    NSTF_PROF_CAT_RESID,    /* standalone residual adds */
+    NSTF_PROF_CAT_OTHER,    /* embedding, logits, argmax */
+    NSTF_PROF_N_CAT
+} nstf_prof_cat;
+
 /* One op call of the forwards since the last collect. */
 typedef struct nstf_prof_rec {
     const char *label;
     int layer;
     nstf_op op;
     nstf_block block;
+    nstf_prof_cat cat;
     nstf_op_cost cost;
     int64_t kernels; /* the backend's kernels (CPU: ops) this call launched */
     uint64_t t0_ns, t1_ns; /* filled by nstf_prof_collect, on the trace's clock */

@@ -1,0 +1,84 @@
+/* gpu.h — the GPU backend's state, shared by its two files: gpu.c (device,
+ * memory, workspace, the forward bracket with graph capture, options,
+ * marks) and gpu_ops.c (the ops of the table on the kernels of
+ * ops/gpu/gpu_api.h). Compiled only with a GPU backend (NSTF_HAVE_CUDA or
+ * NSTF_HAVE_HIP).
+ *
+ * Execution levels (set_opt NSTF_OPT_LEVEL):
+ * L0 baseline: one op per kernel, separate Q/K/V projections, attention
+ *    through a materialized fp32 score matrix (QK^T, scale + mask, softmax,
+ *    PV), separate residual add and RMSNorm, separate gate/up + SwiGLU.
+ * L1 fused: one QKV GEMV (decode), residual fused into RMSNorm, scale +
+ *    mask + softmax in one kernel (scores still materialized).
+ * L2 tiled: flash attention (prefill) / split-KV flash decoding, one GEMV
+ *    or GEMM over the adjacent Q|K|V and gate|up matrices, SwiGLU over its
+ *    rows.
+ * L3 ultra (default): L2, with the decode step on fused GEMVs (norm
+ *    prologue; RoPE, SwiGLU or residual-add epilogue: 6 kernels per layer,
+ *    where the weight types allow; can_fuse), programmatic dependent launch
+ *    on sm_90, and replayed as one graph launch.
+ * Levels 0 and 1 allocate the score matrix [n_heads, n_batch, n_ctx] fp32
+ * on first selection (workspace; kept until the backend is freed). */
+#ifndef NSTF_BACKEND_GPU_H
+#define NSTF_BACKEND_GPU_H
+
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+
+#include "backend/backend.h"
+#include "ops/gpu/gpu_api.h"
+
+#define GPU_N_LEVELS 4
+#define GEMV_MAX_TOK 8 /* at most this many tokens use the GEMV (weights as stored) */
+
+typedef struct gpu_backend {
+    nstf_backend base;
+    int dev;
+    void *stream;
+    nstf_gpu_info info;
+    /* the model's shape (plan) */
+    int dim, n_heads, n_kv_heads, head_dim, n_vocab, n_ctx, n_batch;
+    float rope_base;
+    /* workspace: one allocation carved by a size table (prepare) */
+    void *ws;
+    uint64_t ws_bytes;
+    int32_t *ids, *pos; /* [n_batch] the batch of a prefill */
+    int32_t *dio;       /* the decode step's {token, position} */
+    int32_t *rowids;    /* 0..n_rowids-1, to dequantize a matrix through get_rows */
+    int64_t n_rowids;
+    uint16_t *wtmp;     /* bf16 copy of one dequantized matrix (NULL: every layer matrix is bf16) */
+    uint64_t wtmp_elems;
+    void *am_scratch, *fd_scratch;
+    size_t am_bytes, fd_bytes;
+    float *rope_freqs;  /* [head_dim] RoPE frequencies for the fused QKV GEMV */
+    float *scores;      /* L0/L1: [n_heads, n_batch, n_ctx] */
+    uint64_t scores_bytes;
+    /* the current forward */
+    bool decode_step;   /* one token at level >= 2: positions read on the device (dio) */
+    int64_t pos0, bound;
+    int64_t unfused;    /* matmuls of this decode step that can_fuse declined */
+    /* graph of the decode step */
+    void *graph;
+    int64_t graph_bound, graph_nodes, k0;
+    bool graph_argmax, graphs_on, graph_used, decoded_once, capturing;
+    /* options */
+    int level;
+    bool fused_on, prof_on, model_fusable;
+    int pdl_prev;
+    bool pdl_set;
+    int64_t n_kernels;
+    /* time marks */
+    void **evs;
+    int n_evs;
+} gpu_backend;
+
+static inline gpu_backend *gpu_of(nstf_backend *be) { return (gpu_backend *)be; }
+
+/* gpu_ops.c: one function per row of the op table, place and can_fuse. */
+#define NSTF_X(U, l, ref, cpu, gpu, d) nstf_status nstf_gpu_op_##l(nstf_backend *be, const nstf_op_args *a);
+NSTF_OPS(NSTF_X)
+#undef NSTF_X
+void nstf_gpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int64_t n, void *buf, nstf_view *out);
+bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a);
+
+#endif
+#endif

@@ -1,0 +1,257 @@
+/* gpu_ops.c — the GPU backend's ops: each row of the op table on the
+ * kernels of ops/gpu/gpu_api.h, chosen by execution level (gpu.h), plus
+ * the layout of a matmul group's outputs (place) and the fused decode
+ * GEMVs (can_fuse and the fused matmul).
+ *
+ * Layouts. One token: a group's outputs are one row (q | k | v, gate |
+ * up), the layout of the fused GEMVs. Several tokens: rows of the whole
+ * group where one GEMM computes it (adjacent matrices, level 2 and up),
+ * else planes of n_batch rows per matrix.
+ *
+ * A matmul of a few tokens runs on the GEMV with fused dequantization;
+ * of more, on the tile GEMM of the matrix units, after dequantizing the
+ * matrix to bf16 into the workspace unless it is bf16: for a chunk of T
+ * tokens that reads the quantized matrix once and writes/reads 2 bytes per
+ * weight, where a batched GEMV would read it T/8 times on the CUDA cores.
+ *
+ * Compiled only with a GPU backend. */
+#if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
+
+#include <math.h>
+
+#include "backend/gpu.h"
+
+/* ---- layouts ---------------------------------------------------------------------- */
+
+/* Whether a group of n_w matrices runs as one matmul at this level for n
+ * tokens: Q|K|V from level 1 for one token and level 2 for more, gate|up
+ * from level 2. */
+static bool group_as_one(const gpu_backend *g, int n_w, int64_t n) {
+    if (n_w == 3) return n == 1 ? g->level >= 1 : g->level >= 2;
+    return g->level >= 2;
+}
+
+void nstf_gpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int64_t n, void *buf, nstf_view *out) {
+    gpu_backend *g = gpu_of(be);
+    nstf_matrix span;
+    const bool rows = n == 1 || (n_w > 1 && group_as_one(g, n_w, n) && nstf_matrix_group_span(w, n_w, &span));
+    int64_t total = 0;
+    for (int i = 0; i < n_w; i++) total += w[i]->n_out;
+    uint16_t *p = buf;
+    for (int i = 0; i < n_w; i++) {
+        if (rows) {
+            out[i] = (nstf_view){p, NSTF_TYPE_BF16, total};
+            p += w[i]->n_out;
+        } else {
+            out[i] = (nstf_view){p, NSTF_TYPE_BF16, w[i]->n_out};
+            p += (int64_t)g->n_batch * w[i]->n_out;
+        }
+    }
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+/* Kernels mm() launches for n tokens. */
+static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
+    if (n <= GEMV_MAX_TOK || w->type == NSTF_TYPE_BF16) return 1;
+    return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
+}
+
+/* y[n, n_out] = x[n, n_in] W^T: GEMV for a few tokens, else the GEMM (after
+ * dequantizing W to bf16 in the workspace unless it is bf16). */
+static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, void *y, nstf_type yt, int64_t n) {
+    g->n_kernels += mm_kernels(g, w, n);
+    if (n <= GEMV_MAX_TOK) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+    const uint16_t *wb = w->data;
+    if (w->type != NSTF_TYPE_BF16) {
+        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
+            return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, g->rowids, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
+                                   g->stream));
+        wb = g->wtmp;
+    }
+    return nstf_gpu_gemm_bf16(x, wb, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in, NSTF_GEMM_EPI_NONE, g->stream);
+}
+
+/* The fused decode GEMV of a matmul op (one token; can_fuse said yes). */
+static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
+    nstf_matrix w = *a->matmul.w[0];
+    if (a->matmul.n_w > 1) (void)nstf_matrix_group_span(a->matmul.w, a->matmul.n_w, &w);
+    nstf_gemv_fusion f = {0};
+    f.norm_x = a->matmul.norm_x;
+    f.norm_w = a->matmul.norm_w;
+    f.norm_eps = a->matmul.eps;
+    const uint16_t *x = f.norm_x ? NULL : a->matmul.x.data;
+    void *y = a->matmul.out[0].data;
+    switch (a->matmul.epi) {
+    case NSTF_MM_STORE: f.epi = NSTF_GEMV_STORE; break;
+    case NSTF_MM_ACCUM:
+        f.epi = NSTF_GEMV_ACCUM;
+        y = a->matmul.res;
+        break;
+    case NSTF_MM_ROPE:
+        f.epi = NSTF_GEMV_ROPE;
+        f.rope_rows = (a->matmul.rope.n_heads + a->matmul.rope.n_kv_heads) * a->matmul.rope.head_dim;
+        f.head_dim = a->matmul.rope.head_dim;
+        f.rope_mode = a->matmul.rope.mode;
+        f.pos = a->matmul.rope.pos;
+        f.rope_freqs = g->rope_freqs;
+        break;
+    case NSTF_MM_SWIGLU:
+        f.epi = NSTF_GEMV_SWIGLU;
+        y = a->matmul.act.data;
+        break;
+    }
+    g->n_kernels++;
+    return nstf_gpu_gemv_fused(w.type, w.data, x, y, w.n_in, w.n_out, &f, g->stream);
+}
+
+bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
+    nstf_matrix w = *a->matmul.w[0];
+    const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
+    bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
+    switch (a->matmul.epi) {
+    case NSTF_MM_STORE: ok = ok && n_w == 1 && norm; break;
+    case NSTF_MM_ACCUM: ok = ok && n_w == 1 && !norm; break;
+    case NSTF_MM_ROPE: ok = ok && n_w == 3 && norm && (a->matmul.rope.head_dim / 2) % 8 == 0; break;
+    case NSTF_MM_SWIGLU: ok = ok && n_w == 2 && norm; break;
+    }
+    ok = ok && nstf_gpu_gemv_fusable(w.type, w.data, w.n_in, norm);
+    if (!ok) g->unfused++;
+    return ok;
+}
+
+nstf_status nstf_gpu_op_matmul(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->matmul.epi != NSTF_MM_STORE || a->matmul.norm_x) return mm_fused(g, a);
+    const int n_w = a->matmul.n_w;
+    const int64_t n = a->matmul.n;
+    const uint16_t *x = a->matmul.x.data;
+    nstf_matrix span;
+    if (n_w > 1 && group_as_one(g, n_w, n) && nstf_matrix_group_span(a->matmul.w, n_w, &span) &&
+        a->matmul.out[0].stride == span.n_out)
+        return mm(g, &span, x, a->matmul.out[0].data, a->matmul.out[0].type, n);
+    for (int i = 0; i < n_w; i++) {
+        const nstf_matrix *w = a->matmul.w[i];
+        if (n > 1 && a->matmul.out[i].stride != w->n_out)
+            return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: %s: matrix %d's rows are not dense",
+                                  a->label ? a->label : "matmul", i);
+        NSTF_TRY(mm(g, w, x, a->matmul.out[i].data, a->matmul.out[i].type, n));
+    }
+    return NSTF_OK;
+}
+
+/* ---- the other ops -------------------------------------------------------------------- */
+
+nstf_status nstf_gpu_op_get_rows(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_matrix *t = a->get_rows.table;
+    g->n_kernels++;
+    return nstf_gpu_get_rows(t->type, t->data, t->n_out, a->get_rows.ids, a->get_rows.out.data, a->get_rows.out.type,
+                             a->get_rows.n, t->n_in, g->stream);
+}
+
+/* Residual + norm: L0 a plain add then a plain RMSNorm; L1+ one fused kernel. */
+nstf_status nstf_gpu_op_rmsnorm(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const float *res = a->rmsnorm.res;
+    const int64_t n = a->rmsnorm.n, dim = a->rmsnorm.dim;
+    if (res && g->level == 0) {
+        g->n_kernels++;
+        NSTF_TRY(nstf_gpu_add(a->rmsnorm.x, res, n * dim, g->stream));
+        res = NULL;
+    }
+    g->n_kernels++;
+    return nstf_gpu_rmsnorm(a->rmsnorm.x, res, NSTF_TYPE_F32, a->rmsnorm.w, a->rmsnorm.y.data, n, dim, a->rmsnorm.eps,
+                            g->stream);
+}
+
+nstf_status nstf_gpu_op_add(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels++;
+    return nstf_gpu_add(a->add.x, a->add.y, a->add.n, g->stream);
+}
+
+nstf_status nstf_gpu_op_rope(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_rope_args *r = &a->rope.r;
+    g->n_kernels++;
+    return nstf_gpu_rope_strided(a->rope.q.data, a->rope.q.stride, a->rope.k.data, a->rope.k.stride, r->pos, a->rope.n,
+                                 r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->mode, g->stream);
+}
+
+/* Materialized attention (L0: QK^T, scale + mask, softmax, PV; L1: the
+ * middle two fused), after writing this batch's k, v into the cache. */
+static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
+    const int hd = a->attention.head_dim, nh = a->attention.n_heads, nkv = a->attention.n_kv_heads;
+    const int64_t kvd = (int64_t)nkv * hd, n = a->attention.n, pos0 = g->pos0, n_kv = pos0 + n;
+    const uint16_t *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
+    const int64_t kv_stride = a->attention.k.stride;
+    uint16_t *kc = a->attention.k_cache, *vc = a->attention.v_cache;
+    const int32_t *pos = a->attention.pos;
+    void *s = g->stream;
+    if (kv_stride != kvd) { /* rows of a group (decode): k and v rows are not packed */
+        for (int64_t t = 0; t < n; t++) {
+            g->n_kernels++;
+            NSTF_TRY(nstf_gpu_kv_write(k + t * kv_stride, v + t * kv_stride, kc, vc, pos + t, 1, kvd, a->attention.n_ctx,
+                                       s));
+        }
+    } else {
+        g->n_kernels++;
+        NSTF_TRY(nstf_gpu_kv_write(k, v, kc, vc, pos, n, kvd, a->attention.n_ctx, s));
+    }
+    g->n_kernels += g->level == 0 ? 4 : 3;
+    NSTF_TRY(nstf_gpu_attn_scores(q, a->attention.q.stride, kc, g->scores, n, n_kv, nh, nkv, hd, s));
+    if (g->level == 0) {
+        NSTF_TRY(nstf_gpu_scale_mask(g->scores, nh, n, n_kv, pos0, a->attention.scale, s));
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, 1.0f, 0, s));
+    } else {
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, a->attention.scale, 1, s));
+    }
+    return nstf_gpu_attn_pv(g->scores, vc, a->attention.out.data, a->attention.out.stride, n, n_kv, nh, nkv, hd, s);
+}
+
+nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->attention.seq || a->attention.pos0 != g->pos0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "GPU backend: attention runs one sequence at consecutive positions per forward");
+    if (g->level < 2) return naive_attention(g, a);
+    const int64_t qd = (int64_t)a->attention.n_heads * a->attention.head_dim;
+    if (g->decode_step) {
+        g->n_kernels += 2;
+        return nstf_gpu_flash_decode_dpos(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                          a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                          a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, 1,
+                                          a->attention.pos, g->bound, a->attention.n_ctx, a->attention.n_heads,
+                                          a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
+                                          g->fd_scratch, g->fd_bytes, g->stream);
+    }
+    g->n_kernels++;
+    return nstf_gpu_flash_attn(a->attention.q.data, a->attention.q.stride, a->attention.k.data, a->attention.k.stride,
+                               a->attention.v.data, a->attention.v.stride, a->attention.k_cache, a->attention.v_cache,
+                               a->attention.out.data, qd, a->attention.n, g->pos0, a->attention.n_ctx,
+                               a->attention.n_heads, a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
+                               g->stream);
+}
+
+/* One token or planes: elementwise; rows of gate | up (one GEMM): by rows. */
+nstf_status nstf_gpu_op_swiglu(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const int64_t n = a->swiglu.n, f = a->swiglu.n_ff;
+    g->n_kernels++;
+    if (n > 1 && a->swiglu.gate.stride == 2 * f)
+        return nstf_gpu_swiglu_rows(a->swiglu.gate.data, a->swiglu.y.data, n, f, g->stream);
+    return nstf_gpu_swiglu(a->swiglu.gate.data, a->swiglu.up.data, a->swiglu.y.data, n * f, g->stream);
+}
+
+nstf_status nstf_gpu_op_argmax(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels += 2;
+    return nstf_gpu_argmax(a->argmax.x.data, a->argmax.x.type, a->argmax.out, a->argmax.n_rows, a->argmax.n,
+                           g->am_scratch, g->stream);
+}
+
+#endif /* NSTF_HAVE_CUDA || NSTF_HAVE_HIP */
