@@ -47,6 +47,7 @@ cuda:
 
 # The GPU tests, on a machine with an NVIDIA GPU.
 test-gpu: cuda
+	./build-cuda/tests/test_backend_ops_gpu
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu

@@ -17,7 +17,7 @@
 
 /* Puts the model's path in path; generates the file if it is missing.
  * False when it cannot be generated. */
-static bool random_model_path(char *path, size_t cap, const char *type) {
+static inline bool random_model_path(char *path, size_t cap, const char *type) {
     struct stat sb;
     snprintf(path, cap, "%s/tests/random-smollm2-135m-%s.gguf", NSTF_BUILD_DIR, type);
     if (stat(path, &sb) == 0) return true;
@@ -34,7 +34,7 @@ typedef struct placed {
     nstf_llama_run *run;
 } placed;
 
-static nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch, placed *p) {
+static inline nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch, placed *p) {
     p->be = NULL;
     p->run = NULL;
     nstf_status st;
@@ -52,18 +52,18 @@ static nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int 
     return st;
 }
 
-static void placed_free(placed *p) {
+static inline void placed_free(placed *p) {
     nstf_llama_run_free(p->run);
     nstf_backend_free(p->be);
     p->run = NULL;
     p->be = NULL;
 }
 
-static nstf_status placed_set(placed *p, nstf_backend_opt opt, int v) { return p->be->vt->set_opt(p->be, opt, v); }
-static int placed_get(const placed *p, nstf_backend_opt opt) { return p->be->vt->get_opt(p->be, opt); }
+static inline nstf_status placed_set(placed *p, nstf_backend_opt opt, int v) { return p->be->vt->set_opt(p->be, opt, v); }
+static inline int placed_get(const placed *p, nstf_backend_opt opt) { return p->be->vt->get_opt(p->be, opt); }
 
 /* Open and load a model file (the model owns the file on success). */
-static nstf_status load_model(const char *path, nstf_llama **m) {
+static inline nstf_status load_model(const char *path, nstf_llama **m) {
     nstf_gguf *f;
     NSTF_TRY(nstf_gguf_open(path, &f));
     nstf_status st = nstf_llama_load(f, m);

@@ -29,6 +29,7 @@ bool nstf_matrix_group_span(const nstf_matrix *const *w, int n_w, nstf_matrix *s
 bool nstf_backend_gpu_built(void) { return false; }
 const char *nstf_backend_gpu_runtime(void) { return NULL; }
 int nstf_backend_gpu_count(void) { return 0; }
+const nstf_backend_vt *nstf_backend_gpu_table(void) { return NULL; }
 
 nstf_status nstf_backend_gpu_line(int dev, char *buf, size_t cap) {
     snprintf(buf, cap, "no GPU backend in this build");

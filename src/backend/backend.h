@@ -186,6 +186,8 @@ bool nstf_backend_gpu_built(void);
 const char *nstf_backend_gpu_runtime(void);
 int nstf_backend_gpu_count(void);
 nstf_status nstf_backend_gpu_line(int dev, char *buf, size_t cap);
+/* The GPU backend's table (NULL in a build without one), for test_op_table. */
+const nstf_backend_vt *nstf_backend_gpu_table(void);
 /* A backend on GPU dev (NSTF_ERR_UNSUPPORTED in a build without one). */
 nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out);
 /* The GPU's peak rates measured on the device (copy bandwidth, bf16 matrix

@@ -460,6 +460,8 @@ static const nstf_backend_vt k_gpu_vt = {
     .graph_kernels = gpu_graph_kernels,
 };
 
+const nstf_backend_vt *nstf_backend_gpu_table(void) { return &k_gpu_vt; }
+
 nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
     *out = NULL;
     int n_dev = nstf_gpu_device_count();

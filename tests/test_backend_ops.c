@@ -1,0 +1,554 @@
+/* test_backend_ops.c — every row of the op table on every backend of this
+ * build, through the backend table (be->vt->ops), against a double-
+ * precision reference written here (the op-table analogue of ggml's
+ * test-backend-ops).
+ *
+ * One case generator per row (case_<op>, tied to the table by the
+ * X-macro, so a new row without a case does not compile). Each case draws
+ * inputs, uploads them to backend memory behind a guard region, poisons
+ * the outputs (NaN bytes), runs the op inside a begin/end bracket, checks
+ * the guards and compares with the reference.
+ *
+ * Backends and tolerances:
+ *  - CPU, precise (fp32 activations): NMSE <= 1e-7 against the fp64
+ *    reference for every op; adds and argmax exact, gathers within 1e-12
+ *    (a dequantization may round once more on one side).
+ *  - CPU, default (int8 activation blocks in matmuls of quantized weights):
+ *    as precise, except those matmuls: NMSE <= 1e-4 (test_matmul_cpu.c
+ *    derives that bound).
+ *  - GPU (test_backend_ops_gpu: this file built with TEST_BACKEND_GPU in a
+ *    GPU build; skipped, exit 77, without a device), at
+ *    every execution level: inputs the op reads as bf16 are bf16 numbers,
+ *    the reference runs on them in double, and an output stored as bf16
+ *    may differ from it by at most 2x the error of rounding the reference
+ *    itself to bf16 (the naive same-precision result), plus 1e-9; fp32
+ *    outputs NMSE <= 1e-7.
+ * Shapes are not multiples of the kernels' tiles; matmuls run for 3 tokens
+ * (GEMV) and 20 (GEMM after dequantization), alone and as a group. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "test_util.h"
+
+#define GUARD 256
+#define FILL 0xa5
+
+/* ---- backend buffers ------------------------------------------------------------ */
+
+typedef struct dbuf {
+    void *d;      /* backend memory: bytes + GUARD */
+    size_t bytes;
+} dbuf;
+
+static nstf_backend *g_be;
+static const char *g_name;
+static bool g_precise;
+
+static dbuf up(const void *host, size_t bytes) {
+    dbuf b = {NULL, bytes};
+    unsigned char *tmp = malloc(bytes + GUARD);
+    if (!tmp || g_be->vt->alloc(g_be, bytes + GUARD, &b.d) != NSTF_OK) {
+        CHECK(0, "%s: alloc %zu: %s", g_name, bytes, nstf_last_error());
+        free(tmp);
+        b.d = NULL;
+        return b;
+    }
+    if (host) memcpy(tmp, host, bytes);
+    else memset(tmp, 0xff, bytes); /* poison: NaN patterns */
+    memset(tmp + bytes, FILL, GUARD);
+    CHECK(g_be->vt->upload(g_be, b.d, tmp, bytes + GUARD) == NSTF_OK, "%s", nstf_last_error());
+    free(tmp);
+    return b;
+}
+
+/* Download the payload into host (may be NULL) and check the guard. */
+static void down(dbuf b, void *host, const char *what) {
+    if (!b.d) return;
+    unsigned char *tmp = malloc(b.bytes + GUARD);
+    CHECK(tmp && g_be->vt->download(g_be, tmp, b.d, b.bytes + GUARD) == NSTF_OK, "%s", nstf_last_error());
+    int bad = 0;
+    for (int i = 0; tmp && i < GUARD; i++) bad += tmp[b.bytes + i] != FILL;
+    CHECK(bad == 0, "%s: %s: %d guard bytes overwritten", g_name, what, bad);
+    if (tmp && host) memcpy(host, tmp, b.bytes);
+    free(tmp);
+}
+
+static void drop(dbuf b) {
+    if (b.d) g_be->vt->free(g_be, b.d);
+}
+
+/* ---- values ---------------------------------------------------------------------- */
+
+static bool act_bf16(void) { return g_be->act_type == NSTF_TYPE_BF16; }
+static float act_round(float x) { return act_bf16() ? nstf_bf16_to_f32(nstf_f32_to_bf16(x)) : x; }
+
+/* Activations [n] as the backend stores them, and their float values. */
+static void *act_make(test_rng *r, float *vals, int64_t n, float scale) {
+    uint16_t *h16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        vals[i] = act_round(scale * rng_normal(r));
+        h16[i] = nstf_f32_to_bf16(vals[i]);
+    }
+    if (act_bf16()) return h16;
+    free(h16);
+    float *h = malloc((size_t)n * 4);
+    memcpy(h, vals, (size_t)n * 4);
+    return h;
+}
+static size_t act_bytes(int64_t n) { return (size_t)n * (act_bf16() ? 2 : 4); }
+
+static void act_read(const void *h, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = act_bf16() ? nstf_bf16_to_f32(((const uint16_t *)h)[i]) : ((const float *)h)[i];
+}
+
+/* Compare a backend output (values as float) with the fp64 reference. */
+static void judge(const char *what, const float *got, const double *ref, int64_t n, bool stored_bf16, double f32_tol) {
+    int64_t nonfin = count_nonfinite(got, n);
+    double e = nmse(got, ref, n), tol = f32_tol;
+    if (stored_bf16) {
+        float *naive = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) naive[i] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)ref[i]));
+        tol = 2 * nmse(naive, ref, n) + 1e-9;
+        free(naive);
+    }
+    CHECK(nonfin == 0 && e <= tol, "%s: %s: NMSE %.3g (tolerance %.3g), %lld non-finite", g_name, what, e, tol,
+          (long long)nonfin);
+}
+
+/* A batch of n tokens at pos0.. in a begin/end bracket (graphs are off:
+ * the ops must run). */
+static nstf_batch_io g_io;
+static int32_t g_tok[64], g_pos[64];
+static bool open_batch(int n, int pos0) {
+    for (int i = 0; i < n; i++) g_tok[i] = 0, g_pos[i] = pos0 + i;
+    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    bool replayed = false;
+    nstf_status st = g_be->vt->begin(g_be, &b, &g_io, &replayed);
+    CHECK(st == NSTF_OK && !replayed, "%s: begin: %s", g_name, nstf_last_error());
+    return st == NSTF_OK;
+}
+static void close_batch(int n, nstf_status st) {
+    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    nstf_fwd_out o = {0};
+    bool retry = false;
+    CHECK(st == NSTF_OK, "%s: op: %s", g_name, nstf_last_error());
+    CHECK(g_be->vt->end(g_be, &b, st, &o, &retry) == st && !retry, "%s: end: %s", g_name, nstf_last_error());
+}
+
+static nstf_status run_op(const nstf_op_args *a, int n, int pos0) {
+    if (!open_batch(n, pos0)) return NSTF_ERR_INTERNAL;
+    nstf_status st = nstf_backend_op(g_be, a);
+    close_batch(n, st);
+    return st;
+}
+
+/* ---- the cases, one per row of the op table --------------------------------------------- */
+
+typedef void (*case_fn)(test_rng *r);
+#define NSTF_X(U, l, ref, cpu, gpu, d) static void case_##l(test_rng *r);
+NSTF_OPS(NSTF_X)
+#undef NSTF_X
+static const case_fn k_cases[NSTF_OP_N] = {
+#define NSTF_X(U, l, ref, cpu, gpu, d) [NSTF_OP_##U] = case_##l,
+    NSTF_OPS(NSTF_X)
+#undef NSTF_X
+};
+
+static const nstf_type k_wtypes[] = {NSTF_TYPE_F32, NSTF_TYPE_F16, NSTF_TYPE_BF16,
+                                     NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+#define N_WTYPES (int)(sizeof k_wtypes / sizeof k_wtypes[0])
+
+/* A matrix [n_out, n_in] of type t and its dequantized values. */
+static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, float *deq, size_t *bytes) {
+    uint64_t rb = 0;
+    (void)nstf_type_row_bytes(t, n_in, &rb);
+    *bytes = (size_t)rb * (size_t)n_out;
+    unsigned char *w = malloc(*bytes);
+    float *row = malloc((size_t)n_in * 4);
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = 0.1f * rng_normal(r);
+        nstf_quantize_row(t, row, w + o * rb, n_in);
+        nstf_dequantize_row(t, w + o * rb, deq + o * n_in, n_in);
+    }
+    free(row);
+    return w;
+}
+
+static void case_get_rows(test_rng *r) {
+    const int64_t rows = 37, dim = 96, n = 11;
+    for (int ti = 0; ti < N_WTYPES; ti++) {
+        nstf_type t = k_wtypes[ti];
+        size_t wb;
+        float *deq = malloc((size_t)(rows * dim) * 4), *got = malloc((size_t)(n * dim) * 4);
+        double *ref = malloc((size_t)(n * dim) * 8);
+        void *w = matrix_make(r, t, dim, rows, deq, &wb);
+        int32_t ids[11];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)(rng_next(r) % rows);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < dim; j++) ref[i * dim + j] = deq[ids[i] * dim + j];
+        dbuf dw = up(w, wb), di = up(ids, sizeof ids), dout = up(NULL, (size_t)(n * dim) * 4);
+        nstf_matrix m = {dw.d, t, dim, rows};
+        nstf_op_args a = {.op = NSTF_OP_GET_ROWS, .label = "get_rows"};
+        a.get_rows.table = &m;
+        a.get_rows.ids = di.d;
+        a.get_rows.out = (nstf_view){dout.d, NSTF_TYPE_F32, dim};
+        a.get_rows.n = n;
+        run_op(&a, 1, 0);
+        down(dout, got, "get_rows out");
+        char what[64];
+        snprintf(what, sizeof what, "get_rows %s", nstf_type_name(t));
+        judge(what, got, ref, n * dim, false, 1e-12);
+        drop(dw), drop(di), drop(dout);
+        free(w), free(deq), free(got), free(ref);
+    }
+}
+
+static void case_rmsnorm(test_rng *r) {
+    const int64_t n = 5, dim = 200;
+    for (int with_res = 0; with_res < 2; with_res++) {
+        float *x = malloc((size_t)(n * dim) * 4), *res = malloc((size_t)(n * dim) * 4), *w = malloc((size_t)dim * 4);
+        float *gx = malloc((size_t)(n * dim) * 4), *gy = malloc((size_t)(n * dim) * 4);
+        double *rx = malloc((size_t)(n * dim) * 8), *ry = malloc((size_t)(n * dim) * 8);
+        for (int64_t i = 0; i < n * dim; i++) x[i] = 3 * rng_normal(r), res[i] = rng_normal(r);
+        for (int64_t i = 0; i < dim; i++) w[i] = 1 + 0.5f * rng_normal(r);
+        const float eps = 1e-5f;
+        for (int64_t t = 0; t < n; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < dim; i++) {
+                rx[t * dim + i] = (double)(float)(x[t * dim + i] + (with_res ? res[t * dim + i] : 0.0f));
+                ss += rx[t * dim + i] * rx[t * dim + i];
+            }
+            double inv = 1.0 / sqrt(ss / dim + eps);
+            for (int64_t i = 0; i < dim; i++) ry[t * dim + i] = rx[t * dim + i] * inv * w[i];
+        }
+        dbuf dx = up(x, (size_t)(n * dim) * 4), dr = up(res, (size_t)(n * dim) * 4), dw = up(w, (size_t)dim * 4),
+             dy = up(NULL, act_bytes(n * dim));
+        nstf_op_args a = {.op = NSTF_OP_RMSNORM, .label = "rmsnorm"};
+        a.rmsnorm.x = dx.d;
+        a.rmsnorm.res = with_res ? dr.d : NULL;
+        a.rmsnorm.w = dw.d;
+        a.rmsnorm.y = (nstf_view){dy.d, g_be->act_type, dim};
+        a.rmsnorm.n = n;
+        a.rmsnorm.dim = dim;
+        a.rmsnorm.eps = eps;
+        run_op(&a, 1, 0);
+        void *hy = malloc(act_bytes(n * dim));
+        down(dx, gx, "rmsnorm x"), down(dy, hy, "rmsnorm y");
+        act_read(hy, gy, n * dim);
+        judge(with_res ? "rmsnorm x += res" : "rmsnorm x", gx, rx, n * dim, false, 0.0);
+        judge(with_res ? "rmsnorm y (with res)" : "rmsnorm y", gy, ry, n * dim, act_bf16(), 1e-7);
+        drop(dx), drop(dr), drop(dw), drop(dy);
+        free(x), free(res), free(w), free(gx), free(gy), free(rx), free(ry), free(hy);
+    }
+}
+
+static void case_add(test_rng *r) {
+    const int64_t n = 1037;
+    float *x = malloc((size_t)n * 4), *y = malloc((size_t)n * 4), *g = malloc((size_t)n * 4);
+    double *ref = malloc((size_t)n * 8);
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal(r), y[i] = rng_normal(r), ref[i] = (double)(x[i] + y[i]);
+    dbuf dx = up(x, (size_t)n * 4), dy = up(y, (size_t)n * 4);
+    nstf_op_args a = {.op = NSTF_OP_ADD, .label = "add"};
+    a.add.x = dx.d;
+    a.add.y = dy.d;
+    a.add.n = n;
+    run_op(&a, 1, 0);
+    down(dx, g, "add x");
+    judge("add", g, ref, n, false, 0.0);
+    drop(dx), drop(dy);
+    free(x), free(y), free(g), free(ref);
+}
+
+/* A group of 1 or 3 matrices of one type over x [n, n_in], outputs where
+ * the backend places them. */
+static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
+    const int64_t n_in = 128, n_out[3] = {72, 40, 40};
+    int64_t total = 0;
+    for (int i = 0; i < n_w; i++) total += n_out[i];
+    float *xv = malloc((size_t)(n * n_in) * 4), *deq = malloc((size_t)(total * n_in) * 4);
+    void *hx = act_make(r, xv, n * n_in, 1.0f);
+    size_t wb[3], all = 0;
+    void *w[3];
+    for (int i = 0; i < n_w; i++) {
+        int64_t off = 0;
+        for (int j = 0; j < i; j++) off += n_out[j];
+        w[i] = matrix_make(r, t, n_in, n_out[i], deq + off * n_in, &wb[i]);
+        all += wb[i];
+    }
+    unsigned char *wall = malloc(all);
+    for (int i = 0, o = 0; i < n_w; o += (int)wb[i], i++) memcpy(wall + o, w[i], wb[i]);
+    dbuf dw = up(wall, all), dx = up(hx, act_bytes(n * n_in)), dy = up(NULL, act_bytes(64 * total));
+    nstf_matrix m[3];
+    const nstf_matrix *mp[3];
+    for (int i = 0, o = 0; i < n_w; o += (int)wb[i], i++) {
+        m[i] = (nstf_matrix){(char *)dw.d + o, t, n_in, n_out[i]};
+        mp[i] = &m[i];
+    }
+    nstf_op_args a = {.op = NSTF_OP_MATMUL, .label = "matmul"};
+    a.matmul.n_w = n_w;
+    for (int i = 0; i < n_w; i++) a.matmul.w[i] = mp[i];
+    a.matmul.n = n;
+    a.matmul.x = (nstf_view){dx.d, g_be->act_type, n_in};
+    g_be->vt->place(g_be, mp, n_w, n, dy.d, a.matmul.out);
+    run_op(&a, (int)n, 0);
+    void *hy = malloc(act_bytes(64 * total));
+    down(dy, hy, "matmul out");
+    for (int i = 0; i < n_w; i++) {
+        int64_t off = 0;
+        for (int j = 0; j < i; j++) off += n_out[j];
+        float *got = malloc((size_t)(n * n_out[i]) * 4);
+        double *ref = malloc((size_t)(n * n_out[i]) * 8);
+        const int64_t es = act_bf16() ? 2 : 4, base = ((char *)a.matmul.out[i].data - (char *)dy.d) / es;
+        for (int64_t tk = 0; tk < n; tk++)
+            for (int64_t o = 0; o < n_out[i]; o++) {
+                float v[1];
+                act_read((char *)hy + (base + tk * a.matmul.out[i].stride + o) * es, v, 1);
+                got[tk * n_out[i] + o] = v[0];
+                double s = 0;
+                for (int64_t k = 0; k < n_in; k++) s += (double)deq[(off + o) * n_in + k] * xv[tk * n_in + k];
+                ref[tk * n_out[i] + o] = s;
+            }
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s, group of %d (matrix %d), %lld tokens", nstf_type_name(t), n_w, i,
+                 (long long)n);
+        const bool int8 = !g_precise && g_be->int8_act && nstf_type_block_elems(t) > 1;
+        judge(what, got, ref, n * n_out[i], act_bf16(), int8 ? 1e-4 : 1e-7);
+        free(got), free(ref);
+    }
+    drop(dw), drop(dx), drop(dy);
+    for (int i = 0; i < n_w; i++) free(w[i]);
+    free(wall), free(xv), free(deq), free(hx), free(hy);
+}
+
+static void case_matmul(test_rng *r) {
+    for (int ti = 0; ti < N_WTYPES; ti++)
+        for (int n_w = 1; n_w <= 3; n_w += 2) {
+            matmul_group(r, k_wtypes[ti], n_w, 3);
+            matmul_group(r, k_wtypes[ti], n_w, 20);
+        }
+}
+
+static void case_rope(test_rng *r) {
+    const int nh = 3, nkv = 1, hd = 64;
+    const int64_t n = 7, qd = nh * hd, kvd = nkv * hd;
+    for (int mode = 0; mode <= 2; mode += 2) {
+        float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4);
+        void *hq = act_make(r, qv, n * qd, 1.0f), *hk = act_make(r, kv, n * kvd, 1.0f);
+        dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd));
+        const int pos0 = 1000;
+        if (!open_batch((int)n, pos0)) return;
+        nstf_op_args a = {.op = NSTF_OP_ROPE, .label = "rope"};
+        a.rope.q = (nstf_view){dq.d, g_be->act_type, qd};
+        a.rope.k = (nstf_view){dk.d, g_be->act_type, kvd};
+        a.rope.n = n;
+        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode};
+        close_batch((int)n, nstf_backend_op(g_be, &a));
+        for (int which = 0; which < 2; which++) {
+            const int64_t rowlen = which ? kvd : qd, heads = which ? nkv : nh;
+            const float *src = which ? kv : qv;
+            void *h = malloc(act_bytes(n * rowlen));
+            float *got = malloc((size_t)(n * rowlen) * 4);
+            double *ref = malloc((size_t)(n * rowlen) * 8);
+            down(which ? dk : dq, h, "rope out");
+            act_read(h, got, n * rowlen);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t hh = 0; hh < heads; hh++)
+                    for (int i = 0; i < hd / 2; i++) {
+                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd), c = cos(th), s = sin(th);
+                        int64_t i0 = mode ? i : 2 * i, i1 = mode ? i + hd / 2 : 2 * i + 1, b = t * rowlen + hh * hd;
+                        ref[b + i0] = src[b + i0] * c - src[b + i1] * s;
+                        ref[b + i1] = src[b + i0] * s + src[b + i1] * c;
+                    }
+            judge(which ? (mode ? "rope k neox" : "rope k norm") : (mode ? "rope q neox" : "rope q norm"), got, ref,
+                  n * rowlen, act_bf16(), 1e-7);
+            free(h), free(got), free(ref);
+        }
+        drop(dq), drop(dk);
+        free(qv), free(kv), free(hq), free(hk);
+    }
+}
+
+/* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
+ * tokens: causal GQA, the batch's k and v written into the cache. */
+static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
+    const int nh = 6, nkv = 2, hd = 64, n_ctx = 300;
+    const int64_t qd = nh * hd, kvd = nkv * hd, kv_es = g_be->kv_type == NSTF_TYPE_BF16 ? 2 : 4;
+    float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4), *vv = malloc((size_t)(n * kvd) * 4);
+    float *cache_k = malloc((size_t)(n_ctx * kvd) * 4), *cache_v = malloc((size_t)(n_ctx * kvd) * 4);
+    void *hq = act_make(r, qv, n * qd, 1.0f), *hk = act_make(r, kv, n * kvd, 1.0f), *hv = act_make(r, vv, n * kvd, 1.0f);
+    void *hck = act_make(r, cache_k, n_ctx * kvd, 1.0f), *hcv = act_make(r, cache_v, n_ctx * kvd, 1.0f);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < kvd; i++)
+            cache_k[(pos0 + t) * kvd + i] = kv[t * kvd + i], cache_v[(pos0 + t) * kvd + i] = vv[t * kvd + i];
+    (void)kv_es; /* the caches are kv_type, which is act_type on both backends */
+    dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd)), dv = up(hv, act_bytes(n * kvd));
+    dbuf dck = up(hck, act_bytes(n_ctx * kvd)), dcv = up(hcv, act_bytes(n_ctx * kvd)), dout = up(NULL, act_bytes(n * qd));
+    const float scale = 0.125f;
+    if (!open_batch((int)n, (int)pos0)) return;
+    nstf_op_args a = {.op = NSTF_OP_ATTENTION, .label = "attention"};
+    a.attention.q = (nstf_view){dq.d, g_be->act_type, qd};
+    a.attention.k = (nstf_view){dk.d, g_be->act_type, kvd};
+    a.attention.v = (nstf_view){dv.d, g_be->act_type, kvd};
+    a.attention.k_cache = dck.d;
+    a.attention.v_cache = dcv.d;
+    a.attention.out = (nstf_view){dout.d, g_be->act_type, qd};
+    a.attention.pos = g_io.pos;
+    a.attention.n = n;
+    a.attention.n_ctx = n_ctx;
+    a.attention.pos0 = pos0;
+    a.attention.n_heads = nh;
+    a.attention.n_kv_heads = nkv;
+    a.attention.head_dim = hd;
+    a.attention.scale = scale;
+    close_batch((int)n, nstf_backend_op(g_be, &a));
+    void *ho = malloc(act_bytes(n * qd));
+    float *got = malloc((size_t)(n * qd) * 4);
+    double *ref = malloc((size_t)(n * qd) * 8), *p = malloc((size_t)(pos0 + n) * 8);
+    down(dout, ho, "attention out");
+    down(dck, NULL, "k cache"), down(dcv, NULL, "v cache");
+    act_read(ho, got, n * qd);
+    for (int64_t t = 0; t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / (nh / nkv);
+            const int64_t n_keys = pos0 + t + 1;
+            double m = -1e300, s = 0;
+            for (int64_t j = 0; j < n_keys; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qv[t * qd + h * hd + i] * cache_k[j * kvd + g * hd + i];
+                p[j] = d * scale;
+                m = fmax(m, p[j]);
+            }
+            for (int64_t j = 0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int64_t j = 0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
+                ref[t * qd + h * hd + i] = o / s;
+            }
+        }
+    char what[64];
+    snprintf(what, sizeof what, "attention %lld tokens at %lld", (long long)n, (long long)pos0);
+    judge(what, got, ref, n * qd, act_bf16(), 1e-7);
+    drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
+    free(qv), free(kv), free(vv), free(cache_k), free(cache_v), free(hq), free(hk), free(hv), free(hck), free(hcv);
+    free(ho), free(got), free(ref), free(p);
+}
+
+static void case_attention(test_rng *r) {
+    attention_case(r, 1, 0);
+    attention_case(r, 1, 261);
+    attention_case(r, 13, 0);
+    attention_case(r, 19, 150);
+}
+
+static void case_swiglu(test_rng *r) {
+    const int64_t f = 333;
+    for (int rows = 0; rows < 2; rows++)
+        for (int64_t n = 1; n <= 4; n += 3) {
+            /* rows: each token's gate | up in one row of 2f; else planes */
+            float *hv = malloc((size_t)(n * 2 * f) * 4);
+            void *hh = act_make(r, hv, n * 2 * f, 2.0f);
+            dbuf dh = up(hh, act_bytes(n * 2 * f)), dy = up(NULL, act_bytes(n * f));
+            const int64_t es = act_bf16() ? 2 : 4;
+            nstf_op_args a = {.op = NSTF_OP_SWIGLU, .label = "swiglu"};
+            a.swiglu.gate = (nstf_view){dh.d, g_be->act_type, rows ? 2 * f : f};
+            a.swiglu.up = (nstf_view){(char *)dh.d + (rows ? f : n * f) * es, g_be->act_type, rows ? 2 * f : f};
+            a.swiglu.y = (nstf_view){dy.d, g_be->act_type, f};
+            a.swiglu.n = n;
+            a.swiglu.n_ff = f;
+            if (rows && g_be->host_memory) { /* the CPU backend's groups are planes */
+                drop(dh), drop(dy);
+                free(hv), free(hh);
+                continue;
+            }
+            run_op(&a, 1, 0);
+            void *hy = malloc(act_bytes(n * f));
+            float *got = malloc((size_t)(n * f) * 4);
+            double *ref = malloc((size_t)(n * f) * 8);
+            down(dy, hy, "swiglu y");
+            act_read(hy, got, n * f);
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t c = 0; c < f; c++) {
+                    double g = rows ? hv[t * 2 * f + c] : hv[t * f + c], u = rows ? hv[t * 2 * f + f + c] : hv[n * f + t * f + c];
+                    ref[t * f + c] = g / (1 + exp(-g)) * u;
+                }
+            judge(rows ? "swiglu rows" : "swiglu planes", got, ref, n * f, act_bf16(), 1e-7);
+            drop(dh), drop(dy);
+            free(hv), free(hh), free(hy), free(got), free(ref);
+        }
+}
+
+static void case_argmax(test_rng *r) {
+    const int64_t rows = 3, n = 49157;
+    float *x = malloc((size_t)(rows * n) * 4);
+    for (int64_t i = 0; i < rows * n; i++) x[i] = rng_normal(r);
+    x[n + 17] = x[n + 4000] = 9.0f; /* a tie: the first index wins */
+    int32_t got[3] = {-1, -1, -1};
+    dbuf dx = up(x, (size_t)(rows * n) * 4), dout = up(NULL, sizeof got);
+    nstf_op_args a = {.op = NSTF_OP_ARGMAX, .label = "argmax"};
+    a.argmax.x = (nstf_view){dx.d, NSTF_TYPE_F32, n};
+    a.argmax.out = dout.d;
+    a.argmax.n_rows = rows;
+    a.argmax.n = n;
+    run_op(&a, 1, 0);
+    down(dout, got, "argmax out");
+    for (int64_t rr = 0; rr < rows; rr++) {
+        int64_t b = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (x[rr * n + i] > x[rr * n + b]) b = i;
+        CHECK(got[rr] == b, "%s: argmax row %lld: %d, want %lld", g_name, (long long)rr, got[rr], (long long)b);
+    }
+    drop(dx), drop(dout);
+    free(x);
+}
+
+/* ---- the backends --------------------------------------------------------------------- */
+
+static void run_all(const char *name) {
+    g_name = name;
+    /* a plan that sizes the backend's workspace for these cases */
+    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152};
+    nstf_backend_plan p = {1, 200, 6, 2, 64, 333, 49157, 300, 64, 1, 10000.0f, NSTF_ROPE_NORM, &big, 1};
+    uint64_t ws = 0;
+    CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
+          nstf_last_error());
+    (void)g_be->vt->set_opt(g_be, NSTF_OPT_GRAPHS, 0);
+    for (int level = g_be->vt->n_levels - 1; level >= 0; level--) {
+        CHECK(g_be->vt->set_opt(g_be, NSTF_OPT_LEVEL, level) == NSTF_OK, "%s: level %d: %s", name, level,
+              nstf_last_error());
+        for (int op = 0; op < NSTF_OP_N; op++) {
+            test_rng r = {0x9e3779b9u + (uint64_t)op * 7919u};
+            const int before = g_fails;
+            k_cases[op](&r);
+            printf("  %-6s L%d %-10s %s\n", name, level, nstf_op_name((nstf_op)op), g_fails == before ? "ok" : "FAIL");
+        }
+    }
+}
+
+int main(void) {
+    for (int op = 0; op < NSTF_OP_N; op++) CHECK(k_cases[op] != NULL, "op %s has no case", nstf_op_name((nstf_op)op));
+#if defined(TEST_BACKEND_GPU)
+    if (nstf_backend_gpu_count() < 1) {
+        printf("test_backend_ops_gpu: no GPU; skipped\n");
+        return 77;
+    }
+    CHECK(nstf_backend_gpu_create(0, &g_be) == NSTF_OK, "%s", nstf_last_error());
+    g_precise = false;
+    if (g_be) run_all(nstf_backend_gpu_runtime());
+    nstf_backend_free(g_be);
+    return test_finish("test_backend_ops_gpu");
+#else
+    for (int precise = 1; precise >= 0; precise--) {
+        const nstf_cpu_params cp = {2, precise != 0, false};
+        CHECK(nstf_backend_cpu_create(&cp, &g_be) == NSTF_OK, "%s", nstf_last_error());
+        g_precise = precise != 0;
+        if (g_be) run_all(precise ? "cpu-precise" : "cpu");
+        nstf_backend_free(g_be);
+    }
+    return test_finish("test_backend_ops");
+#endif
+}
