@@ -20,9 +20,10 @@
  *    GPU build; skipped, exit 77, without a device), at
  *    every execution level: inputs the op reads as bf16 are bf16 numbers,
  *    the reference runs on them in double, and an output stored as bf16
- *    may differ from it by at most 2x the error of rounding the reference
- *    itself to bf16 (the naive same-precision result), plus 1e-9; fp32
- *    outputs NMSE <= 1e-7.
+ *    may differ from it by at most 2x the error of the naive same-precision
+ *    result, plus 1e-9: the reference rounded to bf16 once, and for a
+ *    matmul the product of bf16 operands (x and W rounded to bf16, as the
+ *    GEMM takes them) rounded once; fp32 outputs NMSE <= 1e-7.
  * Shapes are not multiples of the kernels' tiles; matmuls run for 3 tokens
  * (GEMV) and 20 (GEMM after dequantization), alone and as a group. */
 #include <math.h>
@@ -106,18 +107,26 @@ static void act_read(const void *h, float *out, int64_t n) {
         out[i] = act_bf16() ? nstf_bf16_to_f32(((const uint16_t *)h)[i]) : ((const float *)h)[i];
 }
 
-/* Compare a backend output (values as float) with the fp64 reference. */
-static void judge(const char *what, const float *got, const double *ref, int64_t n, bool stored_bf16, double f32_tol) {
+/* Compare a backend output (values as float) with the fp64 reference.
+ * naive (may be NULL): a naive same-precision result; when given, the
+ * tolerance is twice its NMSE (+ 1e-9), else f32_tol. */
+static void judge_naive(const char *what, const float *got, const double *ref, const float *naive, int64_t n,
+                        double f32_tol) {
     int64_t nonfin = count_nonfinite(got, n);
-    double e = nmse(got, ref, n), tol = f32_tol;
-    if (stored_bf16) {
-        float *naive = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++) naive[i] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)ref[i]));
-        tol = 2 * nmse(naive, ref, n) + 1e-9;
-        free(naive);
-    }
+    double e = nmse(got, ref, n), tol = naive ? 2 * nmse(naive, ref, n) + 1e-9 : f32_tol;
     CHECK(nonfin == 0 && e <= tol, "%s: %s: NMSE %.3g (tolerance %.3g), %lld non-finite", g_name, what, e, tol,
           (long long)nonfin);
+}
+
+/* stored_bf16: the naive result is the reference rounded to bf16 once. */
+static void judge(const char *what, const float *got, const double *ref, int64_t n, bool stored_bf16, double f32_tol) {
+    float *naive = NULL;
+    if (stored_bf16) {
+        naive = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) naive[i] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)ref[i]));
+    }
+    judge_naive(what, got, ref, naive, n, f32_tol);
+    free(naive);
 }
 
 /* A batch of n tokens at pos0.. in a begin/end bracket (graphs are off:
@@ -301,7 +310,7 @@ static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
     for (int i = 0; i < n_w; i++) {
         int64_t off = 0;
         for (int j = 0; j < i; j++) off += n_out[j];
-        float *got = malloc((size_t)(n * n_out[i]) * 4);
+        float *got = malloc((size_t)(n * n_out[i]) * 4), *naive = malloc((size_t)(n * n_out[i]) * 4);
         double *ref = malloc((size_t)(n * n_out[i]) * 8);
         const int64_t es = act_bf16() ? 2 : 4, base = ((char *)a.matmul.out[i].data - (char *)dy.d) / es;
         for (int64_t tk = 0; tk < n; tk++)
@@ -309,16 +318,23 @@ static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
                 float v[1];
                 act_read((char *)hy + (base + tk * a.matmul.out[i].stride + o) * es, v, 1);
                 got[tk * n_out[i] + o] = v[0];
-                double s = 0;
-                for (int64_t k = 0; k < n_in; k++) s += (double)deq[(off + o) * n_in + k] * xv[tk * n_in + k];
+                double s = 0, sn = 0;
+                for (int64_t k = 0; k < n_in; k++) {
+                    const float wk = deq[(off + o) * n_in + k];
+                    s += (double)wk * xv[tk * n_in + k];
+                    sn += (double)nstf_bf16_to_f32(nstf_f32_to_bf16(wk)) * xv[tk * n_in + k];
+                }
                 ref[tk * n_out[i] + o] = s;
+                naive[tk * n_out[i] + o] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)sn));
             }
         char what[96];
         snprintf(what, sizeof what, "matmul %s, group of %d (matrix %d), %lld tokens", nstf_type_name(t), n_w, i,
                  (long long)n);
         const bool int8 = !g_precise && g_be->int8_act && nstf_type_block_elems(t) > 1;
-        judge(what, got, ref, n * n_out[i], act_bf16(), int8 ? 1e-4 : 1e-7);
-        free(got), free(ref);
+        /* bf16: the naive matmul has bf16 operands (x and W), accumulates
+         * exactly and rounds its output once */
+        judge_naive(what, got, ref, act_bf16() ? naive : NULL, n * n_out[i], int8 ? 1e-4 : 1e-7);
+        free(got), free(naive), free(ref);
     }
     drop(dw), drop(dx), drop(dy);
     for (int i = 0; i < n_w; i++) free(w[i]);

@@ -72,8 +72,9 @@ typedef struct nstf_backend_plan {
     int n_ctx, n_batch, n_seq;
     float rope_base;
     nstf_rope_mode rope_mode;
-    /* every matmul the forward will issue, a group of adjacent matrices
-     * counted as one (nstf_matrix_group_span) */
+    /* every matmul of the layers the forward will issue, a group of
+     * adjacent matrices counted as one (nstf_matrix_group_span); the
+     * output matrix is not among them */
     const nstf_matrix *mats;
     int n_mats;
 } nstf_backend_plan;

@@ -159,8 +159,9 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
     g->n_batch = p->n_batch;
     g->rope_base = p->rope_base;
     /* the largest layer matmul that prefill must dequantize (none when all
-     * are bf16); the output matrix is not counted: a quantized one runs
-     * every-token logits on the GEMV rather than keep a vocabulary-sized copy */
+     * are bf16); the plan does not list the output matrix: a quantized one
+     * runs every-token logits on the GEMV rather than keep a vocabulary-
+     * sized bf16 copy */
     g->wtmp_elems = 0;
     g->n_rowids = 0;
     for (int i = 0; i < p->n_mats; i++) {

@@ -120,8 +120,9 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
 nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
                                    float *logits, int32_t *argmax);
 
-/* The matmuls the forward issues (a group of adjacent matrices as one),
- * for a backend's plan: writes up to cap entries, returns the count. */
+/* The matmuls of the layers the forward issues (a group of adjacent
+ * matrices as one), for a backend's plan: writes up to cap entries,
+ * returns the count. */
 int nstf_llama_matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap);
 
 #endif

@@ -125,8 +125,10 @@ static bool placed_adjacent(const nstf_matrix *const *w, int n) {
     return true;
 }
 
-/* One entry per matmul: a group as one matrix where it is (or, with
- * as_placed, where put_group will make it) adjacent. */
+/* One entry per matmul of the layers: a group as one matrix where it is
+ * (or, with as_placed, where put_group will make it) adjacent. The output
+ * matrix is not listed: a backend sizes no workspace for it (its every-
+ * token logits of a prefill are the rare case). */
 static int matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap, bool as_placed) {
     int n = 0;
 #define ADD(m) do { if (n < cap) out[n] = (m); n++; } while (0)
@@ -144,7 +146,6 @@ static int matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf
             ADD(k ? L->w_down : L->wo);
         }
     }
-    ADD(w->output);
 #undef ADD
     return n;
 }
@@ -247,7 +248,7 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     uint64_t sbytes = 0, ws = 0;
     if (st == NSTF_OK) st = state_plan(&r->s, c, be, NULL, &sbytes);
     nstf_matrix *mats = NULL;
-    const int n_mats = 7 * c->n_layers + 1; /* every matrix on its own: the most there can be */
+    const int n_mats = 7 * c->n_layers; /* every matrix on its own: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                             n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0};
     if (st == NSTF_OK) {
