@@ -1,13 +1,17 @@
 /* cli_run.h — run the built nstf binary the way a user does (posix_spawn,
  * no shell quoting), capturing stdout and stderr through files in the
- * test's temporary folder g_dir. Shared by the CLI-level tests. */
+ * test's temporary folder g_dir, and expect_error() for bad input. Shared
+ * by the CLI-level tests. */
 #ifndef NSTF_TEST_CLI_RUN_H
 #define NSTF_TEST_CLI_RUN_H
 
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/wait.h>
+
+#include "test_util.h"
 
 extern char **environ;
 
@@ -46,6 +50,21 @@ static int run(const char *const *args) {
     g_out[k] = 0;
     if (f) fclose(f);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static inline int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Bad input: non-zero exit (not a crash), one line on stderr naming the
+ * problem (`want` is a substring of it). */
+static inline void expect_error(const char *what, const char *want, const char *const *args) {
+    int rc = run(args);
+    CHECK(rc > 0, "%s: exit %d (want a non-zero exit, no crash)", what, rc);
+    CHECK(count_lines(g_err) == 1, "%s: %d lines on stderr: %s", what, count_lines(g_err), g_err);
+    CHECK(strstr(g_err, want) != NULL, "%s: stderr lacks '%s': %s", what, want, g_err);
 }
 
 #endif

@@ -66,6 +66,44 @@ static inline double nmse_f(const float *a, const float *b, int64_t n) {
     }
     return den > 0 ? num / den : num;
 }
+/* NMSE of one logit row a against a reference row b after subtracting each
+ * row's own mean: logits are defined up to a constant, and a mean far from 0
+ * would otherwise inflate the denominator and hide errors. */
+static inline double centred_nmse_f(const float *a, const float *b, int64_t n) {
+    double ma = 0, mb = 0, num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) { ma += a[i]; mb += b[i]; }
+    ma /= (double)n;
+    mb /= (double)n;
+    for (int64_t i = 0; i < n; i++) {
+        double d = ((double)a[i] - ma) - ((double)b[i] - mb), r = (double)b[i] - mb;
+        num += d * d;
+        den += r * r;
+    }
+    return den > 0 ? num / den : num;
+}
+/* log-sum-exp of a row, in double */
+static inline double lse_f(const float *a, int64_t n) {
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < n; i++) if (a[i] > m) m = a[i];
+    for (int64_t i = 0; i < n; i++) s += exp((double)a[i] - m);
+    return m + log(s);
+}
+/* KL(softmax(p) || softmax(q)) in nats, of two logit rows */
+static inline double kl_softmax_f(const float *p, const float *q, int64_t n) {
+    const double lp = lse_f(p, n), lq = lse_f(q, n);
+    double kl = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double a = p[i] - lp, b = q[i] - lq;
+        kl += exp(a) * (a - b);
+    }
+    return kl;
+}
+/* index of the first maximum */
+static inline int64_t argmax_f(const float *a, int64_t n) {
+    int64_t b = 0;
+    for (int64_t i = 1; i < n; i++) if (a[i] > a[b]) b = i;
+    return b;
+}
 static inline int64_t count_nonfinite(const float *a, int64_t n) {
     int64_t c = 0;
     for (int64_t i = 0; i < n; i++) c += !isfinite(a[i]);

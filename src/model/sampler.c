@@ -79,13 +79,19 @@ void nstf_sampler_accept(nstf_sampler *s, int32_t id) {
     if (s->n_recent < n) s->n_recent++;
 }
 
-/* Partial selection: move the k largest of val[0..n) (with their idx) to
- * the front, sorted descending. O(n log k) with a small heap. */
+/* Candidate order: higher logit first; among equal logits the lower id
+ * first, so the kept set and its order are one fixed function of the logits
+ * (as greedy's first maximum is). */
+static bool better(float va, int32_t ia, float vb, int32_t ib) { return va > vb || (va == vb && ia < ib); }
+
+/* Partial selection: move the k best of val[0..n) (with their idx) to the
+ * front, in candidate order. O(n log k) with a heap whose root is the
+ * worst of the best k so far. */
 static void sift_down(float *v, int32_t *ix, int k, int i) {
     for (;;) {
         int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < k && v[l] < v[m]) m = l;
-        if (r < k && v[r] < v[m]) m = r;
+        if (l < k && better(v[m], ix[m], v[l], ix[l])) m = l;
+        if (r < k && better(v[m], ix[m], v[r], ix[r])) m = r;
         if (m == i) return;
         float tv = v[i]; v[i] = v[m]; v[m] = tv;
         int32_t ti = ix[i]; ix[i] = ix[m]; ix[m] = ti;
@@ -94,16 +100,15 @@ static void sift_down(float *v, int32_t *ix, int k, int i) {
 }
 
 static void top_k_sorted(float *v, int32_t *ix, int n, int k) {
-    /* min-heap of the best k in v[0..k) */
     for (int i = k / 2 - 1; i >= 0; i--) sift_down(v, ix, k, i);
     for (int i = k; i < n; i++) {
-        if (v[i] > v[0]) {
+        if (better(v[i], ix[i], v[0], ix[0])) {
             v[0] = v[i];
             ix[0] = ix[i];
             sift_down(v, ix, k, 0);
         }
     }
-    /* heap sort ascending-min-heap into descending order */
+    /* heap sort: the worst goes to the back */
     for (int end = k - 1; end > 0; end--) {
         float tv = v[0]; v[0] = v[end]; v[end] = tv;
         int32_t ti = ix[0]; ix[0] = ix[end]; ix[end] = ti;
@@ -111,34 +116,37 @@ static void top_k_sorted(float *v, int32_t *ix, int n, int k) {
     }
 }
 
-int32_t nstf_sampler_sample(nstf_sampler *s, const float *logits) {
+int nstf_sampler_candidates(nstf_sampler *s, const float *logits) {
     const int n = s->n_vocab;
     float *v = s->val;
     int32_t *ix = s->idx;
     memcpy(v, logits, (size_t)n * sizeof(float));
-    /* repetition penalty (as llama.cpp: divide positive, multiply negative) */
+    for (int i = 0; i < n; i++) ix[i] = i;
+    /* repetition penalty (as llama.cpp: divide positive, multiply negative),
+     * once per distinct token of the window: ix[t] = -1 marks a token done */
     if (s->p.repeat_penalty != 1.0f) {
         for (int i = 0; i < s->n_recent; i++) {
             int32_t t = s->recent[i];
-            if (t < 0 || t >= n) continue;
-            /* apply once per distinct token */
-            bool seen = false;
-            for (int j = 0; j < i; j++) seen |= s->recent[j] == t;
-            if (seen) continue;
+            if (t < 0 || t >= n || ix[t] < 0) continue;
+            ix[t] = -1;
             v[t] = v[t] > 0 ? v[t] / s->p.repeat_penalty : v[t] * s->p.repeat_penalty;
         }
+        for (int i = 0; i < s->n_recent; i++)
+            if (s->recent[i] >= 0 && s->recent[i] < n) ix[s->recent[i]] = s->recent[i];
     }
     if (s->p.temp <= 0.0f) { /* greedy: first index of the maximum */
         int32_t best = 0;
         for (int i = 1; i < n; i++)
             if (v[i] > v[best]) best = i;
-        return best;
+        ix[0] = best;
+        v[0] = 1.0f;
+        return 1;
     }
-    for (int i = 0; i < n; i++) ix[i] = i;
     int k = (s->p.top_k > 0 && s->p.top_k < n) ? s->p.top_k : n;
     top_k_sorted(v, ix, n, k);
-    /* top-p and min-p judge the untempered distribution (the temperature is
-     * applied last, as in llama.cpp's default chain) */
+    /* top-p and min-p judge the untempered distribution of the top-k
+     * candidates (the temperature is applied last, as in llama.cpp's
+     * default chain) */
     float *pr = s->prob, maxv = v[0];
     double sum = 0;
     for (int i = 0; i < k; i++) {
@@ -160,13 +168,21 @@ int32_t nstf_sampler_sample(nstf_sampler *s, const float *logits) {
         while (keep < k && pr[keep] >= floor_p) keep++;
         k = keep;
     }
-    /* temperature, then draw */
+    /* temperature: the draw weights */
     for (int i = 0; i < k; i++) v[i] = expf((v[i] - maxv) / s->p.temp);
+    return k;
+}
+
+int32_t nstf_sampler_sample(nstf_sampler *s, const float *logits) {
+    const int k = nstf_sampler_candidates(s, logits);
+    const float *w = s->val;
+    const int32_t *ix = s->idx;
+    if (s->p.temp <= 0.0f) return ix[0]; /* greedy draws nothing; any other sample draws once */
     double total = 0;
-    for (int i = 0; i < k; i++) total += v[i];
+    for (int i = 0; i < k; i++) total += w[i];
     double r = nstf_sampler_uniform(s) * total, acc = 0;
     for (int i = 0; i < k; i++) {
-        acc += v[i];
+        acc += w[i];
         if (r < acc) return ix[i];
     }
     return ix[k - 1];

@@ -32,7 +32,15 @@ nstf_status nstf_sampler_init(nstf_sampler *s, const nstf_sampler_params *p, int
 void nstf_sampler_free(nstf_sampler *s);
 /* Record a token (prompt or generated) for the repetition penalty. */
 void nstf_sampler_accept(nstf_sampler *s, int32_t id);
-/* Pick the next token from logits [n_vocab] (not modified). */
+/* The chain up to the draw on logits [n_vocab] (not modified): returns the
+ * number n >= 1 of candidates left; idx[0..n) are their ids in candidate
+ * order (higher penalised logit first, the lower id first among equal
+ * ones) and val[0..n) their unnormalised draw weights exp((l - l_max) / temp)
+ * (greedy: the one first maximum, weight 1). For tests and for callers that
+ * draw themselves. */
+int nstf_sampler_candidates(nstf_sampler *s, const float *logits);
+/* Pick the next token from logits [n_vocab] (not modified): the candidates,
+ * then one uniform draw (greedy draws nothing). */
 int32_t nstf_sampler_sample(nstf_sampler *s, const float *logits);
 /* A uniform draw in [0, 1) from the sampler's generator (for tests). */
 double nstf_sampler_uniform(nstf_sampler *s);
