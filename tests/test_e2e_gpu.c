@@ -40,12 +40,17 @@
 #define N_TOK 256
 #define N_PROMPT 8
 #define N_GEN 32
-/* Per-position bounds (see the header). Measured on the H100 (commit
- * 1f137a2's kernels): mean KL 4.2e-4 on the real model, <= 7.6e-6 on the
- * random ones. */
+/* Per-position bounds (see the header). Measured on the H100 (2026-11-26,
+ * the kernels of 1f137a2 behind the backend seam), worst of prefill and
+ * decode: real SmolLM2 Q4_1 mean KL 4.2e-4, max KL 3.3e-3, max centred
+ * NMSE 1.42e-3, every top-1 flip at a near-tie; random Q4_1/BF16/Q8_0
+ * models mean KL <= 1.1e-5, max KL <= 1.4e-5, max centred NMSE <= 1.2e-4.
+ * Bounds: about 2x (NMSE), 3x (max KL) and 5x (mean KL) the real model's
+ * worst; a bug that spoils even one position (a wrong RoPE angle, a stale
+ * cache row: KL of order 0.1 there) fails KL_MAX. */
 #define KL_MEAN 2e-3
-#define KL_MAX 2e-2
-#define NMSE_MAX 1e-3
+#define KL_MAX 1e-2
+#define NMSE_MAX 3e-3
 #define TOP2_EPS 0.25f
 
 static int g_fail = 0;
