@@ -199,6 +199,8 @@ static nstf_status check_overlaps(const nstf_st_shard *sh, const nstf_st_tensor 
 static nstf_status parse_shard(nstf_safetensors *st, uint32_t si, table *tb) {
     nstf_st_shard *sh = &st->shards[si];
     const char *f = sh->path;
+    if (sh->size == 0)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: empty file (0 bytes); not a safetensors file", f);
     if (sh->size < 8)
         return nstf_set_error(NSTF_ERR_FORMAT,
                               "%s: file of %llu bytes is too short for the 8-byte header length; not a "
@@ -245,7 +247,7 @@ static nstf_status parse_shard(nstf_safetensors *st, uint32_t si, table *tb) {
         }
     }
     cJSON_Delete(root);
-    if (s == NSTF_OK) s = check_overlaps(sh, tb->t + first, tb->n - first);
+    if (s == NSTF_OK && tb->n > first) s = check_overlaps(sh, tb->t + first, tb->n - first);
     return s;
 }
 
