@@ -9,7 +9,7 @@
  *   add_eos_token; tokenizer.chat_template.
  *
  * Pre-tokenizers recognised (tokenizer.json "pre_tokenizer"):
- *   ByteLevel(use_regex)                                   -> "gpt2"
+ *   ByteLevel(use_regex)                                   -> "gpt-2"
  *   Sequence[Digits(individual), ByteLevel(use_regex)]      -> "smollm"
  *   Sequence[Split(Llama-3 regex, Isolated), ByteLevel(no regex)] -> "llama-bpe"
  * always with add_prefix_space false and no normalizer. Anything else is
@@ -64,7 +64,7 @@ static bool byte_level(const cJSON *o, bool use_regex) {
 }
 
 static const char *recognise_pre(const cJSON *pre) {
-    if (byte_level(pre, true)) return "gpt2";
+    if (byte_level(pre, true)) return "gpt-2"; /* llama.cpp's name; "gpt2" is not one */
     if (!is_type(pre, "Sequence")) return NULL;
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
     if (!cJSON_IsArray(seq) || cJSON_GetArraySize(seq) != 2) return NULL;
