@@ -3,6 +3,7 @@
  * llama.cpp loads (io/convert.h), with a progress bar on a terminal. */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli_util.h"
@@ -11,7 +12,14 @@
 
 int cmd_convert(int argc, char **argv);
 
+/* A bar on stderr, redrawn at most 10 times a second and at the end. */
 static void progress(void *user, uint64_t done, uint64_t total) {
+    static double last = -1;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (done < total && last >= 0 && now - last < 0.1) return;
+    last = now;
     FILE *f = user;
     const int width = 30;
     double frac = total ? (double)done / (double)total : 1.0;

@@ -60,6 +60,7 @@ static nstf_status fill(void *ctx, uint64_t i, void *dst, uint64_t n_bytes) {
                                           "use --type bf16 or f32",
                                           (int)t->name.len, t->name.ptr, (double)c->row[k], (ull)r);
         nstf_quantize_row(to, c->row, d, n);
+        if (c->p->progress && r % 1024 == 1023) c->p->progress(c->p->user, c->done + (r + 1) * out_row, c->total);
     }
     c->done += n_bytes;
     if (c->p->progress) c->p->progress(c->p->user, c->done, c->total);

@@ -23,7 +23,8 @@
 
 typedef struct nstf_convert_params {
     int out_type; /* -1: matrices keep their type; else NSTF_TYPE_F32, _F16 or _BF16 */
-    /* called after each tensor with the bytes written so far (may be NULL) */
+    /* called with the bytes written so far after each tensor and every
+     * 1024 converted rows (may be NULL) */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *user;
 } nstf_convert_params;
