@@ -417,6 +417,7 @@ static void test_hostile_folders(void) {
     expect_refused(variant("noconfig", "config.json", "{", "["), NSTF_ERR_FORMAT, "config.json: not valid JSON (error at line");
     expect_refused(variant("bos", "tokenizer_config.json", "\"bos_token\": \"<|im_start|>\"", "\"bos_token\": \"<s>\""),
                    NSTF_ERR_FORMAT, "bos_token \"<s>\" is not a token of the vocabulary");
+    expect_refused(DATA "/hf_tokenizers", NSTF_ERR_IO, "a directory without config.json");
     /* the untouched copy opens: the refusals above come from the edits */
     nstf_gguf *g = NULL;
     CHECK(nstf_model_file_open(variant("copy", NULL, NULL, NULL), &g) == NSTF_OK, "copy: %s", nstf_last_error());

@@ -329,6 +329,14 @@ nstf_status nstf_hf_open(const char *dir, nstf_gguf **out) {
     *out = NULL;
     char *cfg_path = nstf_path_join(dir, "config.json");
     if (!cfg_path) return NSTF_ERR_OOM;
+    struct stat sb;
+    if (stat(cfg_path, &sb) != 0) {
+        free(cfg_path);
+        return nstf_set_error(NSTF_ERR_IO,
+                              "%s: a directory without config.json; a model is a GGUF file or an HF model folder "
+                              "(config.json, model.safetensors or its shards, tokenizer.json)",
+                              dir);
+    }
     hf_config c = {.path = cfg_path};
     cJSON *cfg = NULL;
     nstf_gguf_writer *w = NULL;
