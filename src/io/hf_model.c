@@ -170,7 +170,9 @@ static nstf_status config_kvs(const char *dir, const hf_config *c, nstf_gguf_wri
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(n - b), dir + b);
     NSTF_TRY(nstf_gguf_writer_set_str(w, "general.architecture", "llama"));
+    NSTF_TRY(nstf_gguf_writer_set_str(w, "general.type", "model"));
     NSTF_TRY(nstf_gguf_writer_set_str(w, "general.name", name));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2)); /* llama.cpp writes it always */
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)c->n_layers));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)c->dim));
