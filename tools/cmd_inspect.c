@@ -1,8 +1,9 @@
-/* cmd_inspect.c — `nstf inspect FILE`: metadata and tensor table. */
+/* cmd_inspect.c — `nstf inspect MODEL`: metadata and tensor table of a GGUF
+ * file, or of an HF model folder as the loader sees it (its GGUF view). */
 #include <stdio.h>
 #include <string.h>
 
-#include "io/gguf.h"
+#include "io/hf_model.h"
 
 int cmd_inspect(int argc, char **argv);
 
@@ -11,8 +12,9 @@ int cmd_inspect(int argc, char **argv) {
     bool all = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: nstf inspect [--all] MODEL.gguf\n"
-                   "  prints the GGUF version, metadata and tensor table;\n"
+            printf("usage: nstf inspect [--all] MODEL.gguf|HF_FOLDER\n"
+                   "  prints the GGUF version, metadata and tensor table (of an HF folder:\n"
+                   "  the GGUF view the loader reads);\n"
                    "  --all also prints long arrays (the vocabulary) in full\n");
             return 0;
         } else if (!strcmp(argv[i], "--all")) {
@@ -32,7 +34,7 @@ int cmd_inspect(int argc, char **argv) {
         return 2;
     }
     nstf_gguf *g;
-    if (nstf_gguf_open(path, &g) != NSTF_OK) {
+    if (nstf_model_file_open(path, &g) != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
         return 1;
     }

@@ -19,6 +19,12 @@
 
 typedef struct nstf_tokenizer nstf_tokenizer;
 
+/* The pre-tokenizer regexes (PCRE2 syntax, as HF's tokenizer.json writes
+ * them) behind tokenizer.ggml.pre "gpt2" (also "smollm", after splitting
+ * digits) and "llama-bpe" (Llama-3). */
+extern const char *const nstf_pre_regex_gpt2;
+extern const char *const nstf_pre_regex_llama3;
+
 nstf_status nstf_tokenizer_from_gguf(const nstf_gguf *g, nstf_tokenizer **out);
 void nstf_tokenizer_free(nstf_tokenizer *t);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/mem.h"
+#include "io/hf_model.h"
 
 uint64_t nstf_time_seed(void) {
     struct timespec ts;
@@ -74,7 +75,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (!s) return NSTF_ERR_OOM;
     s->params = p;
     nstf_gguf *g = NULL;
-    nstf_status st = nstf_gguf_open(path, &g);
+    nstf_status st = nstf_model_file_open(path, &g);
     if (st == NSTF_OK) {
         st = nstf_llama_load(g, &s->model);
         if (st != NSTF_OK) nstf_gguf_close(g);
