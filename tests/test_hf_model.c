@@ -401,8 +401,8 @@ static void test_hostile_folders(void) {
                    NSTF_ERR_UNSUPPORTED, "model_type \"qwen2\" (LlamaForCausalLM) is not supported");
     expect_refused(variant("pre", "tokenizer.json", "\"type\": \"Digits\"", "\"type\": \"Punctuation\""),
                    NSTF_ERR_UNSUPPORTED, "pre-tokenizer {\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Punctuation\"");
-    expect_refused(variant("norm", "tokenizer.json", "\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}"),
-                   NSTF_ERR_UNSUPPORTED, "normalizer {\"type\":\"NFC\"} is not recognised");
+    expect_refused(variant("norm", "tokenizer.json", "\"normalizer\": null", "\"normalizer\": {\"type\": \"NFKC\"}"),
+                   NSTF_ERR_UNSUPPORTED, "normalizer {\"type\":\"NFKC\"} is not recognised");
     expect_refused(variant("extra", "model.safetensors.index.json", "\"model.norm.weight\"", "\"model.layers.0.self_attn.q_norm.weight\""),
                    NSTF_ERR_FORMAT, "weight_map names tensor 'model.layers.0.self_attn.q_norm.weight' in");
     expect_refused(variant("layers", "config.json", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1"),

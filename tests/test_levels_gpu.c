@@ -82,8 +82,8 @@ static void test_kernels(void) {
     }
     for (int fused = 0; fused < 2; fused++) {
         CHECK(nstf_gpu_attn_scores(dq, QD, dk, ds, T, NKV, H, KVH, HD, NULL) == NSTF_OK, "%s", nstf_last_error());
-        if (!fused) CHECK(nstf_gpu_scale_mask(ds, H, T, NKV, POS0, scale, NULL) == NSTF_OK, "%s", nstf_last_error());
-        CHECK(nstf_gpu_softmax_rows(ds, H, T, NKV, POS0, fused ? scale : 1.0f, fused, NULL) == NSTF_OK, "%s",
+        if (!fused) CHECK(nstf_gpu_scale_mask(ds, H, T, NKV, POS0, scale, 0, NULL) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_gpu_softmax_rows(ds, H, T, NKV, POS0, fused ? scale : 1.0f, fused, 0, NULL) == NSTF_OK, "%s",
               nstf_last_error());
         CHECK(nstf_gpu_memcpy_d2h(sc, ds, sizeof(float) * H * T * NKV, NULL) == NSTF_OK, "%s", nstf_last_error());
         e = nmse(sc, pref, (int64_t)H * T * NKV);

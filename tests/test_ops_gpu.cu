@@ -429,7 +429,7 @@ static void test_swiglu(int64_t n, size_t pad) {
  * kernel is itself checked against the CPU reference above, so equality
  * carries their accuracy over. */
 static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t n_in, int64_t n_out, int hd,
-                            int rope_rows, nstf_rope_mode mode, bool pdl) {
+                            int rope_rows, nstf_rope_mode mode, bool pdl, bool factors = false) {
     const float eps = 1e-5f, base = 100000.0f;
     const int32_t pos = 517;
     std::vector<unsigned char> w = make_weights(wt, n_out, n_in);
@@ -442,12 +442,13 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     const bool yf32 = epi == NSTF_GEMV_STORE || epi == NSTF_GEMV_ACCUM;
     std::vector<float> y0(n_y);
     for (auto &v : y0) v = R.normal();
-    std::vector<float> fr(256);
+    std::vector<float> fr(256), ff(128);
     if (hd) nstf_gpu_rope_freqs(base, hd, fr.data());
+    for (int i = 0; i < 128; i++) ff[i] = 1.0f + 7.0f * (float)i / 127.0f; /* Llama 3.1-like: 1 .. 8 */
 
     dbuf dw = dalloc(w.size(), w.data()), dxr = dalloc(n_in * 4, xr.data()), dnw = dalloc(n_in * 4, nw.data());
     dbuf dxin = dalloc(n_in * 2, xin.data()), dxb = dalloc(n_in * 2, nullptr), dp = dalloc(4, &pos);
-    dbuf dfr = dalloc(256 * 4, fr.data()), dtmp = dalloc(n_out * 4, nullptr);
+    dbuf dfr = dalloc(256 * 4, fr.data()), dtmp = dalloc(n_out * 4, nullptr), dff = dalloc(128 * 4, ff.data());
     dbuf dya = dalloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     dbuf dyb = dalloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     /* unfused */
@@ -466,8 +467,9 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
         break;
     case NSTF_GEMV_ROPE:
         ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dya.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr) == NSTF_OK &&
-             nstf_gpu_rope((uint16_t *)dya.p(), nullptr, (const int32_t *)dp.p(), 1, rope_rows / hd, 0, hd, base,
-                           mode, nullptr) == NSTF_OK;
+             nstf_gpu_rope_strided((uint16_t *)dya.p(), rope_rows, nullptr, 0, (const int32_t *)dp.p(), 1,
+                                   rope_rows / hd, 0, hd, base, factors ? (const float *)dff.p() : nullptr, mode,
+                                   nullptr) == NSTF_OK;
         break;
     case NSTF_GEMV_SWIGLU:
         ok = ok && nstf_gpu_gemv(wt, dw.p(), in, dtmp.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr) == NSTF_OK &&
@@ -486,6 +488,7 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     f.rope_mode = mode;
     f.pos = (const int32_t *)dp.p();
     f.rope_freqs = (const float *)dfr.p();
+    f.rope_factors = factors ? (const float *)dff.p() : nullptr;
     const int prev = nstf_gpu_set_pdl(pdl);
     nstf_status st = nstf_gpu_gemv_fused(wt, dw.p(), norm ? nullptr : (const uint16_t *)dxin.p(), dyb.p(), n_in,
                                          n_out, &f, nullptr);
@@ -509,14 +512,14 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     }
     static const char *en[] = {"store", "accum", "rope", "swiglu"};
     char what[160], detail[200];
-    snprintf(what, sizeof what, "gemv_fused %s %s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "",
-             en[epi], epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", (long long)n_in,
-             (long long)n_out, pdl ? " pdl" : "");
+    snprintf(what, sizeof what, "gemv_fused %s %s%s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "",
+             en[epi], epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "",
+             factors ? "+factors" : "", (long long)n_in, (long long)n_out, pdl ? " pdl" : "");
     snprintf(detail, sizeof detail, "%s; outputs differing from the unfused kernels %zu of %lld (0 allowed), "
              "nonfinite=%zu guard=%s", ok ? "ran" : nstf_last_error(), diff, (long long)n_y, bad, guards ? "ok" : "BROKEN");
     report(ok && diff == 0 && bad == 0 && guards, what, detail);
     dfree(dw); dfree(dxr); dfree(dnw); dfree(dxin); dfree(dxb); dfree(dp); dfree(dfr); dfree(dtmp); dfree(dya);
-    dfree(dyb);
+    dfree(dyb); dfree(dff);
 }
 
 static void gemv_fused_cases(void) {
@@ -529,6 +532,9 @@ static void gemv_fused_cases(void) {
             test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 576, 0, 0, NSTF_ROPE_NORM, pdl);
             test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 1000, 0, 0, NSTF_ROPE_NORM, pdl);
         }
+        /* Llama 3.x RoPE frequency factors (rope_freqs.weight) */
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, true, true);
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 2048, 3072, 128, 2560, NSTF_ROPE_NEOX, false, true);
         /* head_dim 128, Llama-3 8B width; pairs that do not fill the last block */
         test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 1024, 128, 768, NSTF_ROPE_NORM, true);
         test_gemv_fused(wt, NSTF_GEMV_ROPE, false, 2048, 1024, 128, 768, NSTF_ROPE_NEOX, false);

@@ -94,6 +94,16 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, nstf_llama_weig
         nstf_llama_layer *D = &w->layers[l];
         put_norm(p, L->attn_norm, c->dim, &D->attn_norm);
         put_norm(p, L->ffn_norm, c->dim, &D->ffn_norm);
+        const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+        if (L->bq) {
+            put_norm(p, L->bq, qd, &D->bq);
+            put_norm(p, L->bk, kvd, &D->bk);
+            put_norm(p, L->bv, kvd, &D->bv);
+        }
+        if (L->q_norm) {
+            put_norm(p, L->q_norm, c->head_dim, &D->q_norm);
+            put_norm(p, L->k_norm, c->head_dim, &D->k_norm);
+        }
         const nstf_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *o = &L->wo, *gu[2] = {&L->w_gate, &L->w_up},
                           *dn = &L->w_down;
         nstf_matrix *qkv_d[3] = {&D->wq, &D->wk, &D->wv}, *o_d = &D->wo, *gu_d[2] = {&D->w_gate, &D->w_up},
@@ -104,6 +114,7 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, nstf_llama_weig
         put_group(p, &dn, &dn_d, 1);
     }
     put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
+    if (m->w.rope_factors) put_norm(p, m->w.rope_factors, c->head_dim / 2, &w->rope_factors);
     if (c->tied_output) {
         if (p->base) w->output = w->tok_embd;
     } else {
@@ -239,7 +250,7 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
         r->w = m->w;
         const nstf_gguf *g = m->file;
         for (uint64_t i = 0; g && i < g->n_tensors; i++) r->wbytes += g->tensors[i].n_bytes;
-        r->wbytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); /* fp32 norms */
+        r->wbytes += m->w.norm_floats * sizeof(float); /* fp32 norms, biases, factors */
     } else {
         r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
         if (!r->w.layers) st = NSTF_ERR_OOM;

@@ -170,6 +170,7 @@ struct gemv_fz {
     int rope_rows, hd, neox;
     const int32_t *pos;
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
+    const float *factors; /* [hd/2] RoPE frequency factors, or NULL */
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
     int no_pre;         /* 1: no early weight loads (NSTF_GEMV_PRE=0, measurement) */
@@ -278,8 +279,9 @@ static __device__ __forceinline__ void fz_store(const float (&v)[RPW], const int
     }
     const int half = f.hd / 2, h = p / half, i = p % half;
     const int r0 = h * f.hd + (f.neox ? i : 2 * i), r1 = r0 + (f.neox ? half : 1);
-    float c, sn;
-    nstf_rope_cs(*f.pos, f.freqs[i], f.freqs[half + i], &c, &sn);
+    float c, sn, hi = f.freqs[i], lo = f.freqs[half + i];
+    if (f.factors) nstf_rope_scale(f.factors[i], &hi, &lo);
+    nstf_rope_cs(*f.pos, hi, lo, &c, &sn);
     float y0, y1;
     nstf_rope_rot(a, b, c, sn, &y0, &y1);
     yb[r0] = nstf_float_to_bf16(y0);
@@ -958,6 +960,7 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
     f.pos = fu->pos;
     f.freqs = fu->rope_freqs;
+    f.factors = fu->rope_factors;
     gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
     gemv_fn fn;
