@@ -350,8 +350,10 @@ static nstf_status map_tensors(const char *dir, const hf_config *c, hf_owner *o,
         }
     snprintf(NEXT_NAME, GGUF_NAME_MAX, "output_norm.weight");
     if (s == NSTF_OK) s = map_one(dir, st, "model.norm.weight", NEXT_NAME, &t[k]), k++;
-    snprintf(NEXT_NAME, GGUF_NAME_MAX, "output.weight");
-    if (s == NSTF_OK && has_output) s = map_one(dir, st, "lm_head.weight", NEXT_NAME, &t[k]), k++;
+    if (s == NSTF_OK && has_output) { /* a tied model has no name to write here: k may be n */
+        snprintf(NEXT_NAME, GGUF_NAME_MAX, "output.weight");
+        s = map_one(dir, st, "lm_head.weight", NEXT_NAME, &t[k]), k++;
+    }
     if (s == NSTF_OK && o->rope_freqs) {
         char *name = NEXT_NAME;
         snprintf(name, GGUF_NAME_MAX, "rope_freqs.weight");
