@@ -172,16 +172,19 @@ static nstf_status rope_scaling(const hf_config *c, nstf_gguf_writer *w, float *
     int64_t half = c->head_dim / 2;
     float *f = nstf_alloc((size_t)half * sizeof *f, "rope frequency factors");
     if (!f) return NSTF_ERR_OOM;
-    /* llama.cpp's LlamaModel.generate_extra_tensors, in fp32 like its torch code */
-    const double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    /* llama.cpp's LlamaModel.generate_extra_tensors, with its torch float32
+     * roundings (a Python number over a tensor is a reciprocal, then a
+     * product; scalars are rounded to float32 first), so that the factors
+     * are its bytes */
+    const float lo_wavelen = (float)(old_ctx / lo), hi_wavelen = (float)(old_ctx / hi);
     for (int64_t i = 0; i < half; i++) {
-        float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-        double wavelen = 2 * 3.14159265358979323846 / freq;
+        const float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+        const float wavelen = (1.0f / freq) * (float)(2 * 3.14159265358979323846);
         if (wavelen < hi_wavelen) f[i] = 1.0f;
         else if (wavelen > lo_wavelen) f[i] = (float)factor;
         else {
-            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            f[i] = (float)(1 / ((1 - smooth) / factor + smooth));
+            const float smooth = ((1.0f / wavelen) * (float)old_ctx - (float)lo) / (float)(hi - lo);
+            f[i] = 1.0f / ((1.0f - smooth) / (float)factor + smooth);
         }
     }
     *freqs = f;
