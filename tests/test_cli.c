@@ -84,8 +84,8 @@ int main(void) {
     expect_error("directory", "directory", (const char *const[]){"run", "-m", g_dir, "-p", "x", NULL});
     expect_error("not a GGUF", "magic", (const char *const[]){"run", "-m", text, "-p", "x", NULL});
     expect_error("truncated", trunc, (const char *const[]){"run", "-m", trunc, "-p", "x", NULL});
-    expect_error("unsupported tensor type", "Q4_K",
-                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_q4_k.gguf", "-p", "x", NULL});
+    expect_error("unsupported tensor type", "IQ2_XXS",
+                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_iq2_xxs.gguf", "-p", "x", NULL});
     expect_error("other architecture", "architecture 'gpt2' is not supported",
                  (const char *const[]){"run", "-m", arch, "-p", "x", NULL});
     expect_error("inspect missing", "No such file", (const char *const[]){"inspect", "/nonexistent.gguf", NULL});

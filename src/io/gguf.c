@@ -360,7 +360,8 @@ static nstf_status parse_tensor_info(gguf_impl *g, cursor *c, uint64_t i) {
     if (!nstf_type_valid(type))
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "%s: tensor '%s' has type id %u (%s), which is not supported "
-                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                              "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                               c->file, nm, type, ggml_type_name(type));
     t->type = (nstf_type)type;
     int64_t blk = nstf_type_block_elems(t->type);
