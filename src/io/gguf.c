@@ -863,6 +863,49 @@ nstf_status nstf_gguf_writer_set_arr(nstf_gguf_writer *w, const char *key, nstf_
     return st;
 }
 
+/* Any key/value of an opened file, copied as it is (value type, strings
+ * with their exact bytes, arrays of any element type). */
+nstf_status nstf_gguf_writer_copy_kv(nstf_gguf_writer *w, const nstf_gguf_kv *kv) {
+    if (!w || !kv) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: NULL argument");
+    if (kv->key.len > 4095)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: key of %llu bytes", (ull)kv->key.len);
+    char key[4096];
+    memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+    key[kv->key.len] = 0;
+    if (kv->type == NSTF_GGUF_UINT32 && !strcmp(key, "general.alignment"))
+        return nstf_gguf_writer_set_u32(w, key, (uint32_t)kv->val.u64);
+    uint64_t mark = w->kv.n;
+    NSTF_TRY(kv_begin(w, key, kv->type));
+    nstf_status st = NSTF_OK;
+    if (kv->type == NSTF_GGUF_STRING) {
+        st = bb_u64(&w->kv, kv->val.str.len);
+        if (st == NSTF_OK) st = bb_put(&w->kv, kv->val.str.ptr, kv->val.str.len);
+    } else if (kv->type == NSTF_GGUF_ARRAY) {
+        st = bb_u32(&w->kv, (uint32_t)kv->arr_type);
+        if (st == NSTF_OK) st = bb_u64(&w->kv, kv->arr_n);
+        if (kv->arr_type == NSTF_GGUF_STRING) {
+            for (uint64_t i = 0; i < kv->arr_n && st == NSTF_OK; i++) {
+                st = bb_u64(&w->kv, kv->arr_strs[i].len);
+                if (st == NSTF_OK) st = bb_put(&w->kv, kv->arr_strs[i].ptr, kv->arr_strs[i].len);
+            }
+        } else if (st == NSTF_OK) {
+            st = bb_put(&w->kv, kv->arr_data, kv->arr_n * vtype_size((uint32_t)kv->arr_type));
+        }
+    } else if (kv->type == NSTF_GGUF_FLOAT32) {
+        float f = (float)kv->val.f64;
+        st = bb_put(&w->kv, &f, 4);
+    } else if (kv->type == NSTF_GGUF_FLOAT64) {
+        st = bb_put(&w->kv, &kv->val.f64, 8);
+    } else { /* integers and bool: the low bytes, little-endian */
+        uint64_t v = kv->val.u64;
+        uint8_t b[8];
+        for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+        st = bb_put(&w->kv, b, vtype_size((uint32_t)kv->type));
+    }
+    if (st != NSTF_OK) kv_rollback(w, mark);
+    return st;
+}
+
 nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
                                          const char *const *strs, uint64_t n) {
     if (n && !strs)

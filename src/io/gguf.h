@@ -141,6 +141,8 @@ nstf_status nstf_gguf_writer_set_arr(nstf_gguf_writer *w, const char *key, nstf_
                                      const void *data, uint64_t n);
 nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
                                          const char *const *strs, uint64_t n);
+/* Copy a key/value of an opened file as it is (any type). */
+nstf_status nstf_gguf_writer_copy_kv(nstf_gguf_writer *w, const nstf_gguf_kv *kv);
 /* Tensor data is copied. ne[0] is the innermost dim. */
 nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
                                         uint32_t n_dims, const int64_t *ne, const void *data);
