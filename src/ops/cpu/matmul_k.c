@@ -207,6 +207,16 @@ static void tile_scalar(nstf_type wt, const uint8_t *w, uint64_t row_bytes, int 
 #if NSTF_CPU_HAVE_AVX2
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+/* Q4_K / Q5_K: the 12 packed bytes -> 16 bytes {sc0..sc7, m0..m7}
+ * (nstf_k4_scale_min for all 8 sub-blocks at once, on 32-bit words). */
+static ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *p) {
+    uint32_t u[3];
+    memcpy(u, p, 12);
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    return _mm_setr_epi32((int)(u[0] & k1), (int)((u[2] & k2) | (((u[0] >> 6) & k3) << 4)),
+                          (int)(u[1] & k1), (int)(((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4)));
+}
+
 #define KFN(name) name##_avx2
 #define KTARGET
 #define MADDS(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))

@@ -15,9 +15,14 @@
  * bsums. Per super-block the int32 lanes are converted once and scaled by
  * d * d_x. */
 
-static KTARGET ALWAYS_INLINE __m256i KFN(scales2)(int a, int b) {
-    /* 8 int16 lanes of a, then 8 of b: the scales of two 16-value sub-blocks */
-    return _mm256_setr_m128i(_mm_set1_epi16((short)a), _mm_set1_epi16((short)b));
+/* From 16 int8 scales, the int16 scale vector of one 32-value chunk:
+ * 8 lanes of sc[a] then 8 of sc[b] (a == b for the 32-value sub-blocks).
+ * One byte shuffle and one widening, no scalar extraction. */
+static KTARGET ALWAYS_INLINE __m256i KFN(scales2)(__m128i sc8, int a, int b) {
+    const __m128i idx = _mm_setr_epi8((char)a, (char)a, (char)a, (char)a, (char)a, (char)a, (char)a,
+                                      (char)a, (char)b, (char)b, (char)b, (char)b, (char)b, (char)b,
+                                      (char)b, (char)b);
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
 }
 
 static KTARGET ALWAYS_INLINE float KFN(hsum)(__m256 a) {
@@ -59,13 +64,9 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
             const bool five = wt == NSTF_TYPE_Q5_K;
             d = nstf_fp16_to_f32(nstf_load_u16(blk));
             dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 2));
-            uint8_t sc[8], mn[8];
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; s++) nstf_k4_scale_min(s, blk + 4, &sc[s], &mn[s]);
-            mins16 = _mm256_cvtepu8_epi16(_mm_setr_epi8(
-                (char)mn[0], (char)mn[0], (char)mn[1], (char)mn[1], (char)mn[2], (char)mn[2],
-                (char)mn[3], (char)mn[3], (char)mn[4], (char)mn[4], (char)mn[5], (char)mn[5],
-                (char)mn[6], (char)mn[6], (char)mn[7], (char)mn[7]));
+            const __m128i sm = k4_scales_mins(blk + 4); /* sc0..7, m0..7 */
+            mins16 = _mm256_cvtepu8_epi16(
+                _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
             const uint8_t *qs = blk + (five ? 48 : 16);
             __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
             const __m256i m10 = _mm256_set1_epi8(0x10);
@@ -79,8 +80,8 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
                     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
                     hb = _mm256_srli_epi16(hb, 2);
                 }
-                const __m256i slo = _mm256_set1_epi16((short)sc[2 * j]);
-                const __m256i shi = _mm256_set1_epi16((short)sc[2 * j + 1]);
+                const __m256i slo = KFN(scales2)(sm, 2 * j, 2 * j);
+                const __m256i shi = KFN(scales2)(sm, 2 * j + 1, 2 * j + 1);
 #pragma GCC unroll 4
                 for (int t = 0; t < RN; t++) {
                     __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xqs[t] + 64 * j)));
@@ -91,8 +92,8 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
             }
         } else if (wt == NSTF_TYPE_Q6_K) {
             d = nstf_fp16_to_f32(nstf_load_u16(blk + 208));
-            const int8_t *sc = (const int8_t *)(blk + 192);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
             const __m256i m30 = _mm256_set1_epi8(0x30);
 #pragma GCC unroll 2
             for (int n = 0; n < 2; n++) {
@@ -108,7 +109,7 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) {
                     const int c = 4 * n + k; /* 32-value chunk: sub-blocks 2c, 2c+1 */
-                    const __m256i s2 = KFN(scales2)(sc[2 * c], sc[2 * c + 1]);
+                    const __m256i s2 = KFN(scales2)(sc8, 2 * c, 2 * c + 1);
 #pragma GCC unroll 4
                     for (int t = 0; t < RN; t++)
                         isum[t] = MADDS(isum[t], _mm256_maddubs_epi16(wq[k], _mm256_loadu_si256((const __m256i *)(xqs[t] + 32 * c))), s2);
@@ -120,15 +121,17 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
                 isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xbs[t]), sc16), 5));
         } else if (wt == NSTF_TYPE_Q3_K || wt == NSTF_TYPE_Q2_K) {
             const bool three = wt == NSTF_TYPE_Q3_K;
-            int8_t sc[16];
+            __m128i sc8;
             if (three) {
+                int8_t sc[16];
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
                 nstf_q3k_scales(blk + 96, sc);
+                sc8 = _mm_loadu_si128((const __m128i *)sc);
             } else {
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 80));
                 dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 82));
                 const __m128i raw = _mm_loadu_si128((const __m128i *)blk);
-                _mm_storeu_si128((__m128i *)sc, _mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+                sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
                 mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
             }
             const uint8_t *qs = blk + (three ? 32 : 16);
@@ -145,14 +148,14 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
                         __m256i h = hbit <= 2 ? _mm256_slli_epi16(hm, 2 - hbit) : _mm256_srli_epi16(hm, hbit - 2);
                         wq = _mm256_or_si256(wq, _mm256_and_si256(h, m04));
                     }
-                    const __m256i s2 = KFN(scales2)(sc[2 * c], sc[2 * c + 1]);
+                    const __m256i s2 = KFN(scales2)(sc8, 2 * c, 2 * c + 1);
 #pragma GCC unroll 4
                     for (int t = 0; t < RN; t++)
                         isum[t] = MADDS(isum[t], _mm256_maddubs_epi16(wq, _mm256_loadu_si256((const __m256i *)(xqs[t] + 32 * c))), s2);
                 }
             }
             if (three) { /* codes are q + 4: subtract 4 * sum(sc * bsums) */
-                const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+                const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
 #pragma GCC unroll 4
                 for (int t = 0; t < RN; t++)
                     isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xbs[t]), sc16), 2));
