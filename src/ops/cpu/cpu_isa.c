@@ -22,8 +22,14 @@ nstf_cpu_isa nstf_cpu_isa_best(void) {
 
 bool nstf_cpu_has_vnni(void) {
 #if NSTF_CPU_HAVE_AVX512
-    __builtin_cpu_init();
-    return nstf_cpu_isa_best() == NSTF_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+    static int vnni = -1; /* asked per tile: cpuid once */
+    int v = __atomic_load_n(&vnni, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = nstf_cpu_isa_best() == NSTF_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
+        __atomic_store_n(&vnni, v, __ATOMIC_RELAXED);
+    }
+    return v != 0;
 #else
     return false;
 #endif
