@@ -175,6 +175,7 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_
 typedef struct {
     nstf_type wtype;
     nstf_cpu_isa isa;
+    int path, kind;   /* PATH_*; the tile table's kind (decided once per call) */
     const uint8_t *w; /* [n_out] rows of row_bytes */
     uint64_t row_bytes;
     const float *x; /* [n_tok, n_in] */
@@ -577,31 +578,31 @@ static int float_kind(nstf_type t) {
     return t == NSTF_TYPE_F32 ? KIND_F32 : t == NSTF_TYPE_F16 ? KIND_F16 : KIND_BF16;
 }
 #endif
-/* 32-element block types (q8 blocks of 32); the super-block ones are nstf_mmk_type */
-static bool is_quant(nstf_type t) { return nstf_type_is_quantized(t) && !nstf_mmk_type(t); }
+
+enum { PATH_F, PATH_Q, PATH_K }; /* float weights, 32-element blocks, super-blocks */
 
 static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
     int rm = (int)(c->n_out - r0 < c->rm ? c->n_out - r0 : c->rm);
     int rn = (int)(t_end - t0 < c->rn ? t_end - t0 : c->rn);
     const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
     float *y = c->y + t0 * c->n_out + r0;
-    if (nstf_mmk_type(c->wtype)) {
+    if (c->path == PATH_K) {
         nstf_mmk_tile(c->isa, c->wtype, w, c->row_bytes, rm, &c->xk, t0, rn, y, c->n_out);
-    } else if (is_quant(c->wtype)) {
+    } else if (c->path == PATH_Q) {
         int64_t nb = c->xq.nb;
         const int8_t *xq = c->xq.q + t0 * nb * QK;
         const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
         const int32_t *xsum = c->xq.sum + t0 * nb;
 #if NSTF_CPU_HAVE_AVX512
         if (c->isa == NSTF_ISA_AVX512) {
-            k_qtiles512[quant_kind(c->wtype)][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb,
+            k_qtiles512[c->kind][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb,
                                                       y, c->n_out);
             return;
         }
 #endif
 #if NSTF_MATMUL_AVX2
         if (c->isa != NSTF_ISA_SCALAR) {
-            k_qtiles[quant_kind(c->wtype)][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
+            k_qtiles[c->kind][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
                                                    c->n_out);
             return;
         }
@@ -611,7 +612,7 @@ static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
         const float *x = c->x + t0 * c->n_in;
 #if NSTF_MATMUL_AVX2
         if (c->isa != NSTF_ISA_SCALAR) {
-            k_ftiles[float_kind(c->wtype)][rm - 1][rn - 1](w, c->row_bytes, x, c->n_in, y, c->n_out);
+            k_ftiles[c->kind][rm - 1][rn - 1](w, c->row_bytes, x, c->n_in, y, c->n_out);
             return;
         }
 #endif
@@ -644,7 +645,7 @@ static void quantize_worker(void *p, int ith, int nth) {
     int64_t lo, hi, nb = c->xq.nb;
     nstf_split_range(c->n_tok, 1, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        if (nstf_mmk_type(c->wtype))
+        if (c->path == PATH_K)
             nstf_mmk_quantize_row(c->x + t * c->n_in, &c->xk, t);
         else
             quantize_x_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb,
@@ -692,6 +693,10 @@ void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float 
     nstf_pool *pool = cpu ? cpu->pool : NULL;
     mm_ctx c = {.wtype = wtype, .isa = nstf_cpu_isa_current(), .w = w, .x = x, .y = y,
                 .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    c.path = nstf_mmk_type(wtype) ? PATH_K : nstf_type_is_quantized(wtype) ? PATH_Q : PATH_F;
+#if NSTF_MATMUL_AVX2
+    c.kind = c.path == PATH_Q ? quant_kind(wtype) : c.path == PATH_F ? float_kind(wtype) : 0;
+#endif
     if (!nstf_type_valid((uint32_t)wtype) || n_in < 0 ||
         !nstf_type_row_bytes(wtype, n_in, &c.row_bytes)) {
         /* precondition broken (quantized n_in not a multiple of 32): make it loud */
