@@ -15,6 +15,7 @@
 #endif
 
 #include "core/mem.h"
+#include "core/switches.h"
 #include "prof/report.h"
 #include "prof/timer.h"
 
@@ -172,7 +173,7 @@ nstf_status nstf_roofline_measure(nstf_pool *pool, nstf_roofline *out) {
 /* ---- cache ------------------------------------------------------------------- */
 
 void nstf_roofline_default_cache(char *buf, size_t cap) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *xdg = nstf_switch_str(NSTF_SW_XDG_CACHE_HOME), *home = nstf_switch_str(NSTF_SW_HOME);
     if (xdg && *xdg) snprintf(buf, cap, "%s/nstf/roofline.json", xdg);
     else if (home && *home) snprintf(buf, cap, "%s/.cache/nstf/roofline.json", home);
     else snprintf(buf, cap, ".nstf-roofline.json");

@@ -27,6 +27,7 @@
  *  - F32/F16/BF16 rows that are not 16-byte aligned (n_in % 8 != 0 or an
  *    unaligned pointer) take a scalar path, one element per unit. */
 #include "gpu.h"
+#include "core/switches.h"
 #include "fused_math.h"
 
 #include <stdio.h>
@@ -172,7 +173,7 @@ struct gemv_fz {
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
-    int no_pre;         /* 1: no early weight loads (NSTF_GEMV_PRE=0, measurement) */
+    int no_pre;         /* 1: no early weight loads (the switch NSTF_GEMV_PRE=0, measurement) */
 };
 
 #define FZ_PAIR(fz) (FZ_EPI(fz) == NSTF_GEMV_ROPE || FZ_EPI(fz) == NSTF_GEMV_SWIGLU)
@@ -813,16 +814,11 @@ template <bool YB> static gemv_fn gemv_pick(int wt, int nt) {
  * bytes. On the H100 that is what pays: the decode of the 135M model gains
  * 5% from it, while prefetching (even 4 KiB of each row of) the 1B and 8B
  * matrices costs 7-20%: the first wave's lines are evicted from L2 before
- * they are read. NSTF_PF_BYTES=n prefetches n bytes of each row of every
- * matrix instead (measurement). */
+ * they are read. The switch NSTF_PF_BYTES=n prefetches n bytes of each row
+ * of every matrix instead (measurement). */
 #define GEMV_PF_MAX ((uint64_t)8 << 20)
 static void gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes) {
-    static int n_sm = 0, dev_cached = -1, pf_env = -2, pre_env = -2;
-    if (pre_env == -2) {
-        const char *e = getenv("NSTF_GEMV_PRE");
-        pre_env = e && e[0] == '0';
-    }
-    f->no_pre = pre_env;
+    static thread_local int n_sm = 0, dev_cached = -1; /* the current device is per host thread */
     int dev = 0;
     if (!nstf_gpu_pdl() || gpuGetDevice(&dev) != gpuSuccess) return;
     if (dev != dev_cached) {
@@ -830,11 +826,8 @@ static void gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes) {
         n_sm = gpuGetDeviceProperties(&pr, dev) == gpuSuccess ? pr.multiProcessorCount : 0;
         dev_cached = dev;
     }
-    if (pf_env == -2) {
-        const char *e = getenv("NSTF_PF_BYTES");
-        pf_env = e ? atoi(e) : -1;
-    }
-    f->prefetch = pf_env >= 0 ? pf_env : matrix_bytes <= GEMV_PF_MAX ? INT32_MAX : 0;
+    const int pf = nstf_switch_int(NSTF_SW_PF_BYTES); /* NSTF_SWITCH_AUTO or bytes */
+    f->prefetch = pf >= 0 ? pf : matrix_bytes <= GEMV_PF_MAX ? INT32_MAX : 0;
     f->pf_blocks = 8 * n_sm;
 }
 
@@ -872,6 +865,7 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
         const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
         gemv_fz f = {};
+        f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
         gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
         GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,
                                   (size_t)row_bytes, xt, (void *)((char *)y + (size_t)(t0 * n_out) * ysz), (int)n_in,
@@ -893,15 +887,11 @@ extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_i
 }
 
 /* Rows per block of the fused bf16 kernel: more rows share one staging of
- * x (and one norm) as n_out grows. NSTF_GEMV_ROWS=8|16|32 overrides it
- * (measurement). */
+ * x (and one norm) as n_out grows. The switch NSTF_GEMV_ROWS=8|16|32
+ * overrides it (measurement). */
 static int gemv_fused_rows(int64_t n_out) {
-    static int env = -2;
-    if (env == -2) {
-        const char *e = getenv("NSTF_GEMV_ROWS");
-        env = e ? atoi(e) : -1;
-    }
-    if (env == 8 || env == 16 || env == 32) return env;
+    const int sw = nstf_switch_int(NSTF_SW_GEMV_ROWS); /* NSTF_SWITCH_AUTO, 8, 16 or 32 */
+    if (sw != NSTF_SWITCH_AUTO) return sw;
     return n_out >= 16384 ? 16 : GEMV_ROWS;
 }
 
@@ -958,6 +948,7 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
     f.pos = fu->pos;
     f.freqs = fu->rope_freqs;
+    f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
     gemv_fn fn;
