@@ -160,8 +160,7 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
     constexpr int EL = gemv_traits<WT>::elems;
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     int rowv[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
+    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
     if (NT == 1 && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f); /* PDL: decode only */
     /* One token, one chunk: the first weight loads of the first row are
      * issued now, before the wait for the previous kernel and the staging
@@ -178,10 +177,7 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
     const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
     float acc[RPW][NT];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    gemv_acc_zero(acc);
 
     for (int c0 = 0; c0 < n_in; c0 += chunk) {
         const int len = min(chunk, n_in - c0);
@@ -226,14 +222,7 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
             }
         }
     }
-    if (FZ) {
-        float v[RPW];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) v[r] = wave_reduce_sum(acc[r][0]);
-        fz_store<FZ, Y_BF16, ROWS, RPW>(v, rowv, y, n_out, f, fz_sh);
-    } else {
-        gemv_store<NT, Y_BF16, RPW>(acc, rowv, y, n_out, lane);
-    }
+    gemv_finish<FZ, NT, Y_BF16, ROWS>(acc, rowv, y, n_out, f, fz_sh, lane);
 }
 
 /* ---- launcher ------------------------------------------------------------ */

@@ -1,8 +1,9 @@
 /* gemv_fused.h — the device side of the fused GEMVs, shared by both GEMV
  * kernels (gemv.cu, gemvq.cu) through their FZ template parameter: the
  * rows of a block's slots, the L2 prefetch before the PDL wait, the norm
- * prologue, the RoPE / SwiGLU / residual epilogues, and the plain store
- * (FZ 0). The host side is gemv_fused.cu. */
+ * prologue, the RoPE / SwiGLU / residual epilogues, the plain store
+ * (FZ 0), and the frame of a block both kernels share (row slots,
+ * accumulators, the final store). The host side is gemv_fused.cu. */
 #ifndef NSTF_GEMV_FUSED_H
 #define NSTF_GEMV_FUSED_H
 
@@ -134,6 +135,40 @@ static __device__ __forceinline__ void gemv_store(const float (&acc)[RPW][NT], c
                 else ((float *)y)[(size_t)t * n_out + row] = v;
             }
         }
+    }
+}
+
+
+/* ---- the frame both kernels share ------------------------------------------ */
+
+/* The rows of the wave's RPW row slots (fz_row: n_out for a slot past the end). */
+template <int FZ, int ROWS, int RPW>
+static __device__ __forceinline__ void gemv_rows(int (&rowv)[RPW], int wave, int n_out, const gemv_fz &f) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
+}
+
+/* The fp32 accumulators of RPW rows x NT tokens (per lane), zeroed. */
+template <int RPW, int NT> static __device__ __forceinline__ void gemv_acc_zero(float (&acc)[RPW][NT]) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+}
+
+/* The end of a block: each row's lane partials summed over the wave and
+ * stored, plainly (gemv_store, NT tokens) or through the fused epilogue
+ * (fz_store, one token; pv: its shared memory). */
+template <int FZ, int NT, bool Y_BF16, int ROWS, int RPW>
+static __device__ __forceinline__ void gemv_finish(const float (&acc)[RPW][NT], const int (&rowv)[RPW], void *y,
+                                                   int n_out, const gemv_fz &f, float *pv, int lane) {
+    if (FZ) {
+        float v[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) v[r] = wave_reduce_sum(acc[r][0]);
+        fz_store<FZ, Y_BF16, ROWS, RPW>(v, rowv, y, n_out, f, pv);
+    } else {
+        gemv_store<NT, Y_BF16, RPW>(acc, rowv, y, n_out, lane);
     }
 }
 

@@ -132,8 +132,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     int rowv[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
+    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
     const uint8_t *wr[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
@@ -151,10 +150,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
     float acc[RPW][NT];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    gemv_acc_zero(acc);
 
     const int nu_chunk = chunk / 16;
     for (int c0 = 0; c0 < n_in; c0 += chunk) {
@@ -288,14 +284,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
             }
         }
     }
-    if (FZ) {
-        float v[RPW];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) v[r] = wave_reduce_sum(acc[r][0]);
-        fz_store<FZ, Y_BF16, ROWS, RPW>(v, rowv, y, n_out, f, fz_sh);
-    } else {
-        gemv_store<NT, Y_BF16, RPW>(acc, rowv, y, n_out, lane);
-    }
+    gemv_finish<FZ, NT, Y_BF16, ROWS>(acc, rowv, y, n_out, f, fz_sh, lane);
 }
 
 /* ---- instances ------------------------------------------------------------ */
