@@ -43,6 +43,22 @@ static __device__ __forceinline__ float silu_f(float x) {
     return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
 }
 
+/* Grouped raster: the first row m0 and column n0 of tile t of an
+ * n_pm x n_pn grid of BM x BN tiles. Consecutive tiles walk down
+ * GEMM_GROUP_M tile rows, then across, so the tiles in flight share A and
+ * W panels in L2. Used by gemm_bf16_kernel (t = its block) and the
+ * persistent wgmma kernel's producer and consumers (t = each tile they take). */
+struct gemm_tile {
+    int64_t m0, n0;
+};
+template <int BM, int BN>
+static __device__ __forceinline__ gemm_tile gemm_raster(int64_t t, int64_t n_pm, int64_t n_pn) {
+    const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+    const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
+    return {(first_m + in_grp % gsz) * BM, (in_grp / gsz) * BN};
+}
+
 #if defined(NSTF_GPU_CUDA)
 #include "gemm_wgmma.h"
 #endif
@@ -76,13 +92,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
 
     const int tid = threadIdx.x, wave = tid / NSTF_WAVE;
     const int wm = wave / NWN, wn = wave % NWN;
-    /* grouped raster: consecutive blocks walk down GEMM_GROUP_M block rows,
-     * then across, so the blocks in flight share A and W panels in L2 */
-    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN, pid = blockIdx.x;
-    const int64_t grp = pid / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
-    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
-    const int64_t in_grp = pid % (GEMM_GROUP_M * n_pn);
-    const int64_t m0 = (first_m + in_grp % gsz) * BM, n0 = (in_grp / gsz) * BN;
+    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN;
+    const gemm_tile tile = gemm_raster<BM, BN>(blockIdx.x, n_pm, n_pn); /* grouped raster */
+    const int64_t m0 = tile.m0, n0 = tile.n0;
     const int64_t ktiles = (K + GEMM_BK - 1) / GEMM_BK;
 
     nstf_mma_c acc[TM][TN];
