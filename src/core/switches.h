@@ -30,11 +30,11 @@
 
 #include <stddef.h>
 
-#include "core/status.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "core/status.h" /* inside: status.h declares without extern "C" of its own */
 
 /* The value of "auto" in int and enum switches: the library chooses. */
 #define NSTF_SWITCH_AUTO (-1)
