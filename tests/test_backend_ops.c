@@ -25,7 +25,10 @@
  *    matmul the product of bf16 operands (x and W rounded to bf16, as the
  *    GEMM takes them) rounded once; fp32 outputs NMSE <= 1e-7.
  * Shapes are not multiples of the kernels' tiles; matmuls run for 3 tokens
- * (GEMV) and 20 (GEMM after dequantization), alone and as a group. */
+ * (GEMV) and 20 (GEMM after dequantization), alone and as a group. RoPE
+ * runs with and without frequency factors, attention with and without
+ * sliding windows; BIAS and HEAD_NORM on rows with a gap after them on a
+ * GPU (the q / k / v of one row of the group) and dense on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,17 +355,23 @@ static void case_matmul(test_rng *r) {
 static void case_rope(test_rng *r) {
     const int nh = 3, nkv = 1, hd = 64;
     const int64_t n = 7, qd = nh * hd, kvd = nkv * hd;
-    for (int mode = 0; mode <= 2; mode += 2) {
+    /* frequency factors as Llama 3.1's (1 for short wavelengths, 8 for long
+     * ones, smooth between), here with a few more shapes of values */
+    float ff[32];
+    for (int i = 0; i < hd / 2; i++) ff[i] = i < 8 ? 1.0f : i > 24 ? 8.0f : 1.0f + 7.0f * (float)(i - 8) / 16.0f + 0.01f * i;
+    for (int variant = 0; variant < 4; variant++) {
+        const int mode = variant % 2 ? NSTF_ROPE_NEOX : NSTF_ROPE_NORM;
+        const bool with_ff = variant >= 2;
         float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4);
         void *hq = act_make(r, qv, n * qd, 1.0f), *hk = act_make(r, kv, n * kvd, 1.0f);
-        dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd));
+        dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd)), df = up(ff, sizeof ff);
         const int pos0 = 1000;
         if (!open_batch((int)n, pos0)) return;
         nstf_op_args a = {.op = NSTF_OP_ROPE, .label = "rope"};
         a.rope.q = (nstf_view){dq.d, g_be->act_type, qd};
         a.rope.k = (nstf_view){dk.d, g_be->act_type, kvd};
         a.rope.n = n;
-        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode};
+        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode, with_ff ? df.d : NULL};
         close_batch((int)n, nstf_backend_op(g_be, &a));
         for (int which = 0; which < 2; which++) {
             const int64_t rowlen = which ? kvd : qd, heads = which ? nkv : nh;
@@ -375,23 +384,27 @@ static void case_rope(test_rng *r) {
             for (int64_t t = 0; t < n; t++)
                 for (int64_t hh = 0; hh < heads; hh++)
                     for (int i = 0; i < hd / 2; i++) {
-                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd), c = cos(th), s = sin(th);
+                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd) / (with_ff ? ff[i] : 1.0), c = cos(th),
+                               s = sin(th);
                         int64_t i0 = mode ? i : 2 * i, i1 = mode ? i + hd / 2 : 2 * i + 1, b = t * rowlen + hh * hd;
                         ref[b + i0] = src[b + i0] * c - src[b + i1] * s;
                         ref[b + i1] = src[b + i0] * s + src[b + i1] * c;
                     }
-            judge(which ? (mode ? "rope k neox" : "rope k norm") : (mode ? "rope q neox" : "rope q norm"), got, ref,
-                  n * rowlen, act_bf16(), 1e-7);
+            char what[64];
+            snprintf(what, sizeof what, "rope %s %s%s", which ? "k" : "q", mode ? "neox" : "norm",
+                     with_ff ? " with factors" : "");
+            judge(what, got, ref, n * rowlen, act_bf16(), 1e-7);
             free(h), free(got), free(ref);
         }
-        drop(dq), drop(dk);
+        drop(dq), drop(dk), drop(df);
         free(qv), free(kv), free(hq), free(hk);
     }
 }
 
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
- * tokens: causal GQA, the batch's k and v written into the cache. */
-static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
+ * tokens: causal GQA, the batch's k and v written into the cache; with a
+ * sliding window (window > 0) token t sees the last `window` positions. */
+static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
     const int nh = 6, nkv = 2, hd = 64, n_ctx = 300;
     const int64_t qd = nh * hd, kvd = nkv * hd, kv_es = g_be->kv_type == NSTF_TYPE_BF16 ? 2 : 4;
     float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4), *vv = malloc((size_t)(n * kvd) * 4);
@@ -421,6 +434,7 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
     a.attention.n_kv_heads = nkv;
     a.attention.head_dim = hd;
     a.attention.scale = scale;
+    a.attention.window = window;
     close_batch((int)n, nstf_backend_op(g_be, &a));
     void *ho = malloc(act_bytes(n * qd));
     float *got = malloc((size_t)(n * qd) * 4);
@@ -431,23 +445,23 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
     for (int64_t t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
             const int g = h / (nh / nkv);
-            const int64_t n_keys = pos0 + t + 1;
+            const int64_t n_keys = pos0 + t + 1, j0 = window > 0 && n_keys > window ? n_keys - window : 0;
             double m = -1e300, s = 0;
-            for (int64_t j = 0; j < n_keys; j++) {
+            for (int64_t j = j0; j < n_keys; j++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)qv[t * qd + h * hd + i] * cache_k[j * kvd + g * hd + i];
                 p[j] = d * scale;
                 m = fmax(m, p[j]);
             }
-            for (int64_t j = 0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
+            for (int64_t j = j0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
             for (int i = 0; i < hd; i++) {
                 double o = 0;
-                for (int64_t j = 0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
+                for (int64_t j = j0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
                 ref[t * qd + h * hd + i] = o / s;
             }
         }
     char what[64];
-    snprintf(what, sizeof what, "attention %lld tokens at %lld", (long long)n, (long long)pos0);
+    snprintf(what, sizeof what, "attention %lld tokens at %lld, window %d", (long long)n, (long long)pos0, window);
     judge(what, got, ref, n * qd, act_bf16(), 1e-7);
     drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
     free(qv), free(kv), free(vv), free(cache_k), free(cache_v), free(hq), free(hk), free(hv), free(hck), free(hcv);
@@ -455,10 +469,17 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
 }
 
 static void case_attention(test_rng *r) {
-    attention_case(r, 1, 0);
-    attention_case(r, 1, 261);
-    attention_case(r, 13, 0);
-    attention_case(r, 19, 150);
+    attention_case(r, 1, 0, 0);
+    attention_case(r, 1, 261, 0);
+    attention_case(r, 13, 0, 0);
+    attention_case(r, 19, 150, 0);
+    /* sliding windows: shorter than the batch, than the cache, and one
+     * that covers everything (the same as none) */
+    attention_case(r, 1, 261, 100);
+    attention_case(r, 1, 261, 7);
+    attention_case(r, 13, 0, 5);
+    attention_case(r, 19, 150, 40);
+    attention_case(r, 19, 150, 1000);
 }
 
 static void case_swiglu(test_rng *r) {
@@ -520,6 +541,96 @@ static void case_argmax(test_rng *r) {
     }
     drop(dx), drop(dout);
     free(x);
+}
+
+/* Rows of `width` values at a token stride: dense on the CPU backend, with
+ * a gap on a GPU's (the q / k / v of a row of the group). */
+static int64_t row_stride(int64_t width) { return g_be->host_memory ? width : width + 40; }
+
+static void case_bias(test_rng *r) {
+    const int64_t width = 200;
+    for (int64_t n = 1; n <= 9; n += 8) {
+        const int64_t st = row_stride(width), all = n * st;
+        float *xv = malloc((size_t)all * 4), *b = malloc((size_t)width * 4), *got = malloc((size_t)(n * width) * 4);
+        double *ref = malloc((size_t)(n * width) * 8);
+        void *hx = act_make(r, xv, all, 1.0f);
+        for (int64_t i = 0; i < width; i++) b[i] = 0.5f * rng_normal(r);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < width; i++) ref[t * width + i] = (double)xv[t * st + i] + b[i];
+        dbuf dx = up(hx, act_bytes(all)), db = up(b, (size_t)width * 4);
+        nstf_op_args a = {.op = NSTF_OP_BIAS, .label = "bias"};
+        a.bias.x = (nstf_view){dx.d, g_be->act_type, st};
+        a.bias.b = db.d;
+        a.bias.n = n;
+        a.bias.width = width;
+        run_op(&a, 1, 0);
+        void *hy = malloc(act_bytes(all));
+        float *yv = malloc((size_t)all * 4);
+        down(dx, hy, "bias x");
+        act_read(hy, yv, all);
+        int gap_changed = 0;
+        for (int64_t t = 0; t < n; t++) {
+            for (int64_t i = 0; i < width; i++) got[t * width + i] = yv[t * st + i];
+            for (int64_t i = width; i < st; i++) gap_changed += memcmp(&yv[t * st + i], &xv[t * st + i], 4) != 0;
+        }
+        CHECK(gap_changed == 0, "%s: bias wrote %d values between the rows", g_name, gap_changed);
+        judge(n == 1 ? "bias 1 token" : "bias 9 tokens", got, ref, n * width, act_bf16(), 1e-7);
+        drop(dx), drop(db);
+        free(xv), free(b), free(got), free(ref), free(hx), free(hy), free(yv);
+    }
+}
+
+static void case_head_norm(test_rng *r) {
+    const int nh = 4, nkv = 2;
+    for (int hd = 64; hd <= 128; hd += 64)
+        for (int64_t n = 1; n <= 6; n += 5) {
+            const int64_t qst = row_stride((int64_t)nh * hd), kst = row_stride((int64_t)nkv * hd);
+            float *qv = malloc((size_t)(n * qst) * 4), *kv = malloc((size_t)(n * kst) * 4);
+            float *wq = malloc((size_t)hd * 4), *wk = malloc((size_t)hd * 4);
+            void *hq = act_make(r, qv, n * qst, 3.0f), *hk = act_make(r, kv, n * kst, 0.5f);
+            for (int i = 0; i < hd; i++) wq[i] = 1 + 0.3f * rng_normal(r), wk[i] = 1 + 0.3f * rng_normal(r);
+            dbuf dq = up(hq, act_bytes(n * qst)), dk = up(hk, act_bytes(n * kst)), dwq = up(wq, (size_t)hd * 4),
+                 dwk = up(wk, (size_t)hd * 4);
+            const float eps = 1e-6f;
+            nstf_op_args a = {.op = NSTF_OP_HEAD_NORM, .label = "head_norm"};
+            a.head_norm.q = (nstf_view){dq.d, g_be->act_type, qst};
+            a.head_norm.k = (nstf_view){dk.d, g_be->act_type, kst};
+            a.head_norm.wq = dwq.d;
+            a.head_norm.wk = dwk.d;
+            a.head_norm.n = n;
+            a.head_norm.n_heads = nh;
+            a.head_norm.n_kv_heads = nkv;
+            a.head_norm.head_dim = hd;
+            a.head_norm.eps = eps;
+            run_op(&a, 1, 0);
+            for (int which = 0; which < 2; which++) {
+                const int heads = which ? nkv : nh;
+                const int64_t st = which ? kst : qst, len = n * heads * hd;
+                const float *src = which ? kv : qv, *w = which ? wk : wq;
+                void *h = malloc(act_bytes(n * st));
+                float *all = malloc((size_t)(n * st) * 4), *got = malloc((size_t)len * 4);
+                double *ref = malloc((size_t)len * 8);
+                down(which ? dk : dq, h, "head_norm out");
+                act_read(h, all, n * st);
+                for (int64_t t = 0; t < n; t++)
+                    for (int hh = 0; hh < heads; hh++) {
+                        const float *x = src + t * st + hh * hd;
+                        double ss = 0;
+                        for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
+                        const double inv = 1.0 / sqrt(ss / hd + eps);
+                        for (int i = 0; i < hd; i++) {
+                            ref[(t * heads + hh) * hd + i] = x[i] * inv * w[i];
+                            got[(t * heads + hh) * hd + i] = all[t * st + hh * hd + i];
+                        }
+                    }
+                char what[64];
+                snprintf(what, sizeof what, "head_norm %s, head %d, %lld tokens", which ? "k" : "q", hd, (long long)n);
+                judge(what, got, ref, len, act_bf16(), 1e-7);
+                free(h), free(all), free(got), free(ref);
+            }
+            drop(dq), drop(dk), drop(dwq), drop(dwk);
+            free(qv), free(kv), free(wq), free(wk), free(hq), free(hk);
+        }
 }
 
 /* ---- the backends --------------------------------------------------------------------- */

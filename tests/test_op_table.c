@@ -107,7 +107,7 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
     case NSTF_OP_MATMUL:
         a.matmul.w[0] = w, a.matmul.n_w = 1, a.matmul.x = v, a.matmul.out[0] = v, a.matmul.n = 2;
         break;
-    case NSTF_OP_ROPE: a.rope.q = a.rope.k = v, a.rope.n = 2, a.rope.r = (nstf_rope_args){ids, 1, 1, 32, 1e4f, 0}; break;
+    case NSTF_OP_ROPE: a.rope.q = a.rope.k = v, a.rope.n = 2, a.rope.r = (nstf_rope_args){ids, 1, 1, 32, 1e4f, 0, NULL}; break;
     case NSTF_OP_ATTENTION:
         a.attention.q = a.attention.k = a.attention.v = a.attention.out = v;
         a.attention.n = 2, a.attention.n_ctx = 8, a.attention.pos0 = 3;
@@ -115,6 +115,11 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
         break;
     case NSTF_OP_SWIGLU: a.swiglu.gate = a.swiglu.up = a.swiglu.y = v, a.swiglu.n = 2, a.swiglu.n_ff = 32; break;
     case NSTF_OP_ARGMAX: a.argmax.x = v, a.argmax.out = ids, a.argmax.n_rows = 2, a.argmax.n = 32; break;
+    case NSTF_OP_BIAS: a.bias.x = v, a.bias.b = f, a.bias.n = 2, a.bias.width = 32; break;
+    case NSTF_OP_HEAD_NORM:
+        a.head_norm.q = a.head_norm.k = v, a.head_norm.wq = a.head_norm.wk = f, a.head_norm.n = 2;
+        a.head_norm.n_heads = a.head_norm.n_kv_heads = 1, a.head_norm.head_dim = 32, a.head_norm.eps = 1e-6f;
+        break;
     case NSTF_OP_N: break;
     }
     return a;

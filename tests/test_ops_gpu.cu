@@ -282,7 +282,7 @@ static void test_swiglu(int64_t n, size_t pad) {
  * kernel is itself checked against the CPU reference above, so equality
  * carries their accuracy over. */
 static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t n_in, int64_t n_out, int hd,
-                            int rope_rows, nstf_rope_mode mode, bool pdl) {
+                            int rope_rows, nstf_rope_mode mode, bool pdl, bool factors = false) {
     const float eps = 1e-5f, base = 100000.0f;
     const int32_t pos = 517;
     std::vector<unsigned char> w = make_weights(wt, n_out, n_in);
@@ -295,16 +295,17 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     const bool yf32 = epi == NSTF_GEMV_STORE || epi == NSTF_GEMV_ACCUM;
     std::vector<float> y0(n_y);
     for (auto &v : y0) v = normal();
-    std::vector<float> fr(256);
+    std::vector<float> fr(256), ff(128);
     if (hd) nstf_gpu_rope_freqs(base, hd, fr.data());
+    for (int i = 0; i < 128; i++) ff[i] = 1.0f + 7.0f * (float)i / 127.0f; /* Llama 3.1-like: 1 .. 8 */
 
     static const char *en[] = {"store", "accum", "rope", "swiglu"};
-    gh_begin("gemv_fused %s %s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "", en[epi],
-             epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", (long long)n_in,
-             (long long)n_out, pdl ? " pdl" : "");
+    gh_begin("gemv_fused %s %s%s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "", en[epi],
+             epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", factors ? "+factors" : "",
+             (long long)n_in, (long long)n_out, pdl ? " pdl" : "");
     gh_buf dw = gh_alloc(w.size(), w.data()), dxr = gh_alloc(n_in * 4, xr.data()), dnw = gh_alloc(n_in * 4, nw.data());
     gh_buf dxin = gh_alloc(n_in * 2, xin.data()), dxb = gh_alloc(n_in * 2, nullptr), dp = gh_alloc(4, &pos);
-    gh_buf dfr = gh_alloc(256 * 4, fr.data()), dtmp = gh_alloc(n_out * 4, nullptr);
+    gh_buf dfr = gh_alloc(256 * 4, fr.data()), dtmp = gh_alloc(n_out * 4, nullptr), dff = gh_alloc(128 * 4, ff.data());
     gh_buf dya = gh_alloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     gh_buf dyb = gh_alloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     /* unfused */
@@ -325,8 +326,9 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
         break;
     case NSTF_GEMV_ROPE:
         gh_launched(nstf_gpu_gemv(wt, dw.p(), in, dya.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr), "gemv");
-        gh_launched(nstf_gpu_rope(dya.as<uint16_t>(), nullptr, dp.as<const int32_t>(), 1, rope_rows / hd, 0, hd, base,
-                                  mode, nullptr),
+        gh_launched(nstf_gpu_rope_strided(dya.as<uint16_t>(), rope_rows, nullptr, 0, dp.as<const int32_t>(), 1,
+                                          rope_rows / hd, 0, hd, base, factors ? dff.as<const float>() : nullptr, mode,
+                                          nullptr),
                     "rope");
         break;
     case NSTF_GEMV_SWIGLU:
@@ -347,6 +349,7 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     f.rope_mode = mode;
     f.pos = dp.as<const int32_t>();
     f.rope_freqs = dfr.as<const float>();
+    f.rope_factors = factors ? dff.as<const float>() : nullptr;
     const int prev = nstf_gpu_set_pdl(pdl);
     const nstf_status st =
         nstf_gpu_gemv_fused(wt, dw.p(), norm ? nullptr : dxin.as<const uint16_t>(), dyb.p(), n_in, n_out, &f, nullptr);
@@ -374,7 +377,7 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     gh_note("outputs differing from the unfused kernels %zu of %lld (0 allowed), nonfinite=%zu", diff, (long long)n_y,
             bad);
     gh_free(dw); gh_free(dxr); gh_free(dnw); gh_free(dxin); gh_free(dxb); gh_free(dp); gh_free(dfr); gh_free(dtmp);
-    gh_free(dya); gh_free(dyb);
+    gh_free(dya); gh_free(dyb); gh_free(dff);
     gh_end();
 }
 
@@ -388,6 +391,9 @@ static void gemv_fused_cases(void) {
             test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 576, 0, 0, NSTF_ROPE_NORM, pdl);
             test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 1000, 0, 0, NSTF_ROPE_NORM, pdl);
         }
+        /* Llama 3.x RoPE frequency factors (rope_freqs.weight) */
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, true, true);
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 2048, 3072, 128, 2560, NSTF_ROPE_NEOX, false, true);
         /* head_dim 128, Llama-3 8B width; pairs that do not fill the last block */
         test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 1024, 128, 768, NSTF_ROPE_NORM, true);
         test_gemv_fused(wt, NSTF_GEMV_ROPE, false, 2048, 1024, 128, 768, NSTF_ROPE_NEOX, false);

@@ -13,6 +13,7 @@ int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 
 static void usage(FILE *f) {
@@ -25,6 +26,7 @@ static void usage(FILE *f) {
             "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
+            "  perplexity  perplexity and KL divergence on a text, as llama-perplexity (nstf perplexity --help)\n"
             "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
@@ -49,6 +51,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);

@@ -181,8 +181,10 @@ static nstf_status op_rope(nstf_backend *be, const nstf_op_args *a) {
     if (!dense(a->rope.q, (int64_t)r->n_heads * r->head_dim) ||
         (r->n_kv_heads > 0 && !dense(a->rope.k, (int64_t)r->n_kv_heads * r->head_dim)))
         return layout_error(a);
-    nstf_cpu_rope(cpu, a->rope.q.data, r->pos, a->rope.n, r->n_heads, r->head_dim, r->base, r->mode);
-    if (r->n_kv_heads > 0) nstf_cpu_rope(cpu, a->rope.k.data, r->pos, a->rope.n, r->n_kv_heads, r->head_dim, r->base, r->mode);
+    nstf_cpu_rope_ff(cpu, a->rope.q.data, r->pos, a->rope.n, r->n_heads, r->head_dim, r->base, r->freq_factors, r->mode);
+    if (r->n_kv_heads > 0)
+        nstf_cpu_rope_ff(cpu, a->rope.k.data, r->pos, a->rope.n, r->n_kv_heads, r->head_dim, r->base, r->freq_factors,
+                         r->mode);
     return NSTF_OK;
 }
 
@@ -210,8 +212,9 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
         int64_t t1 = t0 + 1;
         while (t1 < n && (seq ? seq[t1] : 0) == s && pos[t1] == pos[t1 - 1] + 1) t1++;
         const int64_t base = (int64_t)s * n_ctx * kvd;
-        nstf_cpu_attention(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
-                           a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale);
+        nstf_cpu_attention_sw(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
+                              a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
+                              a->attention.window);
         t0 = t1;
     }
     return NSTF_OK;
@@ -230,6 +233,23 @@ static nstf_status op_argmax(nstf_backend *be, const nstf_op_args *a) {
     return NSTF_OK;
 }
 
+static nstf_status op_bias(nstf_backend *be, const nstf_op_args *a) {
+    if (!dense(a->bias.x, a->bias.width)) return layout_error(a);
+    nstf_cpu_bias(&cpu_of(be)->cpu, a->bias.x.data, a->bias.b, a->bias.n, a->bias.width);
+    return NSTF_OK;
+}
+
+static nstf_status op_head_norm(nstf_backend *be, const nstf_op_args *a) {
+    nstf_cpu *cpu = &cpu_of(be)->cpu;
+    const int hd = a->head_norm.head_dim, nh = a->head_norm.n_heads, nkv = a->head_norm.n_kv_heads;
+    if (!dense(a->head_norm.q, (int64_t)nh * hd) || (nkv > 0 && !dense(a->head_norm.k, (int64_t)nkv * hd)))
+        return layout_error(a);
+    nstf_cpu_head_norm(cpu, a->head_norm.q.data, a->head_norm.wq, a->head_norm.n * nh, hd, a->head_norm.eps);
+    if (nkv > 0)
+        nstf_cpu_head_norm(cpu, a->head_norm.k.data, a->head_norm.wk, a->head_norm.n * nkv, hd, a->head_norm.eps);
+    return NSTF_OK;
+}
+
 /* Counts ops (the CPU's "kernels") and dispatches. */
 #define COUNTED(name)                                                          \
     static nstf_status counted_##name(nstf_backend *be, const nstf_op_args *a) { \
@@ -244,6 +264,8 @@ COUNTED(rope)
 COUNTED(attention)
 COUNTED(swiglu)
 COUNTED(argmax)
+COUNTED(bias)
+COUNTED(head_norm)
 
 /* ---- options, marks ---------------------------------------------------------------------- */
 

@@ -96,6 +96,7 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         f.rope_mode = a->matmul.rope.mode;
         f.pos = a->matmul.rope.pos;
         f.rope_freqs = g->rope_freqs;
+        f.rope_factors = a->matmul.rope.freq_factors;
         break;
     case NSTF_MM_SWIGLU:
         f.epi = NSTF_GEMV_SWIGLU;
@@ -109,6 +110,13 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
+    /* the fused GEMVs have no bias or per-head norm (Qwen): the ops then run apart */
+    bool extras = a->matmul.q_norm != NULL;
+    for (int i = 0; i < a->matmul.n_w; i++) extras = extras || a->matmul.bias[i] != NULL;
+    if (extras) {
+        g->unfused++;
+        return false;
+    }
     nstf_matrix w = *a->matmul.w[0];
     const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
     bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
@@ -179,7 +187,7 @@ nstf_status nstf_gpu_op_rope(nstf_backend *be, const nstf_op_args *a) {
     const nstf_rope_args *r = &a->rope.r;
     g->n_kernels++;
     return nstf_gpu_rope_strided(a->rope.q.data, a->rope.q.stride, a->rope.k.data, a->rope.k.stride, r->pos, a->rope.n,
-                                 r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->mode, g->stream);
+                                 r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->freq_factors, r->mode, g->stream);
 }
 
 /* Materialized attention (L0: QK^T, scale + mask, softmax, PV; L1: the
@@ -205,10 +213,10 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
     g->n_kernels += g->level == 0 ? 4 : 3;
     NSTF_TRY(nstf_gpu_attn_scores(q, a->attention.q.stride, kc, g->scores, n, n_kv, nh, nkv, hd, s));
     if (g->level == 0) {
-        NSTF_TRY(nstf_gpu_scale_mask(g->scores, nh, n, n_kv, pos0, a->attention.scale, s));
-        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, 1.0f, 0, s));
+        NSTF_TRY(nstf_gpu_scale_mask(g->scores, nh, n, n_kv, pos0, a->attention.scale, a->attention.window, s));
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, 1.0f, 0, 0, s));
     } else {
-        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, a->attention.scale, 1, s));
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, a->attention.scale, 1, a->attention.window, s));
     }
     return nstf_gpu_attn_pv(g->scores, vc, a->attention.out.data, a->attention.out.stride, n, n_kv, nh, nkv, hd, s);
 }
@@ -227,14 +235,14 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                           a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, 1,
                                           a->attention.pos, g->bound, a->attention.n_ctx, a->attention.n_heads,
                                           a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
-                                          g->fd_scratch, g->fd_bytes, g->stream);
+                                          a->attention.window, g->fd_scratch, g->fd_bytes, g->stream);
     }
     g->n_kernels++;
-    return nstf_gpu_flash_attn(a->attention.q.data, a->attention.q.stride, a->attention.k.data, a->attention.k.stride,
-                               a->attention.v.data, a->attention.v.stride, a->attention.k_cache, a->attention.v_cache,
-                               a->attention.out.data, qd, a->attention.n, g->pos0, a->attention.n_ctx,
-                               a->attention.n_heads, a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
-                               g->stream);
+    return nstf_gpu_flash_attn_sw(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                  a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                  a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, a->attention.n,
+                                  g->pos0, a->attention.n_ctx, a->attention.n_heads, a->attention.n_kv_heads,
+                                  a->attention.head_dim, a->attention.scale, a->attention.window, g->stream);
 }
 
 /* One token or planes: elementwise; rows of gate | up (one GEMM): by rows. */
@@ -252,6 +260,22 @@ nstf_status nstf_gpu_op_argmax(nstf_backend *be, const nstf_op_args *a) {
     g->n_kernels += 2;
     return nstf_gpu_argmax(a->argmax.x.data, a->argmax.x.type, a->argmax.out, a->argmax.n_rows, a->argmax.n,
                            g->am_scratch, g->stream);
+}
+
+/* A projection's bias (Qwen2) on the rows of one matrix of a group. */
+nstf_status nstf_gpu_op_bias(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels++;
+    return nstf_gpu_bias(a->bias.x.data, a->bias.x.stride, a->bias.b, a->bias.n, a->bias.width, g->stream);
+}
+
+/* Per-head RMSNorm of q and k (Qwen3), one kernel for both. */
+nstf_status nstf_gpu_op_head_norm(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels++;
+    return nstf_gpu_head_norm(a->head_norm.q.data, a->head_norm.q.stride, a->head_norm.k.data, a->head_norm.k.stride,
+                              a->head_norm.wq, a->head_norm.wk, a->head_norm.n, a->head_norm.n_heads,
+                              a->head_norm.n_kv_heads, a->head_norm.head_dim, a->head_norm.eps, g->stream);
 }
 
 #endif /* NSTF_HAVE_CUDA || NSTF_HAVE_HIP */

@@ -2,7 +2,9 @@
  *
  *   x = embed(tokens)
  *   for each layer:
- *       q, k, v = rope(rmsnorm(x) [Wq; Wk; Wv])      one matmul op (norm, RoPE fused)
+ *       q, k, v = rope(rmsnorm(x) [Wq; Wk; Wv])      one matmul op (norm, RoPE fused;
+ *                                                     + bias, per-head q/k norm where
+ *                                                     the architecture has them)
  *       a = attention(q, k, v, cache)                 writes k, v into the cache
  *       x += a Wo                                     one matmul op (residual fused)
  *       h = silu(rmsnorm(x) Wg) * (rmsnorm(x) Wu)     one matmul op (norm, SwiGLU fused)
@@ -14,7 +16,13 @@
  * forward runs the separate ops here (rmsnorm, matmul, rope / swiglu), and
  * a residual add is carried to the next norm, which adds it on its way
  * (x += y; rmsnorm(x)): the order of the reference forward, so every
- * backend's unfused path computes what its fused one does. */
+ * backend's unfused path computes what its fused one does.
+ *
+ * What an architecture adds (model/arch.h) are flags and arguments of
+ * these same ops: the QKV bias and Qwen3's per-head q/k norm (matmul
+ * fusion flags; unfused, the BIAS and HEAD_NORM ops before RoPE), RoPE
+ * frequency factors (Llama 3.x) and the sliding window (Mistral) of the
+ * attention. A Llama without them issues exactly the ops it always did. */
 #include <math.h>
 #include <string.h>
 
@@ -55,6 +63,8 @@ static nstf_status matmul(fwd *f, nstf_op_args *a) {
     nstf_op_args mm = *a;
     mm.matmul.epi = NSTF_MM_STORE;
     mm.matmul.norm_x = NULL;
+    mm.matmul.q_norm = mm.matmul.k_norm = NULL;
+    for (int i = 0; i < NSTF_MM_MAX_GROUP; i++) mm.matmul.bias[i] = NULL;
     if (a->matmul.norm_x) {
         nstf_op_args norm = {.op = NSTF_OP_RMSNORM, .layer = a->layer, .block = a->block};
         norm.label = f->pending ? "add_rmsnorm" : "rmsnorm";
@@ -70,8 +80,30 @@ static nstf_status matmul(fwd *f, nstf_op_args *a) {
         mm.matmul.x = norm.rmsnorm.y;
     }
     NSTF_TRY(run(f, &mm));
+    for (int i = 0; i < a->matmul.n_w; i++) {
+        if (!a->matmul.bias[i]) continue;
+        nstf_op_args b = {.op = NSTF_OP_BIAS, .label = "bias", .layer = a->layer, .block = a->block};
+        b.bias.x = a->matmul.out[i];
+        b.bias.b = a->matmul.bias[i];
+        b.bias.n = n;
+        b.bias.width = a->matmul.w[i]->n_out;
+        NSTF_TRY(run(f, &b));
+    }
     switch (a->matmul.epi) {
     case NSTF_MM_ROPE: {
+        if (a->matmul.q_norm) {
+            nstf_op_args hn = {.op = NSTF_OP_HEAD_NORM, .label = "qk_norm", .layer = a->layer, .block = a->block};
+            hn.head_norm.q = a->matmul.out[0];
+            hn.head_norm.k = a->matmul.out[1];
+            hn.head_norm.wq = a->matmul.q_norm;
+            hn.head_norm.wk = a->matmul.k_norm;
+            hn.head_norm.n = n;
+            hn.head_norm.n_heads = a->matmul.rope.n_heads;
+            hn.head_norm.n_kv_heads = a->matmul.rope.n_kv_heads;
+            hn.head_norm.head_dim = a->matmul.rope.head_dim;
+            hn.head_norm.eps = a->matmul.eps;
+            NSTF_TRY(run(f, &hn));
+        }
         nstf_op_args rope = {.op = NSTF_OP_ROPE, .label = "rope", .layer = a->layer, .block = a->block};
         rope.rope.q = a->matmul.out[0];
         rope.rope.k = a->matmul.out[1];
@@ -120,7 +152,8 @@ static nstf_status layers(fwd *f) {
     uint64_t kv_es = 0;
     (void)nstf_type_row_bytes(f->be->kv_type, 1, &kv_es);
     const uint64_t layer_cache = (uint64_t)s->n_seq * (uint64_t)s->n_ctx * (uint64_t)kvd * kv_es;
-    const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode};
+    const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode,
+                                 w->rope_factors};
     f->pending = NULL;
 
     if (f->r->embed) {
@@ -143,6 +176,11 @@ static nstf_status layers(fwd *f) {
         qkv.matmul.eps = c->norm_eps;
         qkv.matmul.epi = NSTF_MM_ROPE;
         qkv.matmul.rope = rope;
+        qkv.matmul.bias[0] = L->bq;
+        qkv.matmul.bias[1] = L->bk;
+        qkv.matmul.bias[2] = L->bv;
+        qkv.matmul.q_norm = L->q_norm;
+        qkv.matmul.k_norm = L->k_norm;
         NSTF_TRY(matmul(f, &qkv));
 
         nstf_op_args at = {.op = NSTF_OP_ATTENTION, .label = "attention", .layer = l, .block = NSTF_BLOCK_ATTN};
@@ -161,6 +199,7 @@ static nstf_status layers(fwd *f) {
         at.attention.n_kv_heads = c->n_kv_heads;
         at.attention.head_dim = c->head_dim;
         at.attention.scale = 1.0f / sqrtf((float)hd);
+        at.attention.window = c->sliding_window;
         if (!f->b->seq || f->b->seq[0] == 0) {
             bool run1 = true;
             for (int64_t t = 1; t < n && run1; t++)

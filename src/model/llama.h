@@ -19,14 +19,16 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "io/gguf.h"
+#include "model/arch.h"
 #include "ops/ops.h"
 
 typedef struct nstf_llama_config {
+    const nstf_arch *arch; /* the architecture's row (model/arch.h) */
     int n_layers;
     int dim;          /* embedding width */
     int n_heads;
     int n_kv_heads;   /* grouped-query attention: n_heads % n_kv_heads == 0 */
-    int head_dim;     /* dim / n_heads */
+    int head_dim;     /* dim / n_heads unless the file says (attention.key_length) */
     int ffn_dim;      /* SwiGLU hidden width */
     int n_vocab;
     int n_ctx_train;  /* context length the model was trained for */
@@ -34,6 +36,8 @@ typedef struct nstf_llama_config {
     float norm_eps;
     nstf_rope_mode rope_mode;
     bool tied_output; /* logits use the token embedding */
+    int sliding_window; /* > 0: each token attends to the last sliding_window positions (Mistral) */
+    float rope_linear;  /* linear RoPE scaling factor (1: none): positions divided by it */
 } nstf_llama_config;
 
 typedef struct nstf_llama_layer {
@@ -46,6 +50,8 @@ typedef struct nstf_llama_layer {
     nstf_matrix w_gate;     /* [ffn_dim, dim] */
     nstf_matrix w_up;       /* [ffn_dim, dim] */
     nstf_matrix w_down;     /* [dim, ffn_dim] */
+    const float *bq, *bk, *bv;    /* [q_dim], [kv_dim], [kv_dim] QKV biases, or NULL (Qwen2) */
+    const float *q_norm, *k_norm; /* [head_dim] per-head RMSNorm of q and k, or NULL (Qwen3) */
 } nstf_llama_layer;
 
 typedef struct nstf_llama_weights {
@@ -53,7 +59,10 @@ typedef struct nstf_llama_weights {
     nstf_llama_layer *layers; /* [n_layers] */
     const float *out_norm;   /* [dim] */
     nstf_matrix output;      /* [n_vocab, dim]; == tok_embd when tied */
-    float *norms;            /* owned: all norm vectors as fp32, carved by a size table */
+    const float *rope_factors; /* [head_dim/2] RoPE frequency divisors, or NULL (Llama 3.x
+                                  rope_freqs.weight, times the linear scaling factor) */
+    float *norms;            /* owned: every fp32 vector (norms, biases, factors), carved by a size table */
+    uint64_t norm_floats;    /* floats in norms */
 } nstf_llama_weights;
 
 typedef struct nstf_llama {

@@ -96,6 +96,16 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llam
         nstf_llama_layer *D = &w->layers[l];
         put_norm(p, L->attn_norm, c->dim, &D->attn_norm);
         put_norm(p, L->ffn_norm, c->dim, &D->ffn_norm);
+        const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+        if (L->bq) {
+            put_norm(p, L->bq, qd, &D->bq);
+            put_norm(p, L->bk, kvd, &D->bk);
+            put_norm(p, L->bv, kvd, &D->bv);
+        }
+        if (L->q_norm) {
+            put_norm(p, L->q_norm, c->head_dim, &D->q_norm);
+            put_norm(p, L->k_norm, c->head_dim, &D->k_norm);
+        }
         const nstf_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *o = &L->wo, *gu[2] = {&L->w_gate, &L->w_up},
                           *dn = &L->w_down;
         nstf_matrix *qkv_d[3] = {&D->wq, &D->wk, &D->wv}, *o_d = &D->wo, *gu_d[2] = {&D->w_gate, &D->w_up},
@@ -105,6 +115,8 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llam
         put_group(p, gu, gu_d, 2);
         put_group(p, &dn, &dn_d, 1);
     }
+    /* the RoPE frequency factors on every stage with layers */
+    if (m->w.rope_factors && r->l1 > r->l0) put_norm(p, m->w.rope_factors, c->head_dim / 2, &w->rope_factors);
     if (r->output) {
         put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
         if (c->tied_output) {
@@ -256,7 +268,7 @@ nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, i
         r->w = m->w;
         const nstf_gguf *g = m->file;
         for (uint64_t i = 0; g && i < g->n_tensors; i++) r->wbytes += g->tensors[i].n_bytes;
-        r->wbytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); /* fp32 norms */
+        r->wbytes += m->w.norm_floats * sizeof(float); /* fp32 norms, biases, factors */
     } else {
         r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
         if (!r->w.layers) st = NSTF_ERR_OOM;

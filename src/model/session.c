@@ -126,8 +126,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     s->load_ms = nstf_time_ms() - t0;
     if (p.verbose) {
         const nstf_llama_config *c = &s->model->cfg;
-        fprintf(stderr, "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
-                path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
+        fprintf(stderr, "nstf: %s: %s, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
+                path, c->arch->name, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                 c->n_ctx_train);
         const nstf_llama_state *rs = &s->run->s;
         nstf_backend_mem mem;

@@ -2,6 +2,8 @@
  * op call from its arguments (fusions included), for profiles, rooflines
  * and traces. Activation bytes follow the views' element types, so one
  * model serves the fp32 CPU path and the bf16 GPU path. */
+#include <math.h>
+
 #include "ops/ops.h"
 
 static double esize(nstf_type t) {
@@ -71,6 +73,18 @@ nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n) {
     return c;
 }
 
+nstf_op_cost nstf_cost_bias(int64_t n) {
+    /* one add per element; x read and written, b read once per row (cached) */
+    nstf_op_cost c = {(double)n, 8.0 * n, false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim) {
+    /* as rmsnorm, in place */
+    nstf_op_cost c = nstf_cost_rmsnorm(n_rows, head_dim);
+    return c;
+}
+
 static void cost_add(nstf_op_cost *c, nstf_op_cost d) {
     c->flops += d.flops;
     c->bytes += d.bytes;
@@ -110,6 +124,16 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         if (a->matmul.epi == NSTF_MM_ROPE)
             c.flops += nstf_cost_rope(n, a->matmul.rope.n_heads + a->matmul.rope.n_kv_heads, a->matmul.rope.head_dim).flops;
         if (a->matmul.epi == NSTF_MM_SWIGLU) c.flops += nstf_cost_swiglu(n * (n_out / 2)).flops;
+        for (int i = 0; i < a->matmul.n_w; i++)
+            if (a->matmul.bias[i]) {
+                c.flops += (double)n * a->matmul.w[i]->n_out;
+                c.bytes += 4.0 * a->matmul.w[i]->n_out;
+            }
+        if (a->matmul.q_norm) {
+            const nstf_rope_args *r = &a->matmul.rope;
+            c.flops += nstf_cost_head_norm(n * (r->n_heads + r->n_kv_heads), r->head_dim).flops;
+            c.bytes += 8.0 * r->head_dim;
+        }
         break;
     }
     case NSTF_OP_ROPE: {
@@ -123,7 +147,15 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         const int nh = a->attention.n_heads, nkv = a->attention.n_kv_heads, hd = a->attention.head_dim;
         c = nstf_cost_attention(n, pos0, nh, nkv, hd);
         const double sq = esize(a->attention.q.type), skv = esize(a->attention.k.type);
-        c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * (double)(pos0 + n) * nkv * hd;
+        double keys = (double)(pos0 + n); /* cache positions read */
+        if (a->attention.window > 0) {      /* each token sees at most `window` keys */
+            const double w = a->attention.window;
+            double visible = 0;
+            for (int64_t t = 0; t < n; t++) visible += fmin((double)(pos0 + t + 1), w);
+            c.flops = 4.0 * visible * nh * hd + 5.0 * visible * nh;
+            keys = fmin(keys, w + (double)n - 1);
+        }
+        c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * keys * nkv * hd;
         break;
     }
     case NSTF_OP_SWIGLU:
@@ -134,6 +166,16 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         c = nstf_cost_argmax(a->argmax.n_rows, a->argmax.n);
         c.bytes = (double)a->argmax.n_rows * (esize(a->argmax.x.type) * a->argmax.n + 4.0);
         break;
+    case NSTF_OP_BIAS:
+        c = nstf_cost_bias(a->bias.n * a->bias.width);
+        c.bytes = 2.0 * esize(a->bias.x.type) * (double)a->bias.n * a->bias.width + 4.0 * a->bias.width;
+        break;
+    case NSTF_OP_HEAD_NORM: {
+        const int64_t rows = a->head_norm.n * (a->head_norm.n_heads + a->head_norm.n_kv_heads);
+        c = nstf_cost_head_norm(rows, a->head_norm.head_dim);
+        c.bytes = 2.0 * esize(a->head_norm.q.type) * (double)rows * a->head_norm.head_dim + 8.0 * a->head_norm.head_dim;
+        break;
+    }
     case NSTF_OP_N: break;
     }
     return c;

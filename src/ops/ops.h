@@ -44,14 +44,18 @@
     X(MATMUL, matmul, nstf_ref_matmul, nstf_cpu_matmul, nstf_gpu_gemv,                             \
       "y[t,o] = sum_i W[o,i] x[t,i] over a group of matrices; fusion flags: norm prologue, "       \
       "RoPE / SwiGLU / residual epilogue")                                                          \
-    X(ROPE, rope, nstf_ref_rope, nstf_cpu_rope, nstf_gpu_rope_strided,                             \
-      "rotary position embedding of q and k, in place")                                             \
-    X(ATTENTION, attention, nstf_ref_attention, nstf_cpu_attention, nstf_gpu_flash_attn,           \
-      "causal grouped-query attention over the KV cache (the batch's K and V written into it)")    \
+    X(ROPE, rope, nstf_ref_rope_ff, nstf_cpu_rope_ff, nstf_gpu_rope_strided,                       \
+      "rotary position embedding of q and k, in place (frequency factors optional)")                \
+    X(ATTENTION, attention, nstf_ref_attention_sw, nstf_cpu_attention_sw, nstf_gpu_flash_attn_sw,  \
+      "causal grouped-query attention over the KV cache (the batch's K and V written into it; "    \
+      "sliding window optional)")                                                                   \
     X(SWIGLU, swiglu, nstf_ref_swiglu, nstf_cpu_swiglu, nstf_gpu_swiglu, "y = silu(gate) * up")    \
     X(ARGMAX, argmax, nstf_ref_argmax, nstf_cpu_argmax, nstf_gpu_argmax,                           \
-      "index of the largest value per row (first on ties)")
-#define NSTF_OP_COUNT 8
+      "index of the largest value per row (first on ties)")                                         \
+    X(BIAS, bias, nstf_ref_bias, nstf_cpu_bias, nstf_gpu_bias, "x[t,:] += b (a projection's bias)") \
+    X(HEAD_NORM, head_norm, nstf_ref_head_norm, nstf_cpu_head_norm, nstf_gpu_head_norm,            \
+      "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")
+#define NSTF_OP_COUNT 10
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -117,6 +121,9 @@ typedef struct nstf_rope_args {
     int n_heads, n_kv_heads, head_dim;
     float base;
     nstf_rope_mode mode;
+    /* [head_dim/2] or NULL: theta_i = pos * base^(-2i/head_dim) / freq_factors[i]
+     * (Llama 3.x rope_freqs.weight, linear scaling: every factor the same) */
+    const float *freq_factors;
 } nstf_rope_args;
 
 typedef struct nstf_op_args {
@@ -158,6 +165,13 @@ typedef struct nstf_op_args {
             nstf_rope_args rope; /* ROPE */
             nstf_view act;       /* SWIGLU output [n, n_ff] */
             float *res;          /* ACCUM: the residual stream [n, n_out] fp32 */
+            /* out[i][t, :] += bias[i] (fp32 [w[i]->n_out]) before the epilogue,
+             * where non-NULL (Qwen2's QKV bias): the BIAS op unfused */
+            const float *bias[NSTF_MM_MAX_GROUP];
+            /* ROPE: per-head RMSNorm of q and k (weights [head_dim], eps
+             * above) after the bias, before the rotation (Qwen3): the
+             * HEAD_NORM op unfused */
+            const float *q_norm, *k_norm;
         } matmul;
         struct {
             nstf_view q, k; /* [n, n_heads, head_dim], [n, n_kv_heads, head_dim] */
@@ -175,6 +189,8 @@ typedef struct nstf_op_args {
                                        sequence at consecutive positions, else -1 */
             int n_heads, n_kv_heads, head_dim;
             float scale;
+            int window;             /* > 0: a token at position p sees keys at positions
+                                       > p - window only (sliding window); 0: all */
         } attention;
         struct {
             nstf_view gate, up, y; /* [n, n_ff] each */
@@ -185,6 +201,18 @@ typedef struct nstf_op_args {
             int32_t *out; /* [n_rows] */
             int64_t n_rows, n;
         } argmax;
+        struct {
+            nstf_view x;     /* [n, width], in place */
+            const float *b;  /* [width] fp32 */
+            int64_t n, width;
+        } bias;
+        struct {
+            nstf_view q, k;        /* [n, n_heads, head_dim], [n, n_kv_heads, head_dim], in place */
+            const float *wq, *wk;  /* [head_dim] each (wk unused when n_kv_heads is 0) */
+            int64_t n;
+            int n_heads, n_kv_heads, head_dim;
+            float eps;
+        } head_norm;
     };
 } nstf_op_args;
 
@@ -216,6 +244,8 @@ nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int6
  * sees pos0 + t + 1 positions): QK^T and PV are 2 FLOPs per MAC each. */
 nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
+nstf_op_cost nstf_cost_bias(int64_t n);
+nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 
@@ -233,7 +263,11 @@ void nstf_ref_matmul(nstf_type wtype, const void *w /* [n_out, n_in] */,
                      const float *x /* [n_tok, n_in] */, float *y /* [n_tok, n_out] */,
                      int64_t n_tok, int64_t n_in, int64_t n_out);
 /* In-place rotary embedding of the first `head_dim` dims of every head;
- * theta_i = pos * base^(-2i/head_dim). */
+ * theta_i = pos * base^(-2i/head_dim) / factors[i] (factors NULL: 1).
+ * nstf_ref_rope is the same without factors. */
+void nstf_ref_rope_ff(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
+                      int64_t n_tok, int n_heads, int head_dim, float base,
+                      const float *factors /* [head_dim/2] or NULL */, nstf_rope_mode mode);
 void nstf_ref_rope(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
                    int64_t n_tok, int n_heads, int head_dim, float base, nstf_rope_mode mode);
 /* Causal GQA: token t sits at position pos0 + t and attends to cache
@@ -244,11 +278,24 @@ void nstf_ref_attention(const float *q /* [n_tok, n_heads, head_dim] */,
                         const float *v /* [n_ctx, n_kv_heads, head_dim] */,
                         float *out /* [n_tok, n_heads, head_dim] */, int64_t n_tok, int64_t pos0,
                         int n_heads, int n_kv_heads, int head_dim, float scale);
+/* The same with a sliding window (window > 0): token t attends to cache
+ * positions max(0, pos0 + t - window + 1)..pos0+t; window 0 is
+ * nstf_ref_attention. torch: the causal mask & (kv_idx > q_idx - window),
+ * transformers' sliding_window_overlay. */
+void nstf_ref_attention_sw(const float *q, const float *k, const float *v, float *out, int64_t n_tok,
+                           int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale, int window);
 /* y = gate * sigmoid(gate) * up;  torch: F.silu(gate) * up */
 void nstf_ref_swiglu(const float *gate, const float *up, float *y, int64_t n);
 /* out[r] = argmax_j x[r, j] (first index on ties) */
 void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] */,
                      int64_t n_rows, int64_t n);
+/* x[t, :] += b;  torch: F.linear's bias */
+void nstf_ref_bias(float *x /* [n_tok, width] */, const float *b /* [width] */, int64_t n_tok,
+                   int64_t width);
+/* Per-head RMSNorm in place, every head_dim row of x:
+ * torch: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w  (Qwen3's q_norm / k_norm) */
+void nstf_ref_head_norm(float *x /* [n_rows, head_dim] */, const float *w /* [head_dim] */,
+                        int64_t n_rows, int head_dim, float eps);
 
 /* ---- fast CPU paths ------------------------------------------------------ */
 
@@ -283,10 +330,17 @@ void nstf_cpu_matmul_precise(nstf_cpu *cpu, nstf_type wtype, const void *w, cons
                              float *y, int64_t n_tok, int64_t n_in, int64_t n_out);
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode);
+void nstf_cpu_rope_ff(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
+                      int head_dim, float base, const float *factors, nstf_rope_mode mode);
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale);
+void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, int window);
 void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n);
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
+void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width);
+void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps);
 
 #endif

@@ -150,6 +150,7 @@ typedef struct {
     int64_t n_tok;
     int n_heads, head_dim;
     double freq_ratio; /* base^(-2/head_dim): inv_freq[i] = freq_ratio^i */
+    const float *factors; /* [head_dim/2] theta_i divisors, or NULL */
     nstf_rope_mode mode;
 } rope_ctx;
 
@@ -170,6 +171,7 @@ static void rope_fn(void *p, int ith, int nth) {
             float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
             for (int i = 0; i < n; i++) {
                 double th = (double)c->pos[t] * inv_freq;
+                if (c->factors) th /= c->factors[i0 + i];
                 th -= two_pi * floor(th / two_pi + 0.5);
                 cs[i] = cosf((float)th);
                 sn[i] = sinf((float)th);
@@ -227,10 +229,15 @@ static void rope_fn(void *p, int ith, int nth) {
     }
 }
 
+void nstf_cpu_rope_ff(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
+                      int head_dim, float base, const float *factors, nstf_rope_mode mode) {
+    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), factors, mode};
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
+}
+
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode) {
-    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode};
-    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
+    nstf_cpu_rope_ff(cpu, x, pos, n_tok, n_heads, head_dim, base, NULL, mode);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -359,6 +366,7 @@ typedef struct {
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
     float scale;
+    int window;             /* sliding window (0: none) */
     int n_gb;               /* head batches per kv head: ceil(group / ATTN_MAX_G) */
     int n_seg;              /* split-KV segments per batch; 1 = no split */
     float *part;            /* [n_tok * n_heads * n_seg, head_dim + 2] when n_seg > 1 */
@@ -386,12 +394,13 @@ static void attn_fn(void *p, int ith, int nth) {
         int h0 = kvh * group + gb * ATTN_MAX_G;
         int n_g = group - gb * ATTN_MAX_G < ATTN_MAX_G ? group - gb * ATTN_MAX_G : ATTN_MAX_G;
         int64_t n_keys = c->pos0 + t + 1;
+        const int64_t j_lo = c->window > 0 && n_keys > c->window ? n_keys - c->window : 0; /* first key seen */
         const float *qg = c->q + (t * c->n_heads + h0) * hd;
         const float *kh = c->k + (int64_t)kvh * hd, *vh = c->v + (int64_t)kvh * hd;
         if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
             int64_t j0, j1;
-            nstf_split_range(n_keys, 64, seg, c->n_seg, &j0, &j1);
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j0, j1, 0, hd, &w);
+            nstf_split_range(n_keys - j_lo, 64, seg, c->n_seg, &j0, &j1);
+            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *dst = c->part + ((t * c->n_heads + h0 + g) * c->n_seg + seg) * (hd + 2);
                 dst[0] = w.m[g];
@@ -402,7 +411,7 @@ static void attn_fn(void *p, int ith, int nth) {
         }
         for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
             int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, 0, n_keys, d0, nd, &w);
+            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
@@ -418,14 +427,14 @@ static void attn_fn(void *p, int ith, int nth) {
  * context is long, each item's keys are also split into segments
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
-void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
-                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
-                        float scale) {
+void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, int window) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
     const int64_t n_base = n_tok * n_kv_heads * n_gb, n_pairs = n_tok * n_heads;
-    const int64_t min_keys = pos0 + 1;
+    const int64_t min_keys = window > 0 && pos0 + 1 > window ? window : pos0 + 1;
     int n_seg = 1;
     /* the split's segment count depends on the thread count, and with it the
      * order of the softmax merge: off in deterministic mode */
@@ -437,7 +446,7 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
+    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -458,6 +467,12 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         float inv = 1.0f / l;
         for (int d = 0; d < head_dim; d++) oh[d] *= inv;
     }
+}
+
+void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                        float scale) {
+    nstf_cpu_attention_sw(cpu, q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 /* ---- argmax --------------------------------------------------------------- */
@@ -514,4 +529,20 @@ static void argmax_fn(void *p, int ith, int nth) {
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n) {
     argmax_ctx c = {x, out, n_rows, n};
     cpu_run(cpu, argmax_fn, &c, n_rows * n, n_rows);
+}
+
+/* ---- bias, per-head norm ---------------------------------------------------- */
+
+/* x[t, :] += b: a few thousand adds per token, not worth the pool */
+void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width) {
+    (void)cpu;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *xt = x + t * width;
+        for (int64_t i = 0; i < width; i++) xt[i] += b[i];
+    }
+}
+
+/* Every head_dim row normalised in place: the RMSNorm of rows of head_dim */
+void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps) {
+    nstf_cpu_rmsnorm(cpu, x, w, x, n_rows, head_dim, eps);
 }

@@ -42,6 +42,7 @@ struct gemv_fz {
     int rope_rows, hd, neox;
     const int32_t *pos;
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
+    const float *factors; /* [hd/2] RoPE frequency factors, or NULL */
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
     int no_pre;         /* 1: no early weight loads (the switch NSTF_GEMV_PRE=0, measurement) */

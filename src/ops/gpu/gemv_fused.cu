@@ -63,6 +63,7 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
     f.pos = fu->pos;
     f.freqs = fu->rope_freqs;
+    f.factors = fu->rope_factors;
     f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);

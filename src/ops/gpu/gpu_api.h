@@ -112,10 +112,14 @@ nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t 
                           int n_heads, int n_kv_heads, int head_dim, float base,
                           nstf_rope_mode mode, void *stream);
 /* The same with token strides (elements) for q and k, e.g. the rows of one
- * fused q | k | v GEMM output. */
+ * fused q | k | v GEMM output, and optional frequency factors: factors
+ * (device, [head_dim/2] fp32, or NULL) divide each theta_i (Llama 3.x
+ * rope_freqs), applied to the inverse frequency as a compensated division
+ * (nstf_rope_scale, fused_math.h) so the angle keeps its accuracy. */
 nstf_status nstf_gpu_rope_strided(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride,
                                   const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
-                                  int head_dim, float base, nstf_rope_mode mode, void *stream);
+                                  int head_dim, float base, const float *factors, nstf_rope_mode mode,
+                                  void *stream);
 
 /* The RoPE inverse frequencies base^(-2i/head_dim), i < head_dim/2, each a
  * double split into two floats: hi_lo[i] the float nearest, hi_lo[half + i]
@@ -168,6 +172,8 @@ typedef struct nstf_gemv_fusion {
     nstf_rope_mode rope_mode;
     const int32_t *pos;      /* ROPE: device position */
     const float *rope_freqs; /* ROPE: device table of nstf_gpu_rope_freqs() */
+    const float *rope_factors; /* ROPE: device [head_dim/2] frequency factors (as
+                                  nstf_gpu_rope_strided's), or NULL */
 } nstf_gemv_fusion;
 
 /* Whether nstf_gpu_gemv_fused takes this weight (BF16 with n_in % 8 == 0 and
@@ -246,7 +252,15 @@ int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff);
  * Token i is at position pos0 + i and attends to positions <= pos0 + i.
  * head_dim 64 or 128; n_heads % n_kv_heads == 0; pos0 + n_tok <= n_ctx;
  * strides multiples of 8 and pointers 16-byte aligned; scale usually
- * 1/sqrt(head_dim). */
+ * 1/sqrt(head_dim). nstf_gpu_flash_attn_sw adds a sliding window: with
+ * window > 0 token i sees positions > pos0 + i - window only (the key
+ * tiles wholly before a block's window are skipped). */
+nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                   int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                   uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                   int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
+                                   int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                                   void *stream);
 nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                 int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                 uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
@@ -297,13 +311,15 @@ nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
  * kernel runs, so a captured launch stays valid at every position. The split
  * plan and the scratch size are made for the bound pos_max (>= every *d_pos0
  * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
- * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split. */
+ * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split.
+ * window > 0: a sliding window as in nstf_gpu_flash_attn_sw; the splits
+ * then start at the window of the first token. */
 nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                        int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                        uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
                                        int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                        int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
-                                       int head_dim, float scale, void *scratch,
+                                       int head_dim, float scale, int window, void *scratch,
                                        size_t scratch_bytes, void *stream);
 
 /* ==========================================================================
@@ -319,14 +335,15 @@ nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, cons
 nstf_status nstf_gpu_attn_scores(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, float *scores,
                                  int64_t n_tok, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim,
                                  void *stream);
-/* In place: s[h, t, j] = j <= pos0 + t ? s * scale : -inf. */
+/* In place: s[h, t, j] = j <= pos0 + t ? s * scale : -inf (and -inf for
+ * j <= pos0 + t - window when window > 0: a sliding window). */
 nstf_status nstf_gpu_scale_mask(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
-                                float scale, void *stream);
+                                float scale, int window, void *stream);
 /* In place row softmax over n_kv; fused != 0 applies the scale and the
- * causal mask of nstf_gpu_scale_mask while reading. Fully masked entries
- * become 0. */
+ * causal (and window) mask of nstf_gpu_scale_mask while reading. Fully
+ * masked entries become 0. */
 nstf_status nstf_gpu_softmax_rows(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
-                                  float scale, int fused, void *stream);
+                                  float scale, int fused, int window, void *stream);
 /* out[t, h, :] = sum_j p[h, t, j] v_cache[j, kvh, :] (bf16 out, token
  * stride out_stride). */
 nstf_status nstf_gpu_attn_pv(const float *p, const uint16_t *v_cache, uint16_t *out, int64_t out_stride,
@@ -336,6 +353,19 @@ nstf_status nstf_gpu_add(float *x, const float *y, int64_t n, void *stream);
 /* y[t, c] = silu(h[t, c]) * h[t, ffn + c]: h [n_tok, 2 ffn] bf16 holds each
  * token's gate then up (one GEMM over the adjacent matrices), y [n_tok, ffn]. */
 nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int64_t n_tok, int64_t ffn, void *stream);
+/* x[t, i] = bf16(x[t, i] + b[i]) for i < width: a projection's bias, in
+ * place on bf16 rows of token stride `stride` (elements), b fp32 (bias.cu). */
+nstf_status nstf_gpu_bias(uint16_t *x, int64_t stride, const float *b, int64_t n_tok, int64_t width,
+                          void *stream);
+/* Per-head RMSNorm in place (head_norm.cu), fp32 math on bf16 rows:
+ * q [n_tok, n_heads, head_dim] (token stride q_stride), k likewise with
+ * n_kv_heads (k may be NULL with n_kv_heads 0); each head row
+ * x = bf16(x * rsqrt(mean(x^2) + eps) * w), w = wq or wk [head_dim] fp32.
+ * head_dim even, <= 512. */
+nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride, const float *wq,
+                               const float *wk, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
+                               float eps, void *stream);
+
 /* Named ranges for Nsight Systems (NVTX) around layers and ops. */
 void nstf_gpu_range_push(const char *name);
 void nstf_gpu_range_pop(void);
