@@ -150,6 +150,9 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
                               p->n_heads / p->n_kv_heads);
     if (p->n_seq != 1)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "the GPU backend runs one sequence (asked for %d)", p->n_seq);
+    if (p->kv_block != 0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "the GPU backend has no paged KV cache yet (blocks of %d positions asked for)", p->kv_block);
     g->dim = p->dim;
     g->n_heads = p->n_heads;
     g->n_kv_heads = p->n_kv_heads;
@@ -226,6 +229,9 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     gpu_backend *g = gpu_of(be);
     const int n = b->n;
     *replayed = false;
+    if (b->rows || b->blocks)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "the GPU backend takes neither selected logits rows nor a KV block table yet");
     for (int t = 0; t < n; t++)
         if ((b->seq && b->seq[t] != 0) || b->pos[t] != b->pos[0] + t)
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
@@ -236,6 +242,8 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     g->graph_used = false;
     g->unfused = 0;
     io->seq = NULL;
+    io->rows = NULL;
+    io->blocks = NULL;
     if (n == 1) {
         int32_t d[2] = {b->tokens[0], b->pos[0]};
         NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->dio, d, sizeof d, g->stream));

@@ -215,6 +215,8 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
 
 nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->attention.blocks)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU backend: attention over a paged KV cache is not written yet");
     if (a->attention.seq || a->attention.pos0 != g->pos0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "GPU backend: attention runs one sequence at consecutive positions per forward");

@@ -172,7 +172,8 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, c
               nstf_mul_ok(B * act, 2 * ffn, &sz[5]) &&              /* h */
               nstf_mul_ok(B * act, ffn, &sz[6]) &&                  /* hs */
               nstf_mul_ok(B * 4, V, &sz[7]) &&                      /* logits */
-              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)s->n_seq, (uint64_t)s->n_ctx, &cache) &&
+              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)(s->kv_block ? s->kv_blocks : s->n_seq),
+                          (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx), &cache) &&
               nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
     sz[1] = sz[0];  /* y */
     sz[8] = 16;     /* argmax */
@@ -218,12 +219,22 @@ void nstf_llama_run_free(nstf_llama_run *r) {
 
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out) {
+    return nstf_llama_run_create_paged(m, be, n_ctx, n_batch, n_seq, 0, 0, out);
+}
+
+nstf_status nstf_llama_run_create_paged(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                        int kv_block, int kv_blocks, nstf_llama_run **out) {
     *out = NULL;
     const nstf_llama_config *c = &m->cfg;
     if (n_ctx < 1 || n_batch < 1 || n_seq < 1)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d), batch (%d) and sequences (%d) must be positive",
                               n_ctx, n_batch, n_seq);
-    if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;
+    if (kv_block < 0 || (kv_block > 0 && (kv_blocks < 1 || n_ctx % kv_block != 0)) || (kv_block == 0 && kv_blocks != 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "paged KV cache: %d blocks of %d positions for a context of %d (a positive number of "
+                              "blocks whose size divides the context)",
+                              kv_blocks, kv_block, n_ctx);
+    if ((int64_t)n_batch > (int64_t)n_ctx * n_seq) n_batch = n_ctx * n_seq;
     nstf_llama_run *r = nstf_calloc(1, sizeof *r, "model run");
     if (!r) return NSTF_ERR_OOM;
     r->m = m;
@@ -231,6 +242,8 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     r->s.n_ctx = n_ctx;
     r->s.n_batch = n_batch;
     r->s.n_seq = n_seq;
+    r->s.kv_block = kv_block;
+    r->s.kv_blocks = kv_blocks;
 
     /* plan: weights, run state, workspace */
     nstf_status st = NSTF_OK;
@@ -250,7 +263,7 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     nstf_matrix *mats = NULL;
     const int n_mats = 7 * c->n_layers; /* every matrix on its own: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
-                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0};
+                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0, kv_block, kv_blocks};
     if (st == NSTF_OK) {
         mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
         if (!mats) st = NSTF_ERR_OOM;

@@ -25,6 +25,12 @@ nstf_session_params nstf_session_default_params(void) {
 /* Place the model on the GPU when asked (gpu) or possible (auto). gpu: any
  * failure is the session's error. auto: a missing device or a failing
  * start leaves s->run NULL (the CPU runs) and says why with --verbose. */
+static nstf_status run_create(nstf_session *s, int n_ctx) {
+    const nstf_session_shape *h = &s->shape;
+    return nstf_llama_run_create_paged(s->model, s->be, n_ctx, s->params.n_batch, h->n_seq, h->kv_block, h->kv_blocks,
+                                       &s->run);
+}
+
 static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     const nstf_session_params *p = &s->params;
     const bool want = strcmp(p->device, "gpu") == 0, maybe = strcmp(p->device, "auto") == 0;
@@ -42,7 +48,7 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         return NSTF_OK;
     }
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
-    if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p->n_batch, 1, &s->run);
+    if (st == NSTF_OK) st = run_create(s, n_ctx);
     if (st != NSTF_OK) {
         nstf_backend_free(s->be);
         s->be = NULL;
@@ -58,6 +64,11 @@ nstf_status nstf_session_forward(nstf_session *s, const int32_t *tokens, int n, 
 }
 
 nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, nstf_session **out) {
+    return nstf_session_open_shaped(path, pp, NULL, out);
+}
+
+nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params *pp, const nstf_session_shape *shape,
+                                     nstf_session **out) {
     *out = NULL;
     nstf_session_params p = pp ? *pp : nstf_session_default_params();
     if (!path || !*path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no model path given");
@@ -74,6 +85,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     nstf_session *s = nstf_calloc(1, sizeof *s, "session");
     if (!s) return NSTF_ERR_OOM;
     s->params = p;
+    s->shape = shape ? *shape : (nstf_session_shape){1, 0, 0};
     nstf_gguf *g = NULL;
     nstf_status st = nstf_model_file_open(path, &g);
     if (st == NSTF_OK) {
@@ -94,7 +106,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
         if (st == NSTF_OK && !s->run) {
             const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic};
             st = nstf_backend_cpu_create(&cp, &s->be);
-            if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p.n_batch, 1, &s->run);
+            if (st == NSTF_OK) st = run_create(s, n_ctx);
         }
     }
     if (st == NSTF_OK) {
