@@ -13,6 +13,7 @@ int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -22,6 +23,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
+            "  serve     an OpenAI-compatible HTTP server with continuous batching (nstf serve --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

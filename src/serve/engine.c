@@ -111,6 +111,9 @@ nstf_engine_params nstf_engine_default_params(void) {
 const char *nstf_engine_model_name(const nstf_engine *e) { return e->name; }
 int64_t nstf_engine_n_ctx(const nstf_engine *e) { return e->seq_ctx; }
 int32_t nstf_engine_n_vocab(const nstf_engine *e) { return e->n_vocab; }
+int64_t nstf_engine_piece(const nstf_engine *e, int32_t id, char *buf, size_t cap) {
+    return nstf_tokenizer_piece(e->s->tok, id, buf, cap);
+}
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -283,7 +286,7 @@ static void emit(nstf_engine *e, nstf_engine_req *r, const float *logits) {
     r->t_last = now;
     r->n_gen++;
     e->st.gen_tokens++;
-    if (nstf_tokenizer_is_eog(tok, id)) {
+    if (!r->gp.ignore_eos && nstf_tokenizer_is_eog(tok, id)) {
         finish(e, r, "stop", NSTF_ENGINE_OK, NULL);
         return;
     }

@@ -60,6 +60,7 @@ typedef struct nstf_gen_params {
     int n_stop;
     int logprobs;       /* -1: none; else report each token's log-probability and this many alternatives */
     double timeout_s;   /* 0: none */
+    bool ignore_eos;    /* generate past end-of-generation tokens (benchmarks) */
 } nstf_gen_params;
 
 /* One generated token with its log-probability under the model (the
@@ -127,6 +128,9 @@ int64_t nstf_engine_n_ctx(const nstf_engine *e);
 nstf_status nstf_engine_tokenize(const nstf_engine *e, const char *text, bool chat, const nstf_chat_msg *msgs,
                                  int n_msgs, int32_t **ids, int64_t *n_ids);
 int32_t nstf_engine_n_vocab(const nstf_engine *e);
+/* The bytes of token id (nstf_tokenizer_piece): its length, -1 for an id
+ * outside the vocabulary. */
+int64_t nstf_engine_piece(const nstf_engine *e, int32_t id, char *buf, size_t cap);
 
 /* Queue a request for prompt[0..n) (copied). NSTF_ENGINE_OK gives *out,
  * which the caller reads and releases. */
