@@ -627,7 +627,8 @@ static void run_all(const char *name) {
     nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152};
     nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
                            .n_vocab = 49157, .n_ctx = 300, .n_batch = 64, .n_seq = 1, .rope_base = 10000.0f,
-                           .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1};
+                           .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,
+                           .output_type = NSTF_TYPE_F32};
     uint64_t ws = 0;
     CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
           nstf_last_error());

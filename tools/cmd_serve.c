@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli_util.h"
+#include "core/switches.h"
 #include "nstf.h"
 #include "serve/server.h"
 
@@ -65,8 +66,7 @@ int cmd_serve(int argc, char **argv) {
     nstf_server_params p = nstf_server_default_params();
     float drain_s = 60, timeout = (float)p.timeout_s, read_timeout = (float)p.read_timeout_s;
     uint64_t max_body = (uint64_t)p.max_body;
-    p.api_key = getenv("NSTF_API_KEY");
-    if (p.api_key && !*p.api_key) p.api_key = NULL;
+    p.api_key = nstf_switch_str(NSTF_SW_API_KEY);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)

@@ -87,6 +87,8 @@ typedef struct nstf_backend_plan {
      * output matrix is not among them */
     const nstf_matrix *mats;
     int n_mats;
+    nstf_type embed_type, output_type; /* of the embedding table and the output matrix
+                                          (F32 for a stage without them) */
     /* a paged KV cache: kv_blocks blocks of kv_block positions shared by
      * the sequences through block tables (0: each sequence has n_ctx
      * contiguous positions) */

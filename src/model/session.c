@@ -22,15 +22,18 @@ nstf_session_params nstf_session_default_params(void) {
     return p;
 }
 
+/* A run (or a stage: layers [l0, l1)) of the session's shape on be. */
+static nstf_status run_create(nstf_session *s, nstf_backend *be, int n_ctx, int l0, int l1, bool embed, bool output,
+                              nstf_llama_run **out) {
+    const nstf_session_shape *h = &s->shape;
+    const nstf_llama_run_shape sh = {n_ctx, s->params.n_batch, h->n_seq, l0, l1, embed, output, h->kv_block,
+                                     h->kv_blocks};
+    return nstf_llama_run_create_shaped(s->model, be, &sh, out);
+}
+
 /* Place the model on the GPU when asked (gpu) or possible (auto). gpu: any
  * failure is the session's error. auto: a missing device or a failing
  * start leaves s->run NULL (the CPU runs) and says why with --verbose. */
-static nstf_status run_create(nstf_session *s, int n_ctx) {
-    const nstf_session_shape *h = &s->shape;
-    return nstf_llama_run_create_paged(s->model, s->be, n_ctx, s->params.n_batch, h->n_seq, h->kv_block, h->kv_blocks,
-                                       &s->run);
-}
-
 static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     const nstf_session_params *p = &s->params;
     const bool want = strcmp(p->device, "gpu") == 0, maybe = strcmp(p->device, "auto") == 0;
@@ -47,11 +50,22 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         if (p->verbose) fprintf(stderr, "nstf: no GPU found; running on the CPU\n");
         return NSTF_OK;
     }
+    const int L = s->model->cfg.n_layers, ngl = p->n_gpu_layers <= 0 || p->n_gpu_layers > L ? L : p->n_gpu_layers;
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
-    if (st == NSTF_OK) st = run_create(s, n_ctx);
+    if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, ngl, true, ngl == L, &s->run);
+    if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
+        const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic};
+        st = nstf_backend_cpu_create(&cp, &s->be_cpu);
+        if (st == NSTF_OK) st = run_create(s, s->be_cpu, n_ctx, ngl, L, false, true, &s->run_cpu);
+        if (st == NSTF_OK) s->run->next = s->run_cpu;
+    }
     if (st != NSTF_OK) {
+        nstf_llama_run_free(s->run_cpu);
+        nstf_backend_free(s->be_cpu);
+        nstf_llama_run_free(s->run);
         nstf_backend_free(s->be);
-        s->be = NULL;
+        s->run = s->run_cpu = NULL;
+        s->be = s->be_cpu = NULL;
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
     }
@@ -75,6 +89,8 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
     if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
     if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
     if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
+    if (p.n_gpu_layers < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "GPU layer count %d must be >= 0 (0: all)", p.n_gpu_layers);
     if (!p.device) p.device = "auto";
     if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
@@ -106,7 +122,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
         if (st == NSTF_OK && !s->run) {
             const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic};
             st = nstf_backend_cpu_create(&cp, &s->be);
-            if (st == NSTF_OK) st = run_create(s, n_ctx);
+            if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, s->model->cfg.n_layers, true, true, &s->run);
         }
     }
     if (st == NSTF_OK) {
@@ -132,6 +148,11 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
                 "MiB, loaded in %.0f ms\n",
                 s->be->device, s->n_ctx, s->n_batch, (double)s->run->wbytes / (1 << 20),
                 (double)rs->block_bytes / (1 << 20), (double)mem.workspace / (1 << 20), s->load_ms);
+        if (s->run_cpu)
+            fprintf(stderr, "nstf: split: embedding and layers 0-%d on the GPU, layers %d-%d and the output on the CPU "
+                    "(%d threads; state %.1f MiB there)\n",
+                    s->run->l1 - 1, s->run_cpu->l0, s->run_cpu->l1 - 1, nstf_pool_size(nstf_backend_cpu_pool(s->be_cpu)),
+                    (double)s->run_cpu->s.block_bytes / (1 << 20));
     }
     *out = s;
     return NSTF_OK;
@@ -139,6 +160,8 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
 
 void nstf_session_close(nstf_session *s) {
     if (!s) return;
+    nstf_llama_run_free(s->run_cpu);
+    nstf_backend_free(s->be_cpu);
     nstf_llama_run_free(s->run);
     nstf_backend_free(s->be);
     nstf_free(s->logits);
