@@ -2,7 +2,7 @@
 """test_serve.py: `nstf serve` driven by the official openai client and by
 raw sockets, on localhost, with the real SmolLM2 model.
 
-  python3 tests/serve/test_serve.py --nstf build/nstf --model models/SmolLM2-135M-Instruct.Q4_1.gguf
+  python3 tests/serve/test_serve.py --nstf build/nstf --model models/SmolLM2-135M-Instruct.Q4_1.gguf [--device gpu]
 
 What must hold (each check prints one line; any failure exits 1):
   - chat and completions, streamed and not: the greedy text equals what
@@ -39,6 +39,7 @@ import time
 
 KEY = "test-key-1234"
 FAILS = []
+DEVICE = []  # ["--device", X] for nstf serve and nstf run alike, from --device
 
 
 def check(ok, what):
@@ -52,7 +53,7 @@ class Server:
     """One `nstf serve` process on a free port."""
 
     def __init__(self, nstf, model, *extra):
-        args = [nstf, "serve", "-m", model, "--port", "0", "-t", "2", "--api-key", KEY, *extra]
+        args = [nstf, "serve", "-m", model, "--port", "0", "-t", "2", "--api-key", KEY, *DEVICE, *extra]
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None
@@ -104,7 +105,7 @@ class Server:
 
 
 def nstf_run(nstf, model, prompt, n, chat):
-    args = [nstf, "run", "-m", model, "-p", prompt, "--temp", "0", "-n", str(n), "-t", "2"]
+    args = [nstf, "run", "-m", model, "-p", prompt, "--temp", "0", "-n", str(n), "-t", "2", *DEVICE]
     if chat:
         args.append("--chat")
     out = subprocess.run(args, capture_output=True, timeout=300)
@@ -395,7 +396,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--nstf", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--device", help="cpu, gpu or auto, for nstf serve and nstf run (default: theirs)")
     args = ap.parse_args()
+    if args.device:
+        DEVICE.extend(["--device", args.device])
     try:
         import openai
     except ImportError:
