@@ -753,9 +753,27 @@ nstf_status nstf_server_start(const nstf_server_params *pp, nstf_server **out) {
 
 int nstf_server_port(const nstf_server *s) { return s->port; }
 
+/* Whether some connection is still answering a request. */
+static bool answering(nstf_server *s) {
+    bool any = false;
+    pthread_mutex_lock(&s->mu);
+    for (const conn *c = s->conns; c && !any; c = c->next) any = c->busy;
+    pthread_mutex_unlock(&s->mu);
+    return any;
+}
+
 bool nstf_server_drain(nstf_server *s, double timeout_s) {
     atomic_store(&s->draining, true);
-    return nstf_engine_drain(s->e, timeout_s);
+    const double until = now_ms() + timeout_s * 1e3;
+    if (!nstf_engine_drain(s->e, timeout_s)) return false;
+    /* the engine is done, but a stream's last tokens and [DONE] may still
+     * be on their way out: wait for every answer to be sent */
+    while (answering(s)) {
+        if (now_ms() >= until) return false;
+        const struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
 }
 
 void nstf_server_stop(nstf_server *s) {

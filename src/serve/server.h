@@ -48,8 +48,9 @@ nstf_server_params nstf_server_default_params(void);
 /* Load the model, start the engine, bind and listen. */
 nstf_status nstf_server_start(const nstf_server_params *p, nstf_server **out);
 int nstf_server_port(const nstf_server *s);
-/* Refuse new completions (503) and wait for the accepted ones to finish,
- * at most timeout_s; false when some were still running. */
+/* Refuse new completions (503) and wait for the accepted ones to finish
+ * and their answers (a stream's last chunks) to be sent, at most
+ * timeout_s; false when some were still running. */
 bool nstf_server_drain(nstf_server *s, double timeout_s);
 /* Close every connection (requests still running are cancelled) and free. */
 void nstf_server_stop(nstf_server *s);
