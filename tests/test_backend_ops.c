@@ -138,14 +138,14 @@ static nstf_batch_io g_io;
 static int32_t g_tok[64], g_pos[64];
 static bool open_batch(int n, int pos0) {
     for (int i = 0; i < n; i++) g_tok[i] = 0, g_pos[i] = pos0 + i;
-    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = n};
     bool replayed = false;
     nstf_status st = g_be->vt->begin(g_be, &b, &g_io, &replayed);
     CHECK(st == NSTF_OK && !replayed, "%s: begin: %s", g_name, nstf_last_error());
     return st == NSTF_OK;
 }
 static void close_batch(int n, nstf_status st) {
-    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = n};
     nstf_fwd_out o = {0};
     bool retry = false;
     CHECK(st == NSTF_OK, "%s: op: %s", g_name, nstf_last_error());
@@ -401,6 +401,27 @@ static void case_rope(test_rng *r) {
     }
 }
 
+/* The attention op over backend buffers, heads 6 / 2 of 64. */
+static nstf_op_args attention_args(dbuf q, dbuf k, dbuf v, dbuf ck, dbuf cv, dbuf out, const int32_t *pos, int64_t n,
+                                   int64_t n_ctx) {
+    nstf_op_args a = {.op = NSTF_OP_ATTENTION, .label = "attention"};
+    a.attention.q = (nstf_view){q.d, g_be->act_type, 6 * 64};
+    a.attention.k = (nstf_view){k.d, g_be->act_type, 2 * 64};
+    a.attention.v = (nstf_view){v.d, g_be->act_type, 2 * 64};
+    a.attention.k_cache = ck.d;
+    a.attention.v_cache = cv.d;
+    a.attention.out = (nstf_view){out.d, g_be->act_type, 6 * 64};
+    a.attention.pos = pos;
+    a.attention.n = n;
+    a.attention.n_ctx = n_ctx;
+    a.attention.pos0 = -1;
+    a.attention.n_heads = 6;
+    a.attention.n_kv_heads = 2;
+    a.attention.head_dim = 64;
+    a.attention.scale = 0.125f;
+    return a;
+}
+
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
  * tokens: causal GQA, the batch's k and v written into the cache; with a
  * sliding window (window > 0) token t sees the last `window` positions. */
@@ -419,21 +440,8 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
     dbuf dck = up(hck, act_bytes(n_ctx * kvd)), dcv = up(hcv, act_bytes(n_ctx * kvd)), dout = up(NULL, act_bytes(n * qd));
     const float scale = 0.125f;
     if (!open_batch((int)n, (int)pos0)) return;
-    nstf_op_args a = {.op = NSTF_OP_ATTENTION, .label = "attention"};
-    a.attention.q = (nstf_view){dq.d, g_be->act_type, qd};
-    a.attention.k = (nstf_view){dk.d, g_be->act_type, kvd};
-    a.attention.v = (nstf_view){dv.d, g_be->act_type, kvd};
-    a.attention.k_cache = dck.d;
-    a.attention.v_cache = dcv.d;
-    a.attention.out = (nstf_view){dout.d, g_be->act_type, qd};
-    a.attention.pos = g_io.pos;
-    a.attention.n = n;
-    a.attention.n_ctx = n_ctx;
+    nstf_op_args a = attention_args(dq, dk, dv, dck, dcv, dout, g_io.pos, n, n_ctx);
     a.attention.pos0 = pos0;
-    a.attention.n_heads = nh;
-    a.attention.n_kv_heads = nkv;
-    a.attention.head_dim = hd;
-    a.attention.scale = scale;
     a.attention.window = window;
     close_batch((int)n, nstf_backend_op(g_be, &a));
     void *ho = malloc(act_bytes(n * qd));
@@ -468,6 +476,90 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
     free(ho), free(got), free(ref), free(p);
 }
 
+/* Two sequences in one batch over a paged KV cache (a server's continuous
+ * batch): a decode token of sequence 1 and a 3-token prefill chunk of
+ * sequence 0, each attending to its own earlier positions through its
+ * block table (blocks shuffled over a pool, the tables disjoint). The
+ * batch's K and V must land in the rows the tables name (bitwise) and
+ * the output match the fp64 reference. The plan of run_all is paged
+ * (blocks of BS positions, a pool of POOL, 2 sequences of CTX): the GPU
+ * backend sizes its table upload from it. */
+static void attention_paged_case(test_rng *r) {
+    enum { NH = 6, NKV = 2, HD = 64, BS = 16, CTX = 320, BPS = CTX / BS, POOL = 48, N = 4 };
+    const int64_t qd = NH * HD, kvd = NKV * HD;
+    const int32_t seq[N] = {1, 0, 0, 0}, pos[N] = {37, 150, 151, 152};
+    int32_t tok[N] = {0}, tbl[2 * BPS], perm[POOL];
+    for (int i = 0; i < POOL; i++) perm[i] = i;
+    for (int i = POOL - 1; i > 0; i--) {
+        int j = (int)(rng_next(r) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    memcpy(tbl, perm, sizeof tbl);
+    const nstf_batch b = {.tokens = tok, .pos = pos, .seq = seq, .n = N, .blocks = tbl};
+    nstf_batch_io io;
+    bool replayed = false;
+    nstf_status st = g_be->vt->begin(g_be, &b, &io, &replayed);
+    CHECK(st == NSTF_OK, "%s: begin: %s", g_name, nstf_last_error());
+    float *qv = malloc(N * qd * 4), *kv = malloc(N * kvd * 4), *vv = malloc(N * kvd * 4);
+    float *ck = malloc(POOL * BS * kvd * 4), *cv = malloc(POOL * BS * kvd * 4), *got = malloc(N * qd * 4);
+    void *hq = act_make(r, qv, N * qd, 1.0f), *hk = act_make(r, kv, N * kvd, 1.0f), *hv = act_make(r, vv, N * kvd, 1.0f);
+    void *hck = act_make(r, ck, POOL * BS * kvd, 1.0f), *hcv = act_make(r, cv, POOL * BS * kvd, 1.0f);
+    dbuf dq = up(hq, act_bytes(N * qd)), dk = up(hk, act_bytes(N * kvd)), dv = up(hv, act_bytes(N * kvd));
+    dbuf dck = up(hck, act_bytes(POOL * BS * kvd)), dcv = up(hcv, act_bytes(POOL * BS * kvd));
+    dbuf dout = up(NULL, act_bytes(N * qd));
+    nstf_op_args a = attention_args(dq, dk, dv, dck, dcv, dout, io.pos, N, CTX);
+    a.attention.seq = io.seq;
+    a.attention.blocks = io.blocks;
+    a.attention.block_size = BS;
+    st = nstf_backend_op(g_be, &a);
+    nstf_fwd_out o = {0};
+    bool retry = false;
+    CHECK(st == NSTF_OK, "%s: paged attention: %s", g_name, nstf_last_error());
+    CHECK(g_be->vt->end(g_be, &b, st, &o, &retry) == st && !retry, "%s: end: %s", g_name, nstf_last_error());
+    float *after_k = malloc(POOL * BS * kvd * 4), *after_v = malloc(POOL * BS * kvd * 4);
+    void *ho = malloc(act_bytes(N * qd)), *hak = malloc(act_bytes(POOL * BS * kvd)), *hav = malloc(act_bytes(POOL * BS * kvd));
+    down(dout, ho, "paged attention out");
+    down(dck, hak, "paged k cache"), down(dcv, hav, "paged v cache");
+    act_read(ho, got, N * qd);
+    act_read(hak, after_k, POOL * BS * kvd);
+    act_read(hav, after_v, POOL * BS * kvd);
+    /* the batch's rows where the tables say; then the cache as each sequence sees it */
+    int64_t misplaced = 0;
+    for (int t = 0; t < N; t++) {
+        const int64_t row = (int64_t)tbl[seq[t] * BPS + pos[t] / BS] * BS + pos[t] % BS;
+        misplaced += memcmp(after_k + row * kvd, kv + t * kvd, kvd * 4) != 0;
+        misplaced += memcmp(after_v + row * kvd, vv + t * kvd, kvd * 4) != 0;
+        memcpy(ck + row * kvd, kv + t * kvd, kvd * 4);
+        memcpy(cv + row * kvd, vv + t * kvd, kvd * 4);
+    }
+    CHECK(misplaced == 0, "%s: paged attention: %lld K/V rows not where the block table says", g_name,
+          (long long)misplaced);
+    double *ref = malloc(N * qd * 8), p[CTX];
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < NH; h++) {
+            const int g = h / (NH / NKV);
+            double m = -1e300, sum = 0;
+            for (int j = 0; j <= pos[t]; j++) {
+                const float *kr = ck + ((int64_t)tbl[seq[t] * BPS + j / BS] * BS + j % BS) * kvd + g * HD;
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)qv[t * qd + h * HD + i] * kr[i];
+                p[j] = d * 0.125;
+                m = fmax(m, p[j]);
+            }
+            for (int j = 0; j <= pos[t]; j++) sum += p[j] = exp(p[j] - m);
+            for (int i = 0; i < HD; i++) {
+                double acc = 0;
+                for (int j = 0; j <= pos[t]; j++)
+                    acc += p[j] * cv[((int64_t)tbl[seq[t] * BPS + j / BS] * BS + j % BS) * kvd + g * HD + i];
+                ref[t * qd + h * HD + i] = acc / sum;
+            }
+        }
+    judge("paged attention, 2 sequences", got, ref, N * qd, act_bf16(), 1e-7);
+    drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
+    free(qv), free(kv), free(vv), free(ck), free(cv), free(got), free(hq), free(hk), free(hv), free(hck), free(hcv);
+    free(after_k), free(after_v), free(ho), free(hak), free(hav), free(ref);
+}
+
 static void case_attention(test_rng *r) {
     attention_case(r, 1, 0, 0);
     attention_case(r, 1, 261, 0);
@@ -480,6 +572,7 @@ static void case_attention(test_rng *r) {
     attention_case(r, 13, 0, 5);
     attention_case(r, 19, 150, 40);
     attention_case(r, 19, 150, 1000);
+    attention_paged_case(r);
 }
 
 static void case_swiglu(test_rng *r) {
@@ -639,8 +732,10 @@ static void run_all(const char *name) {
     g_name = name;
     /* a plan that sizes the backend's workspace for these cases */
     nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152};
-    nstf_backend_plan p = {1, 200, 6, 2, 64, 333, 49157, 300, 64, 1, 10000.0f, NSTF_ROPE_NORM, &big, 1,
-                           NSTF_TYPE_F32, NSTF_TYPE_F32};
+    nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
+                           .n_vocab = 49157, .n_ctx = 320, .n_batch = 64, .n_seq = 2, .rope_base = 10000.0f,
+                           .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,
+                           .output_type = NSTF_TYPE_F32, .kv_block = 16, .kv_blocks = 48}; /* attention_paged_case's */
     uint64_t ws = 0;
     CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
           nstf_last_error());

@@ -14,6 +14,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 
 static void usage(FILE *f) {
@@ -24,6 +25,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
+            "  serve     an OpenAI-compatible HTTP server with continuous batching (nstf serve --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
             "  perplexity  perplexity and KL divergence on a text, as llama-perplexity (nstf perplexity --help)\n"
@@ -52,6 +54,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);

@@ -3,7 +3,8 @@
  *
  * It fuses nothing (can_fuse says no), so the forward runs every op on its
  * own, in the order of the reference forward. Activations are fp32 and
- * the KV cache is fp32 [seq][position][kv_head][head_dim]; a matmul
+ * the KV cache is fp32 [seq][position][kv_head][head_dim], or paged
+ * ([block][row][kv_head][head_dim] through the batch's block table); a matmul
  * group's outputs are planes (matrix i's [n, n_out_i] after the ones
  * before it). Weights stay in the file's mapping (host_memory). */
 #include <stdio.h>
@@ -113,6 +114,8 @@ static nstf_status cpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     io->ids = b->tokens;
     io->pos = b->pos;
     io->seq = b->seq;
+    io->rows = b->rows;
+    io->blocks = b->blocks;
     *replayed = false;
     return NSTF_OK;
 }
@@ -189,21 +192,28 @@ static nstf_status op_rope(nstf_backend *be, const nstf_op_args *a) {
 }
 
 /* The batch's K and V rows go into the cache of their sequence at their
- * positions; then each run of one sequence at consecutive positions
- * attends as one causal block. */
+ * positions (through the block table when the cache is paged); then each
+ * run of one sequence at consecutive positions attends as one causal
+ * block. */
 static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
     nstf_cpu *cpu = &cpu_of(be)->cpu;
     const int hd = a->attention.head_dim;
     const int64_t n = a->attention.n, n_ctx = a->attention.n_ctx, qd = (int64_t)a->attention.n_heads * hd,
                   kvd = (int64_t)a->attention.n_kv_heads * hd;
-    const int32_t *pos = a->attention.pos, *seq = a->attention.seq;
+    const int32_t *pos = a->attention.pos, *seq = a->attention.seq, *blocks = a->attention.blocks;
+    const int bs = a->attention.block_size;
+    if (blocks && (bs < 1 || n_ctx % bs != 0))
+        return nstf_set_error(NSTF_ERR_INTERNAL, "CPU backend: paged attention with block size %d over %lld positions",
+                              bs, (long long)n_ctx);
+    const int64_t bps = blocks ? n_ctx / bs : 0; /* blocks per sequence */
     if (!dense(a->attention.q, qd) || !dense(a->attention.k, kvd) || !dense(a->attention.v, kvd) ||
         !dense(a->attention.out, qd))
         return layout_error(a);
     const float *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
     float *kc = a->attention.k_cache, *vc = a->attention.v_cache, *out = a->attention.out.data;
     for (int64_t t = 0; t < n; t++) {
-        const int64_t row = ((seq ? seq[t] : 0) * n_ctx + pos[t]) * kvd;
+        const int64_t s = seq ? seq[t] : 0;
+        const int64_t row = (blocks ? (int64_t)blocks[s * bps + pos[t] / bs] * bs + pos[t] % bs : s * n_ctx + pos[t]) * kvd;
         memcpy(kc + row, k + t * kvd, (size_t)kvd * sizeof(float));
         memcpy(vc + row, v + t * kvd, (size_t)kvd * sizeof(float));
     }
@@ -212,9 +222,14 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
         int64_t t1 = t0 + 1;
         while (t1 < n && (seq ? seq[t1] : 0) == s && pos[t1] == pos[t1 - 1] + 1) t1++;
         const int64_t base = (int64_t)s * n_ctx * kvd;
-        nstf_cpu_attention_sw(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
-                              a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
-                              a->attention.window);
+        if (blocks)
+            nstf_cpu_attention_paged(cpu, q + t0 * qd, kc, vc, blocks + s * bps, bs, out + t0 * qd, t1 - t0, pos[t0],
+                                     a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
+                                     a->attention.window);
+        else
+            nstf_cpu_attention_sw(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
+                                  a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
+                                  a->attention.window);
         t0 = t1;
     }
     return NSTF_OK;

@@ -223,6 +223,17 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
 
 nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->attention.blocks) { /* a continuous batch: every token its own sequence and position, at every level */
+        g->n_kernels += 2;
+        return nstf_gpu_paged_attention(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                        a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                        a->attention.k_cache, a->attention.v_cache, a->attention.out.data,
+                                        a->attention.out.stride, a->attention.pos, a->attention.seq,
+                                        a->attention.blocks, a->attention.n, a->attention.n_ctx, g->n_seq,
+                                        a->attention.block_size, g->kv_blocks, a->attention.n_heads,
+                                        a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
+                                        a->attention.window, g->stream);
+    }
     if (a->attention.seq || a->attention.pos0 != g->pos0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "GPU backend: attention runs one sequence at consecutive positions per forward");

@@ -180,17 +180,24 @@ typedef struct nstf_op_args {
         } rope;
         struct {
             nstf_view q, k, v;      /* this batch: [n, heads, head_dim] rows (k, v RoPE'd / raw) */
-            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim] */
+            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim], or with
+                                       blocks [n_blocks, block_size, n_kv_heads * head_dim] */
             nstf_view out;          /* [n, n_heads * head_dim] */
             const int32_t *pos;     /* [n] */
             const int32_t *seq;     /* [n] sequence slots, or NULL: all 0 */
-            int64_t n, n_ctx;
+            int64_t n, n_ctx;       /* n_ctx: positions per sequence */
             int64_t pos0;           /* host: the first position when the batch is one run of one
                                        sequence at consecutive positions, else -1 */
             int n_heads, n_kv_heads, head_dim;
             float scale;
             int window;             /* > 0: a token at position p sees keys at positions
                                        > p - window only (sliding window); 0: all */
+            /* Paged KV cache: NULL = the contiguous layout above. Otherwise
+             * position p of sequence s is row p % block_size of cache block
+             * blocks[s * (n_ctx / block_size) + p / block_size] (n_ctx is a
+             * multiple of block_size; every block a token reads is assigned). */
+            const int32_t *blocks;  /* [n_seq, n_ctx / block_size] block ids */
+            int block_size;         /* positions per block */
         } attention;
         struct {
             nstf_view gate, up, y; /* [n, n_ff] each */
@@ -338,6 +345,15 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
 void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                            int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                            float scale, int window);
+/* The same over a paged cache: k, v are the block pool [n_blocks,
+ * block_size, n_kv_heads, head_dim] and cache position j is row
+ * j % block_size of block blocks[j / block_size]. Bitwise the result of
+ * nstf_cpu_attention_sw on the gathered rows (the same sums in the same
+ * order), so its reference is nstf_ref_attention on those rows. */
+void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                              const int32_t *blocks, int block_size, float *out, int64_t n_tok,
+                              int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                              int window);
 void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n);
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
 void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width);

@@ -263,6 +263,12 @@ static inline void attn_prefetch(const float *row, int n) {
 #endif
 }
 
+/* Row j of one kv head's keys or values: contiguous (tbl NULL), or row
+ * j % bs of cache block tbl[j / bs] (the paged cache). */
+static inline const float *attn_row(const float *base, const int32_t *tbl, int bs, int64_t j, int64_t stride) {
+    return tbl ? base + ((int64_t)tbl[j / bs] * bs + j % bs) * stride : base + j * stride;
+}
+
 /* Scratch of one attn_span call: scores, running max / sum, accumulators
  * for up to ATTN_MAX_G heads (~12 KiB, on the worker's stack). */
 typedef struct {
@@ -277,12 +283,14 @@ typedef struct {
  * K and V rows are walked once for all n_g heads (the GQA reuse: the
  * second head onward reads them from L1, not memory). Scores go through
  * the stack ATTN_KCHUNK keys at a time; when a chunk raises a head's max,
- * its acc and l are rescaled by e^(m_old - m_new). */
+ * its acc and l are rescaled by e^(m_old - m_new). Keys are addressed
+ * through attn_row, so a paged cache (tbl, bs) runs the same sums in the
+ * same order as the contiguous one. */
 static void attn_span(const float *qg /* [n_g, head_dim] */,
                       const float *kh /* [n_ctx, kv_stride] from this kv head */,
                       const float *vh /* [n_ctx, kv_stride] from this kv head */,
-                      int64_t kv_stride, int head_dim, int n_g, float scale, int64_t j0,
-                      int64_t j1, int d0, int nd, attn_scratch *w) {
+                      const int32_t *tbl, int bs, int64_t kv_stride, int head_dim, int n_g, float scale,
+                      int64_t j0, int64_t j1, int d0, int nd, attn_scratch *w) {
     for (int g = 0; g < n_g; g++) {
         w->m[g] = -INFINITY;
         w->l[g] = 0;
@@ -291,8 +299,9 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
     for (int64_t jc = j0; jc < j1; jc += ATTN_KCHUNK) {
         int n = j1 - jc < ATTN_KCHUNK ? (int)(j1 - jc) : ATTN_KCHUNK;
         for (int j = 0; j < n; j++) {
-            const float *kj = kh + (jc + j) * kv_stride;
-            if (jc + j + ATTN_PREFETCH < j1) attn_prefetch(kj + ATTN_PREFETCH * kv_stride, head_dim);
+            const float *kj = attn_row(kh, tbl, bs, jc + j, kv_stride);
+            if (jc + j + ATTN_PREFETCH < j1)
+                attn_prefetch(attn_row(kh, tbl, bs, jc + j + ATTN_PREFETCH, kv_stride), head_dim);
             for (int g = 0; g < n_g; g++)
                 w->sc[g][j] = scale * simd_dot(qg + g * head_dim, kj, head_dim);
         }
@@ -322,15 +331,16 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
             }
             w->l[g] += l;
         }
-        const float *v = vh + jc * kv_stride + d0;
         int j = 0;
 #if NSTF_CPU_AVX2
         /* four keys per pass over acc: a quarter of the acc loads/stores */
         for (; j + 4 <= n; j += 4) {
-            const float *v0 = v + j * kv_stride, *v1 = v0 + kv_stride, *v2 = v1 + kv_stride,
-                        *v3 = v2 + kv_stride;
+            const float *v0 = attn_row(vh, tbl, bs, jc + j, kv_stride) + d0,
+                        *v1 = attn_row(vh, tbl, bs, jc + j + 1, kv_stride) + d0,
+                        *v2 = attn_row(vh, tbl, bs, jc + j + 2, kv_stride) + d0,
+                        *v3 = attn_row(vh, tbl, bs, jc + j + 3, kv_stride) + d0;
             for (int jj = 0; jj < 4 && jc + j + ATTN_PREFETCH + jj < j1; jj++)
-                attn_prefetch(v0 + (ATTN_PREFETCH + jj) * kv_stride, nd);
+                attn_prefetch(attn_row(vh, tbl, bs, jc + j + ATTN_PREFETCH + jj, kv_stride) + d0, nd);
             for (int g = 0; g < n_g; g++) {
                 const float *sc = w->sc[g] + j;
                 float *acc = w->acc[g];
@@ -351,7 +361,7 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
         }
 #endif
         for (; j < n; j++) {
-            const float *vj = v + j * kv_stride;
+            const float *vj = attn_row(vh, tbl, bs, jc + j, kv_stride) + d0;
             for (int g = 0; g < n_g; g++) {
                 float p = w->sc[g][j], *acc = w->acc[g];
                 for (int d = 0; d < nd; d++) acc[d] += p * vj[d];
@@ -361,7 +371,9 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
 }
 
 typedef struct {
-    const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 */
+    const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 (paged: the block pool) */
+    const int32_t *tbl;     /* block table of the sequence, or NULL: contiguous */
+    int bs;                 /* positions per block */
     float *out;             /* [n_tok, n_heads, hd] */
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
@@ -400,7 +412,7 @@ static void attn_fn(void *p, int ith, int nth) {
         if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
             int64_t j0, j1;
             nstf_split_range(n_keys - j_lo, 64, seg, c->n_seg, &j0, &j1);
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
+            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *dst = c->part + ((t * c->n_heads + h0 + g) * c->n_seg + seg) * (hd + 2);
                 dst[0] = w.m[g];
@@ -411,7 +423,7 @@ static void attn_fn(void *p, int ith, int nth) {
         }
         for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
             int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
+            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
@@ -427,9 +439,9 @@ static void attn_fn(void *p, int ith, int nth) {
  * context is long, each item's keys are also split into segments
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
-void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
-                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
-                           float scale, int window) {
+static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl, int bs,
+                      float *out, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                      float scale, int window) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
@@ -446,7 +458,7 @@ void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const 
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
+    attn_ctx c = {q, k, v, tbl, bs, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -472,7 +484,20 @@ void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const 
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale) {
-    nstf_cpu_attention_sw(cpu, q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+    attention(cpu, q, k, v, NULL, 1, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+}
+
+void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, int window) {
+    attention(cpu, q, k, v, NULL, 1, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+}
+
+void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                              const int32_t *blocks, int block_size, float *out, int64_t n_tok,
+                              int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                              int window) {
+    attention(cpu, q, k, v, blocks, block_size, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
 }
 
 /* ---- argmax --------------------------------------------------------------- */

@@ -201,6 +201,29 @@ nstf_status nstf_gpu_kv_write(const uint16_t *k, const uint16_t *v, uint16_t *k_
                               uint16_t *v_cache, const int32_t *pos, int64_t n_tok,
                               int64_t kv_dim, int64_t n_ctx, void *stream);
 
+/* Attention over a paged KV cache for a continuous batch (paged_attn.cu):
+ * token t of sequence seq[t] (seq NULL: all 0) at position pos[t] first
+ * writes its k, v rows into the pool, then attends (causal, GQA) to the
+ * positions 0..pos[t] of its sequence. Position p of sequence s is row
+ * p % block_size of pool block blocks[s * (n_ctx / block_size) + p /
+ * block_size]; the pools are [n_blocks, block_size, n_kv_heads, head_dim].
+ *   q [n_tok, n_heads, head_dim] bf16 (RoPE applied), token stride q_stride
+ *   k, v [n_tok, n_kv_heads, head_dim] bf16, token strides k_stride, v_stride
+ *   out [n_tok, n_heads, head_dim] bf16, token stride out_stride
+ *   pos, seq [n_tok], blocks [n_seq, n_ctx / block_size] int32, on the device
+ * n_ctx % block_size == 0; head_dim even, at most 256; no alignment asked.
+ * A token at a position outside [0, n_ctx) or of a slot outside [0, n_seq)
+ * writes nothing and outputs zeros; a block id outside [0, n_blocks) is a
+ * key that is not there (never read or written). fp32 scores, softmax and
+ * accumulation. */
+nstf_status nstf_gpu_paged_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                     int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                     uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                     int64_t out_stride, const int32_t *pos, const int32_t *seq,
+                                     const int32_t *blocks, int64_t n_tok, int64_t n_ctx, int n_seq,
+                                     int block_size, int64_t n_blocks, int n_heads, int n_kv_heads,
+                                     int head_dim, float scale, int window, void *stream);
+
 
 /* ==========================================================================
  * GEMM on the matrix units and flash attention (gemm.cu, flash_attn.cu,
