@@ -25,7 +25,12 @@
  *    matmul the product of bf16 operands (x and W rounded to bf16, as the
  *    GEMM takes them) rounded once; fp32 outputs NMSE <= 1e-7.
  * Shapes are not multiples of the kernels' tiles; matmuls run for 3 tokens
- * (GEMV) and 20 (GEMM after dequantization), alone and as a group. */
+ * (GEMV) and 20 (GEMM after dequantization), alone and as a group.
+ *
+ * Gradient mode: the training rows (backward ops, the fused cross-entropy,
+ * AdamW, the gradient norm) have their cases in backend_ops_grad.h, which
+ * states their tolerances; the GPU variant compares its gradients with the
+ * same references the CPU is held to. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +38,8 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "ops/backward.h"
+#include "ops/optim.h"
 #include "test_util.h"
 
 #define GUARD 256
@@ -349,7 +356,8 @@ static void case_matmul(test_rng *r) {
         }
 }
 
-static void case_rope(test_rng *r) {
+/* RoPE, or its backward (the rotation by -theta), on q and k in place. */
+static void rope_case(test_rng *r, bool bwd) {
     const int nh = 3, nkv = 1, hd = 64;
     const int64_t n = 7, qd = nh * hd, kvd = nkv * hd;
     for (int mode = 0; mode <= 2; mode += 2) {
@@ -358,11 +366,11 @@ static void case_rope(test_rng *r) {
         dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd));
         const int pos0 = 1000;
         if (!open_batch((int)n, pos0)) return;
-        nstf_op_args a = {.op = NSTF_OP_ROPE, .label = "rope"};
-        a.rope.q = (nstf_view){dq.d, g_be->act_type, qd};
-        a.rope.k = (nstf_view){dk.d, g_be->act_type, kvd};
-        a.rope.n = n;
-        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode};
+        nstf_op_args a = {.op = bwd ? NSTF_OP_ROPE_BWD : NSTF_OP_ROPE, .label = bwd ? "rope_bwd" : "rope"};
+        const nstf_view vq = {dq.d, g_be->act_type, qd}, vk = {dk.d, g_be->act_type, kvd};
+        const nstf_rope_args ra = {g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode};
+        if (bwd) a.rope_bwd.q = vq, a.rope_bwd.k = vk, a.rope_bwd.n = n, a.rope_bwd.r = ra;
+        else a.rope.q = vq, a.rope.k = vk, a.rope.n = n, a.rope.r = ra;
         close_batch((int)n, nstf_backend_op(g_be, &a));
         for (int which = 0; which < 2; which++) {
             const int64_t rowlen = which ? kvd : qd, heads = which ? nkv : nh;
@@ -375,19 +383,23 @@ static void case_rope(test_rng *r) {
             for (int64_t t = 0; t < n; t++)
                 for (int64_t hh = 0; hh < heads; hh++)
                     for (int i = 0; i < hd / 2; i++) {
-                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd), c = cos(th), s = sin(th);
+                        double th = (bwd ? -1.0 : 1.0) * (pos0 + t) * pow(10000.0, -2.0 * i / hd), c = cos(th),
+                               s = sin(th);
                         int64_t i0 = mode ? i : 2 * i, i1 = mode ? i + hd / 2 : 2 * i + 1, b = t * rowlen + hh * hd;
                         ref[b + i0] = src[b + i0] * c - src[b + i1] * s;
                         ref[b + i1] = src[b + i0] * s + src[b + i1] * c;
                     }
-            judge(which ? (mode ? "rope k neox" : "rope k norm") : (mode ? "rope q neox" : "rope q norm"), got, ref,
-                  n * rowlen, act_bf16(), 1e-7);
+            char what[48];
+            snprintf(what, sizeof what, "%s %s %s", bwd ? "rope_bwd" : "rope", which ? "k" : "q", mode ? "neox" : "norm");
+            judge(what, got, ref, n * rowlen, act_bf16(), 1e-7);
             free(h), free(got), free(ref);
         }
         drop(dq), drop(dk);
         free(qv), free(kv), free(hq), free(hk);
     }
 }
+
+static void case_rope(test_rng *r) { rope_case(r, false); }
 
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
  * tokens: causal GQA, the batch's k and v written into the cache. */
@@ -521,6 +533,9 @@ static void case_argmax(test_rng *r) {
     drop(dx), drop(dout);
     free(x);
 }
+
+/* the training rows: the gradient mode */
+#include "backend_ops_grad.h"
 
 /* ---- the backends --------------------------------------------------------------------- */
 

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "ops/backward.h"
 #include "ops/cpu/cpu_internal.h"
 #include "ops/ops.h"
 
@@ -151,6 +152,7 @@ typedef struct {
     int n_heads, head_dim;
     double freq_ratio; /* base^(-2/head_dim): inv_freq[i] = freq_ratio^i */
     nstf_rope_mode mode;
+    float sign;        /* 1: rotate by theta; -1: by -theta (the backward) */
 } rope_ctx;
 
 static void rope_fn(void *p, int ith, int nth) {
@@ -172,7 +174,7 @@ static void rope_fn(void *p, int ith, int nth) {
                 double th = (double)c->pos[t] * inv_freq;
                 th -= two_pi * floor(th / two_pi + 0.5);
                 cs[i] = cosf((float)th);
-                sn[i] = sinf((float)th);
+                sn[i] = c->sign * sinf((float)th);
                 inv_freq *= c->freq_ratio;
             }
             if (c->mode == NSTF_ROPE_NEOX) {
@@ -229,7 +231,15 @@ static void rope_fn(void *p, int ith, int nth) {
 
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode) {
-    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode};
+    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode, 1.0f};
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
+}
+
+/* The transpose of the rotation: the same pairs rotated by -theta
+ * (nstf_ref_rope_bwd), on a gradient in place. */
+void nstf_cpu_rope_bwd(nstf_cpu *cpu, float *dx, const int32_t *pos, int64_t n_tok, int n_heads,
+                       int head_dim, float base, nstf_rope_mode mode) {
+    rope_ctx c = {dx, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode, -1.0f};
     cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
 }
 
@@ -356,6 +366,7 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
 typedef struct {
     const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 */
     float *out;             /* [n_tok, n_heads, hd] */
+    float *lse;             /* [n_tok, n_heads] or NULL: m + log l of each row */
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
     float scale;
@@ -406,6 +417,7 @@ static void attn_fn(void *p, int ith, int nth) {
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
+                if (c->lse && d0 == 0) c->lse[t * c->n_heads + h0 + g] = w.m[g] + logf(w.l[g]);
             }
         }
     }
@@ -418,9 +430,9 @@ static void attn_fn(void *p, int ith, int nth) {
  * context is long, each item's keys are also split into segments
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
-void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
-                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
-                        float scale) {
+static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                      float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                      int head_dim, float scale) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
@@ -429,7 +441,7 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
     int n_seg = 1;
     /* the split's segment count depends on the thread count, and with it the
      * order of the softmax merge: off in deterministic mode */
-    if (nth > 1 && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+    if (nth > 1 && !lse && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
         int64_t want = (4 * (int64_t)nth + n_base - 1) / n_base;
         int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
         int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
@@ -437,7 +449,7 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
+    attn_ctx c = {q, k, v, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -458,6 +470,18 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         float inv = 1.0f / l;
         for (int d = 0; d < head_dim; d++) oh[d] *= inv;
     }
+}
+
+void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                        float scale) {
+    attention(cpu, q, k, v, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale);
+}
+
+void nstf_cpu_attention_lse(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                            float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
+                            int n_kv_heads, int head_dim, float scale) {
+    attention(cpu, q, k, v, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale);
 }
 
 /* ---- argmax --------------------------------------------------------------- */
