@@ -13,6 +13,8 @@ int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,6 +27,8 @@ static void usage(FILE *f) {
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
+            "  train     train or fine-tune (full or LoRA) on the CPU or a GPU (nstf train --help)\n"
+            "  tokenize  text files to token shards for nstf train (nstf tokenize --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  devices   list the GPUs this build can run on\n"
@@ -47,6 +51,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;
