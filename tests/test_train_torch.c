@@ -22,7 +22,12 @@
  * The same step with --recompute attn and full gives bitwise the same
  * gradients and weights (recomputation reproduces the forward's bits), and
  * two micro-batches of one sequence (gradient accumulation) the same
- * numbers within the tolerances above. */
+ * numbers within the tolerances above.
+ *
+ * LoRA: the same step with the base frozen and rank-2 adapters on all seven
+ * matrices of both layers, started from the reference's adapter values
+ * (A and B nonzero); the adapters' gradients and updated values, the loss
+ * and the norm against torch with the same tolerances. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,14 +54,23 @@ typedef struct run_out {
     int64_t n_flat;
 } run_out;
 
-/* One step of the model on the reference batch as n_micro micro-batches. */
+/* One step of the model on the reference batch as n_micro micro-batches;
+ * lora: rank-2 adapters on every matrix, from the reference's .init values. */
 static bool run_step(const nstf_llama *m, nstf_backend *be, nstf_recompute mode, int n_micro, const int32_t *tokens,
-                     run_out *o, nstf_train **keep) {
-    const train_shape sh = {2 / n_micro, 16, 0, 0, mode};
+                     run_out *o, nstf_train **keep, const nstf_gguf *lora) {
+    const train_shape sh = {2 / n_micro, 16, lora ? 2 : 0, lora ? 0x7fu : 0u, mode};
     nstf_train *t = NULL;
     nstf_status st = nstf_train_create(m, be, &sh, 1, &t);
     CHECK(st == NSTF_OK, "train_create: %s", nstf_last_error());
     if (st != NSTF_OK) return false;
+    for (int i = 0; lora && i < t->n_ptab; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "%s.init", t->ptab[i].name);
+        const nstf_gguf_tensor *x = nstf_gguf_find_tensor(lora, nm);
+        CHECK(x && (int64_t)x->n_elems == t->ptab[i].n, "reference %s missing", nm);
+        if (x) CHECK(nstf_train_put(t, 0, t->ptab[i].offset, t->ptab[i].n, x->data) == NSTF_OK, "%s", nstf_last_error());
+    }
+    if (lora) CHECK(nstf_train_sync_copy(t) == NSTF_OK, "%s", nstf_last_error());
     const nstf_adamw_params opt = {1e-3, 0.9, 0.95, 1e-8, 0.1};
     st = nstf_train_step(t, tokens, n_micro, 0, &opt, 1.0, &o->loss, &o->norm);
     CHECK(st == NSTF_OK, "train_step: %s", nstf_last_error());
@@ -70,7 +84,7 @@ static bool run_step(const nstf_llama *m, nstf_backend *be, nstf_recompute mode,
 }
 
 static void judge(const char *what, const nstf_train *t, const run_out *o, const nstf_gguf *ref, double want_loss,
-                  double want_norm) {
+                  double want_norm, const char *gsuf, const char *wsuf) {
     CHECK(fabs(o->loss - want_loss) <= 1e-6 * fabs(want_loss), "%s: loss %.10f, torch %.10f", what, o->loss, want_loss);
     CHECK(fabs(o->norm - want_norm) <= 1e-6 * fabs(want_norm), "%s: grad norm %.10f, torch %.10f", what, o->norm,
           want_norm);
@@ -78,9 +92,9 @@ static void judge(const char *what, const nstf_train *t, const run_out *o, const
     for (int i = 0; i < t->n_ptab; i++) {
         const nstf_param_tensor *p = &t->ptab[i];
         char nm[128];
-        snprintf(nm, sizeof nm, "%s.grad", p->name);
+        snprintf(nm, sizeof nm, "%s%s", p->name, gsuf);
         const nstf_gguf_tensor *rg = nstf_gguf_find_tensor(ref, nm);
-        snprintf(nm, sizeof nm, "%s.new", p->name);
+        snprintf(nm, sizeof nm, "%s%s", p->name, wsuf);
         const nstf_gguf_tensor *rw = nstf_gguf_find_tensor(ref, nm);
         CHECK(rg && rw && (int64_t)rg->n_elems == p->n && (int64_t)rw->n_elems == p->n, "%s: reference of %s missing",
               what, p->name);
@@ -133,10 +147,10 @@ int main(void) {
 
     run_out base = {0}, other = {0};
     nstf_train *t = NULL, *t2 = NULL;
-    if (run_step(m, be, NSTF_RECOMPUTE_NONE, 1, tokens, &base, &t)) judge("one step", t, &base, ref, want_loss, want_norm);
+    if (run_step(m, be, NSTF_RECOMPUTE_NONE, 1, tokens, &base, &t, NULL)) judge("one step", t, &base, ref, want_loss, want_norm, ".grad", ".new");
     const char *modes[] = {"recompute attn", "recompute full"};
     for (int k = 0; t && k < 2; k++) {
-        if (!run_step(m, be, (nstf_recompute)(k + 1), 1, tokens, &other, &t2)) break;
+        if (!run_step(m, be, (nstf_recompute)(k + 1), 1, tokens, &other, &t2, NULL)) break;
         CHECK(other.loss == base.loss && memcmp(other.g, base.g, (size_t)base.n_flat * 4) == 0 &&
                   memcmp(other.w, base.w, (size_t)base.n_flat * 4) == 0,
               "%s: gradients or weights differ from recompute none", modes[k]);
@@ -145,8 +159,15 @@ int main(void) {
         nstf_train_free(t2);
     }
     /* gradient accumulation: two micro-batches of one sequence */
-    if (t && run_step(m, be, NSTF_RECOMPUTE_NONE, 2, tokens, &other, &t2)) {
-        judge("2 micro-batches of 1", t2, &other, ref, want_loss, want_norm);
+    if (t && run_step(m, be, NSTF_RECOMPUTE_NONE, 2, tokens, &other, &t2, NULL)) {
+        judge("2 micro-batches of 1", t2, &other, ref, want_loss, want_norm, ".grad", ".new");
+        free(other.g), free(other.w);
+        nstf_train_free(t2);
+    }
+    /* LoRA */
+    if (run_step(m, be, NSTF_RECOMPUTE_NONE, 1, tokens, &other, &t2, ref)) {
+        judge("LoRA rank 2", t2, &other, ref, kv_double(ref, "nstf.ref.lora.loss"),
+              kv_double(ref, "nstf.ref.lora.grad_norm"), ".grad", ".new");
         free(other.g), free(other.w);
         nstf_train_free(t2);
     }

@@ -39,6 +39,7 @@ static void usage(void) {
            "  --log FILE        one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, mfu, ...)\n"
            "  --ckpt-dir DIR    checkpoints (atomic) every --ckpt-every N steps and at the end\n"
            "  --resume DIR      continue the run saved in DIR\n"
+           "  --stop-at K       stop after step K (the schedule still spans --steps; checkpointed with --ckpt-dir)\n"
            "  --eval-data FILE  evaluation data; --eval-every K steps, --eval-batches N (8)\n"
            "  --seed N          data order and LoRA initialization (default 1)\n"
            "  -q                no per-step lines\n");
@@ -52,7 +53,7 @@ static void fmt_eta(double s, char *buf, size_t cap) {
 }
 
 static int fail(nstf_trainer *t, FILE *log, const char *ckpt, int64_t saved) {
-    if (ckpt && saved >= 0)
+    if (ckpt && saved >= 0 && !strstr(nstf_last_error(), "is kept"))
         fprintf(stderr, "nstf: %s; the last checkpoint (step %lld) in %s is kept\n", nstf_last_error(), (long long)saved, ckpt);
     else fprintf(stderr, "nstf: %s\n", nstf_last_error());
     nstf_trainer_close(t);
@@ -65,6 +66,7 @@ int cmd_train(int argc, char **argv) {
     const char *shape = NULL, *out = NULL, *out_type = NULL, *lora_out = NULL, *log_path = NULL, *ckpt = NULL,
                *resume = NULL;
     int ckpt_every = 0, eval_every = 0;
+    uint64_t stop_at = 0;
     bool plan = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -93,6 +95,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--steps")) { if (!cli_parse_u64(a, v, &uv) || uv < 1) { fprintf(stderr, "nstf: --steps must be at least 1\n"); return 2; } p.steps = (int64_t)uv; }
         else if (!strcmp(a, "--warmup")) { if (!cli_parse_u64(a, v, &uv)) return 2; p.warmup = (int64_t)uv; }
         else if (!strcmp(a, "--seed")) { if (!cli_parse_u64(a, v, &p.seed)) return 2; }
+        else if (!strcmp(a, "--stop-at")) { if (!cli_parse_u64(a, v, &stop_at) || stop_at < 1) { fprintf(stderr, "nstf: --stop-at must be at least 1\n"); return 2; } }
         else if (!strcmp(a, "--batch")) { if (!cli_parse_int(a, v, 1, 1 << 20, &p.batch)) return 2; }
         else if (!strcmp(a, "--seq")) { if (!cli_parse_int(a, v, 2, 1 << 20, &p.seq)) return 2; }
         else if (!strcmp(a, "--accum")) { if (!cli_parse_int(a, v, 1, 1 << 20, &p.grad_accum)) return 2; }
@@ -172,18 +175,19 @@ int cmd_train(int argc, char **argv) {
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     const int64_t first = nstf_trainer_steps_done(t);
-    while (nstf_trainer_steps_done(t) < p.steps) {
+    const int64_t last = stop_at && (int64_t)stop_at < p.steps ? (int64_t)stop_at : p.steps;
+    while (nstf_trainer_steps_done(t) < last) {
         nstf_train_stats s;
         if (nstf_trainer_step(t, &s) != NSTF_OK) return fail(t, log, ckpt, saved);
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         const double el = (double)(ts.tv_sec - ts0.tv_sec) + (double)(ts.tv_nsec - ts0.tv_nsec) * 1e-9;
         char eta[32], mfu[32] = "";
-        fmt_eta(el / (double)(s.step - first) * (double)(p.steps - s.step), eta, sizeof eta);
+        fmt_eta(el / (double)(s.step - first) * (double)(last - s.step), eta, sizeof eta);
         if (s.mfu >= 0) snprintf(mfu, sizeof mfu, "  mfu %5.1f%%", 100 * s.mfu);
         if (!quiet)
             fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s%s  eta %s\n", (long long)s.step,
-                    (long long)p.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, mfu, eta);
+                    (long long)last, s.loss, s.lr, s.grad_norm, s.tokens_per_s, mfu, eta);
         if (log) {
             fprintf(log,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %lld, "
@@ -199,7 +203,7 @@ int cmd_train(int argc, char **argv) {
             if (!quiet) fprintf(stderr, "step %lld  eval loss %.4f\n", (long long)s.step, el_loss);
             if (log) fprintf(log, "{\"step\": %lld, \"eval_loss\": %.9g}\n", (long long)s.step, el_loss), fflush(log);
         }
-        if (ckpt && ((ckpt_every && s.step % ckpt_every == 0) || s.step == p.steps)) {
+        if (ckpt && ((ckpt_every && s.step % ckpt_every == 0) || s.step == last)) {
             if (nstf_trainer_save(t, ckpt) != NSTF_OK) return fail(t, log, ckpt, saved);
             saved = s.step;
         }

@@ -4,7 +4,8 @@
  *
  * Layout (little-endian, as the host writes it):
  *   256-byte header: magic "NSTFCKPT", version, header size, the
- *     fingerprint of the model and training shape, steps done, tokens,
+ *     fingerprint of the model and training shape (the shape, the
+ *     parameter table; with LoRA also the base's tensors), steps done, tokens,
  *     data position (epoch, index), the shape in words for messages
  *     (layers, width, heads, kv heads, ffn, vocabulary, LoRA rank and
  *     matrices, sequence length), the flat arrays' length, the seed, the
@@ -65,6 +66,14 @@ uint64_t nstf_trainer_fingerprint(const nstf_trainer *t) {
         h = fnv(h, p->name, strlen(p->name));
         h = fnv(h, &p->offset, sizeof p->offset);
         h = fnv(h, &p->n, sizeof p->n);
+    }
+    /* adapters belong to their base: its tensors' types and leading bytes */
+    const nstf_gguf *g = t->model->file;
+    for (uint64_t i = 0; t->tr->sh.lora_rank > 0 && g && i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *bt = &g->tensors[i];
+        h = fnv(h, bt->name.ptr, (size_t)bt->name.len);
+        h = fnv(h, &bt->type, sizeof bt->type);
+        h = fnv(h, bt->data, (size_t)(bt->n_bytes < 256 ? bt->n_bytes : 256));
     }
     return h;
 }
