@@ -287,6 +287,11 @@ static nstf_status train_init(nstf_train *t, const nstf_llama *m, const nstf_bac
                               sh->n_seq, sh->seq_len, sh->lora_rank);
     if (sh->lora_rank > 0 && !(sh->lora_mask & ((1u << LORA_N) - 1)))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "LoRA without a matrix to adapt");
+    if (sh->lora_rank % 8 && !be->host_memory)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "--lora %d: on a GPU the rank must be a multiple of 8 (its matmuls move rows in "
+                              "16-byte pieces)",
+                              sh->lora_rank);
     t->n = (int64_t)sh->n_seq * sh->seq_len;
     if (t->n > ((int64_t)1 << 30)) return nstf_set_error(NSTF_ERR_RANGE, "%lld tokens per micro-batch", (long long)t->n);
     if (sh->seq_len > t->c.n_ctx_train)
