@@ -21,7 +21,7 @@ static void usage(void) {
     printf("usage: nstf train (-m BASE.gguf | --shape NAME) --data FILE [options]\n"
            "  -m FILE           base model (GGUF or HF folder) to fine-tune\n"
            "  --shape NAME      train from scratch: tiny, smollm2-135m, llama32-1b, llama3-8b\n"
-           "                    (random N(0, 0.02) weights and a byte-level tokenizer)\n"
+           "                    (random N(0, 0.02) weights in bf16, norms 1, a byte-level tokenizer)\n"
            "  --data FILE       token shard, folder of *.tok shards (nstf tokenize), or a text file\n"
            "  --steps N         optimizer steps (default 100)\n"
            "  --batch B         sequences per micro-batch (default 4)\n"
@@ -141,7 +141,7 @@ int cmd_train(int argc, char **argv) {
             snprintf(init, sizeof init, "%s.init.gguf", out);
         }
         struct stat sb;
-        if (stat(init, &sb) != 0 && gen_model_file(shape, NSTF_TYPE_F32, init, p.seed) != NSTF_OK) {
+        if (stat(init, &sb) != 0 && gen_model_file(shape, NSTF_TYPE_BF16, init, p.seed) != NSTF_OK) {
             fprintf(stderr, "nstf: %s\n", nstf_last_error());
             return 1;
         }
