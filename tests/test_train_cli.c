@@ -18,8 +18,9 @@
  *  - bad input, each one clear line and a non-zero exit: an empty or too
  *    short data file, shards of another vocabulary, a NaN learning rate, a
  *    NaN/Inf loss mid-run (the step and the tensor named, the last
- *    checkpoint kept), a --resume folder of another model or shape, an
- *    unknown recompute mode, a GPU asked of a CPU build. */
+ *    checkpoint kept), a --resume folder of another model or shape (or
+ *    data order: another --seed), an unknown recompute mode, a GPU asked
+ *    of a CPU build. */
 #define _GNU_SOURCE
 #include <signal.h>
 #include <sys/resource.h>
@@ -320,6 +321,8 @@ int main(void) {
     expect_error("resume LoRA on another base", "another model",
                  ((const char *const[]){"train", "-m", tiny2, "--device", "cpu", "-q", "--data", text, "--batch", "2",
                                         "--seq", "32", "--lora", "4", "--resume", cl, NULL}));
+    expect_error("resume with another seed", "give --seed 1",
+                 TRAIN("--data", text, "--batch", "2", "--seq", "32", "--seed", "9", "--resume", ca));
     expect_error("resume from a missing folder", "--resume",
                  TRAIN("--data", text, "--batch", "2", "--seq", "32", "--resume", "/nonexistent/ck"));
 #if !defined(NSTF_HAVE_CUDA) && !defined(NSTF_HAVE_HIP)

@@ -177,6 +177,12 @@ nstf_status nstf_trainer_resume(nstf_trainer *t, const char *dir) {
     else if (h.seq_len != mine.seq_len)
         st = nstf_set_error(NSTF_ERR_INVALID_ARG, "--resume %s: the checkpoint was made with --seq %d, this run has %d",
                             dir, h.seq_len, mine.seq_len);
+    else if (h.seed != mine.seed)
+        st = nstf_set_error(NSTF_ERR_INVALID_ARG,
+                            "--resume %s: the checkpoint's run drew its data order from --seed %llu, this run from "
+                            "%llu; give --seed %llu",
+                            dir, (unsigned long long)h.seed, (unsigned long long)mine.seed,
+                            (unsigned long long)h.seed);
     else if (size != want)
         st = nstf_set_error(NSTF_ERR_FORMAT, "--resume %s: %s holds %llu bytes, a checkpoint of this model %llu "
                             "(truncated or damaged)", dir, path, (unsigned long long)size, (unsigned long long)want);
