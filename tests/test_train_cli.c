@@ -42,7 +42,7 @@ static void write_text(const char *path, const char *text) {
     }
 }
 
-/* The whole file (NULL when missing); *n its size. */
+/* The whole file, NUL-terminated (NULL when missing); *n its size. */
 static unsigned char *slurp(const char *path, long *n) {
     FILE *f = fopen(path, "rb");
     *n = 0;
@@ -55,6 +55,7 @@ static unsigned char *slurp(const char *path, long *n) {
         free(b);
         b = NULL;
     }
+    if (b) b[*n] = 0;
     fclose(f);
     return b;
 }
@@ -73,7 +74,6 @@ static double last_loss(const char *log) {
     char *s = (char *)slurp(log, &n);
     double v = NAN;
     if (!s) return v;
-    s[n] = 0;
     for (char *p = s; (p = strstr(p, "\"loss\": ")); p++) v = strtod(p + 8, NULL);
     free(s);
     return v;
@@ -84,7 +84,6 @@ static double first_loss(const char *log) {
     char *s = (char *)slurp(log, &n);
     double v = NAN;
     if (!s) return v;
-    s[n] = 0;
     char *p = strstr(s, "\"loss\": ");
     if (p) v = strtod(p + 8, NULL);
     free(s);
