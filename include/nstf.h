@@ -62,6 +62,11 @@ typedef struct nstf_session_params {
                            fp32 references to rounding) instead of 8-bit blocks */
     bool deterministic; /* CPU: bitwise-identical results for any thread count
                            (and run to run); slightly slower decode */
+    int n_gpu_layers;   /* on a GPU: how many layers run there; 0 (default) or
+                           >= the layer count: all of the model; N between:
+                           the embedding and layers 0..N-1 on the GPU, the rest
+                           and the output head on the CPU (llama.cpp's -ngl;
+                           its -ngl 0 is device "cpu") */
 } nstf_session_params;
 
 typedef struct nstf_gen_stats {

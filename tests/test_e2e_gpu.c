@@ -24,8 +24,10 @@
  * they are set. Also: greedy generation of 32 tokens (reported), the device
  * argmax against the argmax of the GPU's own logits (must agree), and a
  * context far too large for the device fails with NSTF_ERR_OOM and a
- * message, not a crash. Exit 77 (skipped) without a GPU. Built only with
- * a GPU backend. */
+ * message, not a crash. The same gates hold for a model split between the
+ * GPU (embedding and the first half of the layers) and the CPU (the rest
+ * and the output head), the partial offload of -ngl. Exit 77 (skipped)
+ * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,6 +181,37 @@ static void run_model(const char *path, bool real) {
     printf("  decode steps from a graph: %d/%d; device argmax vs host argmax of the GPU logits: %d mismatches  %s\n",
            graphs, N_TOK, dev_mismatch, dev_mismatch == 0 && graphs >= N_TOK - 1 ? "ok" : "FAIL");
     if (dev_mismatch || graphs < N_TOK - 1) g_fail++;
+
+    /* partial offload (-ngl): the embedding and the first half of the layers
+     * on the GPU, the rest and the output on the CPU (precise), the residual
+     * stream handed over through the host: the same gates against the CPU */
+    {
+        const int L = m->cfg.n_layers, half = L / 2;
+        nstf_backend *gb = NULL, *cb = NULL;
+        nstf_llama_run *s1 = NULL, *s2 = NULL;
+        const nstf_cpu_params cp = {0, true, false};
+        nstf_status ss = nstf_backend_gpu_create(0, &gb);
+        if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, gb, N_TOK + N_GEN, N_TOK, 1, 0, half, true, false, &s1);
+        if (ss == NSTF_OK) ss = nstf_backend_cpu_create(&cp, &cb);
+        if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, cb, N_TOK + N_GEN, N_TOK, 1, half, L, false, true, &s2);
+        if (ss == NSTF_OK) {
+            s1->next = s2;
+            ss = nstf_llama_forward_seq(s1, ids, N_TOK, 0, true, lg, NULL);
+            printf("  split: layers 0-%d on the GPU, %d-%d on the CPU\n", half - 1, half, L - 1);
+            if (ss == NSTF_OK) compare("split pf", lc, lg, N_TOK, nv);
+            for (int t = 0; ss == NSTF_OK && t < N_TOK; t++)
+                ss = nstf_llama_forward_seq(s1, &ids[t], 1, t, false, lg + (int64_t)t * nv, NULL);
+            if (ss == NSTF_OK) compare("split dec", lc, lg, N_TOK, nv);
+        }
+        if (ss != NSTF_OK) {
+            printf("  split: %s  FAIL\n", nstf_last_error());
+            g_fail++;
+        }
+        nstf_llama_run_free(s2);
+        nstf_llama_run_free(s1);
+        nstf_backend_free(cb);
+        nstf_backend_free(gb);
+    }
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {

@@ -13,6 +13,7 @@ int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 
@@ -26,12 +27,13 @@ static void usage(FILE *f) {
             "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
+            "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  train     train or fine-tune (full or LoRA) on the CPU or a GPU (nstf train --help)\n"
             "  tokenize  text files to token shards for nstf train (nstf tokenize --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
-            "  devices   list the GPUs this build can run on\n"
+            "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
             "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
@@ -51,6 +53,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {

@@ -17,7 +17,7 @@
  * position and the step, a resumed run repeats what the uninterrupted run
  * would have done, bit for bit on the CPU.
  *
- * NSTF_CKPT_STALL_MS (environment, for fault-injection tests): sleep that
+ * NSTF_CKPT_STALL_MS (a switch of core/switches.h, for fault-injection tests): sleep that
  * long in the middle of writing the weights, so a test can kill the writer
  * there and check that the previous checkpoint survives. */
 #include <errno.h>
@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "core/mem.h"
+#include "core/switches.h"
 #include "io/atomic_file.h"
 #include "io/mapfile.h"
 #include "model/trainer.h"
@@ -101,8 +102,7 @@ static ck_header header_of(const nstf_trainer *t) {
 static void ck_path(const char *dir, char *buf, size_t cap) { snprintf(buf, cap, "%s/checkpoint.nstf", dir); }
 
 static void stall(void) {
-    const char *e = getenv("NSTF_CKPT_STALL_MS");
-    const long ms = e ? atol(e) : 0;
+    const long ms = nstf_switch_int(NSTF_SW_CKPT_STALL_MS);
     if (ms <= 0) return;
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}

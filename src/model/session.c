@@ -41,11 +41,25 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         if (p->verbose) fprintf(stderr, "nstf: no GPU found; running on the CPU\n");
         return NSTF_OK;
     }
+    const int L = s->model->cfg.n_layers, ngl = p->n_gpu_layers <= 0 || p->n_gpu_layers > L ? L : p->n_gpu_layers;
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
-    if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p->n_batch, 1, &s->run);
+    if (st == NSTF_OK) st = nstf_llama_run_create_stage(s->model, s->be, n_ctx, p->n_batch, 1, 0, ngl, true, ngl == L,
+                                                         &s->run);
+    if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
+        const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic};
+        st = nstf_backend_cpu_create(&cp, &s->be_cpu);
+        if (st == NSTF_OK)
+            st = nstf_llama_run_create_stage(s->model, s->be_cpu, n_ctx, p->n_batch, 1, ngl, L, false, true,
+                                             &s->run_cpu);
+        if (st == NSTF_OK) s->run->next = s->run_cpu;
+    }
     if (st != NSTF_OK) {
+        nstf_llama_run_free(s->run_cpu);
+        nstf_backend_free(s->be_cpu);
+        nstf_llama_run_free(s->run);
         nstf_backend_free(s->be);
-        s->be = NULL;
+        s->run = s->run_cpu = NULL;
+        s->be = s->be_cpu = NULL;
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
     }
@@ -64,6 +78,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
     if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
     if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
+    if (p.n_gpu_layers < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "GPU layer count %d must be >= 0 (0: all)", p.n_gpu_layers);
     if (!p.device) p.device = "auto";
     if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
@@ -120,6 +136,11 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
                 "MiB, loaded in %.0f ms\n",
                 s->be->device, s->n_ctx, s->n_batch, (double)s->run->wbytes / (1 << 20),
                 (double)rs->block_bytes / (1 << 20), (double)mem.workspace / (1 << 20), s->load_ms);
+        if (s->run_cpu)
+            fprintf(stderr, "nstf: split: embedding and layers 0-%d on the GPU, layers %d-%d and the output on the CPU "
+                    "(%d threads; state %.1f MiB there)\n",
+                    s->run->l1 - 1, s->run_cpu->l0, s->run_cpu->l1 - 1, nstf_pool_size(nstf_backend_cpu_pool(s->be_cpu)),
+                    (double)s->run_cpu->s.block_bytes / (1 << 20));
     }
     *out = s;
     return NSTF_OK;
@@ -127,6 +148,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
 
 void nstf_session_close(nstf_session *s) {
     if (!s) return;
+    nstf_llama_run_free(s->run_cpu);
+    nstf_backend_free(s->be_cpu);
     nstf_llama_run_free(s->run);
     nstf_backend_free(s->be);
     nstf_free(s->logits);

@@ -556,7 +556,9 @@ nstf_status nstf_train_create(const nstf_llama *m, nstf_backend *be, const train
     if (st == NSTF_OK && sh->lora_rank == 0) {
         const nstf_llama_config *c = &m->cfg;
         nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
-                                sh->seq_len, sh->seq_len, 1, c->rope_base, c->rope_mode, NULL, 0};
+                                sh->seq_len, sh->seq_len, 1, c->rope_base, c->rope_mode, NULL, 0,
+                                /* the trained tables are the fp32 masters */
+                                NSTF_TYPE_F32, NSTF_TYPE_F32};
         uint64_t ws = 0;
         st = be->vt->plan(be, &bp, &ws);
         if (st == NSTF_OK) st = be->vt->prepare(be, &bp);
