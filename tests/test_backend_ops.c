@@ -28,7 +28,12 @@
  * (GEMV) and 20 (GEMM after dequantization), alone and as a group. RoPE
  * runs with and without frequency factors, attention with and without
  * sliding windows; BIAS and HEAD_NORM on rows with a gap after them on a
- * GPU (the q / k / v of one row of the group) and dense on the CPU. */
+ * GPU (the q / k / v of one row of the group) and dense on the CPU.
+ *
+ * Gradient mode: the training rows (backward ops, the fused cross-entropy,
+ * AdamW, the gradient norm) have their cases in backend_ops_grad.h, which
+ * states their tolerances; the GPU variant compares its gradients with the
+ * same references the CPU is held to. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +41,8 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "ops/backward.h"
+#include "ops/optim.h"
 #include "test_util.h"
 
 #define GUARD 256
@@ -352,14 +359,16 @@ static void case_matmul(test_rng *r) {
         }
 }
 
-static void case_rope(test_rng *r) {
+/* RoPE, or its backward (the rotation by -theta), on q and k in place. */
+static void rope_case(test_rng *r, bool bwd) {
     const int nh = 3, nkv = 1, hd = 64;
     const int64_t n = 7, qd = nh * hd, kvd = nkv * hd;
     /* frequency factors as Llama 3.1's (1 for short wavelengths, 8 for long
      * ones, smooth between), here with a few more shapes of values */
     float ff[32];
     for (int i = 0; i < hd / 2; i++) ff[i] = i < 8 ? 1.0f : i > 24 ? 8.0f : 1.0f + 7.0f * (float)(i - 8) / 16.0f + 0.01f * i;
-    for (int variant = 0; variant < 4; variant++) {
+    /* the backward takes no frequency factors (training refuses models that have them) */
+    for (int variant = 0; variant < (bwd ? 2 : 4); variant++) {
         const int mode = variant % 2 ? NSTF_ROPE_NEOX : NSTF_ROPE_NORM;
         const bool with_ff = variant >= 2;
         float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4);
@@ -367,11 +376,11 @@ static void case_rope(test_rng *r) {
         dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd)), df = up(ff, sizeof ff);
         const int pos0 = 1000;
         if (!open_batch((int)n, pos0)) return;
-        nstf_op_args a = {.op = NSTF_OP_ROPE, .label = "rope"};
-        a.rope.q = (nstf_view){dq.d, g_be->act_type, qd};
-        a.rope.k = (nstf_view){dk.d, g_be->act_type, kvd};
-        a.rope.n = n;
-        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode, with_ff ? df.d : NULL};
+        nstf_op_args a = {.op = bwd ? NSTF_OP_ROPE_BWD : NSTF_OP_ROPE, .label = bwd ? "rope_bwd" : "rope"};
+        const nstf_view vq = {dq.d, g_be->act_type, qd}, vk = {dk.d, g_be->act_type, kvd};
+        const nstf_rope_args ra = {g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode, with_ff ? df.d : NULL};
+        if (bwd) a.rope_bwd.q = vq, a.rope_bwd.k = vk, a.rope_bwd.n = n, a.rope_bwd.r = ra;
+        else a.rope.q = vq, a.rope.k = vk, a.rope.n = n, a.rope.r = ra;
         close_batch((int)n, nstf_backend_op(g_be, &a));
         for (int which = 0; which < 2; which++) {
             const int64_t rowlen = which ? kvd : qd, heads = which ? nkv : nh;
@@ -384,15 +393,17 @@ static void case_rope(test_rng *r) {
             for (int64_t t = 0; t < n; t++)
                 for (int64_t hh = 0; hh < heads; hh++)
                     for (int i = 0; i < hd / 2; i++) {
-                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd) / (with_ff ? ff[i] : 1.0), c = cos(th),
+                        double th = (bwd ? -1.0 : 1.0) * (pos0 + t) * pow(10000.0, -2.0 * i / hd) /
+                                    (with_ff ? ff[i] : 1.0),
+                               c = cos(th),
                                s = sin(th);
                         int64_t i0 = mode ? i : 2 * i, i1 = mode ? i + hd / 2 : 2 * i + 1, b = t * rowlen + hh * hd;
                         ref[b + i0] = src[b + i0] * c - src[b + i1] * s;
                         ref[b + i1] = src[b + i0] * s + src[b + i1] * c;
                     }
             char what[64];
-            snprintf(what, sizeof what, "rope %s %s%s", which ? "k" : "q", mode ? "neox" : "norm",
-                     with_ff ? " with factors" : "");
+            snprintf(what, sizeof what, "%s %s %s%s", bwd ? "rope_bwd" : "rope", which ? "k" : "q",
+                     mode ? "neox" : "norm", with_ff ? " with factors" : "");
             judge(what, got, ref, n * rowlen, act_bf16(), 1e-7);
             free(h), free(got), free(ref);
         }
@@ -421,6 +432,8 @@ static nstf_op_args attention_args(dbuf q, dbuf k, dbuf v, dbuf ck, dbuf cv, dbu
     a.attention.scale = 0.125f;
     return a;
 }
+
+static void case_rope(test_rng *r) { rope_case(r, false); }
 
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
  * tokens: causal GQA, the batch's k and v written into the cache; with a
@@ -725,6 +738,9 @@ static void case_head_norm(test_rng *r) {
             free(qv), free(kv), free(wq), free(wk), free(hq), free(hk);
         }
 }
+
+/* the training rows: the gradient mode */
+#include "backend_ops_grad.h"
 
 /* ---- the backends --------------------------------------------------------------------- */
 

@@ -16,6 +16,8 @@ int cmd_convert(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -31,6 +33,8 @@ static void usage(FILE *f) {
             "  perplexity  perplexity and KL divergence on a text, as llama-perplexity (nstf perplexity --help)\n"
             "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
+            "  train     train or fine-tune (full or LoRA) on the CPU or a GPU (nstf train --help)\n"
+            "  tokenize  text files to token shards for nstf train (nstf tokenize --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
@@ -56,6 +60,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

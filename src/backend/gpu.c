@@ -99,6 +99,7 @@ static void gpu_destroy(nstf_backend *be) {
     for (int i = 0; i < g->n_evs; i++) nstf_gpu_event_destroy(g->evs[i]);
     nstf_free(g->evs);
     (void)nstf_gpu_free(g->scores);
+    (void)nstf_gpu_free(g->tscratch);
     (void)nstf_gpu_free(g->ws);
     if (g->stream) (void)nstf_gpu_stream_destroy(g->stream);
     nstf_free(g);

@@ -72,6 +72,9 @@ typedef struct gpu_backend {
     /* time marks */
     void **evs;
     int n_evs;
+    /* the training ops' scratch (gpu_ops.c), grown on first need */
+    void *tscratch;
+    size_t tscratch_bytes;
 } gpu_backend;
 
 static inline gpu_backend *gpu_of(nstf_backend *be) { return (gpu_backend *)be; }

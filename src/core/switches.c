@@ -40,6 +40,9 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_CPU_ISA] = {"NSTF_CPU_ISA", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, cpu_isa_choices,
                          "CPU matmul tiles at most this instruction set (auto: the best the CPU has, chosen by "
                          "cpuid; a higher one than the CPU has is ignored)"},
+    [NSTF_SW_CKPT_STALL_MS] = {"NSTF_CKPT_STALL_MS", NSTF_SWITCH_INT, 0, 0, 600000, NULL,
+                               "milliseconds a training checkpoint write sleeps mid-way through the weights (0: none; "
+                               "for the tests that kill a run mid-write)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,

@@ -50,6 +50,7 @@ typedef enum {
     NSTF_SW_FD_EARLY,       /* bool: 1 flash decode loads its first cache tile before the PDL wait */
     NSTF_SW_GEMV_ROWS,      /* enum: AUTO, 8, 16 or 32 rows per block of the fused bf16 GEMV */
     NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 avx2, 2 avx512: a cap on the CPU matmul tiles */
+    NSTF_SW_CKPT_STALL_MS,  /* int: ms a checkpoint write sleeps mid-way (fault-injection tests) */
     NSTF_SW_XDG_CACHE_HOME, /* string: cache folder (roofline cache) */
     NSTF_SW_HOME,           /* string: home folder (roofline cache without XDG_CACHE_HOME) */
     NSTF_SW_API_KEY,        /* string, secret: the bearer token `nstf serve` asks for (--api-key wins) */

@@ -54,8 +54,30 @@
       "index of the largest value per row (first on ties)")                                         \
     X(BIAS, bias, nstf_ref_bias, nstf_cpu_bias, nstf_gpu_bias, "x[t,:] += b (a projection's bias)") \
     X(HEAD_NORM, head_norm, nstf_ref_head_norm, nstf_cpu_head_norm, nstf_gpu_head_norm,            \
-      "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")
-#define NSTF_OP_COUNT 10
+      "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")          \
+    /* training: the backward of every op, the fused loss, the optimizer (ops/backward.h,        \
+     * ops/optim.h; parameter gradients are added into, activation gradients written) */         \
+    X(GET_ROWS_BWD, get_rows_bwd, nstf_ref_get_rows_bwd, nstf_cpu_get_rows_bwd, nstf_gpu_get_rows_bwd, \
+      "embedding backward: dtable[ids[t],:] += dout[t,:] (repeated ids summed in token order)")     \
+    X(RMSNORM_BWD, rmsnorm_bwd, nstf_ref_rmsnorm_bwd, nstf_cpu_rmsnorm_bwd, nstf_gpu_rmsnorm_bwd,  \
+      "RMSNorm backward: dx += (into the residual stream's gradient), dw +=")                       \
+    X(ROPE_BWD, rope_bwd, nstf_ref_rope_bwd, nstf_cpu_rope_bwd, nstf_gpu_rope_bwd,                 \
+      "RoPE backward: the gradients of q and k rotated by -theta, in place")                        \
+    X(ATTENTION_BWD, attention_bwd, nstf_ref_attention_bwd, nstf_cpu_attention_bwd,               \
+      nstf_gpu_flash_attn_bwd, "causal GQA attention backward from the saved log-sum-exp: dq, dk, dv") \
+    X(SWIGLU_BWD, swiglu_bwd, nstf_ref_swiglu_bwd, nstf_cpu_swiglu_bwd, nstf_gpu_swiglu_bwd,       \
+      "SwiGLU backward: dgate, dup from dy")                                                        \
+    X(MATMUL_BWD_X, matmul_bwd_x, nstf_ref_matmul_bwd_x, nstf_cpu_matmul_bwd_x, nstf_gpu_matmul_bwd_x, \
+      "matmul input gradient: dx (+)= dy W")                                                        \
+    X(MATMUL_BWD_W, matmul_bwd_w, nstf_ref_matmul_bwd_w, nstf_cpu_matmul_bwd_w, nstf_gpu_matmul_bwd_w, \
+      "matmul weight gradient: dW += dy^T x")                                                       \
+    X(CROSS_ENTROPY, cross_entropy, nstf_ref_cross_entropy, nstf_cpu_cross_entropy,               \
+      nstf_gpu_cross_entropy, "loss of the logits h W^T fused with them, chunked over the vocabulary: loss, dh, dW +=") \
+    X(ADAMW, adamw, nstf_ref_adamw, nstf_cpu_adamw, nstf_gpu_adamw,                                \
+      "AdamW step over the flat fp32 parameters (and their compute copy)")                          \
+    X(GRAD_NORM, grad_norm, nstf_ref_grad_norm, nstf_cpu_grad_norm, nstf_gpu_grad_norm,            \
+      "sum of squares of each parameter tensor's gradient; a NaN/Inf names its tensor")
+#define NSTF_OP_COUNT 20
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -198,6 +220,8 @@ typedef struct nstf_op_args {
              * multiple of block_size; every block a token reads is assigned). */
             const int32_t *blocks;  /* [n_seq, n_ctx / block_size] block ids */
             int block_size;         /* positions per block */
+            float *lse;             /* [n, n_heads] fp32 or NULL: each row's log-sum-exp of the
+                                       scaled scores (the training forward saves it) */
         } attention;
         struct {
             nstf_view gate, up, y; /* [n, n_ff] each */
@@ -220,6 +244,86 @@ typedef struct nstf_op_args {
             int n_heads, n_kv_heads, head_dim;
             float eps;
         } head_norm;
+        /* ---- training (row layouts as the forward's; gradients of
+         * parameters fp32 and added into) ---- */
+        struct {
+            const int32_t *ids; /* [n] */
+            nstf_view dout;     /* [n, dim] F32 */
+            float *dtable;      /* [n_rows, dim] += */
+            int64_t n, dim;
+        } get_rows_bwd;
+        struct {
+            const float *x;   /* [n, dim] the norm's input (the residual stream) */
+            const float *w;   /* [dim] */
+            const float *dy;  /* [n, dim] F32 */
+            float *dx;        /* [n, dim] += (the residual stream's gradient) */
+            float *dw;        /* [dim] +=, or NULL: a frozen norm */
+            nstf_view dx_act; /* data non-NULL: dx after the add, also in this view
+                                 (the activation type the next matmuls read) */
+            int64_t n, dim;
+            float eps;
+        } rmsnorm_bwd;
+        struct {
+            nstf_view q, k; /* gradients [n, n_heads, head_dim], [n, n_kv_heads, head_dim], in place */
+            int64_t n;
+            nstf_rope_args r;
+        } rope_bwd;
+        struct {
+            nstf_view q, k, v;  /* q [n, heads, hd]; k, v [pos0 + n, kv_heads, hd] (as the forward saw them) */
+            nstf_view out, dout; /* [n, heads * hd] */
+            const float *lse;   /* [n, n_heads] from the forward */
+            nstf_view dq, dk, dv; /* written; dk, dv cover the pos0 + n key rows */
+            int64_t n, pos0;
+            int n_heads, n_kv_heads, head_dim;
+            float scale;
+        } attention_bwd;
+        struct {
+            nstf_view gate, up, dy; /* [n, n_ff] each */
+            nstf_view dgate, dup;   /* [n, n_ff] written (may alias gate, up) */
+            int64_t n, n_ff;
+        } swiglu_bwd;
+        struct {
+            const nstf_matrix *w; /* [n_out, n_in], any stored type (a frozen base: dequantized) */
+            nstf_view dy;         /* [n, n_out] */
+            nstf_view dx;         /* [n, n_in] */
+            int64_t n;
+            bool acc;             /* dx += dy W, else dx = dy W */
+        } matmul_bwd_x;
+        struct {
+            nstf_view x;  /* [n, n_in] */
+            nstf_view dy; /* [n, n_out] */
+            float *dw;    /* [n_out, n_in] += */
+            int64_t n, n_in, n_out;
+        } matmul_bwd_w;
+        struct {
+            nstf_view h;              /* [n, dim] the normed final rows */
+            const nstf_matrix *w;     /* [n_vocab, dim] the output matrix (CPU: F32; GPU: BF16) */
+            const int32_t *targets;   /* [n] */
+            int32_t ignore_index;
+            double n_norm;            /* the step's count of targets (<= 0: this call's) */
+            float *lse;               /* [n] or NULL */
+            float *dh;                /* [n, dim] written */
+            float *dw;                /* [n_vocab, dim] +=, or NULL: a frozen matrix */
+            double *loss;             /* [1] written (backend memory) */
+            int64_t n;
+        } cross_entropy;
+        struct {
+            const struct nstf_adamw_params *p;       /* host */
+            const struct nstf_param_tensor *tensors; /* host: [n_tensors] */
+            int n_tensors;
+            int64_t step; /* from 1 */
+            float grad_scale;
+            float *w, *m, *v;  /* flat fp32 */
+            const float *grad;
+            nstf_view w_copy;  /* data non-NULL: the weights again in this type (the GPU's bf16 compute copy) */
+        } adamw;
+        struct {
+            const struct nstf_param_tensor *tensors; /* host: [n_tensors] */
+            int n_tensors;
+            const float *grad;
+            double *sq;   /* host [n_tensors]: each tensor's sum of squares */
+            double *norm; /* host: the global norm */
+        } grad_norm;
     };
 } nstf_op_args;
 
@@ -253,6 +357,10 @@ nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
 nstf_op_cost nstf_cost_bias(int64_t n);
 nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim);
+
+/* The backward ops' rows (training) take their own cost entries. */
+nstf_op_cost nstf_cost_attention_bwd(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
+nstf_op_cost nstf_cost_cross_entropy(int64_t n_tok, int64_t dim, int64_t n_vocab, bool dw);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 

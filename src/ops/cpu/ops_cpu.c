@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "ops/backward.h"
 #include "ops/cpu/cpu_internal.h"
 #include "ops/ops.h"
 
@@ -152,6 +153,7 @@ typedef struct {
     double freq_ratio; /* base^(-2/head_dim): inv_freq[i] = freq_ratio^i */
     const float *factors; /* [head_dim/2] theta_i divisors, or NULL */
     nstf_rope_mode mode;
+    float sign;        /* 1: rotate by theta; -1: by -theta (the backward) */
 } rope_ctx;
 
 static void rope_fn(void *p, int ith, int nth) {
@@ -174,7 +176,7 @@ static void rope_fn(void *p, int ith, int nth) {
                 if (c->factors) th /= c->factors[i0 + i];
                 th -= two_pi * floor(th / two_pi + 0.5);
                 cs[i] = cosf((float)th);
-                sn[i] = sinf((float)th);
+                sn[i] = c->sign * sinf((float)th);
                 inv_freq *= c->freq_ratio;
             }
             if (c->mode == NSTF_ROPE_NEOX) {
@@ -231,13 +233,21 @@ static void rope_fn(void *p, int ith, int nth) {
 
 void nstf_cpu_rope_ff(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                       int head_dim, float base, const float *factors, nstf_rope_mode mode) {
-    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), factors, mode};
+    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), factors, mode, 1.0f};
     cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
 }
 
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode) {
     nstf_cpu_rope_ff(cpu, x, pos, n_tok, n_heads, head_dim, base, NULL, mode);
+}
+
+/* The transpose of the rotation: the same pairs rotated by -theta
+ * (nstf_ref_rope_bwd), on a gradient in place. */
+void nstf_cpu_rope_bwd(nstf_cpu *cpu, float *dx, const int32_t *pos, int64_t n_tok, int n_heads,
+                       int head_dim, float base, nstf_rope_mode mode) {
+    rope_ctx c = {dx, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), NULL, mode, -1.0f};
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -375,6 +385,7 @@ typedef struct {
     const int32_t *tbl;     /* block table of the sequence, or NULL: contiguous */
     int bs;                 /* positions per block */
     float *out;             /* [n_tok, n_heads, hd] */
+    float *lse;             /* [n_tok, n_heads] or NULL: m + log l of each row */
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
     float scale;
@@ -427,6 +438,7 @@ static void attn_fn(void *p, int ith, int nth) {
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
+                if (c->lse && d0 == 0) c->lse[t * c->n_heads + h0 + g] = w.m[g] + logf(w.l[g]);
             }
         }
     }
@@ -440,8 +452,8 @@ static void attn_fn(void *p, int ith, int nth) {
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
 static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl, int bs,
-                      float *out, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
-                      float scale, int window) {
+                      float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                      int head_dim, float scale, int window) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
@@ -450,7 +462,7 @@ static void attention(nstf_cpu *cpu, const float *q, const float *k, const float
     int n_seg = 1;
     /* the split's segment count depends on the thread count, and with it the
      * order of the softmax merge: off in deterministic mode */
-    if (nth > 1 && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+    if (nth > 1 && !lse && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
         int64_t want = (4 * (int64_t)nth + n_base - 1) / n_base;
         int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
         int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
@@ -458,7 +470,7 @@ static void attention(nstf_cpu *cpu, const float *q, const float *k, const float
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, tbl, bs, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
+    attn_ctx c = {q, k, v, tbl, bs, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -484,20 +496,26 @@ static void attention(nstf_cpu *cpu, const float *q, const float *k, const float
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale) {
-    attention(cpu, q, k, v, NULL, 1, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                            int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                            float scale, int window) {
-    attention(cpu, q, k, v, NULL, 1, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
 }
 
 void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
                               const int32_t *blocks, int block_size, float *out, int64_t n_tok,
                               int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                               int window) {
-    attention(cpu, q, k, v, blocks, block_size, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+    attention(cpu, q, k, v, blocks, block_size, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+}
+
+void nstf_cpu_attention_lse(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                            float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
+                            int n_kv_heads, int head_dim, float scale) {
+    attention(cpu, q, k, v, NULL, 1, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 /* ---- argmax --------------------------------------------------------------- */

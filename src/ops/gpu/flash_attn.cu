@@ -38,7 +38,7 @@ template <int HD>
 __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
     flash_attn_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                       const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride,
-                      int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window) {
+                      float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window) {
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
@@ -121,13 +121,17 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
             if (t >= n_tok) continue;
             float l = st.l[nstf_mma_c_slot(e)];
             out[t * out_stride + (int64_t)h * HD + d * 16 + nstf_mma_c_col(e)] = nstf_mma_f2bf(st.o[d].x[e] / l);
+            /* training: the natural log-sum-exp of the row's scaled scores,
+             * once per row (by the lane that holds its column 0) */
+            if (lse && d == 0 && nstf_mma_c_col(e) == 0)
+                lse[t * n_heads + h] = (st.m[nstf_mma_c_slot(e)] + nstf_fast_log2f(l)) * 0.6931471805599453f;
         }
 }
 
 template <int HD>
 static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
-                                     int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
-                                     int64_t pos0, int n_heads, int n_kv, float scale, int window,
+                                     int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, float *lse,
+                                     int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale, int window,
                                      gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
@@ -135,7 +139,7 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     static bool attr_set = false;
     if (!attr_set) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
-                    int64_t, int64_t, int, int, float, int) = flash_attn_kernel<HD>;
+                    float *, int64_t, int64_t, int, int, float, int) = flash_attn_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
@@ -143,10 +147,26 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
     dim3 grid((unsigned)n_qt, (unsigned)n_heads);
     flash_attn_kernel<HD><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out,
-                                                                out_stride, n_tok, pos0, n_heads, n_kv,
+                                                                out_stride, lse, n_tok, pos0, n_heads, n_kv,
                                                                 scale * 1.4426950408889634f, window);
     GPU_LAUNCH_CHECK(stream);
     return NSTF_OK;
+}
+
+static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
+                                  const uint16_t *v, int64_t v_stride, uint16_t *k_cache, uint16_t *v_cache,
+                                  uint16_t *out, int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                  int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                                  void *stream) {
+    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
+                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
+    if (window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn: window %d", window);
+    gpuStream_t s = (gpuStream_t)stream;
+    if (head_dim == 64)
+        return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
+                                     n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
+    return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
+                                  n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
 }
 
 extern "C" nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -154,15 +174,8 @@ extern "C" nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_strid
                                               uint16_t *k_cache, uint16_t *v_cache, uint16_t *out, int64_t out_stride,
                                               int64_t n_tok, int64_t pos0, int64_t n_ctx, int n_heads, int n_kv_heads,
                                               int head_dim, float scale, int window, void *stream) {
-    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
-                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
-    if (window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn: window %d", window);
-    gpuStream_t s = (gpuStream_t)stream;
-    if (head_dim == 64)
-        return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                     pos0, n_heads, n_kv_heads, scale, window, s);
-    return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                  pos0, n_heads, n_kv_heads, scale, window, s);
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, window, stream);
 }
 
 extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
@@ -170,6 +183,17 @@ extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, 
                                            uint16_t *out, int64_t out_stride, int64_t n_tok, int64_t pos0,
                                            int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale,
                                            void *stream) {
-    return nstf_gpu_flash_attn_sw(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok, pos0,
-                                  n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                               int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                               uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                               int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                               int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                                               float scale, void *stream) {
+    if (!lse) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_lse: NULL lse");
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }

@@ -31,6 +31,7 @@ extern "C" {
 #include "core/dtype.h"
 #include "core/status.h"
 #include "ops/ops.h"
+#include "ops/optim.h"
 
 /* ---- devices -------------------------------------------------------------- */
 
@@ -393,6 +394,116 @@ nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64
 void nstf_gpu_range_push(const char *name);
 void nstf_gpu_range_pop(void);
 int nstf_gpu_have_ranges(void);
+
+
+/* ==========================================================================
+ * Training (gemm_bwd.cu, attn_bwd.cu, flash_attn.cu, rmsnorm_bwd.cu, rope.cu,
+ * swiglu_bwd.cu, get_rows_bwd.cu, cross_entropy.cu, optim.cu): the backward
+ * of every op, the fused loss and the optimizer step, with the contracts of
+ * ops/backward.h and ops/optim.h: parameter gradients (fp32) are added
+ * into, activation gradients written. Kernels that need room beyond their
+ * operands take device scratch sized by their *_scratch_bytes function.
+ * ========================================================================== */
+
+/* C[M, N] (+)= A B with bf16 operands, fp32 accumulation, on the matrix
+ * units, any operand orientation:
+ *   a_km 0: A [M, K] (row stride lda); 1: A stored transposed, [K, M]
+ *   b_kn 0: B stored transposed, [N, K] (the nn.Linear weight layout, as
+ *           nstf_gpu_gemm_bf16); 1: B [K, N]
+ * c [M, N] F32 or BF16 with row stride ldc; acc: C += A B (C read first),
+ * else C = A B. The contiguous extent of each operand (K for A and B^T, M
+ * for A^T, N for B) and lda, ldb are multiples of 8, a and b 16-byte
+ * aligned; M, N, K are otherwise free (edges masked). */
+nstf_status nstf_gpu_gemm_ex(const uint16_t *a, int64_t lda, int a_km, const uint16_t *b, int64_t ldb,
+                             int b_kn, void *c, nstf_type c_type, int64_t ldc, int64_t m, int64_t n,
+                             int64_t k, int acc, void *stream);
+/* dx [n_tok, n_in] (+= when acc) = dy [n_tok, n_out] W [n_out, n_in]: W bf16
+ * dense, dy bf16 with token stride dy_stride, dx F32 or BF16 with token
+ * stride dx_stride. */
+nstf_status nstf_gpu_matmul_bwd_x(const uint16_t *w, const uint16_t *dy, int64_t dy_stride, void *dx,
+                                  nstf_type dx_type, int64_t dx_stride, int64_t n_tok, int64_t n_in,
+                                  int64_t n_out, int acc, void *stream);
+/* dW [n_out, n_in] (fp32, dense) += dy^T x: x [n_tok, n_in], dy [n_tok, n_out]
+ * bf16 with token strides. */
+nstf_status nstf_gpu_matmul_bwd_w(const uint16_t *x, int64_t x_stride, const uint16_t *dy,
+                                  int64_t dy_stride, float *dw, int64_t n_tok, int64_t n_in,
+                                  int64_t n_out, void *stream);
+
+/* nstf_gpu_flash_attn that also writes lse [n_tok, n_heads] fp32, the
+ * natural log-sum-exp of each row's scaled scores (the training forward). */
+nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                    int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                    uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                    int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                    int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                                    float scale, void *stream);
+/* Attention backward from the saved lse (nstf_ref_attention_bwd): q, out,
+ * dout, dq [n_tok, n_heads, head_dim]; k, v, dk, dv [pos0 + n_tok,
+ * n_kv_heads, head_dim]; all bf16 with token strides (multiples of 8,
+ * pointers 16-byte aligned); lse [n_tok, n_heads] fp32. head_dim 64 or 128.
+ * dq, dk, dv are written. Scratch: nstf_gpu_flash_attn_bwd_scratch_bytes. */
+size_t nstf_gpu_flash_attn_bwd_scratch_bytes(int64_t n_tok, int n_heads);
+nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                    int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                    const uint16_t *out, int64_t o_stride, const uint16_t *dout,
+                                    int64_t do_stride, const float *lse, uint16_t *dq, int64_t dq_stride,
+                                    uint16_t *dk, int64_t dk_stride, uint16_t *dv, int64_t dv_stride,
+                                    int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                                    int head_dim, float scale, void *scratch, size_t scratch_bytes,
+                                    void *stream);
+
+/* RMSNorm backward (nstf_ref_rmsnorm_bwd): x, dy, dx [n, dim] fp32, w [dim];
+ * dx += ...; dw [dim] += ... unless NULL (a frozen norm); dx_bf16 (may be
+ * NULL, token stride dxb_stride) receives dx after the add, rounded to bf16.
+ * Scratch (only with dw): nstf_gpu_rmsnorm_bwd_scratch_bytes. */
+size_t nstf_gpu_rmsnorm_bwd_scratch_bytes(int64_t n, int64_t dim);
+nstf_status nstf_gpu_rmsnorm_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                                 uint16_t *dx_bf16, int64_t dxb_stride, int64_t n, int64_t dim,
+                                 float eps, void *scratch, size_t scratch_bytes, void *stream);
+
+/* RoPE backward: the rotation by -theta, in place on the gradients dq, dk
+ * (nstf_gpu_rope_strided's arguments). */
+nstf_status nstf_gpu_rope_bwd(uint16_t *dq, int64_t q_stride, uint16_t *dk, int64_t k_stride,
+                              const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
+                              int head_dim, float base, nstf_rope_mode mode, void *stream);
+
+/* SwiGLU backward, elementwise over rows of n_ff with their own token
+ * strides; bf16 in and out; outputs may alias inputs. */
+nstf_status nstf_gpu_swiglu_bwd(const uint16_t *gate, int64_t gate_stride, const uint16_t *up,
+                                int64_t up_stride, const uint16_t *dy, int64_t dy_stride,
+                                uint16_t *dgate, int64_t dgate_stride, uint16_t *dup,
+                                int64_t dup_stride, int64_t n, int64_t n_ff, void *stream);
+
+/* Embedding backward: dtable[ids[t], :] += dout[t, :] (fp32), repeated ids
+ * summed in token order (deterministic, no atomics). */
+nstf_status nstf_gpu_get_rows_bwd(const int32_t *ids, const float *dout, int64_t dout_stride,
+                                  float *dtable, int64_t n_tok, int64_t dim, void *stream);
+
+/* Cross-entropy fused with the logits and chunked over the vocabulary
+ * (nstf_ref_cross_entropy's contract): h [n_tok, dim] bf16 dense, w
+ * [n_vocab, dim] bf16, targets [n_tok] (device), n_norm > 0; lse [n_tok]
+ * (may be NULL); dh [n_tok, dim] fp32 written; dw [n_vocab, dim] fp32 +=
+ * (NULL: a frozen matrix); *loss (device double) written. n_vocab and dim
+ * multiples of 8. The chunk is the widest whose logits fit the scratch:
+ * nstf_gpu_cross_entropy_scratch_bytes(n_tok, chunk). */
+size_t nstf_gpu_cross_entropy_scratch_bytes(int64_t n_tok, int64_t chunk);
+nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
+                                   int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
+                                   double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab,
+                                   void *scratch, size_t scratch_bytes, void *stream);
+
+/* AdamW over the flat fp32 arrays (nstf_cpu_adamw's contract and order of
+ * operations); w_bf16 (may be NULL) receives the updated weights in bf16.
+ * The tensor table is host memory. */
+nstf_status nstf_gpu_adamw(const nstf_adamw_params *p, int64_t step, float grad_scale,
+                           const nstf_param_tensor *tensors, int n_tensors, float *w, const float *grad,
+                           float *m, float *v, uint16_t *w_bf16, void *stream);
+/* Sum of squares of each tensor's gradient (double, fixed order) into sq
+ * [n_tensors] (host memory: the call waits for it). Scratch:
+ * nstf_gpu_grad_norm_scratch_bytes. */
+size_t nstf_gpu_grad_norm_scratch_bytes(const nstf_param_tensor *tensors, int n_tensors);
+nstf_status nstf_gpu_grad_norm(const nstf_param_tensor *tensors, int n_tensors, const float *grad,
+                               double *sq, void *scratch, size_t scratch_bytes, void *stream);
 
 #ifdef __cplusplus
 }
