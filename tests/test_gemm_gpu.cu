@@ -3,7 +3,8 @@
  * SwiGLU), f32 and bf16 output, M = 1 .. 4096 and N, K that are not tile
  * multiples, every kernel the device can take: each case runs with the
  * default choice (wgmma on Hopper), then with each wgmma tile width forced
- * (NSTF_GEMM=wgmma256/128/64) and with NSTF_GEMM=mma (the portable kernel,
+ * (the switch NSTF_GEMM=wgmma256/128/64, set with nstf_switch_set) and with
+ * NSTF_GEMM=mma (the portable kernel,
  * both block configurations); each line names the kernel that ran. Row
  * lengths (N) multiple of 8, even and odd exercise the 16-byte, paired and
  * single-element epilogues. Metric: RMS error vs fp64 must
@@ -11,6 +12,7 @@
  * accumulation, fp32 epilogue, bf16 output); fp32 outputs must also have
  * NMSE <= 1e-10 vs fp64; outputs
  * are poisoned, guard regions checked, NaN/Inf counted. Exit 77 = no GPU. */
+#include "core/switches.h"
 #include "gpu_mm_test.h"
 
 #define T_F32 NSTF_TYPE_F32
@@ -109,8 +111,10 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
     const char *done[5];
     int n_done = 0;
     for (int pass = 0; pass < 5; pass++) {
-        if (!env[pass]) unsetenv("NSTF_GEMM");
-        else setenv("NSTF_GEMM", env[pass], 1);
+        if (nstf_switch_set(NSTF_SW_GEMM, env[pass]) != NSTF_OK) { /* counted only when it fails */
+            CHECK(false, "NSTF_GEMM=%s: %s", env[pass] ? env[pass] : "(default)", nstf_last_error());
+            continue;
+        }
         const char *path = nstf_gpu_gemm_path(M, N, K);
         int seen = 0;
         for (int i = 0; i < n_done; i++) seen |= strcmp(done[i], path) == 0;
@@ -147,7 +151,7 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
         CHECK(within_2x_naive(ek, en, rr), "error %.3e > 2x naive %.3e", ek, en);
         CHECK(f32_ok, "fp32 output NMSE %.3e > 1e-10", nmse);
     }
-    unsetenv("NSTF_GEMM");
+    (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
 
     DEV_CHECK(gpuFree(da));
     DEV_CHECK(gpuFree(dw));

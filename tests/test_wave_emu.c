@@ -438,7 +438,7 @@ static void test_flash_softmax(const layout *L, test_rng *rng) {
     }
 }
 
-/* ---- gemv's lane striding (gemv.cu lines 214-228) --------------------------
+/* ---- gemv's lane striding (gemv.cu, gemv_kernel's unit loop) -------------------
  * units u0 = lane, lane + W*UNROLL, ...; u = u0 + k*W for k < UNROLL:
  * every unit of a chunk must be visited exactly once by the wave. */
 static void test_gemv_cover(int w) {

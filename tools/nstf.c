@@ -29,7 +29,7 @@ static void usage(FILE *f) {
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
-            "  devices   list the GPUs this build can run on\n"
+            "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
             "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
