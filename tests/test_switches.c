@@ -23,12 +23,6 @@
 
 #include "cli_run.h"
 
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
 /* The line of g_out that starts with "  NAME " (NULL if none), copied. */
 static const char *listing_line(const char *name, char *buf, size_t cap) {
     char key[64];
