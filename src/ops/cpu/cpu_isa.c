@@ -1,8 +1,7 @@
 /* cpu_isa.c — run-time choice of the CPU kernels' SIMD level (cpuid). */
 #include "ops/cpu/cpu_isa.h"
 
-#include <stdlib.h>
-#include <string.h>
+#include "core/switches.h"
 
 static int g_isa = -1; /* current level; -1 until first use */
 
@@ -48,11 +47,8 @@ nstf_cpu_isa nstf_cpu_isa_current(void) {
     int isa = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
     if (isa >= 0) return (nstf_cpu_isa)isa;
     isa = (int)nstf_cpu_isa_best();
-    const char *env = getenv("NSTF_CPU_ISA");
-    if (env) {
-        int want = !strcmp(env, "scalar") ? 0 : !strcmp(env, "avx2") ? 1 : !strncmp(env, "avx512", 6) ? 2 : isa;
-        if (want <= isa) isa = want;
-    }
+    const int want = nstf_switch_int(NSTF_SW_CPU_ISA); /* NSTF_SWITCH_AUTO or a level */
+    if (want != NSTF_SWITCH_AUTO && want <= isa) isa = want;
     __atomic_store_n(&g_isa, isa, __ATOMIC_RELAXED);
     return (nstf_cpu_isa)isa;
 }
