@@ -3,6 +3,7 @@
 #
 #   sh tests/test_hygiene.sh SRC_DIR [DIR...]   check every source under SRC_DIR
 #                                               (rules 1-3) and under each DIR (rule 3)
+#   sh tests/test_hygiene.sh --bench ROOT       check ROOT/bench against ROOT/tests (rule 4)
 #   sh tests/test_hygiene.sh --self-test        check that the checks catch things
 #
 # 1. The library never ends the process: no call of exit, _Exit,
@@ -18,6 +19,12 @@
 #    getenv or secure_getenv outside SRC_DIR/core/switches.c, in the library
 #    or in the other DIRs given (the CLI's tools/). No exception comment:
 #    a new variable is a new row of the registry (core/switches.h).
+# 4. Benchmarks use no test code: no source under bench/ includes a header
+#    of tests/ (an #include "X" where X names a tests/ path, or resolves
+#    into tests/ from the including file's folder, or is found only in
+#    tests/ and not beside the file, in src/ or in include/, i.e. through an
+#    include path), and no build file under bench/ puts tests/ on the
+#    include path (-I...tests).
 # Exit 0 when clean, 1 with one line per violation (file:line: text).
 set -u
 
@@ -86,9 +93,57 @@ check() {
     return $bad
 }
 
+check_bench() {
+    root=$1
+    bad=0
+    if [ ! -d "$root/bench" ] || [ ! -d "$root/tests" ]; then
+        echo "test_hygiene: no bench/ or tests/ under $root"
+        return 1
+    fi
+    tests_dir=$(cd "$root/tests" && pwd -P)
+    files=$(find "$root/bench" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \
+        -o -name '*.cpp' -o -name '*.hpp' -o -name '*.hip' \) | LC_ALL=C sort)
+    for f in $files; do
+        dir=$(dirname "$f")
+        grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]+"' "$f" |
+            sed -E 's/^([0-9]+):[^"]*"([^"]+)".*/\1 \2/' > "$tmp_inc"
+        while read -r ln inc; do
+            why=""
+            case "/$inc" in
+            */tests/*) why="names a tests/ path" ;;
+            esac
+            if [ -z "$why" ] && [ -e "$dir/$inc" ]; then
+                target=$(cd "$(dirname "$dir/$inc")" && pwd -P)
+                case "$target/" in
+                "$tests_dir"/*) why="resolves into tests/" ;;
+                esac
+            elif [ -z "$why" ] && [ -e "$root/tests/$inc" ] && [ ! -e "$root/src/$inc" ] &&
+                [ ! -e "$root/include/$inc" ]; then
+                why="is found only in tests/ (through an include path)"
+            fi
+            if [ -n "$why" ]; then
+                echo "$f:$ln: includes \"$inc\", which $why   <- benchmarks must not use test code"
+                bad=1
+            fi
+        done < "$tmp_inc"
+    done
+    builds=$(find "$root/bench" -type f \( -name 'CMakeLists.txt' -o -name '*.cmake' -o -name '*.sh' \
+        -o -name 'Makefile' -o -name '*.mk' \) | LC_ALL=C sort)
+    for f in $builds; do
+        hits=$(grep -nE '(-I|-isystem[[:space:]]*|include_directories\([^)]*)[^[:space:]"]*tests([/"[:space:])]|$)' "$f")
+        if [ -n "$hits" ]; then
+            echo "$hits" | sed "s|^|$f:|; s|\$|   <- benchmarks must not put tests/ on the include path|"
+            bad=1
+        fi
+    done
+    n=$(echo "$files" | wc -l)
+    if [ $bad -eq 0 ]; then echo "test_hygiene: $n bench sources use no test headers"; fi
+    return $bad
+}
+
 self_test() {
     t=$(mktemp -d) || exit 1
-    trap 'rm -rf "$t"' EXIT
+    trap 'rm -rf "$t" "$tmp_inc"' EXIT
     fails=0
     expect() { # expect <0|1> <name> <content> [path of the file, default x.c]
         mkdir -p "$(dirname "$t/$2/${4:-x.c}")" && printf '%s\n' "$3" > "$t/$2/${4:-x.c}"
@@ -143,13 +198,47 @@ const char *f(void) { return getenv("X"); } /* hygiene: allow */'
 const char *f(void) { return getenv("HOME"); }'
     expect_tools 0 tools_may_exit '/* x.c — the CLI may end the process */
 void f(void) { exit(1); }'
+    # rule 4: a tree with tests/, src/ and bench/
+    expect_bench() { # expect_bench <0|1> <name> <file under bench/> <content>
+        r="$t/bench_$2"
+        mkdir -p "$r/tests" "$r/src/ops" "$r/include" "$r/bench/kernels/common" "$r/bench/kernels/gemm"
+        printf '/* t.h */\n' > "$r/tests/gpu_mm_test.h"
+        printf '/* s.h */\n' > "$r/src/ops/ops.h"
+        printf '/* u.h */\n' > "$r/bench/kernels/common/bench_util.h"
+        printf '%s\n' "$4" > "$r/bench/$3"
+        check_bench "$r" > "$t/out" 2>&1
+        rc=$?
+        if [ "$rc" -ne "$1" ]; then
+            echo "self-test bench '$2': exit $rc, expected $1"; cat "$t/out"; fails=1
+        fi
+    }
+    expect_bench 0 bench_clean kernels/gemm/b.cu '/* b.cu */
+#include <vector>
+#include "../common/bench_util.h"
+#include "ops/ops.h"
+// #include "gpu_mm_test.h" in a comment'
+    expect_bench 1 bench_bare kernels/gemm/b.cu '/* b.cu */
+#include "gpu_mm_test.h"'
+    expect_bench 1 bench_relative kernels/gemm/b.cu '/* b.cu */
+#  include "../../../tests/gpu_mm_test.h"'
+    expect_bench 1 bench_tests_path kernels/common/u2.h '/* u2.h */
+#include "tests/gpu_mm_test.h"'
+    expect_bench 1 bench_flag kernels/common/build.sh 'INC="-Isrc -Iinclude -Itests"'
+    expect_bench 1 bench_cmake CMakeLists.txt 'target_include_directories(b PRIVATE ${PROJECT_SOURCE_DIR}/tests)'
+    expect_bench 0 bench_flag_clean kernels/common/build.sh 'INC="-Isrc -Iinclude" # tests are built elsewhere'
     if [ $fails -eq 0 ]; then echo "test_hygiene: self-test passed"; fi
     return $fails
 }
 
+tmp_inc=$(mktemp) || exit 1
+trap 'rm -f "$tmp_inc"' EXIT
 case ${1:-} in
 --self-test) self_test ;;
-"") echo "usage: test_hygiene.sh SRC_DIR [DIR...] | --self-test"; exit 2 ;;
-*) self_test > /dev/null || { echo "test_hygiene: self-test failed (run with --self-test)"; exit 1; }
+--bench)
+    [ -n "${2:-}" ] || { echo "usage: test_hygiene.sh --bench ROOT"; exit 2; }
+    ( self_test ) > /dev/null || { echo "test_hygiene: self-test failed (run with --self-test)"; exit 1; }
+    check_bench "$2" ;;
+"") echo "usage: test_hygiene.sh SRC_DIR [DIR...] | --bench ROOT | --self-test"; exit 2 ;;
+*) ( self_test ) > /dev/null || { echo "test_hygiene: self-test failed (run with --self-test)"; exit 1; }
    check "$@" ;;
 esac

@@ -17,8 +17,8 @@ static const nstf_switch_choice gemm_choices[] = {
     {"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {"wgmma256", 256}, {"wgmma128", 128}, {"wgmma64", 64}, {NULL, 0}};
 static const nstf_switch_choice gemv_rows_choices[] = {
     {"auto", NSTF_SWITCH_AUTO}, {"8", 8}, {"16", 16}, {"32", 32}, {NULL, 0}};
-static const nstf_switch_choice cpu_isa_choices[] = {{"auto", NSTF_SWITCH_AUTO}, {"scalar", 0},     {"avx2", 1},
-                                                     {"avx512", 2},              {"avx512vnni", 2}, {NULL, 0}};
+static const nstf_switch_choice cpu_isa_choices[] = {
+    {"auto", NSTF_SWITCH_AUTO}, {"scalar", 0}, {"avx2", 1}, {"avx512", 2}, {NULL, 0}};
 
 /* Every switch the library knows. The defaults are today's choices: the
  * figures in docs/PERFORMANCE.md are measured with them. */
@@ -38,8 +38,8 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_GEMV_ROWS] = {"NSTF_GEMV_ROWS", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, gemv_rows_choices,
                            "rows per block of the fused bf16 GEMV (auto: 8, 16 from 16384 outputs)"},
     [NSTF_SW_CPU_ISA] = {"NSTF_CPU_ISA", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, cpu_isa_choices,
-                         "highest SIMD level of the CPU kernels (auto: the best the CPU has; a higher one than the "
-                         "CPU has is not taken)"},
+                         "CPU matmul tiles at most this instruction set (auto: the best the CPU has, chosen by "
+                         "cpuid; a higher one than the CPU has is ignored)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,

@@ -48,7 +48,7 @@ typedef enum {
     NSTF_SW_PF_BYTES,       /* int: AUTO, or bytes of each weight row to L2-prefetch under PDL */
     NSTF_SW_FD_EARLY,       /* bool: 1 flash decode loads its first cache tile before the PDL wait */
     NSTF_SW_GEMV_ROWS,      /* enum: AUTO, 8, 16 or 32 rows per block of the fused bf16 GEMV */
-    NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 AVX2, 2 AVX-512: the highest CPU SIMD level used */
+    NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 avx2, 2 avx512: a cap on the CPU matmul tiles */
     NSTF_SW_XDG_CACHE_HOME, /* string: cache folder (roofline cache) */
     NSTF_SW_HOME,           /* string: home folder (roofline cache without XDG_CACHE_HOME) */
     NSTF_SW_COUNT

@@ -14,7 +14,7 @@
 #include <cublas_v2.h>
 
 #include "core/switches.h"
-#include "gpu_mm_test.h"
+#include "../common/bench_util.h"
 #include "../common/gpu_time.h"
 
 
@@ -33,8 +33,8 @@ int main(void) {
     DEV_CHECK(gpuMalloc((void **)&r, maxel * 4));
     {
         std::vector<uint16_t> hbuf(14336 * 4096);
-        test_rng rng = {7};
-        for (auto &x : hbuf) x = f2bf(rng_uniform(&rng) * 0.05f);
+        uint64_t rng = 7;
+        for (auto &x : hbuf) x = f2bf(bench_uniform(&rng) * 0.05f);
         DEV_CHECK(gpuMemcpy(w, hbuf.data(), hbuf.size() * 2, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemcpy(a, hbuf.data(), maxel * 2, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemset(r, 0, maxel * 4));

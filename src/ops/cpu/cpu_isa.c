@@ -3,6 +3,9 @@
 
 #include "core/switches.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 static int g_isa = -1; /* current level; -1 until first use */
 
 nstf_cpu_isa nstf_cpu_isa_best(void) {
@@ -47,7 +50,7 @@ nstf_cpu_isa nstf_cpu_isa_current(void) {
     int isa = __atomic_load_n(&g_isa, __ATOMIC_RELAXED);
     if (isa >= 0) return (nstf_cpu_isa)isa;
     isa = (int)nstf_cpu_isa_best();
-    const int want = nstf_switch_int(NSTF_SW_CPU_ISA); /* NSTF_SWITCH_AUTO or a level */
+    const int want = nstf_switch_int(NSTF_SW_CPU_ISA); /* NSTF_CPU_ISA, through the registry */
     if (want != NSTF_SWITCH_AUTO && want <= isa) isa = want;
     __atomic_store_n(&g_isa, isa, __ATOMIC_RELAXED);
     return (nstf_cpu_isa)isa;
