@@ -43,6 +43,7 @@
 #include "core/dtype.h"
 #include "ops/backward.h"
 #include "ops/optim.h"
+#include "test_quant.h"
 #include "test_util.h"
 
 #define GUARD 256
@@ -178,11 +179,18 @@ static const case_fn k_cases[NSTF_OP_N] = {
 #undef NSTF_X
 };
 
-static const nstf_type k_wtypes[] = {NSTF_TYPE_F32, NSTF_TYPE_F16, NSTF_TYPE_BF16,
-                                     NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+static const nstf_type k_wtypes[] = {NSTF_TYPE_F32,  NSTF_TYPE_F16,  NSTF_TYPE_BF16,   NSTF_TYPE_Q8_0,
+                                     NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1, NSTF_TYPE_Q5_0,   NSTF_TYPE_Q5_1,
+                                     NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q2_K, NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K,
+                                     NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS};
 #define N_WTYPES (int)(sizeof k_wtypes / sizeof k_wtypes[0])
 
-/* A matrix [n_out, n_in] of type t and its dequantized values. */
+/* Row length of the matmul and gather cases: 256-element types need whole
+ * super-blocks. */
+static int64_t row_len(nstf_type t, int64_t n) { return nstf_type_block_elems(t) == 256 ? 256 : n; }
+
+/* A matrix [n_out, n_in] of type t and its dequantized values (types
+ * without a quantizer get random codes, tests/test_quant.h). */
 static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, float *deq, size_t *bytes) {
     uint64_t rb = 0;
     (void)nstf_type_row_bytes(t, n_in, &rb);
@@ -191,7 +199,7 @@ static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, 
     float *row = malloc((size_t)n_in * 4);
     for (int64_t o = 0; o < n_out; o++) {
         for (int64_t i = 0; i < n_in; i++) row[i] = 0.1f * rng_normal(r);
-        nstf_quantize_row(t, row, w + o * rb, n_in);
+        test_quantize_row(t, row, w + o * rb, n_in, r);
         nstf_dequantize_row(t, w + o * rb, deq + o * n_in, n_in);
     }
     free(row);
@@ -199,9 +207,10 @@ static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, 
 }
 
 static void case_get_rows(test_rng *r) {
-    const int64_t rows = 37, dim = 96, n = 11;
+    const int64_t rows = 37, n = 11;
     for (int ti = 0; ti < N_WTYPES; ti++) {
         nstf_type t = k_wtypes[ti];
+        const int64_t dim = row_len(t, 96);
         size_t wb;
         float *deq = malloc((size_t)(rows * dim) * 4), *got = malloc((size_t)(n * dim) * 4);
         double *ref = malloc((size_t)(n * dim) * 8);
@@ -286,7 +295,7 @@ static void case_add(test_rng *r) {
 /* A group of 1 or 3 matrices of one type over x [n, n_in], outputs where
  * the backend places them. */
 static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
-    const int64_t n_in = 128, n_out[3] = {72, 40, 40};
+    const int64_t n_in = row_len(t, 128), n_out[3] = {72, 40, 40};
     int64_t total = 0;
     for (int i = 0; i < n_w; i++) total += n_out[i];
     float *xv = malloc((size_t)(n * n_in) * 4), *deq = malloc((size_t)(total * n_in) * 4);
@@ -747,7 +756,7 @@ static void case_head_norm(test_rng *r) {
 static void run_all(const char *name) {
     g_name = name;
     /* a plan that sizes the backend's workspace for these cases */
-    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152};
+    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 256, 152}; /* the largest matmul case: 256 x (72 + 40 + 40) */
     nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
                            .n_vocab = 49157, .n_ctx = 320, .n_batch = 64, .n_seq = 2, .rope_base = 10000.0f,
                            .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,

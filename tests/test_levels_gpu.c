@@ -17,8 +17,8 @@
  *    1e-2).
  * 3. L3's decode on the fused GEMVs gives bitwise the logits of the same
  *    step on the unfused kernels (graph replay included: 4 steps); for
- *    weights the fused GEMVs take (BF16, Q8_0, Q4_0, Q4_1) the fused step
- *    must be the one L3 runs.
+ *    weights the fused GEMVs take (BF16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ *    Q4_K, Q5_K, Q6_K) the fused step must be the one L3 runs.
  * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -242,8 +242,10 @@ static void test_model(const char *path) {
     const nstf_type wt = m->w.layers[0].wq.type;
     /* the fused GEMVs have no QKV bias (Qwen2) or per-head q/k norm (Qwen3): such models decode unfused */
     const bool extras = m->w.layers[0].bq || m->w.layers[0].q_norm;
-    const bool fusable_types =
-        !extras && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_Q8_0 || wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1);
+    const bool fusable_types = !extras && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
+                                           wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1 || wt == NSTF_TYPE_Q5_0 ||
+                                           wt == NSTF_TYPE_Q5_1 || wt == NSTF_TYPE_Q4_K || wt == NSTF_TYPE_Q5_K ||
+                                           wt == NSTF_TYPE_Q6_K);
     if (g.run && placed_get(&g, NSTF_OPT_FUSED) && !extras) {
         float *un = malloc(sizeof(float) * N_STEP * nv);
         CHECK(un != NULL, "out of memory");

@@ -149,10 +149,17 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
 }
 
 /* The weight types the GEMV, the GEMM's dequantization and the embedding
- * gather take. */
+ * gather take: every type of core/dtype.h. */
 static bool weight_type_ok(nstf_type t) {
-    return t == NSTF_TYPE_F32 || t == NSTF_TYPE_F16 || t == NSTF_TYPE_BF16 || t == NSTF_TYPE_Q8_0 ||
-           t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1;
+    switch (t) {
+    case NSTF_TYPE_F32: case NSTF_TYPE_F16: case NSTF_TYPE_BF16:
+    case NSTF_TYPE_Q8_0: case NSTF_TYPE_Q4_0: case NSTF_TYPE_Q4_1: case NSTF_TYPE_Q5_0: case NSTF_TYPE_Q5_1:
+    case NSTF_TYPE_IQ4_NL:
+    case NSTF_TYPE_Q2_K: case NSTF_TYPE_Q3_K: case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: case NSTF_TYPE_Q6_K:
+    case NSTF_TYPE_IQ4_XS:
+        return true;
+    }
+    return false;
 }
 
 static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64_t *ws) {
@@ -161,8 +168,7 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
         const nstf_type t = i == -2 ? p->embed_type : i == -1 ? p->output_type : p->mats[i].type;
         if (!weight_type_ok(t))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "the GPU backend has no kernels for %s weights yet (it takes F32, F16, BF16, Q8_0, "
-                                  "Q4_0, Q4_1); run on the CPU (--device cpu)",
+                                  "the GPU backend has no kernels for %s weights; run on the CPU (--device cpu)",
                                   nstf_type_name(t));
     }
     if (p->head_dim != 64 && p->head_dim != 128)
