@@ -1,6 +1,7 @@
 #!/bin/sh
 # install_deps.sh — Debian packages the build needs.
-#   install_deps.sh        the CPU build and tests (what `make deps` runs)
+#   install_deps.sh        the CPU build and tests (what `make deps` runs; with
+#                          pytest and numpy for the Python suites)
 #   install_deps.sh amd    also the AMD toolchains of `make amd`: Debian's hipcc
 #                          (ROCm 5.2, clang 15) and clang-19; and, where nvcc is
 #                          present, cuobjdump + nvdisasm from their PyPI wheels
@@ -30,6 +31,20 @@ if [ -n "$need" ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need
+fi
+# The Python suites (python/tests, run by make test): pytest and numpy, from
+# PyPI for the python3 on PATH, or Debian's packages where pip may not
+# install into it (an externally managed system Python).
+py_need=""
+for m in pytest numpy; do
+    python3 -c "import $m" >/dev/null 2>&1 || py_need="$py_need $m"
+done
+if [ -n "$py_need" ] && ! python3 -m pip install -q $py_need; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    debs=""
+    for m in $py_need; do debs="$debs python3-$m"; done
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $debs
 fi
 [ $want_amd = 1 ] || exit 0
 
