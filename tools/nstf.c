@@ -13,6 +13,7 @@ int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_bench_conv(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,7 +26,8 @@ static void usage(FILE *f) {
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
-            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
+            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check;\n"
+            "            nstf bench conv: the conv2d kernel ladder against cuDNN (nstf bench conv --help)\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  devices   list the GPUs this build can run on\n"
             "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
@@ -42,6 +44,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "conv")) return cmd_bench_conv(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
