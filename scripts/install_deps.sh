@@ -2,6 +2,9 @@
 # install_deps.sh — Debian packages the build needs.
 #   install_deps.sh        the CPU build and tests (what `make deps` runs; with
 #                          pytest and numpy for the Python suites)
+#   install_deps.sh torch  only torch and transformers from PyPI, for the
+#                          suite of the PyTorch ops (test_python_torch, which
+#                          is skipped without torch; large: a separate step)
 #   install_deps.sh amd    also the AMD toolchains of `make amd`: Debian's hipcc
 #                          (ROCm 5.2, clang 15) and clang-19; and, where nvcc is
 #                          present, cuobjdump + nvdisasm from their PyPI wheels
@@ -14,7 +17,12 @@ want_amd=0
 case "${1:-}" in
     "") ;;
     amd) want_amd=1 ;;
-    *) echo "install_deps.sh: unknown step '$1' (want nothing or 'amd')" >&2; exit 2 ;;
+    torch)
+        for m in torch transformers; do
+            python3 -c "import $m" >/dev/null 2>&1 || python3 -m pip install -q "$m"
+        done
+        exit 0 ;;
+    *) echo "install_deps.sh: unknown step '$1' (want nothing, 'torch' or 'amd')" >&2; exit 2 ;;
 esac
 need=""
 pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev python3 python3-pip clang libclang-rt-dev"

@@ -113,7 +113,60 @@ _PUBLIC = {
     "nstf_gpu_count": (c_int, []),
 }
 
+
+class ConvDesc(ctypes.Structure):
+    """nstf_conv2d_desc (include/nstf_tools.h)"""
+    _fields_ = [
+        ("n", c_int64), ("c", c_int64), ("h", c_int64), ("w", c_int64),
+        ("k", c_int64), ("r", c_int64), ("s", c_int64),
+        ("stride_h", c_int), ("stride_w", c_int), ("pad_h", c_int), ("pad_w", c_int),
+        ("dil_h", c_int), ("dil_w", c_int), ("groups", c_int), ("layout", c_int),
+    ]
+
+
+# The library's internal interface that the PyTorch ops use (in every build):
+# conv2d descriptors and their fp64 reference (include/nstf_tools.h,
+# src/ops/conv.h), and the block (de)quantization of core/dtype.h. Not a
+# stable API: it moves with the library the package ships with.
+_TOOLS = {
+    "nstf_conv2d_out_size": (c_int, [ctypes.POINTER(ConvDesc), ctypes.POINTER(c_int64), ctypes.POINTER(c_int64)]),
+    "nstf_ref_conv2d": (c_int, [ctypes.POINTER(ConvDesc), c_void_p, c_void_p, c_void_p, c_void_p]),
+    "nstf_quantize_row": (None, [c_int, c_void_p, c_void_p, c_int64]),
+    "nstf_dequantize_row": (None, [c_int, c_void_p, c_void_p, c_int64]),
+    "nstf_type_row_bytes": (c_bool, [c_int, c_int64, ctypes.POINTER(c_uint64)]),
+}
+
+# The GPU launchers of src/ops/gpu/gpu_api.h (in a GPU build only). Every
+# pointer is device memory; `stream` is a cudaStream_t / hipStream_t.
+_GPU = {
+    "nstf_gpu_set_device": (c_int, [c_int]),
+    "nstf_gpu_get_rows": (c_int, [c_int, c_void_p, c_int64, c_void_p, c_void_p, c_int, c_int64, c_int64, c_void_p]),
+    "nstf_gpu_gemm_bf16": (c_int, [c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_int64, c_int64, c_int64,
+                                   c_int, c_void_p]),
+    "nstf_gpu_gemv": (c_int, [c_int, c_void_p, c_void_p, c_void_p, c_int, c_int64, c_int64, c_int64, c_void_p]),
+    "nstf_gpu_flash_attn": (c_int, [c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_void_p,
+                                    c_void_p, c_int64, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_float,
+                                    c_void_p]),
+    "nstf_gpu_flash_decode_scratch_bytes": (c_size_t, [c_int64, c_int64, c_int, c_int, c_int]),
+    "nstf_gpu_flash_decode": (c_int, [c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_void_p,
+                                      c_void_p, c_int64, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_float,
+                                      c_void_p, c_size_t, c_void_p]),
+    "nstf_gpu_rmsnorm": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_int64, c_int64, c_float, c_void_p]),
+    "nstf_gpu_rope_strided": (c_int, [c_void_p, c_int64, c_void_p, c_int64, c_void_p, c_int64, c_int, c_int, c_int,
+                                      c_float, c_int, c_void_p]),
+    "nstf_gpu_swiglu": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_void_p]),
+    "nstf_gpu_swiglu_rows": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_void_p]),
+    "nstf_gpu_swiglu_packed_row": (c_int64, [c_int64, c_int64]),
+    "nstf_gpu_conv2d": (c_int, [ctypes.POINTER(ConvDesc), c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_int,
+                                c_void_p]),
+    "nstf_gpu_conv2d_supported": (c_int, [ctypes.POINTER(ConvDesc), c_int]),
+}
+
+# nstf_type ids (core/dtype.h: GGUF's)
+TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q4_1, TYPE_Q8_0, TYPE_BF16 = 0, 1, 2, 3, 8, 30
+
 _lib = None
+_gpu_lib = None
 
 
 def library_path():
@@ -149,8 +202,23 @@ def load():
                 f"nstf: the C library is not at {path}: install the package (pip install ./python), put a "
                 f"build tree's python/ directory on PYTHONPATH (cmake builds it), or set NSTF_LIBRARY")
         lib = ctypes.CDLL(path)
-        missing = declare(lib, _PUBLIC)
+        missing = declare(lib, _PUBLIC) + declare(lib, _TOOLS)
         if missing:
             raise OSError(f"nstf: {path} lacks {', '.join(missing)}: it is older than this package")
         _lib = lib
     return _lib
+
+
+def gpu():
+    """The library with its GPU launchers declared, or None when the build
+    has no GPU backend."""
+    global _gpu_lib
+    lib = load()
+    if _gpu_lib is None:
+        if not lib.nstf_gpu_runtime():
+            return None
+        missing = declare(lib, _GPU)
+        if missing:
+            raise OSError(f"nstf: {library_path()} has a GPU backend but lacks {', '.join(missing)}")
+        _gpu_lib = lib
+    return _gpu_lib

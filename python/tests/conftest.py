@@ -1,8 +1,10 @@
 """conftest.py — fixtures of the Python suites: the default model, the nstf
 CLI of the same build (NSTF_CLI, set by CTest) and a tiny random model it
 writes (nstf gen-model --shape tiny) for the loops that run a thousand
-calls."""
+calls; make_llama builds small random HF Llama models for the suites of
+the PyTorch ops."""
 
+import importlib.util
 import os
 import subprocess
 
@@ -42,3 +44,22 @@ def model(model_path):
     m = nstf.Model(model_path, device="cpu", n_ctx=256, threads=2)
     yield m
     m.close()
+
+
+@pytest.fixture(scope="session")
+def make_llama():
+    """make_llama(vocab, hidden, ff, heads, kv_heads, head_dim): a random
+    2-layer LlamaForCausalLM in float32 on the CPU (seed 0)."""
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("no transformers module (scripts/install_deps.sh torch installs it)")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(vocab, hidden, ff, heads, kv_heads, head_dim):
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=2,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                          max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        return LlamaForCausalLM(cfg).float()
+
+    return make
