@@ -65,12 +65,25 @@ int main(void) {
     }
 
     /* bad files */
+    /* nstf quantize: the tiny Q8_0 model is already quantized */
+    {
+        char q[300];
+        path_in(q, sizeof q, "tiny_q4km.gguf");
+        expect_error("requantize refused", "--allow-requantize",
+                     (const char *const[]){"quantize", tiny, q, "Q4_K_M", NULL});
+        expect_error("unknown quantize type", "unknown type 'Q9_K'",
+                     (const char *const[]){"quantize", tiny, q, "Q9_K", NULL});
+        rc = run((const char *const[]){"quantize", tiny, q, "Q4_K_M", "--allow-requantize", "-t", "2", NULL});
+        CHECK(rc == 0, "quantize --allow-requantize failed: %s", g_err);
+        rc = run((const char *const[]){"run", "-m", q, "-p", "hi", "-n", "4", NULL});
+        CHECK(rc == 0, "the quantized model does not run: %s", g_err);
+    }
     expect_error("missing file", "No such file", (const char *const[]){"run", "-m", "/nonexistent/model.gguf", "-p", "x", NULL});
     expect_error("directory", "directory", (const char *const[]){"run", "-m", g_dir, "-p", "x", NULL});
     expect_error("not a GGUF", "magic", (const char *const[]){"run", "-m", text, "-p", "x", NULL});
     expect_error("truncated", trunc, (const char *const[]){"run", "-m", trunc, "-p", "x", NULL});
-    expect_error("unsupported tensor type", "Q4_K",
-                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_q4_k.gguf", "-p", "x", NULL});
+    expect_error("unsupported tensor type", "IQ2_XXS",
+                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_iq2_xxs.gguf", "-p", "x", NULL});
     expect_error("other architecture", "architecture 'gpt2' is not supported",
                  (const char *const[]){"run", "-m", arch, "-p", "x", NULL});
     expect_error("inspect missing", "No such file", (const char *const[]){"inspect", "/nonexistent.gguf", NULL});

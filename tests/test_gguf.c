@@ -165,8 +165,8 @@ static void h_not_block(bb *b) {
     WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0);
                  ti(b, "b", 2, (uint64_t[]){33, 1}, NSTF_TYPE_Q8_0, 32));
 }
-static void h_q4k(bb *b) {
-    WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0); ti(b, "b", 2, (uint64_t[]){256, 1}, 12, 32));
+static void h_iq2xxs(bb *b) {
+    WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0); ti(b, "b", 2, (uint64_t[]){256, 1}, 16, 32));
 }
 static void h_type_huge(bb *b) {
     WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, 0xdeadbeef, 0);
@@ -229,7 +229,7 @@ static const hostile_case k_cases[] = {
     {"dims_product_overflow", h_dims_overflow, F, "tensor 'a': element count overflows at dim 2"},
     {"byte_size_overflow", h_bytes_overflow, F, "tensor 'a': byte size overflows"},
     {"ne0_not_block_multiple", h_not_block, F, "tensor 'b': ne[0] = 33 is not a multiple of the block size 32"},
-    {"unknown_tensor_type_q4_k", h_q4k, U, "tensor 'b' has type id 12 (Q4_K), which is not supported"},
+    {"unknown_tensor_type_iq2_xxs", h_iq2xxs, U, "tensor 'b' has type id 16 (IQ2_XXS), which is not supported"},
     {"unknown_tensor_type_huge", h_type_huge, U, "tensor 'a' has type id 3735928559 (unknown)"},
     {"offset_past_eof", h_offset_eof, F, "tensor 'b' data [offset 4384, 34 bytes] extends past end of file"},
     {"offset_size_overflow", h_offset_overflow, F, "tensor 'b': data offset 18446744073709551584 + size 34 overflows"},

@@ -14,6 +14,7 @@ int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_bench_conv(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,11 +26,12 @@ static void usage(FILE *f) {
             "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
+            "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check;\n"
             "            nstf bench conv: the conv2d kernel ladder against cuDNN (nstf bench conv --help)\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
-            "  devices   list the GPUs this build can run on\n"
+            "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
             "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
             "  help      this text\n",
             NSTF_VERSION_STRING);
@@ -50,6 +52,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

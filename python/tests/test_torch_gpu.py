@@ -3,11 +3,11 @@ tensors under a ROCm build of torch): NSTF's kernels through their
 launchers. Skipped where torch sees no GPU or the library has no GPU
 backend (scripts/device/python_check.sh runs it on a GPU build).
 
-Tolerance (the project's rule for bf16 ops): against an fp64 reference of
-the same bf16 inputs, each op's max abs error is at most twice that of
-torch's own op in bf16 on the same device (cuBLAS matmul, SDPA, cuDNN
-convolution, eager bf16 elementwise math), or one bf16 ulp of the largest
-output (2^-8 of it), whichever is larger: the rounding of the output alone.
+Tolerance: the bf16 rule of tests/gpu_harness.h, with torch's own op in
+bf16 on the same device as the naive version (cuBLAS matmul, SDPA, cuDNN
+convolution, eager bf16 elementwise math): NMSE against an fp64 reference
+of the same bf16 inputs at most twice the naive one's (+ 1e-24), every
+value finite.
 
   - every op against torch's: gemm (GEMM and the <= 8-row GEMV path, fp32
     residual and output), gemm_swiglu, flash_attn (prefill, queries after a
@@ -45,16 +45,18 @@ def rnd(*shape, scale=1.0, seed=0, dtype=BF):
     return (torch.randn(*shape, generator=g) * scale).to(DEV, dtype)
 
 
-def err(x, ref):
-    return (x.double() - ref.double()).abs().max().item()
+def nmse(x, ref):
+    r = ref.double()
+    return ((x.double() - r).pow(2).sum() / r.pow(2).sum()).item()
 
 
 def close(got, ref, naive, what=""):
-    """got within max(2 x naive's error, one bf16 ulp of the largest |ref|)"""
+    """The bf16 rule of tests/gpu_harness.h: NMSE(got) <= 2 NMSE(naive) +
+    1e-24, both against the fp64 reference, every value finite."""
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
-    e, en = err(got, ref), err(naive, ref)
-    bound = max(2 * en, 2 ** -8 * ref.double().abs().max().item())
-    assert e <= bound, f"{what}: error {e:.3g} > {bound:.3g} (torch's bf16: {en:.3g})"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    e, en = nmse(got, ref), nmse(naive, ref)
+    assert e <= 2 * en + 1e-24, f"{what}: NMSE {e:.3g} > 2 x {en:.3g} (torch's bf16 op)"
 
 
 def test_gemm():
@@ -272,5 +274,7 @@ def test_hf_llama(llama):
     finally:
         unpatch_llama(m)
         m.eval()
+    # one scalar: its error within twice the stock bf16 model's, or a bf16
+    # ulp of it (2^-8 relative) when the stock loss happens to land closer
     assert abs(loss.item() - loss_ref) <= max(2 * abs(loss_stock - loss_ref), 2 ** -8 * loss_ref), \
         (loss.item(), loss_stock, loss_ref)

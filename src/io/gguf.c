@@ -362,7 +362,8 @@ static nstf_status parse_tensor_info(gguf_impl *g, cursor *c, uint64_t i) {
     if (!nstf_type_valid(type))
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "%s: tensor '%s' has type id %u (%s), which is not supported "
-                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                              "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                               c->file, nm, type, ggml_type_name(type));
     t->type = (nstf_type)type;
     int64_t blk = nstf_type_block_elems(t->type);
@@ -919,6 +920,8 @@ nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
     return st;
 }
 
+/* Any key/value of an opened file, copied as it is (value type, strings
+ * with their exact bytes, arrays of any element type). */
 nstf_status nstf_gguf_writer_copy_kv(nstf_gguf_writer *w, const nstf_gguf_kv *kv) {
     if (!w || !kv) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: NULL argument");
     char key[256];

@@ -267,7 +267,8 @@ nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, i
     nstf_matrix *mats = NULL;
     const int n_mats = 7 * c->n_layers; /* every matrix on its own: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
-                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0};
+                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0,
+                            embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32};
     if (st == NSTF_OK) {
         mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
         if (!mats) st = NSTF_ERR_OOM;
