@@ -112,7 +112,7 @@ int main(void) {
     uint64_t seed = 1;
     for (const conv_case &c : cases)
         for (int lay = 0; lay < 2; lay++)
-            for (int yb = 0; yb < 2; yb++) run_case(c, (nstf_conv_layout)lay, yb == 0, (seed & 1) == 0, 0, seed++);
+            for (int yb = 0; yb < 2; yb++, seed++) run_case(c, (nstf_conv_layout)lay, yb == 0, (seed & 1) == 0, 0, seed);
     /* off 16-byte alignment: the element-wise loads of levels 3 and 4 */
     run_case(cases[5], NSTF_CONV_NHWC, true, true, 2, seed++);
     run_case(cases[6], NSTF_CONV_NCHW, false, true, 2, seed++);
