@@ -13,6 +13,10 @@
 #include "core/status.h"
 #include "nstf_tools.h"
 
+#ifdef __cplusplus
+extern "C" { /* the GPU tests and launchers are C++ */
+#endif
+
 #define NSTF_CONV_LEVELS 5
 
 /* Element offsets of x[n, c, h, w], w[k, cg, r, s] and y[n, k, p, q] in the
@@ -47,4 +51,7 @@ nstf_status nstf_ref_conv2d(const nstf_conv2d_desc *d, const float *x, const flo
 nstf_status nstf_ref_conv2d_f32(const nstf_conv2d_desc *d, const float *x, const float *w, const float *bias,
                                 float *y);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
