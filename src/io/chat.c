@@ -10,7 +10,10 @@
  *                                  {trimmed content}<|eot_id|>
  *   Llama-2  "[INST]"              [INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]
  *                                  {assistant}</s><s>[INST] ...
- * No template at all renders plain ChatML. The rendered text has no BOS. */
+ * No template at all renders plain ChatML. The rendered text has no BOS.
+ * nstf_chat_family names the family a template is recognised as, and
+ * nstf_chat_family_template gives a template string that renders as a
+ * named family (--chat-template). */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +160,31 @@ static nstf_status render_llama2(sbuf *b, const char *tmpl, const nstf_chat_msg 
     return NSTF_OK;
 }
 
+const char *nstf_chat_family(const char *tmpl) {
+    if (!tmpl || strstr(tmpl, "<|im_start|>")) return "chatml";
+    if (strstr(tmpl, "<|start_header_id|>")) return "llama3";
+    if (strstr(tmpl, "[INST]")) return "llama2";
+    return NULL;
+}
+
+const char *nstf_chat_family_template(const char *name) {
+    if (!name) return NULL;
+    if (!strcmp(name, "chatml")) return "<|im_start|>";
+    if (!strcmp(name, "llama3")) return "<|start_header_id|>";
+    if (!strcmp(name, "llama2")) return "[INST] <<SYS>> content.strip()";
+    return NULL;
+}
+
+char *nstf_chat_template_of(const nstf_gguf *g) {
+    const nstf_gguf_kv *kv = g ? nstf_gguf_find_kv(g, "tokenizer.chat_template") : NULL;
+    if (!kv || kv->type != NSTF_GGUF_STRING) return NULL;
+    char *tmpl = malloc((size_t)kv->val.str.len + 1);
+    if (!tmpl) return NULL;
+    memcpy(tmpl, kv->val.str.ptr, (size_t)kv->val.str.len);
+    tmpl[kv->val.str.len] = 0;
+    return tmpl;
+}
+
 nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
                                       bool add_generation_prompt, char **out) {
     if (!out || n_msgs < 0 || (n_msgs > 0 && !msgs))
@@ -168,11 +196,12 @@ nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msg
                                   msgs[i].role ? "content" : "role");
     sbuf b = {0};
     sb_add(&b, "", 0);
-    if (!tmpl || strstr(tmpl, "<|im_start|>"))
+    const char *family = nstf_chat_family(tmpl);
+    if (family && !strcmp(family, "chatml"))
         render_chatml(&b, tmpl, msgs, n_msgs, add_generation_prompt);
-    else if (strstr(tmpl, "<|start_header_id|>"))
+    else if (family && !strcmp(family, "llama3"))
         render_llama3(&b, msgs, n_msgs, add_generation_prompt);
-    else if (strstr(tmpl, "[INST]"))
+    else if (family)
         render_llama2(&b, tmpl, msgs, n_msgs);
     else {
         free(b.p);
@@ -196,11 +225,8 @@ nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int 
     if (kv->type != NSTF_GGUF_STRING)
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: tokenizer.chat_template is not a string",
                               g->path ? g->path : "gguf");
-    /* the gguf string is not NUL-terminated */
-    char *tmpl = malloc((size_t)kv->val.str.len + 1);
+    char *tmpl = nstf_chat_template_of(g);
     if (!tmpl) return nstf_set_error(NSTF_ERR_OOM, "nstf_chat_render: out of memory");
-    memcpy(tmpl, kv->val.str.ptr, (size_t)kv->val.str.len);
-    tmpl[kv->val.str.len] = 0;
     nstf_status s = nstf_chat_render_template(tmpl, msgs, n_msgs, add_generation_prompt, out);
     free(tmpl);
     return s;

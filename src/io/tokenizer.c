@@ -191,9 +191,10 @@ static int utf8_put(uint32_t cp, char *o) {
     return 4;
 }
 
-/* Returns the offset of the first invalid byte, or -1 if `s` is valid UTF-8
- * (no overlong forms, no surrogates, nothing above U+10FFFF). *why says what. */
-static int64_t utf8_check(const uint8_t *s, size_t n, const char **why) {
+int64_t nstf_utf8_invalid(const char *text, size_t n, const char **why) {
+    const uint8_t *s = (const uint8_t *)text;
+    const char *unused;
+    if (!why) why = &unused;
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];
@@ -880,7 +881,7 @@ nstf_status nstf_tokenizer_encode(const nstf_tokenizer *t, const char *text, siz
     if (len > (size_t)INT32_MAX / 4)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_tokenizer_encode: text of %zu bytes is too long", len);
     const char *why = "";
-    int64_t bad = utf8_check((const uint8_t *)text, len, &why);
+    int64_t bad = nstf_utf8_invalid(text, len, &why);
     if (bad >= 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_tokenizer_encode: invalid UTF-8 at byte offset %lld (%s, byte 0x%02X)",

@@ -35,6 +35,11 @@ bool nstf_tokenizer_is_eog(const nstf_tokenizer *t, int32_t id);
 nstf_status nstf_tokenizer_encode(const nstf_tokenizer *t, const char *text, size_t len,
                                   bool add_bos, bool parse_special, int32_t **ids, int64_t *n_ids);
 
+/* Offset of the first byte of s[0..n) that is not valid UTF-8 (no
+ * overlong forms, surrogates or code points above U+10FFFF), or -1 when
+ * all are; *why (may be NULL) says what is wrong there. */
+int64_t nstf_utf8_invalid(const char *s, size_t n, const char **why);
+
 /* The bytes of one token (for streaming; may be a partial UTF-8 sequence).
  * Writes at most `cap` bytes to buf and returns the piece's full length,
  * or -1 for an id out of range. Special tokens render as their text. */
@@ -63,5 +68,14 @@ nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int 
  * none (plain ChatML without a default system message). */
 nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
                                       bool add_generation_prompt, char **out);
+/* The family a template renders as: "chatml" (also for NULL: no template),
+ * "llama3", "llama2"; NULL when it is none of those. */
+const char *nstf_chat_family(const char *tmpl);
+/* A template string that renders as family name ("chatml", "llama3",
+ * "llama2"; static), or NULL for another name. */
+const char *nstf_chat_family_template(const char *name);
+/* The file's tokenizer.chat_template as a malloc'd string, or NULL (none,
+ * not a string, or out of memory). */
+char *nstf_chat_template_of(const nstf_gguf *g);
 
 #endif

@@ -160,6 +160,20 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_
     }
 }
 
+static bool is_quant(nstf_type t);
+
+bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_in) {
+    if (!is_quant(wtype) || n_in % QK != 0) return false;
+    for (int64_t b = 0; x && b < n_in / QK; b++) {
+        int8_t q[QK];
+        float d, s;
+        int32_t sum;
+        quantize_x_row(x + b * QK, q, &d, &s, &sum, 1);
+        for (int j = 0; j < QK; j++) r[b * QK + j] = x[b * QK + j] - d * (float)q[j];
+    }
+    return true;
+}
+
 /* ---- tiles ----------------------------------------------------------------
  * A tile computes y[t0 + t, r0 + r] for r < rm <= RM, t < rn <= RN. */
 
