@@ -55,20 +55,20 @@ static bool parse_list(const char *flag, const char *s, long min, long max, int_
     out->n = 0;
     char buf[512];
     if (strlen(s) >= sizeof buf) {
-        fprintf(stderr, "nstf: %s list is too long\n", flag);
+        cli_err("%s list is too long", flag);
         return false;
     }
     strcpy(buf, s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         if (out->n == MAX_LIST) {
-            fprintf(stderr, "nstf: %s takes at most %d values\n", flag, MAX_LIST);
+            cli_err("%s takes at most %d values", flag, MAX_LIST);
             return false;
         }
         if (!cli_parse_int(flag, tok, min, max, &out->v[out->n])) return false;
         out->n++;
     }
     if (out->n == 0) {
-        fprintf(stderr, "nstf: %s needs at least one value\n", flag);
+        cli_err("%s needs at least one value", flag);
         return false;
     }
     return true;
@@ -91,10 +91,11 @@ int cmd_bench(int argc, char **argv) {
     const char *device = "auto", *baseline = NULL;
     double tolerance = 0.05;
     nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
-    threads.v[0] = nstf_cpu_count();
+    threads.v[0] = nstf_cpu_physical_count();
     static char model_buf[4096];
     size_t model_used = 0;
 
+    cli_expand_args(&argc, &argv, bench_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
@@ -105,7 +106,7 @@ int cmd_bench(int argc, char **argv) {
             VAL();
             size_t len = strlen(v);
             if (model_used + len + 1 > sizeof model_buf) {
-                fprintf(stderr, "nstf: -m: model list is too long\n");
+                cli_err("-m: model list is too long");
                 return 2;
             }
             char *copy = model_buf + model_used;
@@ -113,7 +114,7 @@ int cmd_bench(int argc, char **argv) {
             model_used += len + 1;
             for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
                 if (n_models == MAX_LIST) {
-                    fprintf(stderr, "nstf: -m: at most %d models\n", MAX_LIST);
+                    cli_err("-m: at most %d models", MAX_LIST);
                     return 2;
                 }
                 models[n_models++] = tok;
@@ -144,7 +145,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             VAL();
             if (!nstf_bench_format_parse(v, &fmt)) {
-                fprintf(stderr, "nstf: -o '%s': use md, csv, json or jsonl\n", v);
+                cli_err("-o '%s': use md, csv, json or jsonl", v);
                 return 2;
             }
         } else if (!strcmp(a, "--baseline")) {
@@ -153,7 +154,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--tolerance")) {
             VAL();
             if (!nstf_parse_tolerance(v, &tolerance)) {
-                fprintf(stderr, "nstf: --tolerance '%s': give a percentage such as 5%%\n", v);
+                cli_err("--tolerance '%s': give a percentage such as 5%%", v);
                 return 2;
             }
         } else if (!strcmp(a, "--level")) {
@@ -167,13 +168,12 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             verbose = true;
         } else {
-            fprintf(stderr, "nstf: bench: unknown option '%s' (see nstf bench --help)\n", a);
-            return 2;
+            return cli_unknown_option(a, bench_usage);
         }
 #undef VAL
     }
     if (n_models == 0) {
-        fprintf(stderr, "nstf: bench: no model given (-m MODEL)\n");
+        cli_err("no model given (-m MODEL)");
         return 2;
     }
     if (levels && strcmp(device, "gpu") == 0) { /* the GPU level matrix, one model after another */
@@ -183,7 +183,7 @@ int cmd_bench(int argc, char **argv) {
     }
     nstf_baseline base = {0};
     if (baseline && nstf_baseline_load(baseline, &base) != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        cli_lib_err();
         return 1;
     }
     int max_p = 0, max_n = 0, max_d = 0, max_reps = reps;
@@ -199,7 +199,7 @@ int cmd_bench(int argc, char **argv) {
     done_test *done = NULL;
     int n_done = 0;
     if (!samples) {
-        fprintf(stderr, "nstf: out of memory\n");
+        cli_err("out of memory");
         return 1;
     }
     uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -216,7 +216,7 @@ int cmd_bench(int argc, char **argv) {
                 sp.device = device;
                 nstf_session *s = NULL;
                 if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
-                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    cli_lib_err();
                     rc = 1;
                     break;
                 }
@@ -230,7 +230,7 @@ int cmd_bench(int argc, char **argv) {
                     fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
                                     "levels L1-L3 are GPU execution strategies\n", nstf_bench_backend(s));
                 if (level_set && nstf_bench_set_level(s, level) != NSTF_OK) {
-                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    cli_lib_err();
                     nstf_session_close(s);
                     rc = 1;
                     break;
@@ -248,9 +248,9 @@ int cmd_bench(int argc, char **argv) {
                         if (t.n_prompt == 0 && t.n_gen == 0) continue;
                         char name[64];
                         nstf_bench_test_name(t.n_prompt, t.n_gen, t.n_depth, name, sizeof name);
-                        if (verbose) fprintf(stderr, "nstf: bench %s: %s, %d threads\n", models[mi], name, threads.v[ti]);
+                        if (verbose) cli_err("%s: %s, %d threads", models[mi], name, threads.v[ti]);
                         if (nstf_bench_run(s, &t, &rng, samples) != NSTF_OK) {
-                            fprintf(stderr, "nstf: %s: %s\n", name, nstf_last_error());
+                            cli_err("%s: %s", name, nstf_last_error());
                             rc = 1;
                             break;
                         }
@@ -272,7 +272,7 @@ int cmd_bench(int argc, char **argv) {
                         nstf_bench_result_stats(&r, NULL, &ts);
                         done_test *nd = realloc(done, (size_t)(n_done + 1) * sizeof *nd);
                         if (!nd) {
-                            fprintf(stderr, "nstf: out of memory\n");
+                            cli_err("out of memory");
                             rc = 1;
                             break;
                         }
@@ -305,7 +305,7 @@ int cmd_bench(int argc, char **argv) {
             n_reg += c == NSTF_COMPARE_REGRESSED;
         }
         if (n_reg) {
-            fprintf(stderr, "nstf: bench: %d test%s slower than the baseline beyond %g%%\n", n_reg,
+            cli_err("%d test%s slower than the baseline beyond %g%%", n_reg,
                     n_reg > 1 ? "s" : "", 100.0 * tolerance);
             rc = 3;
         }

@@ -5,18 +5,22 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli_util.h"
 #include "nstf.h"
 #include "nstf_tools.h"
 
 int cmd_devices(int argc, char **argv);
 
+static void devices_usage(FILE *f) { fprintf(f, "usage: nstf devices\n\nLists the GPUs this build of nstf can run on.\n"); }
+
 int cmd_devices(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: nstf devices\n\nLists the GPUs this build of nstf can run on.\n");
+            devices_usage(stdout);
             return 0;
         }
-        fprintf(stderr, "nstf devices: unknown option '%s'\n", argv[i]);
+        if (argv[i][0] == '-') return cli_unknown_option(argv[i], devices_usage);
+        cli_err("takes no arguments ('%s')", argv[i]);
         return 2;
     }
     const char *runtime = nstf_gpu_runtime();
@@ -33,7 +37,7 @@ int cmd_devices(int argc, char **argv) {
     for (int d = 0; d < n; d++) {
         char line[320];
         if (nstf_gpu_describe(d, line, sizeof line) != NSTF_OK) {
-            fprintf(stderr, "nstf: GPU %d: %s\n", d, nstf_last_error());
+            cli_err("GPU %d: %s", d, nstf_last_error());
             rc = 1;
             continue;
         }

@@ -28,6 +28,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cli_util.h"
+
 int cmd_isa(int argc, char **argv);
 
 #define ISA_NAME_MAX 512     /* longest kernel symbol kept */
@@ -1195,6 +1197,7 @@ int cmd_isa(int argc, char **argv) {
     bool json = false, verbose = false;
     char *match[32], *tgt[16];
     int n_match = 0, n_tgt = 0;
+    cli_expand_args(&argc, &argv, isa_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -1226,8 +1229,7 @@ int cmd_isa(int argc, char **argv) {
                 tgt[n_tgt++] = argv[i];
             }
         } else {
-            fprintf(stderr, "nstf isa: unknown option '%s' (nstf isa --help)\n", a);
-            return 2;
+            return cli_unknown_option(a, isa_usage);
         }
     }
     isa_set s = {0};
