@@ -3,7 +3,7 @@
  * On a terminal: libedit reads each line (editing, history with the
  * arrows), the answer streams to stdout, Ctrl-C during an answer stops it
  * and returns to the prompt, Ctrl-C at the prompt or a second one during
- * an answer quits, Ctrl-D quits. Not a terminal (a pipe, a file): one user
+ * an answer quits (status 130), Ctrl-D quits (0). Not a terminal (a pipe, a file): one user
  * turn per line until end of input, each answer printed on its own line;
  * nothing else goes to stdout. Lines starting with '/' are commands; a
  * line ending in a backslash continues on the next. */
@@ -148,7 +148,6 @@ static int turn(chat_state *c, nstf_conv *conv, const run_opts *o, const char *t
         cli_err("the context is full (%lld tokens): /clear, or start again with a larger -c or --context-shift",
                 (long long)gs.n_past);
     if (o->sp.verbose) run_print_speed(&gs);
-    cli_sigint = 0;
     return 0;
 }
 
@@ -159,7 +158,6 @@ int chat_loop(nstf_session *s, const run_opts *o) {
         cli_lib_err();
         return 1;
     }
-    cli_sigint_install(true);
     if (c.tty) {
         rl_readline_name = "nstf";
         fprintf(stderr, "nstf %s: /help for commands; Ctrl-C stops an answer, Ctrl-D quits\n", cli_cmd);
@@ -174,8 +172,12 @@ int chat_loop(nstf_session *s, const run_opts *o) {
         char *line = read_turn(&c, &interrupted);
         if (!line) {
             if (c.tty) fputc('\n', stdout);
+            if (interrupted) rc = 130;
             break;
         }
+        /* a Ctrl-C that stopped the last answer is forgotten once a new line
+         * is in: until then, another one quits (from the handler) */
+        cli_sigint = 0;
         if (line[0] == '/') {
             if (!command(conv, line)) c.quit = true;
         } else if (*line) {

@@ -434,15 +434,15 @@ static int run_main(int argc, char **argv, bool chat_cmd) {
             return 2;
         }
     }
+    cli_sigint_install(true); /* a Ctrl-C while loading stops before the first token */
     nstf_session *s = open_session(&o, &rc);
     if (!s) {
         free(owned);
         return rc;
     }
     if (o.interactive) {
-        rc = chat_loop(s, &o);
+        rc = cli_sigint ? 130 : chat_loop(s, &o);
     } else {
-        cli_sigint_install(true);
         o.gp.interrupt = (const volatile int *)&cli_sigint;
         if (o.verbose_prompt) print_prompt_tokens(s, &o, o.prompt);
         if (o.display_prompt) {
