@@ -44,6 +44,15 @@ bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out
     return true;
 }
 
+bool cli_parse_act_bits(const char *flag, const char *s, int *out) {
+    if (strcmp(s, "8") && strcmp(s, "16") && strcmp(s, "32")) {
+        cli_err("%s '%s': use 8, 16 or 32", flag, s);
+        return false;
+    }
+    *out = atoi(s);
+    return true;
+}
+
 bool cli_parse_u64(const char *flag, const char *s, uint64_t *out) {
     char *end;
     errno = 0;

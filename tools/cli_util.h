@@ -22,6 +22,8 @@ void cli_lib_err(void);
 bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out);
 bool cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out);
+/* --act-bits: 8, 16 or 32 (CPU activations of quantized matmuls). */
+bool cli_parse_act_bits(const char *flag, const char *s, int *out);
 /* The value after a flag, or an error if it is missing. */
 const char *cli_value(int argc, char **argv, int *i);
 

@@ -26,12 +26,13 @@ static void bench_usage(FILE *f) {
             "  -n, --n-gen N[,N]         generation tests: generate N tokens (default 128; 0 = none)\n"
             "  -d, --n-depth D[,D]       tokens already in the KV cache before each test (default 0)\n"
             "  -b, --batch-size N[,N]    prompt tokens per forward pass (default 512)\n"
-            "  -t, --threads N[,N]       CPU threads (default: all cores)\n"
+            "  -t, --threads N[,N]       CPU threads (default: the physical cores)\n"
             "  -r, --repetitions N       timed runs per test (default 5)\n"
             "      --no-warmup           skip the untimed warm-up run\n"
             "      --tg-argmax           tg: bring back only the greedy token computed on the device\n"
             "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
+            "      --act-bits N          CPU activations of quantized matmuls: 16 (default), 8 or 32\n"
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
             "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
@@ -86,7 +87,7 @@ int cmd_bench(int argc, char **argv) {
     char *models[MAX_LIST];
     int n_models = 0;
     int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
-    int reps = 5, level = 0;
+    int reps = 5, level = 0, act_bits = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
     const char *device = "auto", *baseline = NULL;
     double tolerance = 0.05;
@@ -142,6 +143,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             VAL();
             device = v;
+        } else if (!strcmp(a, "--act-bits")) {
+            VAL();
+            if (!cli_parse_act_bits(a, v, &act_bits)) return 2;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             VAL();
             if (!nstf_bench_format_parse(v, &fmt)) {
@@ -214,6 +218,7 @@ int cmd_bench(int argc, char **argv) {
                 sp.n_batch = n_batch.v[bi];
                 sp.n_threads = threads.v[ti];
                 sp.device = device;
+                sp.cpu_act_bits = act_bits;
                 nstf_session *s = NULL;
                 if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
                     cli_lib_err();

@@ -27,7 +27,7 @@ static void profile_usage(FILE *f) {
             "  -p, --n-prompt N          prompt tokens profiled as one prefill (default 128; 0 = none)\n"
             "  -n, --n-gen N             decode steps profiled after the prompt (default 32; 0 = none)\n"
             "  -b, --batch-size N        prompt tokens per forward pass (default 512)\n"
-            "  -t, --threads N           CPU threads (default: all cores)\n"
+            "  -t, --threads N           CPU threads (default: the physical cores)\n"
             "      --device DEV          cpu, gpu or auto (default auto); gpu: per-kernel times from events\n"
             "      --trace FILE          write a Chrome/Perfetto trace (JSON) of every op call\n"
             "      --svg FILE            write the roofline chart with one dot per op\n"

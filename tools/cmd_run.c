@@ -261,11 +261,7 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
             else o->cache_v = v;
         } else if (is(a, "--act-bits", NULL, NULL)) {
             VAL();
-            if (strcmp(v, "8") && strcmp(v, "16") && strcmp(v, "32")) {
-                cli_err("--act-bits '%s': use 8, 16 or 32", v);
-                return 2;
-            }
-            o->sp.cpu_act_bits = atoi(v);
+            if (!cli_parse_act_bits(a, v, &o->sp.cpu_act_bits)) return 2;
         } else if (is(a, "--precise", NULL, NULL)) o->sp.precise = true;
         else if (is(a, "--deterministic", NULL, NULL)) o->sp.deterministic = true;
         else if (is(a, "-v", "--verbose", NULL)) o->sp.verbose = true;

@@ -301,13 +301,14 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
 #pragma GCC unroll 4
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
 
-    /* Decode (RN == 1) streams weights from DRAM: prefetch the next 8 rows
-     * (the next tile) at the pace this tile consumes its own, 8 blocks per
-     * step, so the memory system runs ahead of the arithmetic. */
+    /* Decode (RN == 1, or 2: a token's 16-bit activation rows, matmul_a16.c)
+     * streams weights from DRAM: prefetch the next 8 rows (the next tile)
+     * at the pace this tile consumes its own, 8 blocks per step, so the
+     * memory system runs ahead of the arithmetic. */
     const uint8_t *pf = w + 8 * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         const uint64_t off = (uint64_t)b * bbytes;
-        if (RN == 1) {
+        if (RN <= 2) {
 #pragma GCC unroll 6
             for (int k = 0; k < 8 * bbytes; k += 64) _mm_prefetch((const char *)pf + k, _MM_HINT_T0);
             pf += 8 * bbytes;
