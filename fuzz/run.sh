@@ -4,7 +4,8 @@
 #   sh fuzz/run.sh BUILD_DIR SECONDS TARGET...
 #
 # Run from fuzz/. Each target reads its checked-in seeds (corpus/<target>/,
-# plus ../tests/data/hostile/ for fuzz_gguf) and writes the inputs it finds
+# plus ../tests/data/hostile/ for fuzz_gguf and
+# ../tests/data/hostile/safetensors/ for fuzz_safetensors) and writes the inputs it finds
 # interesting to BUILD_DIR/corpus/<target>/ (kept between runs, never
 # committed). A crash, leak, sanitizer report, timeout (> 10 s per input)
 # or out-of-memory input is saved as findings/<target>/<kind>-<sha1> and
@@ -21,6 +22,8 @@ for t in "$@"; do
     maxlen=4096
     case $t in
     fuzz_gguf) extra="../tests/data/hostile"; dict="-dict=gguf.dict"; maxlen=16384 ;;
+    fuzz_safetensors) extra="../tests/data/hostile/safetensors"; dict="-dict=safetensors.dict"; maxlen=16384 ;;
+    fuzz_hf_tokenizer) dict="-dict=hf_tokenizer.dict"; maxlen=32768 ;;
     fuzz_tokenizer)
         model=${NSTF_FUZZ_MODEL:-../models/SmolLM2-135M-Instruct.Q4_1.gguf}
         if [ ! -r "$model" ]; then

@@ -69,6 +69,11 @@ typedef struct nstf_session_params {
                            accuracy); 32 = fp32 (as precise) */
     const char *chat_template; /* NULL: the model's own (ChatML when it has
                            none); or "chatml", "llama3", "llama2" */
+    int n_gpu_layers;   /* on a GPU: how many layers run there; 0 (default) or
+                           >= the layer count: all of the model; N between:
+                           the embedding and layers 0..N-1 on the GPU, the rest
+                           and the output head on the CPU (llama.cpp's -ngl;
+                           its -ngl 0 is device "cpu") */
 } nstf_session_params;
 
 /* Why generation stopped. */

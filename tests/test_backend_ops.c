@@ -531,7 +531,8 @@ static void run_all(const char *name) {
     g_name = name;
     /* a plan that sizes the backend's workspace for these cases */
     nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152};
-    nstf_backend_plan p = {1, 200, 6, 2, 64, 333, 49157, 300, 64, 1, 10000.0f, NSTF_ROPE_NORM, &big, 1};
+    nstf_backend_plan p = {1, 200, 6, 2, 64, 333, 49157, 300, 64, 1, 10000.0f, NSTF_ROPE_NORM, &big, 1,
+                           NSTF_TYPE_F32, NSTF_TYPE_F32};
     uint64_t ws = 0;
     CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
           nstf_last_error());

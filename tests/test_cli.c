@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "io/gguf.h"
+#include "nstf_tools.h"
 #include "test_util.h"
 
 #include "cli_run.h"
@@ -37,6 +38,8 @@ static void consistency(const char *tiny) {
         {"inspect", "--al", "did you mean --all?"},
         {"devices", "--list", NULL},
         {"isa", "--jsn", "did you mean --json?"},
+        {"convert", "--outtyp", "did you mean --outtype?"},
+        {"quantize", "--allow-requant", "did you mean --allow-requantize?"},
     };
     for (size_t i = 0; i < sizeof k_bad / sizeof k_bad[0]; i++) {
         char want[64];
@@ -54,6 +57,8 @@ static void consistency(const char *tiny) {
         (const char *const[]){"gen-model", "--shape", "huge", "-o", "x.gguf", NULL},
         (const char *const[]){"chat", "-m", tiny, "-n", "x", NULL},
         (const char *const[]){"run", "-m", tiny, "-p", "x", "--top-p=7", NULL},
+        (const char *const[]){"quantize", "a.gguf", "b.gguf", "Q4_0", "--threads=0", NULL},
+        (const char *const[]){"convert", "folder", "--type=q4_0", "-o", "x.gguf", NULL},
     };
     for (size_t i = 0; i < sizeof bad_values / sizeof bad_values[0]; i++) {
         int rc = run(bad_values[i]);
@@ -135,8 +140,9 @@ static void llama_cpp_habits(const char *tiny) {
     rc = run((const char *const[]){"run", "-m", tiny, "-n", "12", "--temp", "0", "--ignore-eos", NULL});
     CHECK(rc == 0 && !strcmp(g_out, full), "prompt on stdin: exit %d, '%s' vs '%s'", rc, g_out, full);
     g_stdin = NULL;
-    /* -ngl: 0 = CPU, all layers = the GPU (this build: a warning, the CPU),
-     * a split: a clear refusal; -fa accepted */
+    /* -ngl: 0 = CPU, all layers = the GPU, N between: the first N there
+     * (without a GPU: a warning, the CPU); -fa accepted */
+    const bool gpu = nstf_gpu_runtime() && nstf_gpu_count() > 0;
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ngl", "0", "-fa", NULL});
     CHECK(rc == 0, "-ngl 0 -fa: exit %d: %s", rc, g_err);
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ngl", "99", "-fa", "on", "--device", "auto",
@@ -144,9 +150,17 @@ static void llama_cpp_habits(const char *tiny) {
     CHECK(rc == 0, "-ngl 99 -fa on: exit %d: %s", rc, g_err);
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "--n-gpu-layers=-1", "--flash-attn", NULL});
     CHECK(rc == 0, "--n-gpu-layers=-1: exit %d: %s", rc, g_err);
-    expect_error("-ngl 1 of 2 layers", "partial offload (1 of 2 layers on the GPU) is not supported yet",
-                 (const char *const[]){"run", "-m", tiny, "-p", "x", "-ngl", "1", NULL});
-    CHECK(run((const char *const[]){"run", "-m", tiny, "-p", "x", "-ngl", "1", NULL}) == 2, "-ngl 1: exit 2");
+    rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ngl", "1", "-v", NULL});
+    if (gpu)
+        CHECK(rc == 0 && strstr(g_err, "split: embedding and layers 0-0 on the GPU, layers 1-1 and the output on the CPU") &&
+                  strstr(g_err, "memory: device=gpu") && strstr(g_err, "memory: device=cpu"),
+              "-ngl 1 of 2 -v: exit %d: %s", rc, g_err);
+    else
+        CHECK(rc == 0 && strstr(g_err, "-ngl 1: no GPU in use") && strstr(g_err, "memory: device=cpu"),
+              "-ngl 1 without a GPU: exit %d: %s", rc, g_err);
+    expect_error("-ngl 1 --device cpu", "-ngl 1 puts layers on a GPU, but --device cpu",
+                 (const char *const[]){"run", "-m", tiny, "-p", "x", "-ngl", "1", "--device", "cpu", NULL});
+    expect_error("-ngl -2", "out of range", (const char *const[]){"run", "-m", tiny, "-p", "x", "-ngl", "-2", NULL});
     expect_error("-fa off", "always flash attention", (const char *const[]){"run", "-m", tiny, "-p", "x", "-fa", "off", NULL});
     /* KV cache types: the backend's own, else a clear refusal (exit 2) */
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ctk", "f32", "-ctv", "f32", "--device",
@@ -249,12 +263,25 @@ int main(void) {
     }
 
     /* bad files */
+    /* nstf quantize: the tiny Q8_0 model is already quantized */
+    {
+        char q[300];
+        path_in(q, sizeof q, "tiny_q4km.gguf");
+        expect_error("requantize refused", "--allow-requantize",
+                     (const char *const[]){"quantize", tiny, q, "Q4_K_M", NULL});
+        expect_error("unknown quantize type", "unknown type 'Q9_K'",
+                     (const char *const[]){"quantize", tiny, q, "Q9_K", NULL});
+        rc = run((const char *const[]){"quantize", tiny, q, "Q4_K_M", "--allow-requantize", "-t", "2", NULL});
+        CHECK(rc == 0, "quantize --allow-requantize failed: %s", g_err);
+        rc = run((const char *const[]){"run", "-m", q, "-p", "hi", "-n", "4", NULL});
+        CHECK(rc == 0, "the quantized model does not run: %s", g_err);
+    }
     expect_error("missing file", "No such file", (const char *const[]){"run", "-m", "/nonexistent/model.gguf", "-p", "x", NULL});
     expect_error("directory", "directory", (const char *const[]){"run", "-m", g_dir, "-p", "x", NULL});
     expect_error("not a GGUF", "magic", (const char *const[]){"run", "-m", text, "-p", "x", NULL});
     expect_error("truncated", trunc, (const char *const[]){"run", "-m", trunc, "-p", "x", NULL});
-    expect_error("unsupported tensor type", "Q4_K",
-                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_q4_k.gguf", "-p", "x", NULL});
+    expect_error("unsupported tensor type", "IQ2_XXS",
+                 (const char *const[]){"run", "-m", NSTF_SOURCE_DIR "/tests/data/hostile/unknown_tensor_type_iq2_xxs.gguf", "-p", "x", NULL});
     expect_error("other architecture", "architecture 'gpt2' is not supported",
                  (const char *const[]){"run", "-m", arch, "-p", "x", NULL});
     expect_error("inspect missing", "No such file", (const char *const[]){"inspect", "/nonexistent.gguf", NULL});

@@ -24,8 +24,10 @@
  * they are set. Also: greedy generation of 32 tokens (reported), the device
  * argmax against the argmax of the GPU's own logits (must agree), and a
  * context far too large for the device fails with NSTF_ERR_OOM and a
- * message, not a crash. Exit 77 (skipped) without a GPU. Built only with
- * a GPU backend. */
+ * message, not a crash. The same gates hold for a model split between the
+ * GPU (embedding and the first half of the layers) and the CPU (the rest
+ * and the output head), the partial offload of -ngl. Exit 77 (skipped)
+ * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,12 +42,17 @@
 #define N_TOK 256
 #define N_PROMPT 8
 #define N_GEN 32
-/* Per-position bounds (see the header). Measured on the H100 (commit
- * 1f137a2's kernels): mean KL 4.2e-4 on the real model, <= 7.6e-6 on the
- * random ones. */
+/* Per-position bounds (see the header). Measured on the H100 (2026-11-26,
+ * the kernels of 1f137a2 behind the backend seam), worst of prefill and
+ * decode: real SmolLM2 Q4_1 mean KL 4.2e-4, max KL 3.3e-3, max centred
+ * NMSE 1.42e-3, every top-1 flip at a near-tie; random Q4_1/BF16/Q8_0
+ * models mean KL <= 1.1e-5, max KL <= 1.4e-5, max centred NMSE <= 1.2e-4.
+ * Bounds: about 2x (NMSE), 3x (max KL) and 5x (mean KL) the real model's
+ * worst; a bug that spoils even one position (a wrong RoPE angle, a stale
+ * cache row: KL of order 0.1 there) fails KL_MAX. */
 #define KL_MEAN 2e-3
-#define KL_MAX 2e-2
-#define NMSE_MAX 1e-3
+#define KL_MAX 1e-2
+#define NMSE_MAX 3e-3
 #define TOP2_EPS 0.25f
 
 static int g_fail = 0;
@@ -174,6 +181,37 @@ static void run_model(const char *path, bool real) {
     printf("  decode steps from a graph: %d/%d; device argmax vs host argmax of the GPU logits: %d mismatches  %s\n",
            graphs, N_TOK, dev_mismatch, dev_mismatch == 0 && graphs >= N_TOK - 1 ? "ok" : "FAIL");
     if (dev_mismatch || graphs < N_TOK - 1) g_fail++;
+
+    /* partial offload (-ngl): the embedding and the first half of the layers
+     * on the GPU, the rest and the output on the CPU (precise), the residual
+     * stream handed over through the host: the same gates against the CPU */
+    {
+        const int L = m->cfg.n_layers, half = L / 2;
+        nstf_backend *gb = NULL, *cb = NULL;
+        nstf_llama_run *s1 = NULL, *s2 = NULL;
+        const nstf_cpu_params cp = {0, true, false};
+        nstf_status ss = nstf_backend_gpu_create(0, &gb);
+        if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, gb, N_TOK + N_GEN, N_TOK, 1, 0, half, true, false, &s1);
+        if (ss == NSTF_OK) ss = nstf_backend_cpu_create(&cp, &cb);
+        if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, cb, N_TOK + N_GEN, N_TOK, 1, half, L, false, true, &s2);
+        if (ss == NSTF_OK) {
+            s1->next = s2;
+            ss = nstf_llama_forward_seq(s1, ids, N_TOK, 0, true, lg, NULL);
+            printf("  split: layers 0-%d on the GPU, %d-%d on the CPU\n", half - 1, half, L - 1);
+            if (ss == NSTF_OK) compare("split pf", lc, lg, N_TOK, nv);
+            for (int t = 0; ss == NSTF_OK && t < N_TOK; t++)
+                ss = nstf_llama_forward_seq(s1, &ids[t], 1, t, false, lg + (int64_t)t * nv, NULL);
+            if (ss == NSTF_OK) compare("split dec", lc, lg, N_TOK, nv);
+        }
+        if (ss != NSTF_OK) {
+            printf("  split: %s  FAIL\n", nstf_last_error());
+            g_fail++;
+        }
+        nstf_llama_run_free(s2);
+        nstf_llama_run_free(s1);
+        nstf_backend_free(cb);
+        nstf_backend_free(gb);
+    }
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {

@@ -3,21 +3,26 @@
  * SwiGLU), f32 and bf16 output, M = 1 .. 4096 and N, K that are not tile
  * multiples, every kernel the device can take: each case runs with the
  * default choice (wgmma on Hopper), then with each wgmma tile width forced
- * (NSTF_GEMM=wgmma256/128/64) and with NSTF_GEMM=mma (the portable kernel,
- * both block configurations); each line names the kernel that ran. Row
- * lengths (N) multiple of 8, even and odd exercise the 16-byte, paired and
- * single-element epilogues. Metric: RMS error vs fp64 must
- * be <= 2x the RMS error of a naive host GEMM (bf16 inputs, fp32 sequential
- * accumulation, fp32 epilogue, bf16 output); fp32 outputs must also have
- * NMSE <= 1e-10 vs fp64; outputs
- * are poisoned, guard regions checked, NaN/Inf counted. Exit 77 = no GPU. */
-#include "gpu_mm_test.h"
+ * (the switch NSTF_GEMM=wgmma256/128/64, set with nstf_switch_set) and with
+ * NSTF_GEMM=mma (the portable kernel,
+ * both block configurations); each run is one case line naming the kernel.
+ * Row lengths (N) multiple of 8, even and odd exercise the 16-byte, paired
+ * and single-element epilogues. Metric (tests/gpu_harness.h): the bf16 rule,
+ * NMSE vs fp64 at most 2x the NMSE of a naive host GEMM (bf16 inputs, fp32
+ * sequential accumulation, fp32 epilogue, bf16 output); fp32 outputs must
+ * also have NMSE <= 1e-10 vs fp64. Outputs are poisoned before each run,
+ * every buffer's guards checked after each launch, NaN/Inf fail. Exit 77 =
+ * no GPU. */
+#include "core/switches.h"
+#include "gpu_harness.h"
 
 #define T_F32 NSTF_TYPE_F32
 #define T_BF16 NSTF_TYPE_BF16
 
 static double silu_d(double x) { return x / (1.0 + exp(-x)); }
 static float silu_f(float x) { return x / (1.0f + expf(-x)); }
+static float bf2f(uint16_t b) { return nstf_bf16_to_f32(b); }
+static uint16_t f2bf(float f) { return nstf_f32_to_bf16(f); }
 
 /* the kernels the cases ran on (nstf_gpu_gemm_path names) */
 static const char *g_path_seen[8];
@@ -28,6 +33,13 @@ static void note_path(const char *p) {
     if (g_n_paths < 8) g_path_seen[g_n_paths++] = p;
 }
 
+/* The kernel choice: NULL for the default, else an NSTF_GEMM value (the
+ * registry reads the environment once; a test sets the switch itself). */
+static void force_gemm(const char *choice) {
+    CHECK(nstf_switch_set(NSTF_SW_GEMM, choice) == NSTF_OK, "NSTF_GEMM=%s: %s", choice ? choice : "(default)",
+          nstf_last_error());
+}
+
 struct gemm_case {
     int64_t m, n, k;
     int epi;
@@ -35,24 +47,22 @@ struct gemm_case {
     int in_place;
 };
 
-/* c_off: C (and an in-place R) start c_off bytes into their allocation, to
- * take the paired and single-element epilogues of the wgmma path */
+/* c_off: C (and an in-place R) start c_off bytes off alignment, to take
+ * the paired and single-element epilogues of the wgmma path */
 static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
     const int64_t M = tc.m, N = tc.n, K = tc.k;
     const int64_t n_out = tc.epi == NSTF_GEMM_EPI_SWIGLU ? N / 2 : N;
     test_rng rng = {seed};
-    uint16_t *a = (uint16_t *)malloc(M * K * 2), *w = (uint16_t *)malloc(N * K * 2);
-    for (int64_t i = 0; i < M * K; i++) a[i] = f2bf(rng_uniform(&rng));
-    for (int64_t i = 0; i < N * K; i++) w[i] = f2bf(rng_uniform(&rng) * 2.0f / sqrtf((float)K));
+    std::vector<uint16_t> a(M * K), w(N * K);
+    for (auto &x : a) x = f2bf(rng_uniform(&rng));
+    for (auto &x : w) x = f2bf(rng_uniform(&rng) * 2.0f / sqrtf((float)K));
     /* residual, as its own dtype (values bf16-representable for bf16) */
-    float *res = (float *)malloc(M * N * 4);
-    for (int64_t i = 0; i < M * N; i++) res[i] = tc.r_type == T_BF16 ? round_bf(rng_uniform(&rng)) : rng_uniform(&rng);
+    std::vector<float> res(M * N);
+    for (auto &x : res) x = tc.r_type == T_BF16 ? gh_bf(rng_uniform(&rng)) : rng_uniform(&rng);
 
     /* fp64 reference and naive fp32 result (logical [M, n_out]) */
-    double *ref = (double *)malloc(M * n_out * 8);
-    float *naive = (float *)malloc(M * n_out * 4);
-    double *accd = (double *)malloc(N * 8);
-    float *accf = (float *)malloc(N * 4);
+    std::vector<double> ref(M * n_out), accd(N);
+    std::vector<float> naive(M * n_out), accf(N);
     for (int64_t i = 0; i < M; i++) {
         for (int64_t j = 0; j < N; j++) {
             double sd = 0;
@@ -82,87 +92,67 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
                 }
             }
             ref[i * n_out + j] = rd;
-            naive[i * n_out + j] = round_bf(rf); /* the naive output is bf16 */
+            naive[i * n_out + j] = gh_bf(rf); /* the naive output is bf16 */
         }
     }
 
-    const size_t c_el = tc.c_type == T_BF16 ? 2 : 4, r_el = tc.r_type == T_BF16 ? 2 : 4;
-    const size_t c_bytes = (size_t)(M * n_out) * c_el;
-    void *da = dev_alloc_poisoned(M * K * 2), *dw = dev_alloc_poisoned(N * K * 2);
-    DEV_CHECK(gpuMemcpy(da, a, M * K * 2, gpuMemcpyHostToDevice));
-    DEV_CHECK(gpuMemcpy(dw, w, N * K * 2, gpuMemcpyHostToDevice));
-    void *dc_alloc = dev_alloc_poisoned(c_bytes + c_off), *dr = NULL, *hr = NULL;
-    void *dc = (char *)dc_alloc + c_off;
+    const size_t r_el = tc.r_type == T_BF16 ? 2 : 4;
+    const size_t c_bytes = (size_t)(M * n_out) * (tc.c_type == T_BF16 ? 2 : 4);
+    std::vector<unsigned char> hr;
     if (tc.epi == NSTF_GEMM_EPI_RESIDUAL) {
-        hr = malloc(M * N * r_el);
+        hr.resize(M * N * r_el);
         for (int64_t i = 0; i < M * N; i++) {
-            if (tc.r_type == T_BF16) ((uint16_t *)hr)[i] = f2bf(res[i]);
-            else ((float *)hr)[i] = res[i];
+            if (tc.r_type == T_BF16) ((uint16_t *)hr.data())[i] = f2bf(res[i]);
+            else ((float *)hr.data())[i] = res[i];
         }
-        dr = tc.in_place ? dc : dev_alloc_poisoned(M * N * r_el); /* in place: R aliases C, same dtype */
     }
-    void *hc = malloc(c_bytes);
-    float *got = (float *)malloc(M * n_out * 4);
+    gh_buf da = gh_alloc(M * K * 2, a.data()), dw = gh_alloc(N * K * 2, w.data());
+    gh_buf dc = gh_alloc(c_bytes, nullptr, c_off), dr;
+    /* in place: R aliases C (same dtype, n_out == N) */
+    const bool own_r = tc.epi == NSTF_GEMM_EPI_RESIDUAL && !tc.in_place;
+    if (own_r) dr = gh_alloc(M * N * r_el, nullptr);
+    void *r_ptr = tc.epi != NSTF_GEMM_EPI_RESIDUAL ? NULL : tc.in_place ? dc.p() : dr.p();
+    static const char *const en_s[] = {"none", "residual", "swiglu"};
     /* every kernel: the default choice, then each forced one (NSTF_GEMM);
      * a forced choice that lands on a kernel already run is skipped */
     static const char *const env[] = {NULL, "wgmma256", "wgmma128", "wgmma64", "mma"};
     const char *done[5];
     int n_done = 0;
     for (int pass = 0; pass < 5; pass++) {
-        if (!env[pass]) unsetenv("NSTF_GEMM");
-        else setenv("NSTF_GEMM", env[pass], 1);
+        force_gemm(env[pass]);
         const char *path = nstf_gpu_gemm_path(M, N, K);
         int seen = 0;
         for (int i = 0; i < n_done; i++) seen |= strcmp(done[i], path) == 0;
         if (seen) continue;
         done[n_done++] = path;
         note_path(path);
-        DEV_CHECK(gpuMemset(dc_alloc, 0xff, c_bytes + c_off)); /* poison again */
-        if (dr) DEV_CHECK(gpuMemcpy(dr, hr, M * N * r_el, gpuMemcpyHostToDevice));
-        nstf_status st = nstf_gpu_gemm_bf16((const uint16_t *)da, (const uint16_t *)dw, dc, tc.c_type, dr, tc.r_type,
-                                            M, N, K, (nstf_gemm_epilogue)tc.epi, NULL);
-        CHECK(st == NSTF_OK, "gemm M=%lld N=%lld K=%lld: status %d", (long long)M, (long long)N, (long long)K, (int)st);
-        DEV_CHECK(gpuDeviceSynchronize());
-        int guard = dev_fetch_guarded(hc, dc, c_bytes);
-        for (int64_t i = 0; i < M * n_out; i++)
-            got[i] = tc.c_type == T_BF16 ? bf2f(((uint16_t *)hc)[i]) : ((float *)hc)[i];
-        int64_t bad = 0, bad_n = 0;
-        double ek = rms_err(got, ref, M * n_out, &bad), en = rms_err(naive, ref, M * n_out, &bad_n);
-        double rr = rms(ref, M * n_out);
-        const char *en_s[] = {"none", "residual", "swiglu"};
-        /* fp32 output: besides the 2x-naive rule, NMSE <= 1e-10 vs fp64. The
-         * matrix units' fp32 adders truncate (not round) the aligned products,
-         * so the error can exceed a sequential fp32 loop's by a small factor;
-         * 1e-10 still catches any lost tile, tail or epilogue term. */
-        const double nmse = rr > 0 ? (ek / rr) * (ek / rr) : ek * ek;
-        const int f32_ok = tc.c_type == T_BF16 || nmse <= 1e-10;
-        int ok = guard && bad == 0 && within_2x_naive(ek, en, rr) && f32_ok;
-        printf("  [%-16s] M=%-5lld N=%-5lld K=%-5lld epi=%-8s out=%s res=%s%s  err %.3e naive %.3e (ref rms %.3e)%s\n",
-               path, (long long)M, (long long)N, (long long)K, en_s[tc.epi], tc.c_type == T_BF16 ? "bf16" : "f32 ",
-               tc.epi == NSTF_GEMM_EPI_RESIDUAL ? (tc.r_type == T_BF16 ? "bf16" : "f32 ") : "-   ",
-               tc.in_place ? " in-place" : "", ek, en, rr, ok ? "" : "  FAIL");
-        if (c_off) printf("    (C at byte offset %zu)\n", c_off);
-        CHECK(guard, "guard region overwritten");
-        CHECK(bad == 0, "%lld non-finite outputs", (long long)bad);
-        CHECK(within_2x_naive(ek, en, rr), "error %.3e > 2x naive %.3e", ek, en);
-        CHECK(f32_ok, "fp32 output NMSE %.3e > 1e-10", nmse);
+        gh_begin("[%-16s] M=%-5lld N=%-5lld K=%-5lld epi=%-8s out=%s res=%s%s", path, (long long)M, (long long)N,
+                 (long long)K, en_s[tc.epi], tc.c_type == T_BF16 ? "bf16" : "f32 ",
+                 tc.epi == NSTF_GEMM_EPI_RESIDUAL ? (tc.r_type == T_BF16 ? "bf16" : "f32 ") : "-   ",
+                 tc.in_place ? " in-place" : "");
+        if (c_off) gh_note("(C at byte offset %zu)", c_off);
+        gh_poison(dc); /* poison again */
+        if (r_ptr) gh_must(nstf_gpu_memcpy_h2d(r_ptr, hr.data(), M * N * r_el, NULL), "h2d");
+        gh_launched(nstf_gpu_gemm_bf16(da.as<const uint16_t>(), dw.as<const uint16_t>(), dc.p(), tc.c_type, r_ptr,
+                                       tc.r_type, M, N, K, (nstf_gemm_epilogue)tc.epi, NULL),
+                    "gemm");
+        std::vector<float> got = gh_fetch_floats(dc, tc.c_type, M * n_out);
+        gh_compare("out", got.data(), ref.data(), M * n_out, gh_tol_naive(naive.data()));
+        /* fp32 output: besides the bf16 rule, NMSE <= 1e-10 vs fp64. The
+         * matrix units' fp32 adders truncate (not round) the aligned
+         * products, so the error can exceed a sequential fp32 loop's by a
+         * small factor; 1e-10 still catches any lost tile, tail or
+         * epilogue term. */
+        if (tc.c_type == T_F32) gh_compare("out(f32)", got.data(), ref.data(), M * n_out, gh_tol_nmse(1e-10));
+        gh_end();
     }
-    unsetenv("NSTF_GEMM");
-
-    DEV_CHECK(gpuFree(da));
-    DEV_CHECK(gpuFree(dw));
-    DEV_CHECK(gpuFree(dc_alloc));
-    if (dr && !tc.in_place) DEV_CHECK(gpuFree(dr));
-    free(hr);
-    free(a); free(w); free(res); free(ref); free(naive); free(accd); free(accf); free(hc); free(got);
+    force_gemm(NULL);
+    gh_free(da); gh_free(dw); gh_free(dc);
+    if (own_r) gh_free(dr);
 }
 
 int main(void) {
-    int n_dev = 0;
-    if (gpuGetDeviceCount(&n_dev) != gpuSuccess || n_dev == 0) {
-        printf("test_gemm_gpu: no GPU, skipped\n");
-        return 77;
-    }
+    if (!gh_init("test_gemm_gpu")) return TEST_SKIP;
     const int64_t shapes[][3] = {
         {1, 256, 64},    {7, 100, 72},   {33, 130, 200}, {100, 257, 264},
         {512, 384, 520}, {64, 64, 8},    {300, 4224, 136}, /* 300x4224: the 128x128 configuration */
@@ -197,18 +187,22 @@ int main(void) {
     run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++, 2);
     /* argument validation: errors, not crashes */
     {
-        void *d = dev_alloc_poisoned(4096);
-        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 12, NSTF_GEMM_EPI_NONE, NULL) == NSTF_ERR_UNSUPPORTED,
+        gh_begin("gemm: argument validation");
+        gh_buf b = gh_alloc(4096, nullptr);
+        uint16_t *d = b.as<uint16_t>();
+        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, T_F32, 4, 4, 12, NSTF_GEMM_EPI_NONE, NULL) == NSTF_ERR_UNSUPPORTED,
               "K %% 8 != 0 must be refused");
-        CHECK(nstf_gpu_gemm_bf16((uint16_t *)((char *)d + 2), (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_NONE, NULL) ==
+        CHECK(nstf_gpu_gemm_bf16(d + 1, d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_NONE, NULL) ==
                   NSTF_ERR_INVALID_ARG, "misaligned A must be refused");
-        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 48, 8, NSTF_GEMM_EPI_SWIGLU, NULL) == NSTF_ERR_INVALID_ARG,
+        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, T_F32, 4, 48, 8, NSTF_GEMM_EPI_SWIGLU, NULL) == NSTF_ERR_INVALID_ARG,
               "SwiGLU with N %% 32 != 0 must be refused");
-        CHECK(nstf_gpu_gemm_bf16((uint16_t *)d, (uint16_t *)d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_RESIDUAL, NULL) == NSTF_ERR_INVALID_ARG,
+        CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_RESIDUAL, NULL) == NSTF_ERR_INVALID_ARG,
               "residual without R must be refused");
         CHECK(nstf_gpu_swiglu_packed_row(17, 64) == 64 + 1 && nstf_gpu_swiglu_packed_row(33, 64) == 17,
               "packed row map");
-        DEV_CHECK(gpuFree(d));
+        gh_note("K %% 8, misaligned A, SwiGLU N %% 32, residual without R refused; packed row map");
+        gh_free(b);
+        gh_end();
     }
     printf("kernels run:");
     for (int i = 0; i < g_n_paths; i++) printf(" [%s]", g_path_seen[i]);
@@ -216,6 +210,8 @@ int main(void) {
     /* on Hopper every wgmma tile width must have been exercised */
     int n_wg = 0;
     for (int i = 0; i < g_n_paths; i++) n_wg += strncmp(g_path_seen[i], "wgmma", 5) == 0;
+    gh_begin("gemm: kernels exercised");
     CHECK(n_wg == 0 || n_wg == 3, "only %d of the 3 wgmma tile widths were exercised", n_wg);
-    return test_finish("test_gemm_gpu");
+    gh_note("%d kernels, %d of them wgmma (0 or all 3 required)", g_n_paths, n_wg);
+    return gh_finish("test_gemm_gpu");
 }

@@ -21,32 +21,13 @@
 
 #include "core/mem.h"
 #include "io/gguf.h"
+#include "hostile_corpus.h"
 #include "test_util.h"
 
 typedef unsigned long long ull;
 
-/* ---- byte builder -------------------------------------------------------- */
+/* ---- byte builder (bb, bb_put, bb_u8/u32/u64 in hostile_corpus.h) -------- */
 
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} bb;
-
-static void bb_put(bb *b, const void *d, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) { fprintf(stderr, "test: out of memory\n"); exit(2); }
-    }
-    if (n) memcpy(b->p + b->n, d, n);
-    b->n += n;
-}
-static void bb_u8(bb *b, uint8_t v) { bb_put(b, &v, 1); }
-static void bb_u32(bb *b, uint32_t v) {
-    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    bb_put(b, x, 4);
-}
-static void bb_u64(bb *b, uint64_t v) { bb_u32(b, (uint32_t)v); bb_u32(b, (uint32_t)(v >> 32)); }
 static void bb_strn(bb *b, uint64_t len, const char *s) { bb_u64(b, len); bb_put(b, s, strlen(s)); }
 static void bb_str(bb *b, const char *s) { bb_strn(b, strlen(s), s); }
 
@@ -184,8 +165,8 @@ static void h_not_block(bb *b) {
     WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0);
                  ti(b, "b", 2, (uint64_t[]){33, 1}, NSTF_TYPE_Q8_0, 32));
 }
-static void h_q4k(bb *b) {
-    WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0); ti(b, "b", 2, (uint64_t[]){256, 1}, 12, 32));
+static void h_iq2xxs(bb *b) {
+    WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0); ti(b, "b", 2, (uint64_t[]){256, 1}, 16, 32));
 }
 static void h_type_huge(bb *b) {
     WITH_TENSORS(2, ti(b, "a", 1, (uint64_t[]){8}, 0xdeadbeef, 0);
@@ -209,13 +190,6 @@ static void h_overlap(bb *b) {
 }
 static void h_trunc_data(bb *b) { mk_valid(b); b->n -= 1; }
 static void h_trunc_tinfo(bb *b) { hdr(b, 3, 2, STD_NKV); std_kvs(b); ti(b, "a", 1, (uint64_t[]){8}, NSTF_TYPE_F32, 0); }
-
-typedef struct {
-    const char *name;
-    void (*make)(bb *);
-    nstf_status status;
-    const char *msg; /* distinctive substring of the message */
-} hostile_case;
 
 #define F NSTF_ERR_FORMAT
 #define U NSTF_ERR_UNSUPPORTED
@@ -255,7 +229,7 @@ static const hostile_case k_cases[] = {
     {"dims_product_overflow", h_dims_overflow, F, "tensor 'a': element count overflows at dim 2"},
     {"byte_size_overflow", h_bytes_overflow, F, "tensor 'a': byte size overflows"},
     {"ne0_not_block_multiple", h_not_block, F, "tensor 'b': ne[0] = 33 is not a multiple of the block size 32"},
-    {"unknown_tensor_type_q4_k", h_q4k, U, "tensor 'b' has type id 12 (Q4_K), which is not supported"},
+    {"unknown_tensor_type_iq2_xxs", h_iq2xxs, U, "tensor 'b' has type id 16 (IQ2_XXS), which is not supported"},
     {"unknown_tensor_type_huge", h_type_huge, U, "tensor 'a' has type id 3735928559 (unknown)"},
     {"offset_past_eof", h_offset_eof, F, "tensor 'b' data [offset 4384, 34 bytes] extends past end of file"},
     {"offset_size_overflow", h_offset_overflow, F, "tensor 'b': data offset 18446744073709551584 + size 34 overflows"},
@@ -268,27 +242,30 @@ static const hostile_case k_cases[] = {
 #undef U
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
-static const char *status_name(nstf_status s) {
-    switch (s) {
-    case NSTF_OK: return "NSTF_OK";
-    case NSTF_ERR_FORMAT: return "NSTF_ERR_FORMAT";
-    case NSTF_ERR_UNSUPPORTED: return "NSTF_ERR_UNSUPPORTED";
-    case NSTF_ERR_IO: return "NSTF_ERR_IO";
-    default: return nstf_status_str(s);
-    }
+static nstf_status open_memory(const void *d, uint64_t n, const char *name, void **out) {
+    return nstf_gguf_open_memory(d, n, name, (nstf_gguf **)out);
 }
+static nstf_status open_path(const char *path, void **out) { return nstf_gguf_open(path, (nstf_gguf **)out); }
+static void close_gguf(void *g) { nstf_gguf_close(g); }
 
-/* Opens an image (memory or disk); checks status, substring, and that the
- * message names the file. */
-static void expect_fail(nstf_status st, nstf_gguf *g, const hostile_case *c, const char *name) {
-    const char *msg = nstf_last_error();
-    if (getenv("TEST_GGUF_VERBOSE")) printf("  %-28s %s\n", c->name, msg);
-    CHECK(st == c->status, "%s: status %s, expected %s (%s)", name, status_name(st), status_name(c->status), msg);
-    CHECK(g == NULL, "%s: out pointer not NULL on failure", name);
-    CHECK(strstr(msg, c->msg) != NULL, "%s: message \"%s\" lacks \"%s\"", name, msg, c->msg);
-    CHECK(strstr(msg, name) != NULL, "%s: message \"%s\" does not name the file", name, msg);
-    if (g) nstf_gguf_close(g);
-}
+static const hostile_corpus k_corpus = {
+    .cases = k_cases,
+    .n = N_CASES,
+    .ext = ".gguf",
+    .dir = NSTF_SOURCE_DIR "/tests/data/hostile",
+    .title = "Hostile GGUF corpus",
+    .intro = "Malformed GGUF files, each opened by `tests/test_gguf.c`, which checks the\n"
+             "status and a distinctive substring of the error message. The files are\n"
+             "generated by the test itself (byte-level construction, mostly from a small\n"
+             "valid image); the test fails if a checked-in file differs from what it\n"
+             "generates. Regenerate after changing a case with",
+    .regen = "build/tests/test_gguf --write-hostile tests/data/hostile",
+    .test = "test_gguf.c",
+    .verbose_env = "TEST_GGUF_VERBOSE",
+    .open_memory = open_memory,
+    .open_path = open_path,
+    .close = close_gguf,
+};
 
 static void test_valid_image(void) {
     bb b = {0};
@@ -337,101 +314,6 @@ static void test_valid_image(void) {
     CHECK(bad == 0, "%d of %zu truncated prefixes were not rejected cleanly", bad, b.n);
     printf("truncation: %zu prefixes rejected\n", b.n);
     free(b.p);
-}
-
-static void test_hostile_memory(void) {
-    for (size_t i = 0; i < N_CASES; i++) {
-        bb b = {0};
-        k_cases[i].make(&b);
-        uint8_t *p = malloc(b.n ? b.n : 1); /* exact size so ASan sees overreads */
-        if (b.n) memcpy(p, b.p, b.n);
-        char name[96];
-        snprintf(name, sizeof name, "%s.gguf", k_cases[i].name);
-        nstf_gguf *g = NULL;
-        nstf_status st = nstf_gguf_open_memory(p, b.n, name, &g);
-        expect_fail(st, g, &k_cases[i], name);
-        free(p);
-        free(b.p);
-    }
-    printf("hostile (memory): %zu cases\n", N_CASES);
-}
-
-static int write_file(const char *path, const void *d, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    size_t w = n ? fwrite(d, 1, n, f) : 0;
-    return (fclose(f) == 0 && w == n) ? 0 : -1;
-}
-
-static int write_hostile(const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/README.md", dir);
-    FILE *md = fopen(path, "w");
-    if (!md) { fprintf(stderr, "%s: %s\n", path, strerror(errno)); return 1; }
-    fprintf(md, "# Hostile GGUF corpus\n\n"
-                "Malformed GGUF files, each opened by `tests/test_gguf.c`, which checks the\n"
-                "status and a distinctive substring of the error message. The files are\n"
-                "generated by the test itself (byte-level construction, mostly from a small\n"
-                "valid image); the test fails if a checked-in file differs from what it\n"
-                "generates. Regenerate after changing a case with\n\n"
-                "    build/tests/test_gguf --write-hostile tests/data/hostile\n\n"
-                "| file | expected status | message contains |\n|---|---|---|\n");
-    for (size_t i = 0; i < N_CASES; i++) {
-        bb b = {0};
-        k_cases[i].make(&b);
-        snprintf(path, sizeof path, "%s/%s.gguf", dir, k_cases[i].name);
-        if (write_file(path, b.p, b.n) != 0) { fprintf(stderr, "%s: %s\n", path, strerror(errno)); return 1; }
-        fprintf(md, "| %s.gguf | %s | `", k_cases[i].name, status_name(k_cases[i].status));
-        for (const char *s = k_cases[i].msg; *s; s++) {
-            if (*s == '|') fputc('\\', md);
-            fputc(*s, md);
-        }
-        fputs("` |\n", md);
-        free(b.p);
-    }
-    fclose(md);
-    printf("wrote %zu hostile files and README.md to %s\n", N_CASES, dir);
-    return 0;
-}
-
-static void test_hostile_disk(void) {
-    const char *dir = NSTF_SOURCE_DIR "/tests/data/hostile";
-    char path[4096];
-    for (size_t i = 0; i < N_CASES; i++) {
-        snprintf(path, sizeof path, "%s/%s.gguf", dir, k_cases[i].name);
-        bb b = {0};
-        k_cases[i].make(&b);
-        FILE *f = fopen(path, "rb");
-        CHECK(f != NULL, "%s missing: regenerate with test_gguf --write-hostile tests/data/hostile", path);
-        if (f) {
-            uint8_t *d = malloc(b.n + 1);
-            size_t n = fread(d, 1, b.n + 1, f);
-            fclose(f);
-            CHECK(n == b.n && (b.n == 0 || memcmp(d, b.p, b.n) == 0),
-                  "%s differs from the generator: regenerate with test_gguf --write-hostile", path);
-            free(d);
-        }
-        nstf_gguf *g = NULL;
-        nstf_status st = nstf_gguf_open(path, &g);
-        expect_fail(st, g, &k_cases[i], path);
-        free(b.p);
-    }
-    /* Every checked-in .gguf must be a known case (no stale files). */
-    DIR *dp = opendir(dir);
-    CHECK(dp != NULL, "%s: %s", dir, strerror(errno));
-    int n_files = 0;
-    for (struct dirent *e; dp && (e = readdir(dp));) {
-        size_t len = strlen(e->d_name);
-        if (len < 5 || strcmp(e->d_name + len - 5, ".gguf") != 0) continue;
-        n_files++;
-        bool known = false;
-        for (size_t i = 0; i < N_CASES; i++)
-            if (strlen(k_cases[i].name) == len - 5 && strncmp(k_cases[i].name, e->d_name, len - 5) == 0) known = true;
-        CHECK(known, "%s/%s is not a case of test_gguf.c", dir, e->d_name);
-    }
-    if (dp) closedir(dp);
-    CHECK(n_files == (int)N_CASES, "%d files in %s, %zu cases", n_files, dir, N_CASES);
-    printf("hostile (disk): %d files\n", n_files);
 }
 
 /* ---- open errors ---------------------------------------------------------- */
@@ -484,7 +366,7 @@ static void test_open_errors(void) {
               strstr(nstf_last_error(), strerror(EISDIR)),
           "directory: %d %s", (int)st, nstf_last_error());
     const char *empty = NSTF_BUILD_DIR "/test_gguf_empty.gguf";
-    CHECK(write_file(empty, "", 0) == 0, "create %s", empty);
+    CHECK(hostile_write_file(empty, "", 0) == 0, "create %s", empty);
     st = nstf_gguf_open(empty, &g);
     CHECK(st == NSTF_ERR_FORMAT && g == NULL && strstr(nstf_last_error(), "test_gguf_empty.gguf: empty file"),
           "empty: %d %s", (int)st, nstf_last_error());
@@ -686,10 +568,10 @@ done:
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--write-hostile") == 0) return write_hostile(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--write-hostile") == 0) return hostile_write(&k_corpus, argv[2]);
     test_valid_image();
-    test_hostile_memory();
-    test_hostile_disk();
+    hostile_check_memory(&k_corpus);
+    hostile_check_disk(&k_corpus);
     test_open_errors();
     test_fuzz_regressions();
     test_round_trip(0);

@@ -110,20 +110,23 @@ static inline int64_t count_nonfinite(const float *a, int64_t n) {
     return c;
 }
 
-/* Guarded buffers: GUARD bytes of a canary after the payload; the payload
- * is poisoned with NaN-pattern bytes so an unwritten output is caught. */
+/* Guarded buffers: TEST_GUARD bytes of a canary after the payload; the
+ * payload is poisoned with NaN-pattern bytes so an unwritten output is
+ * caught. The two bytes are the GPU harness's too (gpu_harness.h). */
 #define TEST_GUARD 64
+#define TEST_POISON_BYTE 0xff /* 0xffffffff is a NaN as f32, 0xffff as bf16 */
+#define TEST_GUARD_BYTE 0xa5  /* not the poison: poison copied past the end shows */
 static inline void *guarded_alloc(size_t bytes) {
     unsigned char *p = (unsigned char *)malloc(bytes + TEST_GUARD); /* cast: also C++ */
     if (!p) { fprintf(stderr, "test: out of memory\n"); exit(2); }
-    memset(p, 0xff, bytes); /* 0xffffffff is a NaN as float */
-    memset(p + bytes, 0xa5, TEST_GUARD);
+    memset(p, TEST_POISON_BYTE, bytes);
+    memset(p + bytes, TEST_GUARD_BYTE, TEST_GUARD);
     return p;
 }
 static inline int guard_ok(const void *p, size_t bytes) {
     const unsigned char *q = (const unsigned char *)p + bytes;
     for (int i = 0; i < TEST_GUARD; i++)
-        if (q[i] != 0xa5) return 0;
+        if (q[i] != TEST_GUARD_BYTE) return 0;
     return 1;
 }
 

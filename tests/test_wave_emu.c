@@ -8,8 +8,18 @@
  * l + d, or keeps its own value past the end) as the hardware does for a
  * full wave. The algorithms come from src/ops/gpu/wave_algo.h, the header
  * the kernels use (loop macros, argmax comparison, softmax base, split
- * merge); the block-level glue and the mma C-tile layouts are mirrored here
- * from the files named at each test, with the lines they copy.
+ * merge), and the matrix-unit fragment layouts of all three targets from
+ * src/ops/gpu/mma_layout.h, the index math mma.h inlines; only the
+ * block-level glue is mirrored here from the files named at each test, with
+ * the lines it copies.
+ *
+ * The layouts are checked against their documented meaning: every C element
+ * held exactly once, row slots and row butterflies consistent; the A and B
+ * loads cover the tile (NVIDIA: ldmatrix.x4 rows feed the documented
+ * registers x0..x3); the B fragment is the same whether B is stored n-major
+ * (load_b) or k-major (load_b_kn); and on NVIDIA the C tile reused as an A
+ * fragment in registers (nstf_mma_c_to_a) is what load_a gives for the
+ * same tile.
  *
  * Metrics: integer/exact results (max, argmax, coverage, layouts) must match
  * exactly; fp32 sums and softmax outputs: NMSE <= 1e-7 against fp64. A
@@ -21,6 +31,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops/gpu/mma_layout.h"
 #include "ops/gpu/wave_algo.h"
 #include "test_util.h"
 
@@ -212,36 +223,123 @@ static void test_argmax(int w, test_rng *rng) {
     }
 }
 
-/* ---- mma C-tile layouts (mma.h lines 100-146) ------------------------------- */
+/* ---- matrix-unit fragment layouts (mma_layout.h) ----------------------------- */
 
 typedef enum { LAYOUT_NV, LAYOUT_MFMA, LAYOUT_WMMA } layout_id;
 typedef struct layout {
     const char *name;
     layout_id id;
     int wave, c_n, c_rows, row_lanes;
+    int (*c_row)(int l, int i), (*c_col)(int l, int i), (*c_slot)(int i), (*slot_row)(int l, int r);
+    int (*a_row)(int l), (*a_col)(int l), (*b_row)(int l), (*b_col)(int l), (*bkn_row)(int l), (*bkn_col)(int l);
 } layout;
+#define LAYOUT(name, id, T, t)                                                                              \
+    {name, id, NSTF_MMA_##T##_WAVE, NSTF_MMA_##T##_C_N, NSTF_MMA_##T##_C_ROWS, NSTF_MMA_##T##_ROW_LANES,       \
+     nstf_mma_##t##_c_row, nstf_mma_##t##_c_col, nstf_mma_##t##_c_slot, nstf_mma_##t##_slot_row,             \
+     nstf_mma_##t##_a_row, nstf_mma_##t##_a_col, nstf_mma_##t##_b_row, nstf_mma_##t##_b_col,                 \
+     nstf_mma_##t##_bkn_row, nstf_mma_##t##_bkn_col}
 static const layout k_layouts[] = {
-    {"nvidia mma.sync", LAYOUT_NV, 32, 8, 2, 4},
-    {"cdna mfma 16x16x16", LAYOUT_MFMA, 64, 4, 4, 16},
-    {"rdna3 wmma 16x16x16", LAYOUT_WMMA, 32, 8, 8, 16},
+    LAYOUT("nvidia mma.sync", LAYOUT_NV, NV, nv),
+    LAYOUT("cdna mfma 16x16x16", LAYOUT_MFMA, MFMA, mfma),
+    LAYOUT("rdna3 wmma 16x16x16", LAYOUT_WMMA, WMMA, wmma),
 };
 
-static int c_row(const layout *L, int l, int i) {
-    switch (L->id) {
-    case LAYOUT_NV: return (l >> 2) + 8 * ((i & 3) >> 1);
-    case LAYOUT_MFMA: return 4 * (l >> 4) + i;
-    default: return 2 * i + (l >> 4);
+static int c_row(const layout *L, int l, int i) { return L->c_row(l, i); }
+static int c_col(const layout *L, int l, int i) { return L->c_col(l, i); }
+static int c_slot(const layout *L, int i) { return L->c_slot(i); }
+static int slot_row(const layout *L, int l, int r) { return L->slot_row(l, r); }
+
+/* The fragment element e of lane l of an operand, as (row, col) of its
+ * logical matrix: A (m, k), B (n, k); which = 0: A from load_a, 1: B from
+ * load_b (B[n][k] stored), 2: B from load_b_kn (B[k][n] stored). NVIDIA:
+ * e = 2m + h is half h of register x[m], filled by ldmatrix(.trans) from
+ * 8x8 matrix m, whose row j the lane 8m + j addresses: without .trans lane
+ * l receives row l/4, columns 2(l%4) + h; with .trans, rows 2(l%4) + h of
+ * column l/4. AMD: the lane's own elements, along the stored row (A, B
+ * n-major) or down the stored column (B k-major). */
+static void frag_elem(const layout *L, int which, int l, int e, int *row, int *col) {
+    int (*fr)(int) = which == 0 ? L->a_row : which == 1 ? L->b_row : L->bkn_row;
+    int (*fc)(int) = which == 0 ? L->a_col : which == 1 ? L->b_col : L->bkn_col;
+    int sr, sc; /* stored row, column */
+    if (L->id == LAYOUT_NV) {
+        const int m = e >> 1, h = e & 1;
+        if (which == 2) { /* .trans: stored rows 2(l%4) + h, column l/4 */
+            sr = fr(8 * m + 2 * (l & 3) + h);
+            sc = fc(8 * m + 2 * (l & 3) + h) + (l >> 2);
+        } else {
+            sr = fr(8 * m + (l >> 2));
+            sc = fc(8 * m + (l >> 2)) + 2 * (l & 3) + h;
+        }
+    } else if (which == 2) {
+        sr = fr(l) + e;
+        sc = fc(l);
+    } else {
+        sr = fr(l);
+        sc = fc(l) + e;
+    }
+    if (which == 2) { /* stored k-major: (k, n) -> logical (n, k) */
+        *row = sc;
+        *col = sr;
+    } else {
+        *row = sr;
+        *col = sc;
     }
 }
-static int c_col(const layout *L, int l, int i) {
-    return L->id == LAYOUT_NV ? 8 * (i >> 2) + 2 * (l & 3) + (i & 1) : l & 15;
-}
-static int c_slot(const layout *L, int i) { return L->id == LAYOUT_NV ? (i & 3) >> 1 : i; }
-static int slot_row(const layout *L, int l, int r) {
-    switch (L->id) {
-    case LAYOUT_NV: return (l >> 2) + 8 * r;
-    case LAYOUT_MFMA: return 4 * (l >> 4) + r;
-    default: return 2 * r + (l >> 4);
+
+/* Elements of an A/B fragment per lane: NVIDIA 4 registers x 2, MFMA 4, WMMA 16. */
+static int frag_n(const layout *L) { return L->id == LAYOUT_NV ? 8 : L->id == LAYOUT_MFMA ? 4 : 16; }
+
+static void test_fragments(const layout *L) {
+    /* A and B loads cover the 16x16 tile: each element once per group of
+     * lanes that holds a whole tile (WMMA: lanes 16..31 repeat 0..15) */
+    const int copies = L->id == LAYOUT_WMMA ? 2 : 1;
+    for (int which = 0; which < 3; which++) {
+        int seen[16][16] = {{0}};
+        bool in_tile = true;
+        for (int l = 0; l < L->wave; l++)
+            for (int e = 0; e < frag_n(L); e++) {
+                int r, c;
+                frag_elem(L, which, l, e, &r, &c);
+                if (r < 0 || r > 15 || c < 0 || c > 15) in_tile = false;
+                else seen[r][c]++;
+            }
+        bool once = in_tile;
+        for (int r = 0; r < 16; r++)
+            for (int c = 0; c < 16; c++) once &= seen[r][c] == copies;
+        CHECK(once, "%s: the %s load does not cover the tile exactly %d time(s)", L->name,
+              which == 0 ? "A" : which == 1 ? "B (n-major)" : "B (k-major)", copies);
+    }
+    /* the B fragment is the same from either storage */
+    bool same_b = true;
+    for (int l = 0; l < L->wave; l++)
+        for (int e = 0; e < frag_n(L); e++) {
+            int r1, c1, r2, c2;
+            frag_elem(L, 1, l, e, &r1, &c1);
+            frag_elem(L, 2, l, e, &r2, &c2);
+            same_b &= r1 == r2 && c1 == c2;
+        }
+    CHECK(same_b, "%s: load_b and load_b_kn give different B fragments", L->name);
+    if (L->id == LAYOUT_NV) {
+        /* ldmatrix.x4 matrix m: A x0 rows 0-7 / cols 0-7, x1 rows 8-15, x2
+         * cols 8-15, x3 both; B n-major x0 n 0-7 / k 0-7, x1 k 8-15, x2 n
+         * 8-15, x3 both (mma.h's register table) */
+        bool regs = true;
+        for (int l = 0; l < 32; l++) {
+            const int m = l >> 3, j = l & 7;
+            regs &= L->a_row(l) == j + 8 * (m & 1) && L->a_col(l) == 8 * (m >> 1);
+            regs &= L->b_row(l) == j + 8 * (m >> 1) && L->b_col(l) == 8 * (m & 1);
+        }
+        CHECK(regs, "%s: ldmatrix row addresses do not feed registers x0..x3 as documented", L->name);
+        /* nstf_mma_c_to_a: x[m] = pack(c.x[2m], c.x[2m+1]), i.e. A fragment
+         * element e is C element e: the same (row, col) as load_a's */
+        bool c_to_a = true;
+        for (int l = 0; l < 32; l++)
+            for (int e = 0; e < 8; e++) {
+                int r, c;
+                frag_elem(L, 0, l, e, &r, &c);
+                c_to_a &= r == c_row(L, l, e) && c == c_col(L, l, e);
+            }
+        CHECK(c_to_a, "%s: a C tile reused as an A fragment (c_to_a) is not what load_a gives", L->name);
     }
 }
 
@@ -438,7 +536,7 @@ static void test_flash_softmax(const layout *L, test_rng *rng) {
     }
 }
 
-/* ---- gemv's lane striding (gemv.cu lines 214-228) --------------------------
+/* ---- gemv's lane striding (gemv.cu, gemv_kernel's unit loop) -------------------
  * units u0 = lane, lane + W*UNROLL, ...; u = u0 + k*W for k < UNROLL:
  * every unit of a chunk must be visited exactly once by the wave. */
 static void test_gemv_cover(int w) {
@@ -471,6 +569,7 @@ int main(void) {
     }
     for (size_t i = 0; i < sizeof k_layouts / sizeof k_layouts[0]; i++) {
         test_layout(&k_layouts[i], &rng);
+        test_fragments(&k_layouts[i]);
         test_flash_softmax(&k_layouts[i], &rng);
     }
     return test_finish("test_wave_emu");

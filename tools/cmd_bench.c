@@ -226,11 +226,7 @@ int cmd_bench(int argc, char **argv) {
                     break;
                 }
                 if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr, true);
-                nstf_mem_report mem;
-                if (verbose) {
-                    nstf_mem_report_session(s, &mem);
-                    nstf_mem_report_print(stderr, &mem);
-                }
+                if (verbose) nstf_mem_report_print_session(stderr, s);
                 if (levels && mi == 0 && ti == 0 && bi == 0 && nstf_bench_n_levels(s) == 1)
                     fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
                                     "levels L1-L3 are GPU execution strategies\n", nstf_bench_backend(s));
@@ -291,8 +287,7 @@ int cmd_bench(int argc, char **argv) {
                     }
                 }
                 if (ti == threads.n - 1 && bi == n_batch.n - 1) { /* memory at exit of this model */
-                    nstf_mem_report_session(s, &mem);
-                    nstf_mem_report_print(stderr, &mem);
+                    nstf_mem_report_print_session(stderr, s);
                 }
                 nstf_session_close(s);
             }

@@ -1,28 +1,21 @@
 /* cmd_devices.c — `nstf devices`: list the GPUs this build can use (name,
  * architecture, SMs/CUs, memory total/free, wave size, L2), "no GPU", or
  * that the build has no GPU backend. Exit 0 in every one of those cases;
- * non-zero only when a present device fails to answer. */
+ * non-zero only when a present device fails to answer. With --verbose it
+ * also lists the environment switches of core/switches.h (name, current
+ * value, default, where the value came from, what is accepted, what it
+ * does), in every build, GPU or not. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli_util.h"
+#include "core/switches.h"
 #include "nstf.h"
 #include "nstf_tools.h"
 
 int cmd_devices(int argc, char **argv);
 
-static void devices_usage(FILE *f) { fprintf(f, "usage: nstf devices\n\nLists the GPUs this build of nstf can run on.\n"); }
-
-int cmd_devices(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            devices_usage(stdout);
-            return 0;
-        }
-        if (argv[i][0] == '-') return cli_unknown_option(argv[i], devices_usage);
-        cli_err("takes no arguments ('%s')", argv[i]);
-        return 2;
-    }
+static int list_devices(void) {
     const char *runtime = nstf_gpu_runtime();
     if (!runtime) {
         printf("no GPU backend in this build (CPU only; rebuild with -DNSTF_CUDA=ON or -DNSTF_HIP=ON)\n");
@@ -42,6 +35,68 @@ int cmd_devices(int argc, char **argv) {
             continue;
         }
         printf("%s\n", line);
+    }
+    return rc;
+}
+
+/* One row per switch, columns as wide as their longest entry. */
+static void list_switches(void) {
+    enum { N_COL = 6 };
+    static const char *const head[N_COL] = {"switch", "value", "default", "from", "accepted", "description"};
+    char val[NSTF_SW_COUNT][NSTF_SWITCH_STR_MAX + 1], def[NSTF_SW_COUNT][32], acc[NSTF_SW_COUNT][160];
+    const char *cell[NSTF_SW_COUNT][N_COL];
+    int width[N_COL];
+    for (int c = 0; c < N_COL; c++) width[c] = (int)strlen(head[c]);
+    for (int i = 0; i < NSTF_SW_COUNT; i++) {
+        const nstf_switch_id id = (nstf_switch_id)i;
+        const nstf_switch_def *d = nstf_switch_def_of(id);
+        nstf_switch_value_text(id, val[i], sizeof val[i]);
+        if (d->kind == NSTF_SWITCH_STR) snprintf(def[i], sizeof def[i], "(unset)");
+        else nstf_switch_format(id, d->def, def[i], sizeof def[i]);
+        nstf_switch_allowed_text(id, acc[i], sizeof acc[i]);
+        cell[i][0] = d->name;
+        cell[i][1] = val[i][0] ? val[i] : "(unset)";
+        cell[i][2] = def[i];
+        cell[i][3] = nstf_switch_source_name(nstf_switch_source_of(id));
+        cell[i][4] = acc[i];
+        cell[i][5] = d->desc;
+        for (int c = 0; c < N_COL - 1; c++) {
+            const int w = (int)strlen(cell[i][c]);
+            if (w > width[c]) width[c] = w;
+        }
+    }
+    printf("environment switches (read once per process):\n");
+    printf("  %-*s  %-*s  %-*s  %-*s  %-*s  %s\n", width[0], head[0], width[1], head[1], width[2], head[2], width[3],
+           head[3], width[4], head[4], head[5]);
+    for (int i = 0; i < NSTF_SW_COUNT; i++)
+        printf("  %-*s  %-*s  %-*s  %-*s  %-*s  %s\n", width[0], cell[i][0], width[1], cell[i][1], width[2],
+               cell[i][2], width[3], cell[i][3], width[4], cell[i][4], cell[i][5]);
+}
+
+static void devices_usage(FILE *f) {
+    fprintf(f, "usage: nstf devices [--verbose]\n\nLists the GPUs this build of nstf can run on.\n"
+               "  -v, --verbose   also list the environment switches (value, default, source)\n");
+}
+
+int cmd_devices(int argc, char **argv) {
+    int verbose = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            devices_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose")) {
+            verbose = 1;
+            continue;
+        }
+        if (argv[i][0] == '-') return cli_unknown_option(argv[i], devices_usage);
+        cli_err("takes no arguments ('%s')", argv[i]);
+        return 2;
+    }
+    const int rc = list_devices();
+    if (verbose) {
+        printf("\n");
+        list_switches();
     }
     return rc;
 }

@@ -208,7 +208,7 @@ int cmd_gen_model(int argc, char **argv) {
         return 2;
     }
     nstf_type type;
-    if (!nstf_type_from_name(type_name, &type)) {
+    if (!nstf_type_from_name(type_name, &type) || !nstf_type_can_quantize(type)) {
         cli_err("unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1)", type_name);
         return 2;
     }

@@ -1,15 +1,17 @@
-/* cmd_inspect.c — `nstf inspect FILE`: metadata and tensor table. */
+/* cmd_inspect.c — `nstf inspect MODEL`: metadata and tensor table of a GGUF
+ * file, or of an HF model folder as the loader sees it (its GGUF view). */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli_util.h"
-#include "io/gguf.h"
+#include "io/hf_model.h"
 
 int cmd_inspect(int argc, char **argv);
 
 static void inspect_usage(FILE *f) {
-    fprintf(f, "usage: nstf inspect [--all] MODEL.gguf\n"
-               "  prints the GGUF version, metadata and tensor table;\n"
+    fprintf(f, "usage: nstf inspect [--all] MODEL.gguf|HF_FOLDER\n"
+               "  prints the GGUF version, metadata and tensor table (of an HF folder:\n"
+               "  the GGUF view the loader reads);\n"
                "  --all also prints long arrays (the vocabulary) in full\n");
 }
 
@@ -32,11 +34,11 @@ int cmd_inspect(int argc, char **argv) {
         }
     }
     if (!path) {
-        cli_err("no file given (nstf inspect MODEL.gguf)");
+        cli_err("no file given (nstf inspect MODEL.gguf|HF_FOLDER)");
         return 2;
     }
     nstf_gguf *g;
-    if (nstf_gguf_open(path, &g) != NSTF_OK) {
+    if (nstf_model_file_open(path, &g) != NSTF_OK) {
         cli_lib_err();
         return 1;
     }

@@ -163,11 +163,7 @@ int cmd_profile(int argc, char **argv) {
         return 1;
     }
     nstf_weights_touch(s, stderr, true);
-    nstf_mem_report mem;
-    if (verbose) {
-        nstf_mem_report_session(s, &mem);
-        nstf_mem_report_print(stderr, &mem);
-    }
+    if (verbose) nstf_mem_report_print_session(stderr, s);
 
     /* ceilings: from the cache, or measured now (and cached) */
     char cache_buf[1024];
@@ -267,8 +263,7 @@ int cmd_profile(int argc, char **argv) {
             cli_err("roofline chart written to %s", svg_path);
         }
     }
-    nstf_mem_report_session(s, &mem);
-    nstf_mem_report_print(stderr, &mem);
+    nstf_mem_report_print_session(stderr, s);
     fflush(stdout);
     nstf_trace_free(trace);
     free(toks);

@@ -11,7 +11,6 @@
 #include "cli_util.h"
 #include "nstf.h"
 #include "nstf_tools.h"
-#include "io/gguf.h"
 #include "prof/memory.h"
 #include "run_opts.h"
 
@@ -27,7 +26,8 @@ static void usage_common(FILE *f) {
             "  -t, --threads N           CPU threads (default: the physical cores)\n"
             "      --device DEV          cpu, gpu or auto (default auto: the GPU when present)\n"
             "  -ngl, --n-gpu-layers N    layers on the GPU: 0 = none (CPU), -1 or >= the layer count =\n"
-            "                            all (--gpu-layers too; a split is not supported yet)\n"
+            "                            all (the default), N between: the first N there, the rest and\n"
+            "                            the output on the CPU (--gpu-layers too; -v shows the split)\n"
             "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
             "  -ctk, --cache-type-k T    KV cache type: f32 on the CPU, bf16 on a GPU (the only ones)\n"
             "  -ctv, --cache-type-v T    the same for V\n"
@@ -298,31 +298,12 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
         } else if (explicit_dev && !strcmp(o->sp.device, "cpu")) {
             cli_err("-ngl %d puts layers on a GPU, but --device cpu", o->n_gpu_layers);
             return 2;
+        } else {
+            o->sp.n_gpu_layers = o->n_gpu_layers > 0 ? o->n_gpu_layers : 0; /* -1: all (0 in the session) */
         }
     }
     if (o->sp.n_threads) cli_check_threads(o->sp.n_threads);
     if (!o->seed_set) o->smp.seed = (uint64_t)nstf_time_seed();
-    return -1;
-}
-
-/* -ngl N with 0 < N < the layer count: a split the engine does not do yet.
- * The layer count comes from the file's header, before anything is loaded. */
-static int check_ngl(const run_opts *o) {
-    if (o->n_gpu_layers <= 0) return -1;
-    nstf_gguf *g = NULL;
-    if (nstf_gguf_open(o->model, &g) != NSTF_OK) return -1; /* the session says why */
-    nstf_gguf_str arch;
-    char key[96] = "";
-    if (nstf_gguf_get_str(g, "general.architecture", &arch) == NSTF_OK && arch.len < 64)
-        snprintf(key, sizeof key, "%.*s.block_count", (int)arch.len, arch.ptr);
-    const int n_layers = key[0] ? (int)nstf_gguf_get_u32_or(g, key, 0) : 0;
-    nstf_gguf_close(g);
-    if (n_layers > 0 && o->n_gpu_layers < n_layers) {
-        cli_err("-ngl %d: partial offload (%d of %d layers on the GPU) is not supported yet; use -ngl 0 (CPU) or "
-                "-ngl %d (all on the GPU)",
-                o->n_gpu_layers, o->n_gpu_layers, n_layers, n_layers);
-        return 2;
-    }
     return -1;
 }
 
@@ -388,7 +369,6 @@ static void print_prompt_tokens(nstf_session *s, const run_opts *o, const char *
 /* Open the session (and check what depends on it); NULL with *rc set. */
 static nstf_session *open_session(const run_opts *o, int *rc) {
     nstf_session *s = NULL;
-    if ((*rc = check_ngl(o)) >= 0) return NULL;
     if (nstf_session_open(o->model, &o->sp, &s) != NSTF_OK) {
         cli_lib_err();
         *rc = 1;
@@ -405,9 +385,7 @@ static nstf_session *open_session(const run_opts *o, int *rc) {
     /* weights paged in with a progress bar on a terminal (a line with -v) */
     nstf_weights_touch(s, stderr, o->sp.verbose);
     if (o->sp.verbose) {
-        nstf_mem_report mem;
-        nstf_mem_report_session(s, &mem);
-        nstf_mem_report_print(stderr, &mem);
+        nstf_mem_report_print_session(stderr, s);
         fprintf(stderr, "nstf %s: seed %llu, %d threads\n", cli_cmd, (unsigned long long)o->smp.seed,
                 nstf_session_threads(s));
     }
@@ -462,11 +440,7 @@ static int run_main(int argc, char **argv, bool chat_cmd) {
             run_print_speed(&gs);
             if (gs.stop == NSTF_STOP_INTERRUPTED) rc = 130;
         }
-        if (o.sp.verbose) {
-            nstf_mem_report mem;
-            nstf_mem_report_session(s, &mem);
-            nstf_mem_report_print(stderr, &mem);
-        }
+        if (o.sp.verbose) nstf_mem_report_print_session(stderr, s);
     }
     free(owned);
     nstf_session_close(s);

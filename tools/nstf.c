@@ -16,19 +16,23 @@ int cmd_bench(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 static const struct {
     const char *name;
     int (*fn)(int argc, char **argv);
     const char *what;
 } k_cmds[] = {
-    {"run", cmd_run, "generate text from a GGUF model"},
+    {"run", cmd_run, "generate text from a GGUF model or an HF model folder"},
     {"chat", cmd_chat, "talk with a model, turn after turn (history kept in the KV cache)"},
     {"inspect", cmd_inspect, "print a GGUF file's metadata and tensor table"},
+    {"convert", cmd_convert, "write an HF model folder as a GGUF file"},
+    {"quantize", cmd_quantize, "convert a GGUF's weights to another type or mix"},
     {"gen-model", cmd_gen_model, "write a Llama GGUF with random weights at a real shape"},
     {"bench", cmd_bench, "llama-bench compatible throughput (pp512/tg128) and regression check"},
     {"profile", cmd_profile, "per-op time, FLOPs, bytes and roofline placement; Chrome trace"},
-    {"devices", cmd_devices, "list the GPUs this build can run on"},
+    {"devices", cmd_devices, "list the GPUs this build can run on (--verbose: and the environment switches)"},
     {"isa", cmd_isa, "GPU machine-code report and gates of the AMD/CUDA build"},
 };
 #define N_CMDS (sizeof k_cmds / sizeof k_cmds[0])

@@ -9,7 +9,12 @@
  * and projects model tokens/s from it.
  *
  * usage: bench_matmul [n_threads_max=2] [reps=3] [n_tok: 0 = both, 1, 512] [hot=0]
- * hot=1 reuses layer 0's weights for every layer (cache-resident: kernel speed). */
+ *                     [layer type=Q4_1] [output type=Q8_0] [ffn_down type=layer type]
+ * hot=1 reuses layer 0's weights for every layer (cache-resident: kernel speed).
+ * Types are any nstf type name; a super-block type (Q4_K, ...) on a
+ * 576-wide matrix is not possible, so e.g. the Q4_K_M file's mix is
+ * "Q5_0 Q8_0 Q4_K" (576-wide matrices Q5_0, output Q8_0, ffn_down Q4_K).
+ * NSTF_CPU_ISA=scalar|avx2|avx512 forces a SIMD level. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +23,7 @@
 #include "core/dtype.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
+#include "ops/cpu/cpu_isa.h"
 #include "ops/ops.h"
 
 #define N_LAYER 30
@@ -27,7 +33,7 @@
 #define VOCAB 49152
 
 typedef struct { const char *name; int64_t n_in, n_out; nstf_type type; } shape;
-static const shape k_shapes[8] = {
+static shape k_shapes[8] = {
     {"q", DIM, DIM, NSTF_TYPE_Q4_1},      {"k", DIM, KV_DIM, NSTF_TYPE_Q4_1},
     {"v", DIM, KV_DIM, NSTF_TYPE_Q4_1},   {"o", DIM, DIM, NSTF_TYPE_Q4_1},
     {"gate", DIM, FFN, NSTF_TYPE_Q4_1},   {"up", DIM, FFN, NSTF_TYPE_Q4_1},
@@ -74,6 +80,26 @@ int main(int argc, char **argv) {
     int max_threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 3;
     if (max_threads < 1) max_threads = 1;
     if (reps < 1) reps = 1;
+    nstf_type lt = NSTF_TYPE_Q4_1, ot = NSTF_TYPE_Q8_0, dt;
+    if ((argc > 5 && !nstf_type_from_name(argv[5], &lt)) || (argc > 6 && !nstf_type_from_name(argv[6], &ot))) {
+        fprintf(stderr, "bench_matmul: unknown type\n");
+        return 2;
+    }
+    dt = lt;
+    if (argc > 7 && !nstf_type_from_name(argv[7], &dt)) {
+        fprintf(stderr, "bench_matmul: unknown type\n");
+        return 2;
+    }
+    for (int s = 0; s < 7; s++) k_shapes[s].type = s == 6 ? dt : lt;
+    k_shapes[7].type = ot;
+    for (int s = 0; s < 8; s++)
+        if (k_shapes[s].n_in % nstf_type_block_elems(k_shapes[s].type) != 0) {
+            fprintf(stderr, "bench_matmul: %s rows of %lld are not whole %s blocks\n", k_shapes[s].name,
+                    (long long)k_shapes[s].n_in, nstf_type_name(k_shapes[s].type));
+            return 2;
+        }
+    printf("types: layers %s, ffn_down %s, output %s; SIMD %s\n", nstf_type_name(lt), nstf_type_name(dt),
+           nstf_type_name(ot), nstf_cpu_isa_name(nstf_cpu_isa_current()));
     void *w[N_LAYER][7], *w_out;
     for (int l = 0; l < N_LAYER; l++)
         for (int s = 0; s < 7; s++) w[l][s] = make_weights(&k_shapes[s]);
@@ -98,7 +124,7 @@ int main(int argc, char **argv) {
             if (nstf_cpu_reserve(&cpu, n_tok, FFN) != NSTF_OK) return 1;
             int r = n_tok == 1 ? reps * 20 : reps;
             printf("\nn_tok=%lld threads=%d\n", (long long)n_tok, nth);
-            printf("  %-7s %7s %7s %10s %9s %8s %12s\n", "shape", "n_in", "n_out", "us/call",
+            printf("  %-7s %-6s %7s %7s %10s %9s %8s %12s\n", "shape", "type", "n_in", "n_out", "us/call",
                    "GFLOP/s", "GB/s(W)", "cpu us/call");
             double sum_layers = 0.0, t_out = 0.0;
             for (int s = 0; s < 8; s++) {
@@ -119,7 +145,7 @@ int main(int argc, char **argv) {
                 nstf_type_row_bytes(sh->type, sh->n_in, &rb);
                 double flop = 2.0 * (double)n_tok * (double)sh->n_in * (double)sh->n_out;
                 double bytes = (double)rb * (double)sh->n_out;
-                printf("  %-7s %7lld %7lld %10.1f %9.1f %8.1f %12.1f\n", sh->name,
+                printf("  %-7s %-6s %7lld %7lld %10.1f %9.1f %8.1f %12.1f\n", sh->name, nstf_type_name(sh->type),
                        (long long)sh->n_in, (long long)sh->n_out, per * 1e6, flop / per * 1e-9,
                        bytes / per * 1e-9, cper * 1e6);
                 if (s < 7)

@@ -139,6 +139,7 @@ def bench(name, prompt, gen, reps):
             cache = make_static_cache(cfg, prompt + gen + 16)
             cp = torch.arange(prompt, device="cuda")
             tok0 = int(last_logits(ids, cache, cache_position=cp)[0][0, -1].argmax())
+            torch.cuda.synchronize()  # an error of the cache fill shows here, not inside a timed loop
             s_tok = torch.full((1, 1), tok0, dtype=torch.long, device="cuda")
             s_pos = torch.tensor([prompt], device="cuda")
 
@@ -172,6 +173,7 @@ def bench(name, prompt, gen, reps):
                 for i in range(gen):
                     ms, tok = event_ms(lambda p=prompt + 1 + i, t=tok: replay_at(p, t, to_host))
                     times.append(ms)
+                torch.cuda.synchronize()  # a device-side error of the replays voids their times
                 res[key] = statistics.median(times)
                 print(f"  static-cache CUDA-graph decode at context {prompt + 1}-{prompt + gen}, {what}: "
                       f"{res[key]:.3f} ms/token (median of {gen})", flush=True)

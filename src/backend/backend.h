@@ -77,6 +77,8 @@ typedef struct nstf_backend_plan {
      * output matrix is not among them */
     const nstf_matrix *mats;
     int n_mats;
+    nstf_type embed_type, output_type; /* of the embedding table and the output matrix
+                                          (F32 for a stage without them) */
 } nstf_backend_plan;
 
 typedef struct nstf_backend_mem {

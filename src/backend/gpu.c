@@ -141,8 +141,23 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     return NSTF_OK;
 }
 
+/* The weight types the GEMV, the GEMM's dequantization and the embedding
+ * gather take. */
+static bool weight_type_ok(nstf_type t) {
+    return t == NSTF_TYPE_F32 || t == NSTF_TYPE_F16 || t == NSTF_TYPE_BF16 || t == NSTF_TYPE_Q8_0 ||
+           t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1;
+}
+
 static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64_t *ws) {
     gpu_backend *g = gpu_of(be);
+    for (int i = -2; i < p->n_mats; i++) {
+        const nstf_type t = i == -2 ? p->embed_type : i == -1 ? p->output_type : p->mats[i].type;
+        if (!weight_type_ok(t))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "the GPU backend has no kernels for %s weights yet (it takes F32, F16, BF16, Q8_0, "
+                                  "Q4_0, Q4_1); run on the CPU (--device cpu)",
+                                  nstf_type_name(t));
+    }
     if (p->head_dim != 64 && p->head_dim != 128)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU attention supports head sizes 64 and 128, not %d", p->head_dim);
     if (p->n_heads / p->n_kv_heads > 16)

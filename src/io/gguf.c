@@ -15,15 +15,12 @@
 #include "io/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "core/mem.h"
+#include "io/mapfile.h"
 
 typedef unsigned long long ull; /* for printf of uint64_t without PRIu64 noise */
 
@@ -141,6 +138,11 @@ static nstf_status strset_insert(strset *s, const nstf_gguf_str *v, const nstf_g
 typedef struct gguf_impl {
     nstf_gguf pub; /* first, so nstf_gguf* and gguf_impl* convert */
     strset keys, names;
+    /* views (nstf_gguf_open_view): the key/value image they own, and who
+     * owns the tensor data */
+    void *owned_image;
+    void (*release)(void *ctx);
+    void *release_ctx;
 } gguf_impl;
 
 _Static_assert(offsetof(nstf_gguf_kv, key) == 0, "kv lookup casts key to kv");
@@ -360,7 +362,8 @@ static nstf_status parse_tensor_info(gguf_impl *g, cursor *c, uint64_t i) {
     if (!nstf_type_valid(type))
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "%s: tensor '%s' has type id %u (%s), which is not supported "
-                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                              "(supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                              "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)",
                               c->file, nm, type, ggml_type_name(type));
     t->type = (nstf_type)type;
     int64_t blk = nstf_type_block_elems(t->type);
@@ -495,7 +498,7 @@ static nstf_status open_image(const uint8_t *base, uint64_t size, bool mapped, c
     *out = NULL;
     gguf_impl *g = nstf_calloc(1, sizeof *g, "gguf");
     if (!g) {
-        if (mapped) munmap((void *)base, (size_t)size);
+        if (mapped) nstf_unmap_file(base, size);
         return NSTF_ERR_OOM;
     }
     g->pub.base = base;
@@ -525,36 +528,68 @@ nstf_status nstf_gguf_open_memory(const void *data, uint64_t size, const char *n
 nstf_status nstf_gguf_open(const char *path, nstf_gguf **out) {
     if (!out || !path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gguf_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nstf_set_error(NSTF_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return nstf_set_error(NSTF_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    const uint8_t *m;
+    uint64_t size;
+    NSTF_TRY(nstf_map_file(path, "GGUF", &m, &size));
+    return open_image(m, size, true, path, out);
+}
+
+/* One tensor of a view, checked as the file reader checks its infos. */
+static nstf_status check_view_tensor(gguf_impl *g, uint64_t i) {
+    nstf_gguf *G = &g->pub;
+    nstf_gguf_tensor *t = &G->tensors[i];
+    if (!t->name.ptr || t->name.len == 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s: view tensor #%llu has no name", G->path, (ull)i);
+    shown name = show(t->name);
+    const char *nm = name.s;
+    const nstf_gguf_str *dup;
+    NSTF_TRY(strset_insert(&g->names, &t->name, &dup));
+    if (dup) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s: duplicate tensor name '%s'", G->path, nm);
+    bool ok = t->n_dims >= 1 && t->n_dims <= NSTF_GGUF_MAX_DIMS && nstf_type_valid((uint32_t)t->type) && t->data;
+    uint64_t n = 1, row = 0, bytes = 0;
+    for (uint32_t d = 0; ok && d < NSTF_GGUF_MAX_DIMS; d++)
+        ok = t->ne[d] >= 1 && (d < t->n_dims || t->ne[d] == 1) && nstf_mul_ok(n, (uint64_t)t->ne[d], &n);
+    ok = ok && n <= (uint64_t)INT64_MAX && t->ne[0] % nstf_type_block_elems(t->type) == 0 &&
+         nstf_type_row_bytes(t->type, t->ne[0], &row) && nstf_mul_ok(row, n / (uint64_t)t->ne[0], &bytes) &&
+         n == t->n_elems && bytes == t->n_bytes;
+    if (!ok)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "%s: view tensor '%s': inconsistent dims, type, sizes or data pointer", G->path, nm);
+    return NSTF_OK;
+}
+
+nstf_status nstf_gguf_open_view(void *kv_image, uint64_t size, const char *path, const nstf_gguf_tensor *tensors,
+                                uint64_t n_tensors, void (*release)(void *ctx), void *ctx, nstf_gguf **out) {
+    nstf_gguf *G = NULL;
+    nstf_status st = out && kv_image && (tensors || !n_tensors)
+                         ? open_image(kv_image, size, false, path, &G)
+                         : nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gguf_open_view: NULL argument");
+    if (st == NSTF_OK && G->n_tensors)
+        st = nstf_set_error(NSTF_ERR_INVALID_ARG, "%s: a view's key/value image holds tensors", path);
+    if (st != NSTF_OK) {
+        nstf_gguf_close(G);
+        nstf_free(kv_image);
+        if (release) release(ctx);
+        return st;
     }
-    if (S_ISDIR(sb.st_mode)) {
-        close(fd);
-        return nstf_set_error(NSTF_ERR_IO, "%s: cannot read: %s", path, strerror(EISDIR));
+    gguf_impl *g = (gguf_impl *)G;
+    g->owned_image = kv_image;
+    g->release = release;
+    g->release_ctx = ctx;
+    G->data_offset = size;
+    if (n_tensors) {
+        G->tensors = nstf_calloc((size_t)n_tensors, sizeof *G->tensors, "gguf view tensors");
+        if (!G->tensors) st = NSTF_ERR_OOM;
+        else memcpy(G->tensors, tensors, (size_t)n_tensors * sizeof *tensors);
+        G->n_tensors = G->tensors ? n_tensors : 0;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return nstf_set_error(NSTF_ERR_IO, "%s: not a regular file", path);
+    for (uint64_t i = 0; st == NSTF_OK && i < G->n_tensors; i++) st = check_view_tensor(g, i);
+    if (st != NSTF_OK) {
+        nstf_gguf_close(G);
+        return st;
     }
-    if (sb.st_size == 0) {
-        close(fd);
-        return nstf_set_error(NSTF_ERR_FORMAT, "%s: empty file (0 bytes); not a GGUF file", path);
-    }
-    if ((uint64_t)sb.st_size > SIZE_MAX) {
-        close(fd);
-        return nstf_set_error(NSTF_ERR_IO, "%s: file of %lld bytes is too large to map", path,
-                              (long long)sb.st_size);
-    }
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) return nstf_set_error(NSTF_ERR_IO, "%s: mmap failed: %s", path, strerror(e));
-    return open_image(m, (uint64_t)sb.st_size, true, path, out);
+    *out = G;
+    return NSTF_OK;
 }
 
 void nstf_gguf_close(nstf_gguf *G) {
@@ -566,7 +601,9 @@ void nstf_gguf_close(nstf_gguf *G) {
     nstf_free(G->tensors);
     nstf_free(g->keys.slot);
     nstf_free(g->names.slot);
-    if (G->mapped && G->base) munmap((void *)G->base, (size_t)G->size);
+    if (G->mapped) nstf_unmap_file(G->base, G->size);
+    nstf_free(g->owned_image);
+    if (g->release) g->release(g->release_ctx);
     free(G->path);
     nstf_free(g);
 }
@@ -720,7 +757,10 @@ typedef struct {
     uint32_t n_dims;
     int64_t ne[NSTF_GGUF_MAX_DIMS];
     uint64_t n_bytes;
-    void *data;
+    void *data;            /* the copy (add_tensor), or NULL: */
+    nstf_gguf_fill_fn fill; /* produced at write time (add_tensor_fill) */
+    void *fill_ctx;
+    uint64_t fill_index;
 } wtensor;
 
 struct nstf_gguf_writer {
@@ -880,10 +920,54 @@ nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
     return st;
 }
 
-nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
-                                        uint32_t n_dims, const int64_t *ne, const void *data) {
-    if (!w || !name || !ne || !data)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: add_tensor: NULL argument");
+/* Any key/value of an opened file, copied as it is (value type, strings
+ * with their exact bytes, arrays of any element type). */
+nstf_status nstf_gguf_writer_copy_kv(nstf_gguf_writer *w, const nstf_gguf_kv *kv) {
+    if (!w || !kv) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: NULL argument");
+    char key[256];
+    if (kv->key.len == 0 || kv->key.len >= sizeof key || memchr(kv->key.ptr, 0, (size_t)kv->key.len))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: key '%s' is empty, too long or has a NUL",
+                              show(kv->key).s);
+    memcpy(key, kv->key.ptr, (size_t)kv->key.len);
+    key[kv->key.len] = 0;
+    uint64_t es = vtype_size((uint32_t)kv->type);
+    if (kv->type == NSTF_GGUF_ARRAY && kv->arr_type != NSTF_GGUF_STRING)
+        return nstf_gguf_writer_set_arr(w, key, kv->arr_type, kv->arr_data, kv->arr_n);
+    uint64_t mark = w->kv.n;
+    NSTF_TRY(kv_begin(w, key, kv->type));
+    nstf_status st = NSTF_OK;
+    if (kv->type == NSTF_GGUF_ARRAY) { /* of strings */
+        st = bb_u32(&w->kv, NSTF_GGUF_STRING);
+        if (st == NSTF_OK) st = bb_u64(&w->kv, kv->arr_n);
+        for (uint64_t i = 0; i < kv->arr_n && st == NSTF_OK; i++) {
+            st = bb_u64(&w->kv, kv->arr_strs[i].len);
+            if (st == NSTF_OK) st = bb_put(&w->kv, kv->arr_strs[i].ptr, kv->arr_strs[i].len);
+        }
+    } else if (kv->type == NSTF_GGUF_STRING) {
+        st = bb_u64(&w->kv, kv->val.str.len);
+        if (st == NSTF_OK) st = bb_put(&w->kv, kv->val.str.ptr, kv->val.str.len);
+    } else if (es) { /* the value back in its own width (little-endian host) */
+        union { uint8_t b[8]; uint64_t u; int64_t i; double d; float f; } v = {.u = kv->val.u64};
+        if (kv->type == NSTF_GGUF_FLOAT32) v.f = (float)kv->val.f64;
+        else if (kv->type == NSTF_GGUF_FLOAT64) v.d = kv->val.f64;
+        st = bb_put(&w->kv, v.b, es);
+    } else {
+        st = nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: copy_kv: key '%s' has unknown type %u", key,
+                            (unsigned)kv->type);
+    }
+    if (st != NSTF_OK) kv_rollback(w, mark);
+    else if (strcmp(key, "general.alignment") == 0 && kv->type == NSTF_GGUF_UINT32) {
+        w->has_alignment = true;
+        w->alignment = (uint32_t)kv->val.u64;
+    }
+    return st;
+}
+
+/* Checks a tensor's name, type and dims and appends its entry (data and
+ * fill left NULL); *out is the new entry. */
+static nstf_status add_tensor_info(nstf_gguf_writer *w, const char *name, nstf_type type, uint32_t n_dims,
+                                   const int64_t *ne, wtensor **out) {
+    if (!w || !name || !ne) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: add_tensor: NULL argument");
     if (!name[0]) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: empty tensor name");
     for (uint64_t i = 0; i < w->n_t; i++)
         if (strcmp(w->t[i].name, name) == 0)
@@ -922,15 +1006,36 @@ nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, n
     wtensor t = {.type = type, .n_dims = n_dims, .n_bytes = bytes};
     for (uint32_t d = 0; d < NSTF_GGUF_MAX_DIMS; d++) t.ne[d] = d < n_dims ? ne[d] : 1;
     t.name = strdup(name);
-    t.data = nstf_alloc((size_t)bytes, "gguf writer tensor copy");
-    if (!t.name || !t.data) {
-        free(t.name);
-        nstf_free(t.data);
+    if (!t.name) return nstf_set_error(NSTF_ERR_OOM, "gguf writer: out of memory");
+    w->t[w->n_t] = t;
+    *out = &w->t[w->n_t++];
+    return NSTF_OK;
+}
+
+nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
+                                        uint32_t n_dims, const int64_t *ne, const void *data) {
+    if (!data) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: add_tensor: NULL argument");
+    wtensor *t;
+    NSTF_TRY(add_tensor_info(w, name, type, n_dims, ne, &t));
+    t->data = nstf_alloc((size_t)t->n_bytes, "gguf writer tensor copy");
+    if (!t->data) {
+        free(t->name);
+        w->n_t--;
         return nstf_set_error(NSTF_ERR_OOM, "gguf writer: out of memory copying tensor '%s' (%llu bytes)",
-                              name, (ull)bytes);
+                              name, (ull)t->n_bytes);
     }
-    memcpy(t.data, data, (size_t)bytes);
-    w->t[w->n_t++] = t;
+    memcpy(t->data, data, (size_t)t->n_bytes);
+    return NSTF_OK;
+}
+
+nstf_status nstf_gguf_writer_add_tensor_fill(nstf_gguf_writer *w, const char *name, nstf_type type, uint32_t n_dims,
+                                             const int64_t *ne, nstf_gguf_fill_fn fill, void *ctx, uint64_t index) {
+    if (!fill) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: add_tensor_fill: NULL argument");
+    wtensor *t;
+    NSTF_TRY(add_tensor_info(w, name, type, n_dims, ne, &t));
+    t->fill = fill;
+    t->fill_ctx = ctx;
+    t->fill_index = index;
     return NSTF_OK;
 }
 
@@ -996,17 +1101,31 @@ static nstf_status sink_put(sink *s, const void *d, uint64_t n) {
     return NSTF_OK;
 }
 
-/* Every tensor's bytes, each padded to the alignment. */
+/* Every tensor's bytes, each padded to the alignment; filled tensors go
+ * through one buffer the size of the largest. */
 static nstf_status emit_data(const nstf_gguf_writer *w, uint32_t alignment, sink *s) {
     static const uint8_t zeros[256];
-    for (uint64_t i = 0; i < w->n_t; i++) {
-        NSTF_TRY(sink_put(s, w->t[i].data, w->t[i].n_bytes));
-        for (uint64_t q = pad_to(w->t[i].n_bytes, alignment), k; q; q -= k) {
+    uint64_t most = 0;
+    for (uint64_t i = 0; i < w->n_t; i++)
+        if (w->t[i].fill && w->t[i].n_bytes > most) most = w->t[i].n_bytes;
+    uint8_t *buf = NULL;
+    if (most && !(buf = nstf_alloc((size_t)most, "gguf writer tensor buffer"))) return NSTF_ERR_OOM;
+    nstf_status st = NSTF_OK;
+    for (uint64_t i = 0; i < w->n_t && st == NSTF_OK; i++) {
+        const wtensor *t = &w->t[i];
+        const void *d = t->data;
+        if (t->fill) {
+            st = t->fill(t->fill_ctx, t->fill_index, buf, t->n_bytes);
+            d = buf;
+        }
+        if (st == NSTF_OK) st = sink_put(s, d, t->n_bytes);
+        for (uint64_t q = pad_to(t->n_bytes, alignment), k; q && st == NSTF_OK; q -= k) {
             k = q < sizeof zeros ? q : sizeof zeros;
-            NSTF_TRY(sink_put(s, zeros, k));
+            st = sink_put(s, zeros, k);
         }
     }
-    return NSTF_OK;
+    nstf_free(buf);
+    return st;
 }
 
 nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignment, void **out,

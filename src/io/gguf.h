@@ -93,6 +93,18 @@ nstf_status nstf_gguf_open(const char *path, nstf_gguf **out);
  * is used in messages. Used by tests and the fuzzer. */
 nstf_status nstf_gguf_open_memory(const void *data, uint64_t size, const char *name,
                                   nstf_gguf **out);
+/* A view assembled by another reader (an HF model folder: io/hf_model.h),
+ * for code that reads GGUF. The key/values are parsed and validated from
+ * `kv_image`, a GGUF image without tensors (nstf_gguf_writer_write_memory),
+ * which the view owns from this call on (freed at close, or now on
+ * failure). The tensor infos are copied from `tensors`; their names and
+ * data stay the caller's until `release(ctx)` (may be NULL), which close
+ * calls, as does a failing call. Tensors are checked like a file's (unique
+ * non-empty names, dims, type, n_elems and n_bytes consistent, data set);
+ * `offset` is not used. base/size are the key/value image's. */
+nstf_status nstf_gguf_open_view(void *kv_image, uint64_t size, const char *path,
+                                const nstf_gguf_tensor *tensors, uint64_t n_tensors,
+                                void (*release)(void *ctx), void *ctx, nstf_gguf **out);
 void nstf_gguf_close(nstf_gguf *g);
 
 const nstf_gguf_kv *nstf_gguf_find_kv(const nstf_gguf *g, const char *key);
@@ -141,9 +153,20 @@ nstf_status nstf_gguf_writer_set_arr(nstf_gguf_writer *w, const char *key, nstf_
                                      const void *data, uint64_t n);
 nstf_status nstf_gguf_writer_set_arr_str(nstf_gguf_writer *w, const char *key,
                                          const char *const *strs, uint64_t n);
+/* A key/value of a file that was read (nstf_gguf_kv), written back as it
+ * was (same type, same value). */
+nstf_status nstf_gguf_writer_copy_kv(nstf_gguf_writer *w, const nstf_gguf_kv *kv);
 /* Tensor data is copied. ne[0] is the innermost dim. */
 nstf_status nstf_gguf_writer_add_tensor(nstf_gguf_writer *w, const char *name, nstf_type type,
                                         uint32_t n_dims, const int64_t *ne, const void *data);
+/* A tensor whose bytes are produced while the file is written:
+ * fill(ctx, index, dst, n_bytes) writes all n_bytes into dst (a buffer the
+ * size of the largest such tensor), or returns an error that stops the
+ * write. Converters stream a model this way instead of holding a copy. */
+typedef nstf_status (*nstf_gguf_fill_fn)(void *ctx, uint64_t index, void *dst, uint64_t n_bytes);
+nstf_status nstf_gguf_writer_add_tensor_fill(nstf_gguf_writer *w, const char *name, nstf_type type,
+                                             uint32_t n_dims, const int64_t *ne, nstf_gguf_fill_fn fill,
+                                             void *ctx, uint64_t index);
 /* Write version 3 with the given alignment (0 = default 32; otherwise a
  * power of two). general.alignment is written when it is not 32. Every
  * tensor's data is padded to the alignment, the last one included. */

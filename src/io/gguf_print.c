@@ -93,7 +93,7 @@ nstf_status nstf_gguf_print(const nstf_gguf *g, FILE *f, bool all_kv) {
         fputc('\n', f);
     }
 
-    fprintf(f, "\n  %-5s %-40s %-5s %-28s %12s %12s\n", "#", "name", "type", "dims", "bytes", "offset");
+    fprintf(f, "\n  %-5s %-40s %-6s %-28s %12s %12s\n", "#", "name", "type", "dims", "bytes", "offset");
     uint64_t per_type[32] = {0}, n_per_type[32] = {0}, total = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
@@ -102,7 +102,7 @@ nstf_status nstf_gguf_print(const nstf_gguf *g, FILE *f, bool all_kv) {
         for (uint32_t d = 0; d < t->n_dims; d++)
             n += snprintf(dims + n, sizeof dims - (size_t)n, d ? ", %lld" : "[%lld", (long long)t->ne[d]);
         snprintf(dims + n, sizeof dims - (size_t)n, "]");
-        fprintf(f, "  %-5llu %-40.*s %-5s %-28s %12llu %12llu\n", (ull)i,
+        fprintf(f, "  %-5llu %-40.*s %-6s %-28s %12llu %12llu\n", (ull)i,
                 (int)(t->name.len < 200 ? t->name.len : 200), t->name.ptr, nstf_type_name(t->type), dims,
                 (ull)t->n_bytes, (ull)t->offset);
         if ((unsigned)t->type < 32) {
@@ -114,9 +114,9 @@ nstf_status nstf_gguf_print(const nstf_gguf *g, FILE *f, bool all_kv) {
     fprintf(f, "\n  bytes per type:\n");
     for (unsigned ty = 0; ty < 32; ty++)
         if (n_per_type[ty])
-            fprintf(f, "    %-5s %6llu tensors %14llu bytes (%.2f MiB)\n", nstf_type_name(ty),
+            fprintf(f, "    %-6s %6llu tensors %14llu bytes (%.2f MiB)\n", nstf_type_name(ty),
                     (ull)n_per_type[ty], (ull)per_type[ty], per_type[ty] / 1048576.0);
-    fprintf(f, "    total %6llu tensors %14llu bytes (%.2f MiB)\n", (ull)g->n_tensors, (ull)total,
+    fprintf(f, "    total  %6llu tensors %14llu bytes (%.2f MiB)\n", (ull)g->n_tensors, (ull)total,
             total / 1048576.0);
     return ferror(f) ? nstf_set_error(NSTF_ERR_IO, "%s: writing the listing failed", g->path) : NSTF_OK;
 }

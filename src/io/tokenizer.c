@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "io/utf8.h"
 
 enum {
     TOKEN_TYPE_NORMAL = 1,
@@ -191,46 +192,6 @@ static int utf8_put(uint32_t cp, char *o) {
     return 4;
 }
 
-int64_t nstf_utf8_invalid(const char *text, size_t n, const char **why) {
-    const uint8_t *s = (const uint8_t *)text;
-    const char *unused;
-    if (!why) why = &unused;
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) { i++; continue; }
-        int len;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            len = 3;
-            if (c == 0xE0) lo = 0xA0;        /* overlong */
-            if (c == 0xED) hi = 0x9F;        /* surrogates */
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            len = 4;
-            if (c == 0xF0) lo = 0x90;        /* overlong */
-            if (c == 0xF4) hi = 0x8F;        /* > U+10FFFF */
-        } else {
-            *why = c >= 0x80 && c <= 0xBF ? "unexpected continuation byte"
-                 : c <= 0xC1 ? "overlong encoding" : "byte never valid in UTF-8";
-            return (int64_t)i;
-        }
-        if (n - i < (size_t)len) { *why = "truncated sequence"; return (int64_t)i; }
-        for (int k = 1; k < len; k++) {
-            uint8_t d = s[i + (size_t)k];
-            uint8_t l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
-            if (d < l || d > h) {
-                *why = d < 0x80 || d > 0xBF ? "truncated sequence"
-                     : c == 0xED ? "surrogate code point"
-                     : c == 0xF4 ? "code point above U+10FFFF" : "overlong encoding";
-                return (int64_t)i;
-            }
-        }
-        i += (size_t)len;
-    }
-    return -1;
-}
-
 /* GPT-2's reversible byte <-> code point map: printable Latin-1 bytes map to
  * themselves, the other 68 to U+0100.. in byte order. */
 static void gpt2_byte_map(uint32_t b2cp[256]) {
@@ -259,9 +220,9 @@ void nstf_tokenizer_free(nstf_tokenizer *t) {
     free(t);
 }
 
-static const char *const RE_GPT2 =
+const char *const nstf_pre_regex_gpt2 =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
-static const char *const RE_LLAMA3 =
+const char *const nstf_pre_regex_llama3 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
@@ -288,12 +249,12 @@ static nstf_status setup_pre(nstf_tokenizer *t, const nstf_gguf *g) {
     if (nstf_gguf_str_eq(pre, "smollm") || nstf_gguf_str_eq(pre, "starcoder") ||
         nstf_gguf_str_eq(pre, "refact")) {
         NSTF_TRY(add_regex(t, "\\p{N}"));
-        return add_regex(t, RE_GPT2);
+        return add_regex(t, nstf_pre_regex_gpt2);
     }
     if (nstf_gguf_str_eq(pre, "llama3") || nstf_gguf_str_eq(pre, "llama-v3") ||
         nstf_gguf_str_eq(pre, "llama-bpe")) {
         t->ignore_merges = true;
-        return add_regex(t, RE_LLAMA3);
+        return add_regex(t, nstf_pre_regex_llama3);
     }
     if (!(pre.len == 0 || nstf_gguf_str_eq(pre, "default") || nstf_gguf_str_eq(pre, "gpt-2") ||
           nstf_gguf_str_eq(pre, "gpt2"))) {
@@ -303,7 +264,7 @@ static nstf_status setup_pre(nstf_tokenizer *t, const nstf_gguf *g) {
         name[n] = 0;
         tok_note("tokenizer.ggml.pre \"%s\" is not known; using the GPT-2 pre-tokenizer", name);
     }
-    return add_regex(t, RE_GPT2);
+    return add_regex(t, nstf_pre_regex_gpt2);
 }
 
 /* special tokens are sorted as (length, id) pairs: longest first */
@@ -881,7 +842,7 @@ nstf_status nstf_tokenizer_encode(const nstf_tokenizer *t, const char *text, siz
     if (len > (size_t)INT32_MAX / 4)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_tokenizer_encode: text of %zu bytes is too long", len);
     const char *why = "";
-    int64_t bad = nstf_utf8_invalid(text, len, &why);
+    int64_t bad = nstf_utf8_check((const uint8_t *)text, len, &why);
     if (bad >= 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_tokenizer_encode: invalid UTF-8 at byte offset %lld (%s, byte 0x%02X)",

@@ -19,6 +19,12 @@
 
 typedef struct nstf_tokenizer nstf_tokenizer;
 
+/* The pre-tokenizer regexes (PCRE2 syntax, as HF's tokenizer.json writes
+ * them) behind tokenizer.ggml.pre "gpt2" (also "smollm", after splitting
+ * digits) and "llama-bpe" (Llama-3). */
+extern const char *const nstf_pre_regex_gpt2;
+extern const char *const nstf_pre_regex_llama3;
+
 nstf_status nstf_tokenizer_from_gguf(const nstf_gguf *g, nstf_tokenizer **out);
 void nstf_tokenizer_free(nstf_tokenizer *t);
 
@@ -34,11 +40,6 @@ bool nstf_tokenizer_is_eog(const nstf_tokenizer *t, int32_t id);
  * the byte offset. *ids is malloc'd (free with free()). */
 nstf_status nstf_tokenizer_encode(const nstf_tokenizer *t, const char *text, size_t len,
                                   bool add_bos, bool parse_special, int32_t **ids, int64_t *n_ids);
-
-/* Offset of the first byte of s[0..n) that is not valid UTF-8 (no
- * overlong forms, surrogates or code points above U+10FFFF), or -1 when
- * all are; *why (may be NULL) says what is wrong there. */
-int64_t nstf_utf8_invalid(const char *s, size_t n, const char **why);
 
 /* The bytes of one token (for streaming; may be a partial UTF-8 sequence).
  * Writes at most `cap` bytes to buf and returns the piece's full length,

@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/mem.h"
+#include "io/utf8.h"
 #include "model/session.h"
 
 struct nstf_conv {
@@ -281,7 +282,7 @@ nstf_status nstf_conv_load(nstf_conv *c, const char *path) {
             (strcmp(role->valuestring, "user") && strcmp(role->valuestring, "assistant")))
             r = nstf_set_error(NSTF_ERR_FORMAT, "%s: message %d needs a role (user or assistant) and a content string",
                                path, i);
-        else if (nstf_utf8_invalid(content->valuestring, strlen(content->valuestring), NULL) >= 0)
+        else if (nstf_utf8_check((const uint8_t *)content->valuestring, strlen(content->valuestring), NULL) >= 0)
             r = nstf_set_error(NSTF_ERR_FORMAT, "%s: message %d is not valid UTF-8", path, i);
         i++;
     }

@@ -123,14 +123,17 @@ static nstf_status layers(fwd *f) {
     const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode};
     f->pending = NULL;
 
-    nstf_op_args e = {.op = NSTF_OP_GET_ROWS, .label = "embed", .layer = -1};
-    e.get_rows.table = &w->tok_embd;
-    e.get_rows.ids = f->io.ids;
-    e.get_rows.out = f32_rows(s->x, dim);
-    e.get_rows.n = n;
-    NSTF_TRY(run(f, &e));
+    if (f->r->embed) {
+        nstf_op_args e = {.op = NSTF_OP_GET_ROWS, .label = "embed", .layer = -1};
+        e.get_rows.table = &w->tok_embd;
+        e.get_rows.ids = f->io.ids;
+        e.get_rows.out = f32_rows(s->x, dim);
+        e.get_rows.n = n;
+        NSTF_TRY(run(f, &e));
+    }
 
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = f->r->l0; l < f->r->l1; l++) {
+        const int64_t lc = l - f->r->l0; /* this stage's cache holds its own layers */
         const nstf_llama_layer *L = &w->layers[l];
         /* attention block */
         nstf_op_args qkv = mm_args("qkv_proj", l, NSTF_BLOCK_ATTN, n);
@@ -146,8 +149,8 @@ static nstf_status layers(fwd *f) {
         at.attention.q = qkv.matmul.out[0];
         at.attention.k = qkv.matmul.out[1];
         at.attention.v = qkv.matmul.out[2];
-        at.attention.k_cache = (char *)s->k_cache + l * layer_cache;
-        at.attention.v_cache = (char *)s->v_cache + l * layer_cache;
+        at.attention.k_cache = (char *)s->k_cache + lc * layer_cache;
+        at.attention.v_cache = (char *)s->v_cache + lc * layer_cache;
         at.attention.out = act_rows(f, s->att, qd);
         at.attention.pos = f->io.pos;
         at.attention.seq = f->io.seq;
@@ -193,6 +196,16 @@ static nstf_status layers(fwd *f) {
         NSTF_TRY(matmul(f, &d));
     }
 
+    if (!f->r->output) { /* a stage before the last: hand over x whole */
+        if (!f->pending) return NSTF_OK;
+        nstf_op_args add = {.op = NSTF_OP_ADD, .label = "add", .layer = f->r->l1 - 1};
+        add.add.x = s->x;
+        add.add.y = f->pending;
+        add.add.n = n * dim;
+        f->pending = NULL;
+        return run(f, &add);
+    }
+
     /* final norm and logits: of every token, or of the last one only */
     const int64_t first = f->b->all_logits ? 0 : n - 1, rows = n - first;
     nstf_op_args lg = mm_args("logits", -1, NSTF_BLOCK_OTHER, rows);
@@ -215,6 +228,23 @@ static nstf_status layers(fwd *f) {
     return NSTF_OK;
 }
 
+/* One stage's part of the forward, in its backend's bracket. */
+static nstf_status stage_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
+    const nstf_llama_config *c = &r->m->cfg;
+    const nstf_llama_state *s = &r->s;
+    fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
+    const int64_t rows = b->all_logits ? b->n : 1;
+    const nstf_fwd_out out = {s->logits, r->output ? rows : 0, c->n_vocab, b->argmax && r->output ? s->argmax : NULL,
+                              r->output ? logits : NULL, r->output ? argmax : NULL};
+    for (int attempt = 0;; attempt++) {
+        bool replayed = false, retry = false;
+        NSTF_TRY(r->be->vt->begin(r->be, b, &f.io, &replayed));
+        nstf_status st = replayed ? NSTF_OK : layers(&f);
+        st = r->be->vt->end(r->be, b, st, &out, &retry);
+        if (!retry || attempt > 0) return st;
+    }
+}
+
 nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
     const nstf_llama_config *c = &r->m->cfg;
     const nstf_llama_state *s = &r->s;
@@ -231,16 +261,15 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
         if (b->seq && (b->seq[t] < 0 || b->seq[t] >= s->n_seq))
             return nstf_set_error(NSTF_ERR_RANGE, "sequence %d is not one of the %d slots", b->seq[t], s->n_seq);
     }
-    fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
-    const int64_t rows = b->all_logits ? b->n : 1;
-    const nstf_fwd_out out = {s->logits, rows, c->n_vocab, b->argmax ? s->argmax : NULL, logits, argmax};
-    for (int attempt = 0;; attempt++) {
-        bool replayed = false, retry = false;
-        NSTF_TRY(r->be->vt->begin(r->be, b, &f.io, &replayed));
-        nstf_status st = replayed ? NSTF_OK : layers(&f);
-        st = r->be->vt->end(r->be, b, st, &out, &retry);
-        if (!retry || attempt > 0) return st;
+    /* stage after stage; x [n, dim] goes from one to the next through the host */
+    for (nstf_llama_run *st = r; st; st = st->next) {
+        NSTF_TRY(stage_forward(st, b, logits, argmax));
+        if (!st->next) break;
+        const uint64_t bytes = (uint64_t)b->n * (uint64_t)c->dim * sizeof(float);
+        NSTF_TRY(st->be->vt->download(st->be, st->xfer, st->s.x, bytes));
+        NSTF_TRY(st->next->be->vt->upload(st->next->be, st->next->s.x, st->xfer, bytes));
     }
+    return NSTF_OK;
 }
 
 nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,

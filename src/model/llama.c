@@ -73,7 +73,7 @@ static nstf_status load_config(const nstf_gguf *g, nstf_llama_config *c) {
     if (!(c->rope_base > 0) || !(c->norm_eps > 0) || !(c->norm_eps < 1))
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: bad rope base %g or norm epsilon %g", g->path,
                               (double)c->rope_base, (double)c->norm_eps);
-    c->rope_mode = NSTF_ROPE_NORM; /* GGUF "llama" stores Q/K permuted for adjacent pairs */
+    c->rope_mode = nstf_gguf_get_bool_or(g, "nstf.rope.neox", false) ? NSTF_ROPE_NEOX : NSTF_ROPE_NORM; /* GGUF "llama": Q/K permuted for adjacent pairs; HF folder views: rotate-half (io/hf_model.h) */
     return NSTF_OK;
 }
 

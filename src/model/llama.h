@@ -90,14 +90,21 @@ typedef struct nstf_llama_state {
     uint64_t block_bytes, kv_bytes;
 } nstf_llama_state;
 
-/* A model placed on a backend for running. */
+/* A model placed on a backend for running: all of it, or a stage of a
+ * model split over backends (layers [l0, l1), with or without the
+ * embedding and the output head). Stages chain through `next`: a forward
+ * runs each in turn and hands the residual stream x to the next. */
 typedef struct nstf_llama_run {
     const nstf_llama *m;   /* not owned */
     nstf_backend *be;      /* not owned */
+    int l0, l1;            /* the layers this run holds */
+    bool embed, output;    /* it holds the embedding (first stage) / the output head (last) */
     nstf_llama_weights w;  /* in backend memory; a host backend's are m's own views */
     void *wblock;          /* the weights' one backend allocation (NULL on a host backend) */
     uint64_t wbytes;       /* weight bytes the run holds (a host backend: the file's tensors) */
-    nstf_llama_state s;
+    nstf_llama_state s;    /* the KV cache holds layers l0..l1-1 */
+    struct nstf_llama_run *next; /* the next stage (not owned), or NULL */
+    float *xfer;           /* host buffer [n_batch, dim] for x between stages (owned; stages with next) */
 } nstf_llama_run;
 
 /* Place m on be for a KV cache of n_ctx positions in each of n_seq
@@ -107,6 +114,10 @@ typedef struct nstf_llama_run {
  * allocate, upload and prepare. m must outlive the run. */
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out);
+/* A stage: layers [l0, l1), with the embedding if embed, with the final
+ * norm and the output matrix if output. */
+nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                        int l0, int l1, bool embed, bool output, nstf_llama_run **out);
 void nstf_llama_run_free(nstf_llama_run *r);
 /* Empty the KV cache (every sequence reads as zeros). */
 nstf_status nstf_llama_run_clear(nstf_llama_run *r);

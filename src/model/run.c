@@ -84,12 +84,14 @@ static void put_norm(placer *p, const float *src, int64_t dim, const float **dst
 }
 
 /* The weights' size table; with p->base also upload them and fill w. */
-static nstf_status weights_place(placer *p, const nstf_llama *m, nstf_llama_weights *w, uint64_t *total) {
+static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llama_run *r, nstf_llama_weights *w,
+                                 uint64_t *total) {
     const nstf_llama_config *c = &m->cfg;
     const nstf_matrix *te = &m->w.tok_embd;
     nstf_matrix *te_dst = &w->tok_embd;
-    put_group(p, &te, &te_dst, 1);
-    for (int l = 0; p->cv.ok && l < c->n_layers; l++) {
+    /* the embedding on the first stage, and on the last when it is the tied output */
+    if (r->embed || (r->output && c->tied_output)) put_group(p, &te, &te_dst, 1);
+    for (int l = r->l0; p->cv.ok && l < r->l1; l++) {
         const nstf_llama_layer *L = &m->w.layers[l];
         nstf_llama_layer *D = &w->layers[l];
         put_norm(p, L->attn_norm, c->dim, &D->attn_norm);
@@ -103,13 +105,15 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, nstf_llama_weig
         put_group(p, gu, gu_d, 2);
         put_group(p, &dn, &dn_d, 1);
     }
-    put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
-    if (c->tied_output) {
-        if (p->base) w->output = w->tok_embd;
-    } else {
-        const nstf_matrix *out = &m->w.output;
-        nstf_matrix *out_d = &w->output;
-        put_group(p, &out, &out_d, 1);
+    if (r->output) {
+        put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
+        if (c->tied_output) {
+            if (p->base) w->output = w->tok_embd;
+        } else {
+            const nstf_matrix *out = &m->w.output;
+            nstf_matrix *out_d = &w->output;
+            put_group(p, &out, &out_d, 1);
+        }
     }
     if (!p->cv.ok) return nstf_set_error(NSTF_ERR_RANGE, "the weight table overflows or has a bad row size");
     *total = p->cv.off;
@@ -129,10 +133,10 @@ static bool placed_adjacent(const nstf_matrix *const *w, int n) {
  * (or, with as_placed, where put_group will make it) adjacent. The output
  * matrix is not listed: a backend sizes no workspace for it (its every-
  * token logits of a prefill are the rare case). */
-static int matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap, bool as_placed) {
+static int matmuls(const nstf_llama_weights *w, int l0, int l1, nstf_matrix *out, int cap, bool as_placed) {
     int n = 0;
 #define ADD(m) do { if (n < cap) out[n] = (m); n++; } while (0)
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
         const nstf_llama_layer *L = &w->layers[l];
         const nstf_matrix *g[2][3] = {{&L->wq, &L->wk, &L->wv}, {&L->w_gate, &L->w_up, NULL}};
         for (int k = 0; k < 2; k++) {
@@ -151,14 +155,14 @@ static int matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf
 }
 
 int nstf_llama_matmuls(const nstf_llama_weights *w, const nstf_llama_config *c, nstf_matrix *out, int cap) {
-    return matmuls(w, c, out, cap, false);
+    return matmuls(w, 0, c->n_layers, out, cap, false);
 }
 
 /* ---- run state ------------------------------------------------------------------------- */
 
 /* The run state's size table; with base also carve the pointers. */
-static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, const nstf_backend *be, char *base,
-                              uint64_t *total) {
+static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, int n_layers, const nstf_backend *be,
+                              char *base, uint64_t *total) {
     uint64_t act = 0, kv = 0;
     (void)nstf_type_row_bytes(be->act_type, 1, &act);
     (void)nstf_type_row_bytes(be->kv_type, 1, &kv);
@@ -172,7 +176,7 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, c
               nstf_mul_ok(B * act, 2 * ffn, &sz[5]) &&              /* h */
               nstf_mul_ok(B * act, ffn, &sz[6]) &&                  /* hs */
               nstf_mul_ok(B * 4, V, &sz[7]) &&                      /* logits */
-              nstf_mul_ok((uint64_t)c->n_layers * (uint64_t)s->n_seq, (uint64_t)s->n_ctx, &cache) &&
+              nstf_mul_ok((uint64_t)n_layers * (uint64_t)s->n_seq, (uint64_t)s->n_ctx, &cache) &&
               nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
     sz[1] = sz[0];  /* y */
     sz[8] = 16;     /* argmax */
@@ -213,21 +217,34 @@ void nstf_llama_run_free(nstf_llama_run *r) {
         if (r->wblock) r->be->vt->free(r->be, r->wblock);
     }
     if (r->w.layers != r->m->w.layers) nstf_free(r->w.layers);
+    nstf_free(r->xfer);
     nstf_free(r);
 }
 
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out) {
+    return nstf_llama_run_create_stage(m, be, n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, out);
+}
+
+nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                        int l0, int l1, bool embed, bool output, nstf_llama_run **out) {
     *out = NULL;
     const nstf_llama_config *c = &m->cfg;
     if (n_ctx < 1 || n_batch < 1 || n_seq < 1)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d), batch (%d) and sequences (%d) must be positive",
                               n_ctx, n_batch, n_seq);
+    if (l0 < 0 || l1 < l0 || l1 > c->n_layers || (l0 == l1 && !embed && !output))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "stage of layers %d..%d of a %d-layer model", l0, l1 - 1,
+                              c->n_layers);
     if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;
     nstf_llama_run *r = nstf_calloc(1, sizeof *r, "model run");
     if (!r) return NSTF_ERR_OOM;
     r->m = m;
     r->be = be;
+    r->l0 = l0;
+    r->l1 = l1;
+    r->embed = embed;
+    r->output = output;
     r->s.n_ctx = n_ctx;
     r->s.n_batch = n_batch;
     r->s.n_seq = n_seq;
@@ -243,14 +260,15 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     } else {
         r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
         if (!r->w.layers) st = NSTF_ERR_OOM;
-        if (st == NSTF_OK) st = weights_place(&p, m, &r->w, &r->wbytes);
+        if (st == NSTF_OK) st = weights_place(&p, m, r, &r->w, &r->wbytes);
     }
     uint64_t sbytes = 0, ws = 0;
-    if (st == NSTF_OK) st = state_plan(&r->s, c, be, NULL, &sbytes);
+    if (st == NSTF_OK) st = state_plan(&r->s, c, l1 - l0, be, NULL, &sbytes);
     nstf_matrix *mats = NULL;
     const int n_mats = 7 * c->n_layers; /* every matrix on its own: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
-                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0};
+                            n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0,
+                            embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32};
     if (st == NSTF_OK) {
         mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
         if (!mats) st = NSTF_ERR_OOM;
@@ -258,7 +276,7 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     if (st == NSTF_OK) {
         /* sizes only here: the groups as they will be placed */
         bp.mats = mats;
-        bp.n_mats = matmuls(&m->w, c, mats, n_mats, !be->host_memory);
+        bp.n_mats = matmuls(&m->w, l0, l1, mats, n_mats, !be->host_memory);
         st = be->vt->plan(be, &bp, &ws);
     }
     if (st == NSTF_OK) {
@@ -284,22 +302,26 @@ nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_c
     if (st == NSTF_OK && !be->host_memory) st = be->vt->alloc(be, r->wbytes, &r->wblock);
     if (st == NSTF_OK && !be->host_memory) {
         p = (placer){be, r->wblock, {0, true}, NSTF_OK};
-        st = weights_place(&p, m, &r->w, &r->wbytes);
+        st = weights_place(&p, m, r, &r->w, &r->wbytes);
     }
     if (st == NSTF_OK) st = be->vt->alloc(be, sbytes, &r->s.block);
     if (st == NSTF_OK) {
         r->s.block_bytes = sbytes;
-        st = state_plan(&r->s, c, be, r->s.block, &sbytes);
+        st = state_plan(&r->s, c, l1 - l0, be, r->s.block, &sbytes);
     }
     /* a device's empty cache reads as zeros, never as NaN from stale memory
      * (host pages are left untouched until used: attention never reads a
      * position no token wrote) */
     if (st == NSTF_OK && !be->host_memory) st = be->vt->zero(be, r->s.block, sbytes);
     if (st == NSTF_OK) {
-        bp.n_mats = matmuls(&r->w, c, mats, n_mats, false);
+        bp.n_mats = matmuls(&r->w, l0, l1, mats, n_mats, false);
         st = be->vt->prepare(be, &bp);
     }
     if (st == NSTF_OK) st = be->vt->sync(be);
+    if (st == NSTF_OK && !output) { /* x goes to the next stage through the host */
+        r->xfer = nstf_alloc((size_t)n_batch * (size_t)c->dim * sizeof(float), "stage transfer");
+        if (!r->xfer) st = NSTF_ERR_OOM;
+    }
     nstf_free(mats);
     if (st != NSTF_OK) {
         nstf_llama_run_free(r);

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/mem.h"
+#include "io/hf_model.h"
+#include "io/utf8.h"
 
 uint64_t nstf_time_seed(void) {
     struct timespec ts;
@@ -40,11 +42,25 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         if (p->verbose) fprintf(stderr, "nstf: no GPU found; running on the CPU\n");
         return NSTF_OK;
     }
+    const int L = s->model->cfg.n_layers, ngl = p->n_gpu_layers <= 0 || p->n_gpu_layers > L ? L : p->n_gpu_layers;
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
-    if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p->n_batch, 1, &s->run);
+    if (st == NSTF_OK) st = nstf_llama_run_create_stage(s->model, s->be, n_ctx, p->n_batch, 1, 0, ngl, true, ngl == L,
+                                                         &s->run);
+    if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
+        const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic, p->cpu_act_bits};
+        st = nstf_backend_cpu_create(&cp, &s->be_cpu);
+        if (st == NSTF_OK)
+            st = nstf_llama_run_create_stage(s->model, s->be_cpu, n_ctx, p->n_batch, 1, ngl, L, false, true,
+                                             &s->run_cpu);
+        if (st == NSTF_OK) s->run->next = s->run_cpu;
+    }
     if (st != NSTF_OK) {
+        nstf_llama_run_free(s->run_cpu);
+        nstf_backend_free(s->be_cpu);
+        nstf_llama_run_free(s->run);
         nstf_backend_free(s->be);
-        s->be = NULL;
+        s->run = s->run_cpu = NULL;
+        s->be = s->be_cpu = NULL;
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
     }
@@ -80,6 +96,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
     if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
     if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
+    if (p.n_gpu_layers < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "GPU layer count %d must be >= 0 (0: all)", p.n_gpu_layers);
     if (!p.device) p.device = "auto";
     if (strcmp(p.device, "cpu") != 0 && strcmp(p.device, "auto") != 0 && strcmp(p.device, "gpu") != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown device '%s' (use cpu, gpu or auto)", p.device);
@@ -91,7 +109,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     if (!s) return NSTF_ERR_OOM;
     s->params = p;
     nstf_gguf *g = NULL;
-    nstf_status st = nstf_gguf_open(path, &g);
+    nstf_status st = nstf_model_file_open(path, &g);
     if (st == NSTF_OK) {
         st = nstf_llama_load(g, &s->model);
         if (st != NSTF_OK) nstf_gguf_close(g);
@@ -138,6 +156,11 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
                 "MiB, loaded in %.0f ms\n",
                 s->be->device, s->n_ctx, s->n_batch, (double)s->run->wbytes / (1 << 20),
                 (double)rs->block_bytes / (1 << 20), (double)mem.workspace / (1 << 20), s->load_ms);
+        if (s->run_cpu)
+            fprintf(stderr, "nstf: split: embedding and layers 0-%d on the GPU, layers %d-%d and the output on the CPU "
+                    "(%d threads; state %.1f MiB there)\n",
+                    s->run->l1 - 1, s->run_cpu->l0, s->run_cpu->l1 - 1, nstf_pool_size(nstf_backend_cpu_pool(s->be_cpu)),
+                    (double)s->run_cpu->s.block_bytes / (1 << 20));
     }
     *out = s;
     return NSTF_OK;
@@ -145,6 +168,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
 
 void nstf_session_close(nstf_session *s) {
     if (!s) return;
+    nstf_llama_run_free(s->run_cpu);
+    nstf_backend_free(s->be_cpu);
     nstf_llama_run_free(s->run);
     nstf_backend_free(s->be);
     nstf_free(s->logits);
@@ -293,7 +318,7 @@ nstf_status nstf_session_tokenize_text(nstf_session *s, const char *text, size_t
 /* The user's text must be UTF-8: say where it is not, in its own offsets. */
 nstf_status nstf_session_check_text(const char *what, const char *text) {
     const char *why = "";
-    int64_t bad = nstf_utf8_invalid(text, strlen(text), &why);
+    int64_t bad = nstf_utf8_check((const uint8_t *)text, strlen(text), &why);
     if (bad < 0) return NSTF_OK;
     return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not valid UTF-8: byte 0x%02X at offset %lld (%s)", what,
                           (unsigned)(uint8_t)text[bad], (long long)bad, why);

@@ -15,6 +15,7 @@
 #endif
 
 #include "core/mem.h"
+#include "core/switches.h"
 #include "model/session.h"
 #include "prof/report.h"
 #include "prof/timer.h"
@@ -203,7 +204,7 @@ nstf_status nstf_roofline_for_session(nstf_session *s, const char *cache, bool r
 /* ---- cache ------------------------------------------------------------------- */
 
 void nstf_roofline_default_cache(char *buf, size_t cap) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    const char *xdg = nstf_switch_str(NSTF_SW_XDG_CACHE_HOME), *home = nstf_switch_str(NSTF_SW_HOME);
     if (xdg && *xdg) snprintf(buf, cap, "%s/nstf/roofline.json", xdg);
     else if (home && *home) snprintf(buf, cap, "%s/.cache/nstf/roofline.json", home);
     else snprintf(buf, cap, ".nstf-roofline.json");

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "gpu_mm_test.h"
+#include "../common/bench_util.h"
 #include "../common/gpu_time.h"
 
 
@@ -28,8 +28,8 @@ int main(void) {
     DEV_CHECK(gpuMalloc(&scratch, 64 << 20));
     {
         std::vector<uint16_t> hb((qb > kvb ? qb : kvb) / 2);
-        test_rng rng = {3};
-        for (auto &x : hb) x = f2bf(rng_uniform(&rng));
+        uint64_t rng = 3;
+        for (auto &x : hb) x = f2bf(bench_uniform(&rng));
         DEV_CHECK(gpuMemcpy(k, hb.data(), kvb, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemcpy(v, hb.data(), kvb, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemcpy(kc, hb.data(), kvb, gpuMemcpyHostToDevice));

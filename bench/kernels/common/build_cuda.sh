@@ -5,7 +5,7 @@
 set -e
 O="${1:-build-cuda-mm}"
 mkdir -p "$O"
-INC="-Isrc/ops/gpu -Isrc -Iinclude -Itests"
+INC="-Isrc/ops/gpu -Isrc -Iinclude"
 ARCH="-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80"
 NV="nvcc -O3 -std=c++17 $ARCH $INC -Xcompiler -Wall,-Wextra"
 cc -O2 -std=c11 -Iinclude -Isrc -c src/core/status.c -o "$O/status.o"

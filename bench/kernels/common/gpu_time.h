@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "gpu_mm_test.h" /* DEV_CHECK */
+#include "bench_util.h" /* DEV_CHECK */
 
 static float median_ms(std::vector<float> v) {
     std::sort(v.begin(), v.end());

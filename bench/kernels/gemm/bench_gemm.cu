@@ -2,7 +2,8 @@
  * bf16 in/out, fp32 compute; linked here only) on the Llama prefill shapes,
  * same card, same run. GPU events, 5 warm-ups, median of 20. "ours" is the
  * default kernel choice (wgmma on Hopper; its tile in the path column),
- * "mma.sync" the portable kernel forced with NSTF_GEMM=mma. Also prints the
+ * "mma.sync" the portable kernel forced with the switch NSTF_GEMM=mma
+ * (nstf_switch_set). Also prints the
  * fused epilogues' cost (default kernel) and the largest relative
  * difference of each of our kernels to cuBLAS. */
 #include <stdlib.h>
@@ -12,7 +13,8 @@
 
 #include <cublas_v2.h>
 
-#include "gpu_mm_test.h"
+#include "core/switches.h"
+#include "../common/bench_util.h"
 #include "../common/gpu_time.h"
 
 
@@ -31,8 +33,8 @@ int main(void) {
     DEV_CHECK(gpuMalloc((void **)&r, maxel * 4));
     {
         std::vector<uint16_t> hbuf(14336 * 4096);
-        test_rng rng = {7};
-        for (auto &x : hbuf) x = f2bf(rng_uniform(&rng) * 0.05f);
+        uint64_t rng = 7;
+        for (auto &x : hbuf) x = f2bf(bench_uniform(&rng) * 0.05f);
         DEV_CHECK(gpuMemcpy(w, hbuf.data(), hbuf.size() * 2, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemcpy(a, hbuf.data(), maxel * 2, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemset(r, 0, maxel * 4));
@@ -45,7 +47,7 @@ int main(void) {
         for (const auto &s : kn) {
             const int64_t K = s[0], N = s[1];
             const double fl = 2.0 * M * N * K;
-            unsetenv("NSTF_GEMM");
+            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
             const char *path = nstf_gpu_gemm_path(M, N, K);
             float t_ours = time_ms([&] {
                 nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
@@ -56,11 +58,11 @@ int main(void) {
             float t_swi = time_ms([&] {
                 nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_SWIGLU, NULL);
             });
-            setenv("NSTF_GEMM", "mma", 1);
+            (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
             float t_mma = time_ms([&] {
                 nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
             });
-            unsetenv("NSTF_GEMM");
+            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
             const float one = 1.0f, zero = 0.0f;
             float t_cub = time_ms([&] {
                 cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, CUDA_R_16BF, (int)K, a,
@@ -72,7 +74,7 @@ int main(void) {
             DEV_CHECK(gpuDeviceSynchronize());
             DEV_CHECK(gpuMemcpy(y.data(), c2, M * N * 2, gpuMemcpyDeviceToHost));
             for (int pass = 0; pass < 2; pass++) {
-                if (pass == 1) setenv("NSTF_GEMM", "mma", 1);
+                if (pass == 1) (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
                 DEV_CHECK(gpuMemset(c, 0xff, M * N * 2));
                 nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
                 DEV_CHECK(gpuDeviceSynchronize());
@@ -85,7 +87,7 @@ int main(void) {
                 }
                 diff[pass] = md / (my > 0 ? my : 1);
             }
-            unsetenv("NSTF_GEMM");
+            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
             printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f | %.1f | %.1e / %.1e |\n",
                    (long long)M, (long long)K, (long long)N, path, fl / t_ours / 1e9, fl / t_mma / 1e9,
                    fl / t_cub / 1e9, 100.0 * t_cub / t_ours, 100.0 * t_cub / t_mma, fl / t_res / 1e9,
@@ -104,13 +106,13 @@ int main(void) {
                 const double fl = 2.0 * M * N * K;
                 float t[3];
                 for (int i = 0; i < 3; i++) {
-                    setenv("NSTF_GEMM", env[i], 1);
+                    (void)nstf_switch_set(NSTF_SW_GEMM, env[i]);
                     t[i] = time_ms([&] {
                         nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE,
                                            NULL);
                     });
                 }
-                unsetenv("NSTF_GEMM");
+                (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
                 printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f |\n", (long long)M, (long long)K, (long long)N,
                        nstf_gpu_gemm_path(M, N, K), fl / t[0] / 1e9, fl / t[1] / 1e9, fl / t[2] / 1e9);
             }

@@ -1,18 +1,27 @@
 /* matmul.c — the fast CPU matmul y[t, o] = sum_i W[o, i] * x[t, i], and the
  * nstf_cpu scratch arena (nstf_cpu_reserve / nstf_cpu_release).
  *
- * Quantized weights (Q8_0, Q4_0, Q4_1) are used as stored. Once per call the
- * activations are quantized into the scratch arena as "q8 blocks" of 32
+ * Quantized weights are used as stored. The 256-element super-block types
+ * (Q2_K..Q6_K, IQ4_XS) are computed by matmul_k.c against "q8k"
+ * activation blocks of 256 (matmul_k.h); this file schedules them like the
+ * rest. For the 32-element types, once per call the activations are
+ * quantized into the scratch arena as "q8 blocks" of 32
  * (int8 q[32], fp32 d = amax / 127, fp32 s = d * sum(q)) — ggml's q8_1 with
  * fp32 scales — and every weight block meets them in an integer dot product:
- *   Q4_1 (d, m, nibble q):  d*dx*sum(q*xq) + m*s
- *   Q4_0 (d, nibble q):     d*dx*(sum(q*xq) - 8*sum(xq))   (exact in int32)
+ *   Q4_1 / Q5_1 (d, m, q):  d*dx*sum(q*xq) + m*s
+ *   Q4_0 / Q5_0 (d, q):     d*dx*(sum(q*xq) - 8*sum(xq))  (16 for Q5_0; exact in int32)
  *   Q8_0 (d, int8 q):       d*dx*sum(q*xq)             (sign trick, below)
+ *   IQ4_NL (d, 4-bit code): d*dx*sum(kv[code]*xq)      (table shuffle, sign trick)
  * with AVX2 _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs)
  * and _mm256_madd_epi16 (-> int32), one fp32 FMA per block. The 4-bit
- * products are at most 2*15*127 = 3810 per int16 lane and the Q8_0 ones at
- * most 2*128*127 = 32512, so maddubs never saturates. Quantized n_in must be
- * a multiple of 32 (a GGUF row always is); otherwise y is filled with NaN.
+ * products are at most 2*15*127 = 3810 per int16 lane, 5-bit 2*31*127 =
+ * 7874, and the Q8_0 / IQ4_NL ones at most 2*128*127 = 32512, so maddubs
+ * never saturates. Quantized n_in must be a multiple of the block (a GGUF
+ * row always is); otherwise y is filled with NaN.
+ *
+ * SIMD level (cpu_isa.h): the scalar tiles, the AVX2 tiles, and the same
+ * AVX2 tiles compiled for AVX-512 (VL/BW/DQ: EVEX, 32 vector registers) are
+ * all built; the level is chosen at run time and can be forced.
  *
  * Work is cut into tiles of up to RM weight rows x RN tokens computed in
  * registers, so a weight block is unpacked once and reused across RN tokens
@@ -33,13 +42,13 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "ops/cpu/cpu_isa.h"
+#include "ops/cpu/matmul_k.h"
 #include "ops/ops.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define NSTF_MATMUL_AVX2 1
+#define NSTF_MATMUL_AVX2 NSTF_CPU_HAVE_AVX2
+#if NSTF_MATMUL_AVX2
 #include <immintrin.h>
-#else
-#define NSTF_MATMUL_AVX2 0
 #endif
 
 #define QK NSTF_QK
@@ -160,10 +169,21 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_
     }
 }
 
-static bool is_quant(nstf_type t);
-
 bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_in) {
-    if (!is_quant(wtype) || n_in % QK != 0) return false;
+    if (!nstf_type_is_quantized(wtype) || n_in < 0) return false;
+    if (nstf_mmk_type(wtype)) { /* q8k blocks of 256, the super-block kernels' quantizer */
+        if (n_in % NSTF_QK_K != 0) return false;
+        for (int64_t b = 0; x && b < n_in / NSTF_QK_K; b++) {
+            int8_t q[NSTF_QK_K];
+            float d;
+            int16_t bsums[NSTF_QK_K / 16];
+            const nstf_q8k one = {q, &d, bsums, 1};
+            nstf_mmk_quantize_row(x + b * NSTF_QK_K, &one, 0);
+            for (int j = 0; j < NSTF_QK_K; j++) r[b * NSTF_QK_K + j] = x[b * NSTF_QK_K + j] - d * (float)q[j];
+        }
+        return true;
+    }
+    if (n_in % QK != 0) return false;
     for (int64_t b = 0; x && b < n_in / QK; b++) {
         int8_t q[QK];
         float d, s;
@@ -179,16 +199,19 @@ bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_
 
 typedef struct {
     nstf_type wtype;
+    nstf_cpu_isa isa;
+    int path, kind;   /* PATH_*; the tile table's kind (decided once per call) */
     const uint8_t *w; /* [n_out] rows of row_bytes */
     uint64_t row_bytes;
     const float *x; /* [n_tok, n_in] */
-    xq_buf xq;      /* quantized x (quantized wtypes, fast path) */
+    xq_buf xq;      /* quantized x (32-element wtypes, fast path) */
+    nstf_q8k xk;    /* quantized x (super-block wtypes, fast path) */
     float *y;       /* [n_tok, n_out] */
     int64_t n_tok, n_in, n_out;
     int rm, rn;     /* tile shape */
 } mm_ctx;
 
-enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0 };
+enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_IQ4_NL, N_QKINDS };
 enum { KIND_F32, KIND_F16, KIND_BF16 };
 
 #define RM_Q 8 /* rows per quantized tile: the 8 lanes of a vector */
@@ -211,6 +234,15 @@ static ALWAYS_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where bit i of x is set (byte i). */
+static ALWAYS_INLINE __m256i bits_to_bytes(uint32_t x) {
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
+                                    _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                       0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
 /* Sums of four vectors -> one __m128 {sum a, sum b, sum c, sum d}. */
@@ -286,7 +318,14 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
                                      uint64_t row_bytes, int rm, const int8_t *xq,
                                      const float *xd, const float *xs, const int32_t *xsum,
                                      int64_t nb, float *y, int64_t ldy) {
-    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : 34;
+    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q8_0 ? 34
+                     : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 18;
+    /* 5-bit codes and signed table values sum past int16 over 16 products:
+     * those kinds widen to int32 per pair like Q8_0 */
+    const bool wide = kind == KIND_Q8_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_IQ4_NL;
+    const bool has_m = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    const bool sgn = kind == KIND_Q8_0 || kind == KIND_IQ4_NL; /* signed weights: sign trick */
+    const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
     /* gather the 8 rows' scale words when the row offsets fit the int32 index */
@@ -327,37 +366,45 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
         h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, split), 0xd8);
         const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         __m256 mv = _mm256_setzero_ps();
-        if (kind == KIND_Q4_1) mv = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        if (has_m) mv = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 
         __m256i wv[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            if (kind == KIND_Q8_0)
+            if (kind == KIND_Q8_0) {
                 wv[r] = _mm256_loadu_si256((const __m256i *)(wr[r] + off + 2));
-            else
+            } else if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
+                const uint8_t *bl = wr[r] + off + (kind == KIND_Q5_1 ? 4 : 2);
+                uint32_t qh;
+                memcpy(&qh, bl, 4);
+                wv[r] = _mm256_or_si256(unpack_nibbles(bl + 4),
+                                        _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+            } else if (kind == KIND_IQ4_NL) {
+                wv[r] = _mm256_shuffle_epi8(iq4_table, unpack_nibbles(wr[r] + off + 2));
+            } else {
                 wv[r] = unpack_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
+            }
         }
 #pragma GCC unroll 4
         for (int t = 0; t < RN; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
             __m256i p[8], isum;
-            if (kind == KIND_Q8_0) {
+            if (sgn) {
 #pragma GCC unroll 8
                 for (int r = 0; r < 8; r++)
                     p[r] = _mm256_maddubs_epi16(_mm256_sign_epi8(wv[r], wv[r]),
                                                 _mm256_sign_epi8(xv, wv[r]));
-                isum = reduce8_q8(p);
             } else {
 #pragma GCC unroll 8
                 for (int r = 0; r < 8; r++) p[r] = _mm256_maddubs_epi16(wv[r], xv);
-                isum = reduce8_q4(p);
             }
-            if (kind == KIND_Q4_0) /* q - 8: subtract 8 * sum(xq), exactly */
-                isum = _mm256_sub_epi32(isum,
-                                        _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]), 3));
+            isum = wide ? reduce8_q8(p) : reduce8_q4(p);
+            if (kind == KIND_Q4_0 || kind == KIND_Q5_0) /* q - 8 (q - 16): subtract 8 (16) * sum(xq), exactly */
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]),
+                                                                kind == KIND_Q4_0 ? 3 : 4));
             __m256 dd = _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
-            if (kind == KIND_Q4_1)
+            if (has_m)
                 acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
         }
     }
@@ -429,7 +476,6 @@ static ALWAYS_INLINE void tile_float(const int kind, const int RM, const int RN,
 #endif
 
 /* ---- portable scalar tiles (also the model of the SIMD arithmetic) -------- */
-#if !NSTF_MATMUL_AVX2
 static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
                               uint64_t row_bytes, const int8_t *xq, const float *xd,
                               const float *xs, const int32_t *xsum, int64_t nb, float *y,
@@ -453,6 +499,25 @@ static void tile_quant_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
                     for (int j = 0; j < QK / 2; j++)
                         isum += (qs[j] & 0x0f) * xb[j] + (qs[j] >> 4) * xb[j + 16];
                     acc += (float)isum * (wd * dx) + nstf_fp16_to_f32(nstf_load_u16(bl + 2)) * sx;
+                } else if (wtype == NSTF_TYPE_Q5_0 || wtype == NSTF_TYPE_Q5_1) {
+                    const bool q51 = wtype == NSTF_TYPE_Q5_1;
+                    uint32_t qh;
+                    memcpy(&qh, bl + (q51 ? 4 : 2), 4);
+                    const uint8_t *qs = bl + (q51 ? 8 : 6);
+                    for (int j = 0; j < QK / 2; j++)
+                        isum += ((qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4)) * xb[j] +
+                                ((qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) * xb[j + 16];
+                    if (q51) {
+                        acc += (float)isum * (wd * dx) + nstf_fp16_to_f32(nstf_load_u16(bl + 2)) * sx;
+                    } else {
+                        isum -= 16 * xsum[t * nb + b];
+                        acc += (float)isum * (wd * dx);
+                    }
+                } else if (wtype == NSTF_TYPE_IQ4_NL) {
+                    const uint8_t *qs = bl + 2;
+                    for (int j = 0; j < QK / 2; j++)
+                        isum += nstf_iq4nl_values[qs[j] & 0x0f] * xb[j] + nstf_iq4nl_values[qs[j] >> 4] * xb[j + 16];
+                    acc += (float)isum * (wd * dx);
                 } else {
                     const uint8_t *qs = bl + 2;
                     for (int j = 0; j < QK / 2; j++)
@@ -476,7 +541,6 @@ static void tile_float_scalar(nstf_type wtype, int rm, int rn, const uint8_t *w,
             y[t * ldy + r] = acc;
         }
 }
-#endif
 
 /* ---- tile dispatch --------------------------------------------------------- */
 #if NSTF_MATMUL_AVX2
@@ -491,11 +555,23 @@ typedef void (*ftile_fn)(const uint8_t *, uint64_t, const float *, int64_t, floa
         tile_quant(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                   \
     }
 #define DEF_QTILES_K(K) DEF_QTILE(K, 1) DEF_QTILE(K, 2) DEF_QTILE(K, 3) DEF_QTILE(K, 4)
-DEF_QTILES_K(Q4_0)
-DEF_QTILES_K(Q4_1)
-DEF_QTILES_K(Q8_0)
-#define QTILE_TAB(K) {qtile_##K##_1, qtile_##K##_2, qtile_##K##_3, qtile_##K##_4}
-static const qtile_fn k_qtiles[3][RN_Q] = {QTILE_TAB(Q4_0), QTILE_TAB(Q4_1), QTILE_TAB(Q8_0)};
+#define DEF_QTILES_ALL(D) D(Q4_0) D(Q4_1) D(Q8_0) D(Q5_0) D(Q5_1) D(IQ4_NL)
+DEF_QTILES_ALL(DEF_QTILES_K)
+#define QTILE_TAB(K) {qtile_##K##_1, qtile_##K##_2, qtile_##K##_3, qtile_##K##_4},
+static const qtile_fn k_qtiles[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE_TAB)};
+#if NSTF_CPU_HAVE_AVX512
+/* the same tiles compiled for AVX-512 (EVEX encodings, 32 registers) */
+#define DEF_QTILE512(K, RN)                                                                  \
+    static NSTF_TARGET_AVX512 void qtile512_##K##_##RN(                                     \
+        const uint8_t *w, uint64_t rb, int rm, const int8_t *xq, const float *xd,            \
+        const float *xs, const int32_t *xsum, int64_t nb, float *y, int64_t ldy) {           \
+        tile_quant(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                   \
+    }
+#define DEF_QTILES512_K(K) DEF_QTILE512(K, 1) DEF_QTILE512(K, 2) DEF_QTILE512(K, 3) DEF_QTILE512(K, 4)
+DEF_QTILES_ALL(DEF_QTILES512_K)
+#define QTILE512_TAB(K) {qtile512_##K##_1, qtile512_##K##_2, qtile512_##K##_3, qtile512_##K##_4},
+static const qtile_fn k_qtiles512[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE512_TAB)};
+#endif
 
 #define DEF_FTILE(K, RM, RN)                                                                 \
     static void ftile_##K##_##RM##_##RN(const uint8_t *w, uint64_t rb, const float *x,       \
@@ -515,39 +591,58 @@ static const ftile_fn k_ftiles[3][RM_F][RN_F] = {FTILE_TAB(F32), FTILE_TAB(F16),
 
 #if NSTF_MATMUL_AVX2
 static int quant_kind(nstf_type t) {
-    return t == NSTF_TYPE_Q4_0 ? KIND_Q4_0 : t == NSTF_TYPE_Q4_1 ? KIND_Q4_1 : KIND_Q8_0;
+    switch (t) {
+    case NSTF_TYPE_Q4_0: return KIND_Q4_0;
+    case NSTF_TYPE_Q4_1: return KIND_Q4_1;
+    case NSTF_TYPE_Q5_0: return KIND_Q5_0;
+    case NSTF_TYPE_Q5_1: return KIND_Q5_1;
+    case NSTF_TYPE_IQ4_NL: return KIND_IQ4_NL;
+    default: return KIND_Q8_0;
+    }
 }
 static int float_kind(nstf_type t) {
     return t == NSTF_TYPE_F32 ? KIND_F32 : t == NSTF_TYPE_F16 ? KIND_F16 : KIND_BF16;
 }
 #endif
-static bool is_quant(nstf_type t) {
-    return t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1 || t == NSTF_TYPE_Q8_0;
-}
+
+enum { PATH_F, PATH_Q, PATH_K }; /* float weights, 32-element blocks, super-blocks */
 
 static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
     int rm = (int)(c->n_out - r0 < c->rm ? c->n_out - r0 : c->rm);
     int rn = (int)(t_end - t0 < c->rn ? t_end - t0 : c->rn);
     const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
     float *y = c->y + t0 * c->n_out + r0;
-    if (is_quant(c->wtype)) {
+    if (c->path == PATH_K) {
+        nstf_mmk_tile(c->isa, c->wtype, w, c->row_bytes, rm, &c->xk, t0, rn, y, c->n_out);
+    } else if (c->path == PATH_Q) {
         int64_t nb = c->xq.nb;
         const int8_t *xq = c->xq.q + t0 * nb * QK;
         const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
         const int32_t *xsum = c->xq.sum + t0 * nb;
-#if NSTF_MATMUL_AVX2
-        k_qtiles[quant_kind(c->wtype)][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
-                                               c->n_out);
-#else
-        tile_quant_scalar(c->wtype, rm, rn, w, c->row_bytes, xq, xd, xs, xsum, nb, y, c->n_out);
+#if NSTF_CPU_HAVE_AVX512
+        if (c->isa == NSTF_ISA_AVX512) {
+            k_qtiles512[c->kind][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb,
+                                                      y, c->n_out);
+            return;
+        }
 #endif
+#if NSTF_MATMUL_AVX2
+        if (c->isa != NSTF_ISA_SCALAR) {
+            k_qtiles[c->kind][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y,
+                                                   c->n_out);
+            return;
+        }
+#endif
+        tile_quant_scalar(c->wtype, rm, rn, w, c->row_bytes, xq, xd, xs, xsum, nb, y, c->n_out);
     } else {
         const float *x = c->x + t0 * c->n_in;
 #if NSTF_MATMUL_AVX2
-        k_ftiles[float_kind(c->wtype)][rm - 1][rn - 1](w, c->row_bytes, x, c->n_in, y, c->n_out);
-#else
-        tile_float_scalar(c->wtype, rm, rn, w, c->row_bytes, x, c->n_in, y, c->n_out);
+        if (c->isa != NSTF_ISA_SCALAR) {
+            k_ftiles[c->kind][rm - 1][rn - 1](w, c->row_bytes, x, c->n_in, y, c->n_out);
+            return;
+        }
 #endif
+        tile_float_scalar(c->wtype, rm, rn, w, c->row_bytes, x, c->n_in, y, c->n_out);
     }
 }
 
@@ -575,48 +670,67 @@ static void quantize_worker(void *p, int ith, int nth) {
     const mm_ctx *c = p;
     int64_t lo, hi, nb = c->xq.nb;
     nstf_split_range(c->n_tok, 1, ith, nth, &lo, &hi);
-    for (int64_t t = lo; t < hi; t++)
-        quantize_x_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb,
-                       c->xq.s + t * nb, c->xq.sum + t * nb, nb);
+    for (int64_t t = lo; t < hi; t++) {
+        if (c->path == PATH_K)
+            nstf_mmk_quantize_row(c->x + t * c->n_in, &c->xk, t);
+        else
+            quantize_x_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb,
+                           c->xq.s + t * nb, c->xq.sum + t * nb, nb);
+    }
 }
 
 /* Slow path for quantized weights when the arena is too small: dequantize
- * each weight block (32 values on the stack) and dot it with fp32 x. */
+ * each weight block (32 or 256 values on the stack) and dot it with fp32 x. */
 static void fallback_worker(void *p, int ith, int nth) {
     const mm_ctx *c = p;
-    int64_t lo, hi, nb = c->n_in / QK;
+    const int64_t be = nstf_type_block_elems(c->wtype), nb = c->n_in / be;
     uint64_t bbytes = (uint64_t)nstf_type_block_bytes(c->wtype);
+    int64_t lo, hi;
     nstf_split_range(c->n_out, 1, ith, nth, &lo, &hi);
     for (int64_t o = lo; o < hi; o++) {
         const uint8_t *row = c->w + (uint64_t)o * c->row_bytes;
         for (int64_t t = 0; t < c->n_tok; t++) c->y[t * c->n_out + o] = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
-            float wb[QK];
-            nstf_dequantize_row(c->wtype, row + b * bbytes, wb, QK);
+            float wb[NSTF_QK_K];
+            nstf_dequantize_row(c->wtype, row + b * bbytes, wb, be);
             for (int64_t t = 0; t < c->n_tok; t++) {
-                const float *xb = c->x + t * c->n_in + b * QK;
+                const float *xb = c->x + t * c->n_in + b * be;
                 float s = 0.0f;
-                for (int j = 0; j < QK; j++) s += wb[j] * xb[j];
+                for (int64_t j = 0; j < be; j++) s += wb[j] * xb[j];
                 c->y[t * c->n_out + o] += s;
             }
         }
     }
 }
 
+/* The super-block types' q8k blocks in the arena (they need no more bytes
+ * than the q8 blocks of the same shape, see nstf_mmk_bytes). */
+static bool xk_carve(nstf_cpu *cpu, int64_t n_tok, int64_t n_in, nstf_q8k *xk) {
+    uint64_t need;
+    if (!cpu || !cpu->scratch || !nstf_mmk_bytes(n_tok, n_in, &need) || need > cpu->scratch_bytes)
+        return false;
+    nstf_mmk_carve(cpu->scratch, n_tok, n_in, xk);
+    return true;
+}
+
 void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,
                      int64_t n_tok, int64_t n_in, int64_t n_out) {
     if (n_tok <= 0 || n_out <= 0) return;
     nstf_pool *pool = cpu ? cpu->pool : NULL;
-    mm_ctx c = {.wtype = wtype, .w = w, .x = x, .y = y, .n_tok = n_tok, .n_in = n_in,
-                .n_out = n_out};
+    mm_ctx c = {.wtype = wtype, .isa = nstf_cpu_isa_current(), .w = w, .x = x, .y = y,
+                .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    c.path = nstf_mmk_type(wtype) ? PATH_K : nstf_type_is_quantized(wtype) ? PATH_Q : PATH_F;
+#if NSTF_MATMUL_AVX2
+    c.kind = c.path == PATH_Q ? quant_kind(wtype) : c.path == PATH_F ? float_kind(wtype) : 0;
+#endif
     if (!nstf_type_valid((uint32_t)wtype) || n_in < 0 ||
         !nstf_type_row_bytes(wtype, n_in, &c.row_bytes)) {
         /* precondition broken (quantized n_in not a multiple of 32): make it loud */
         for (int64_t i = 0; i < n_tok * n_out; i++) y[i] = NAN;
         return;
     }
-    if (is_quant(wtype)) {
-        if (!xq_carve(cpu, n_tok, n_in, &c.xq)) {
+    if (nstf_type_is_quantized(wtype)) {
+        if (nstf_mmk_type(wtype) ? !xk_carve(cpu, n_tok, n_in, &c.xk) : !xq_carve(cpu, n_tok, n_in, &c.xq)) {
             nstf_pool_run(pool, fallback_worker, &c);
             return;
         }

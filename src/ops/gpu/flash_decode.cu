@@ -16,6 +16,7 @@
  * a plain loop over S pays one L2 latency per split (~10 us per layer at
  * S = 32). */
 #include "flash_common.h"
+#include "core/switches.h"
 
 #include <stdlib.h>
 
@@ -160,15 +161,8 @@ __global__ void __launch_bounds__(HD)
     out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(o);
 }
 
-/* Early cache loads on (NSTF_FD_EARLY=0 turns them off, for measurement). */
-static int fd_early(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("NSTF_FD_EARLY");
-        on = !(e && e[0] == '0');
-    }
-    return on;
-}
+/* Early cache loads on (the switch NSTF_FD_EARLY=0 turns them off, for measurement). */
+static int fd_early(void) { return nstf_switch_int(NSTF_SW_FD_EARLY); }
 
 /* The split plan: chunk keys per split, S splits (a multiple of FD_NW). */
 static void fd_plan(int64_t kv_total, int n_kv, int n_sm, int64_t *chunk, int64_t *n_split) {

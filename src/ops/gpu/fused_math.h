@@ -1,7 +1,7 @@
 /* fused_math.h — the element math that a standalone kernel and a fused
  * epilogue must do identically (so that fusing an op changes no bit):
  * SwiGLU's silu(g) * u and RoPE's rotation angle. Included by swiglu.cu,
- * rope.cu, attn_naive.cu and gemv.cu after gpu.h. */
+ * rope.cu, attn_naive.cu and gemv_fused.h after gpu.h. */
 #ifndef NSTF_GPU_FUSED_MATH_H
 #define NSTF_GPU_FUSED_MATH_H
 

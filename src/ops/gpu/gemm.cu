@@ -12,13 +12,15 @@
  *
  * On Hopper the same call takes the wgmma + TMA path of gemm_wgmma.h
  * (CUDA builds only; used when the device is compute capability 9.x and the
- * loaded kernel image is sm_90a). The environment variable NSTF_GEMM=mma
- * forces the portable kernel above, so both can be compared in one process
- * (NSTF_GEMM=wgmma256 / wgmma128 / wgmma64 force one wgmma tile width);
+ * loaded kernel image is sm_90a). The switch NSTF_GEMM=mma (environment,
+ * or nstf_switch_set) forces the portable kernel above, so both can be
+ * compared in one process (NSTF_GEMM=wgmma256 / wgmma128 / wgmma64 force one
+ * wgmma tile width);
  * nstf_gpu_gemm_path() says which kernel a call of a given shape takes. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/switches.h"
 #include "mma.h"
 
 typedef unsigned short u16;
@@ -39,6 +41,22 @@ typedef unsigned short u16;
 
 static __device__ __forceinline__ float silu_f(float x) {
     return x / (1.0f + nstf_exp2(-x * 1.4426950408889634f));
+}
+
+/* Grouped raster: the first row m0 and column n0 of tile t of an
+ * n_pm x n_pn grid of BM x BN tiles. Consecutive tiles walk down
+ * GEMM_GROUP_M tile rows, then across, so the tiles in flight share A and
+ * W panels in L2. Used by gemm_bf16_kernel (t = its block) and the
+ * persistent wgmma kernel's producer and consumers (t = each tile they take). */
+struct gemm_tile {
+    int64_t m0, n0;
+};
+template <int BM, int BN>
+static __device__ __forceinline__ gemm_tile gemm_raster(int64_t t, int64_t n_pm, int64_t n_pn) {
+    const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
+    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
+    const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
+    return {(first_m + in_grp % gsz) * BM, (in_grp / gsz) * BN};
 }
 
 #if defined(NSTF_GPU_CUDA)
@@ -74,13 +92,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
 
     const int tid = threadIdx.x, wave = tid / NSTF_WAVE;
     const int wm = wave / NWN, wn = wave % NWN;
-    /* grouped raster: consecutive blocks walk down GEMM_GROUP_M block rows,
-     * then across, so the blocks in flight share A and W panels in L2 */
-    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN, pid = blockIdx.x;
-    const int64_t grp = pid / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
-    const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
-    const int64_t in_grp = pid % (GEMM_GROUP_M * n_pn);
-    const int64_t m0 = (first_m + in_grp % gsz) * BM, n0 = (in_grp / gsz) * BN;
+    const int64_t n_pm = (M + BM - 1) / BM, n_pn = (N + BN - 1) / BN;
+    const gemm_tile tile = gemm_raster<BM, BN>(blockIdx.x, n_pm, n_pn); /* grouped raster */
+    const int64_t m0 = tile.m0, n0 = tile.n0;
     const int64_t ktiles = (K + GEMM_BK - 1) / GEMM_BK;
 
     nstf_mma_c acc[TM][TN];
@@ -201,29 +215,16 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     return NSTF_OK;
 }
 
-#if defined(NSTF_GPU_CUDA)
-/* NSTF_GEMM (read per call, so a benchmark can switch between calls):
- * "mma" forces the portable kernel; "wgmma256", "wgmma128", "wgmma64" force
- * that wgmma tile width where the wgmma path is usable (tests, tile sweeps).
- * Returns -1 for the portable kernel, 0 for the default choice, else the width. */
-static int gemm_env_choice(void) {
-    const char *e = getenv("NSTF_GEMM");
-    if (!e) return 0;
-    if (strcmp(e, "mma") == 0) return -1;
-    if (strcmp(e, "wgmma256") == 0) return 256;
-    if (strcmp(e, "wgmma128") == 0) return 128;
-    if (strcmp(e, "wgmma64") == 0) return 64;
-    return 0;
-}
-#endif
-
 /* The kernel a call of this shape takes on the current device:
- * 0 = portable 128x128, 1 = portable 64x128, 2/3/4 = wgmma 128x256/128/64. */
+ * 0 = portable 128x128, 1 = portable 64x128, 2/3/4 = wgmma 128x256/128/64.
+ * The switch NSTF_GEMM (core/switches.h; tests and benchmarks change it
+ * between calls with nstf_switch_set) forces the portable kernel ("mma",
+ * value 0) or one wgmma tile width where the wgmma path is usable. */
 static int gemm_pick(int64_t m, int64_t n, int n_sm) {
 #if defined(NSTF_GPU_CUDA)
-    const int env = gemm_env_choice();
-    if (env >= 0 && gemm_wgmma_usable()) {
-        const int bn = env > 0 ? env : gemm_wgmma_bn(m, n, n_sm);
+    const int sw = nstf_switch_int(NSTF_SW_GEMM); /* NSTF_SWITCH_AUTO, 0 (mma) or a tile width */
+    if (sw != 0 && gemm_wgmma_usable()) {
+        const int bn = sw > 0 ? sw : gemm_wgmma_bn(m, n, n_sm);
         return bn == 256 ? 2 : bn == 128 ? 3 : 4;
     }
 #endif

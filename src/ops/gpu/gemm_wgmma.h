@@ -9,8 +9,9 @@
  * Same contract and epilogues as the portable kernel in gemm.cu. Design:
  *   - block tile 128 x BN x 64 (BN 256, 128 or 64, chosen per shape so the
  *     tiles fill the SMs), one block per SM, persistent: block b takes tiles
- *     b, b + grid, ... in the grouped raster order of gemm.cu (GEMM_GROUP_M
- *     block rows at a time) so the tiles in flight share A and W panels in L2;
+ *     b, b + grid, ... in the grouped raster order of gemm_raster (gemm.cu;
+ *     GEMM_GROUP_M block rows at a time) so the tiles in flight share A and
+ *     W panels in L2;
  *   - 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
  *     loads; the warpgroup gives its registers away with setmaxnreg), 1 and 2
  *     are consumers, each owning 64 rows x BN of the tile (BN/2 fp32
@@ -258,10 +259,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             int stage = 0;
             uint32_t phase = 0;
             for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-                const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
-                const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
-                const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
-                const int m0 = (int)((first_m + in_grp % gsz) * WG_BM), n0 = (int)((in_grp / gsz) * BN);
+                const gemm_tile tile = gemm_raster<WG_BM, BN>(t, n_pm, n_pn);
+                const int m0 = (int)tile.m0, n0 = (int)tile.n0;
                 for (int kt = 0; kt < ktiles; kt++) {
                     /* a fresh barrier counts as having completed the phase
                      * before phase 0: the first lap does not wait */
@@ -288,10 +287,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const int64_t grp = t / (GEMM_GROUP_M * n_pn), first_m = grp * GEMM_GROUP_M;
-        const int64_t gsz = n_pm - first_m < GEMM_GROUP_M ? n_pm - first_m : GEMM_GROUP_M;
-        const int64_t in_grp = t % (GEMM_GROUP_M * n_pn);
-        const int64_t m0 = (first_m + in_grp % gsz) * WG_BM, n0 = (in_grp / gsz) * BN;
+        const gemm_tile tile = gemm_raster<WG_BM, BN>(t, n_pm, n_pn);
+        const int64_t m0 = tile.m0, n0 = tile.n0;
         int prev = -1;
         for (int kt = 0; kt < ktiles; kt++) {
             wg_bar_wait(bar_full + 8 * stage, phase);

@@ -57,8 +57,9 @@ extern "C" nstf_status nstf_gpu_get_rows(nstf_type type, const void *table, int6
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_gpu_get_rows: bad arguments (n_rows %lld, n_tok %lld, dim %lld)",
                               (long long)n_rows, (long long)n_tok, (long long)dim);
-    if (!nstf_type_valid(type))
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_get_rows: table type %u", (unsigned)type);
+    if (type != NSTF_TYPE_F32 && type != NSTF_TYPE_F16 && type != NSTF_TYPE_BF16 && type != NSTF_TYPE_Q8_0 &&
+        type != NSTF_TYPE_Q4_0 && type != NSTF_TYPE_Q4_1) /* the types get_rows_elem decodes */
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_get_rows: table type %s", nstf_type_name(type));
     if (out_type != NSTF_TYPE_F32 && out_type != NSTF_TYPE_BF16)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_get_rows: output type %s (F32 or BF16)",
                               nstf_type_name(out_type));

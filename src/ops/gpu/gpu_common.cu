@@ -1,6 +1,7 @@
 /* gpu_common.cu — device query, memory, streams and the error recorder of
  * the GPU backend (everything in gpu_api.h that is not a kernel). */
 #include "gpu.h"
+#include "core/switches.h"
 
 #include <stdlib.h>
 #include <stdio.h>
@@ -70,13 +71,12 @@ extern "C" nstf_status nstf_gpu_set_device(int dev) {
 }
 
 /* Programmatic dependent launch: per host thread, off until a caller turns
- * it on; NSTF_PDL=0 in the environment keeps it off (for A/B timing). */
+ * it on; the switch NSTF_PDL=0 keeps it off (for A/B timing). */
 static thread_local int pdl_on = 0;
 
 extern "C" int nstf_gpu_set_pdl(int on) {
     const int prev = pdl_on;
-    const char *e = getenv("NSTF_PDL");
-    pdl_on = on && !(e && e[0] == '0');
+    pdl_on = on && nstf_switch_int(NSTF_SW_PDL);
     return prev;
 }
 

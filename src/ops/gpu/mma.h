@@ -23,11 +23,15 @@
  * Shared-memory operands are raw bf16 bits (unsigned short). Row strides `ld`
  * are in elements and must keep every 8-element row segment 16-byte aligned
  * (ld % 8 == 0, base 16-byte aligned): ldmatrix and the 8/32-byte AMD loads
- * rely on it. Everything here is wave-level: all lanes of the wave must call. */
+ * rely on it. Everything here is wave-level: all lanes of the wave must call.
+ * The index math of these layouts (which tile elements a lane holds, where
+ * its loads start) lives in mma_layout.h, for all three targets, so the CPU
+ * test (tests/test_wave_emu.c) checks the functions the kernels inline. */
 #ifndef NSTF_MMA_H
 #define NSTF_MMA_H
 
 #include "gpu.h"
+#include "mma_layout.h"
 
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
 #if defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
@@ -42,6 +46,16 @@
 #endif
 #else
 #define NSTF_MMA_NV 1
+#endif
+
+/* The target's layout functions of mma_layout.h: NSTF_MMA_L(c_row) is
+ * nstf_mma_nv_c_row, nstf_mma_mfma_c_row or nstf_mma_wmma_c_row. */
+#if defined(NSTF_MMA_NV)
+#define NSTF_MMA_L(f) nstf_mma_nv_##f
+#elif defined(NSTF_MMA_MFMA)
+#define NSTF_MMA_L(f) nstf_mma_mfma_##f
+#else
+#define NSTF_MMA_L(f) nstf_mma_wmma_##f
 #endif
 
 #define NSTF_DEV static __device__ __forceinline__
@@ -85,67 +99,36 @@ NSTF_DEV int nstf_lane(void) { return (int)(threadIdx.x % NSTF_WAVE); }
 struct nstf_mma_a { unsigned x[4]; };
 struct nstf_mma_b { unsigned x[4]; };
 struct nstf_mma_c { float x[8]; };
-#define NSTF_MMA_C_N 8    /* fp32 elements of a C tile per lane */
-#define NSTF_MMA_C_ROWS 2 /* distinct rows among them */
-#define NSTF_MMA_ROW_LANES 4 /* lanes sharing one row (xor 1, 2) */
+#define NSTF_MMA_C_N NSTF_MMA_NV_C_N             /* fp32 elements of a C tile per lane: 8 */
+#define NSTF_MMA_C_ROWS NSTF_MMA_NV_C_ROWS       /* distinct rows among them: 2 */
+#define NSTF_MMA_ROW_LANES NSTF_MMA_NV_ROW_LANES /* lanes sharing one row: 4 (xor 1, 2) */
 #elif defined(NSTF_MMA_MFMA)
 typedef short nstf_v4s __attribute__((ext_vector_type(4)));
 typedef float nstf_v4f __attribute__((ext_vector_type(4)));
 struct nstf_mma_a { nstf_v4s x; };
 struct nstf_mma_b { nstf_v4s x; };
 struct nstf_mma_c { nstf_v4f x; };
-#define NSTF_MMA_C_N 4
-#define NSTF_MMA_C_ROWS 4
-#define NSTF_MMA_ROW_LANES 16
+#define NSTF_MMA_C_N NSTF_MMA_MFMA_C_N
+#define NSTF_MMA_C_ROWS NSTF_MMA_MFMA_C_ROWS
+#define NSTF_MMA_ROW_LANES NSTF_MMA_MFMA_ROW_LANES
 #else
 typedef short nstf_v16s __attribute__((ext_vector_type(16)));
 typedef float nstf_v8f __attribute__((ext_vector_type(8)));
 struct nstf_mma_a { nstf_v16s x; };
 struct nstf_mma_b { nstf_v16s x; };
 struct nstf_mma_c { nstf_v8f x; };
-#define NSTF_MMA_C_N 8
-#define NSTF_MMA_C_ROWS 8
-#define NSTF_MMA_ROW_LANES 16
+#define NSTF_MMA_C_N NSTF_MMA_WMMA_C_N
+#define NSTF_MMA_C_ROWS NSTF_MMA_WMMA_C_ROWS
+#define NSTF_MMA_ROW_LANES NSTF_MMA_WMMA_ROW_LANES
 #endif
 
 /* ---- C element coordinates (inside the 16x16 tile) for this lane ---- */
-NSTF_DEV int nstf_mma_c_row(int i) {
-    int l = nstf_lane();
-#if defined(NSTF_MMA_NV)
-    return (l >> 2) + 8 * ((i & 3) >> 1);
-#elif defined(NSTF_MMA_MFMA)
-    return 4 * (l >> 4) + i;
-#else
-    return 2 * i + (l >> 4);
-#endif
-}
-NSTF_DEV int nstf_mma_c_col(int i) {
-    int l = nstf_lane();
-#if defined(NSTF_MMA_NV)
-    return 8 * (i >> 2) + 2 * (l & 3) + (i & 1);
-#else
-    return l & 15;
-#endif
-}
+NSTF_DEV int nstf_mma_c_row(int i) { return NSTF_MMA_L(c_row)(nstf_lane(), i); }
+NSTF_DEV int nstf_mma_c_col(int i) { return NSTF_MMA_L(c_col)(nstf_lane(), i); }
 /* which of this lane's NSTF_MMA_C_ROWS rows element i lies in */
-NSTF_DEV int nstf_mma_c_slot(int i) {
-#if defined(NSTF_MMA_NV)
-    return (i & 3) >> 1;
-#else
-    return i;
-#endif
-}
+NSTF_DEV int nstf_mma_c_slot(int i) { return NSTF_MMA_L(c_slot)(i); }
 /* the tile row of this lane's row slot r */
-NSTF_DEV int nstf_mma_slot_row(int r) {
-    int l = nstf_lane();
-#if defined(NSTF_MMA_NV)
-    return (l >> 2) + 8 * r;
-#elif defined(NSTF_MMA_MFMA)
-    return 4 * (l >> 4) + r;
-#else
-    return 2 * r + (l >> 4);
-#endif
-}
+NSTF_DEV int nstf_mma_slot_row(int r) { return NSTF_MMA_L(slot_row)(nstf_lane(), r); }
 /* reductions over the lanes that share a row (combine with the in-lane slot) */
 NSTF_DEV float nstf_mma_row_max(float v) {
     NSTF_ROW_XOR_LOOP(m, NSTF_MMA_ROW_LANES) v = fmaxf(v, nstf_shfl_xor(v, m));
@@ -164,46 +147,42 @@ NSTF_DEV unsigned nstf_smem_addr(const void *p) { return (unsigned)__cvta_generi
 /* A tile: A[m][k] at p, row stride ld */
 NSTF_DEV void nstf_mma_load_a(nstf_mma_a &a, const unsigned short *p, int ld) {
     int l = nstf_lane();
+    const unsigned short *q = p + NSTF_MMA_L(a_row)(l) * ld + NSTF_MMA_L(a_col)(l);
 #if defined(NSTF_MMA_NV)
-    const unsigned short *q = p + ((l & 7) + 8 * ((l >> 3) & 1)) * ld + 8 * (l >> 4);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(a.x[0]), "=r"(a.x[1]), "=r"(a.x[2]), "=r"(a.x[3])
                  : "r"(nstf_smem_addr(q)));
 #elif defined(NSTF_MMA_MFMA)
-    a.x = *(const nstf_v4s *)(p + (l & 15) * ld + 4 * (l >> 4));
+    a.x = *(const nstf_v4s *)q;
 #else
-    a.x = *(const nstf_v16s *)(p + (l & 15) * ld);
+    a.x = *(const nstf_v16s *)q;
 #endif
 }
 /* B tile stored n-major: B[n][k] at p (a weight row, a key row) */
 NSTF_DEV void nstf_mma_load_b(nstf_mma_b &b, const unsigned short *p, int ld) {
     int l = nstf_lane();
+    const unsigned short *s = p + NSTF_MMA_L(b_row)(l) * ld + NSTF_MMA_L(b_col)(l);
 #if defined(NSTF_MMA_NV)
-    int q = l >> 3;
-    const unsigned short *s = p + ((l & 7) + 8 * (q >> 1)) * ld + 8 * (q & 1);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(b.x[0]), "=r"(b.x[1]), "=r"(b.x[2]), "=r"(b.x[3])
                  : "r"(nstf_smem_addr(s)));
 #elif defined(NSTF_MMA_MFMA)
-    b.x = *(const nstf_v4s *)(p + (l & 15) * ld + 4 * (l >> 4));
+    b.x = *(const nstf_v4s *)s;
 #else
-    b.x = *(const nstf_v16s *)(p + (l & 15) * ld);
+    b.x = *(const nstf_v16s *)s;
 #endif
 }
 /* B tile stored k-major: B[k][n] at p (a value row: V[key][dim]) */
 NSTF_DEV void nstf_mma_load_b_kn(nstf_mma_b &b, const unsigned short *p, int ld) {
     int l = nstf_lane();
+    const unsigned short *s = p + NSTF_MMA_L(bkn_row)(l) * ld + NSTF_MMA_L(bkn_col)(l);
 #if defined(NSTF_MMA_NV)
-    int q = l >> 3;
-    const unsigned short *s = p + ((l & 7) + 8 * (q & 1)) * ld + 8 * (q >> 1);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(b.x[0]), "=r"(b.x[1]), "=r"(b.x[2]), "=r"(b.x[3])
                  : "r"(nstf_smem_addr(s)));
 #elif defined(NSTF_MMA_MFMA)
-    const unsigned short *s = p + 4 * (l >> 4) * ld + (l & 15);
     for (int j = 0; j < 4; j++) b.x[j] = (short)s[j * ld];
 #else
-    const unsigned short *s = p + (l & 15);
     for (int j = 0; j < 16; j++) b.x[j] = (short)s[j * ld];
 #endif
 }

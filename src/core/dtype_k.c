@@ -1,0 +1,361 @@
+/* dtype_k.c — scalar reference (de)quantization of the 256-element
+ * super-block types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (ggml's K-quants) and
+ * IQ4_XS.
+ *
+ * Layouts (byte offsets in one super-block; element e = 0..255):
+ *   Q2_K  scales[16] @0 (low nibble scale, high nibble min, one per 16),
+ *         qs[64] @16, d @80, dmin @82. e = 128n + 32j + l (n < 2, j < 4,
+ *         l < 32): q = (qs[32n + l] >> 2j) & 3, sub-block e / 16.
+ *   Q3_K  hmask[32] @0, qs[64] @32, scales[12] @96, d @108. Low two bits as
+ *         Q2_K; the third is bit (4n + j) of hmask[l], and a clear bit
+ *         subtracts 4 (q in -4..3). Sixteen 6-bit scales: low nibbles in
+ *         bytes 0..7 (i and i + 8 share byte i % 8), high pairs in bytes
+ *         8..11 (bits 2 * (i / 4) of byte 8 + i % 4); scale - 32.
+ *   Q4_K  d @0, dmin @2, scales[12] @4, qs[128] @16. e = 64j + 32h + l:
+ *         q = (qs[32j + l] >> 4h) & 15, sub-block 2j + h; 6-bit scale and
+ *         min of sub-block s per nstf_k4_scale_min.
+ *   Q5_K  as Q4_K with qh[32] @16 and qs[128] @48: bit (2j + h) of qh[l]
+ *         is bit 4 of q.
+ *   Q6_K  ql[128] @0, qh[64] @128, scales[16] (int8) @192, d @208.
+ *         e = 128n + 32k + l: low nibble of ql[64n + l + 32 (k & 1)]
+ *         (k < 2) or its high nibble (k >= 2), two high bits
+ *         (qh[32n + l] >> 2k) & 3; q - 32; scale of e / 16.
+ *   IQ4_XS d @0, scales_h (u16) @2, scales_l[4] @4, qs[128] @8: sub-block
+ *         b (32 values) has scale ((scales_l[b/2] >> 4(b%2)) & 15 |
+ *         ((scales_h >> 2b) & 3) << 4) - 32 and IQ4_NL-layout nibbles
+ *         qs[16b..16b+15].
+ * Dequantization uses ggml's fp32 operations in ggml's order (d * sc first,
+ * then * q, then - dmin * m), so results match gguf-py bit for bit.
+ *
+ * Quantizers (Q4_K, Q5_K, Q6_K) follow ggml's reference algorithms without
+ * an importance matrix: per sub-block a weighted min/scale search (Q4_K,
+ * Q5_K: weights sqrt(mean x^2) + |x|, 20 / 15 candidate scales) or a
+ * weighted-least-squares symmetric scale search (Q6_K: weights x^2, 18
+ * candidates), then 6-bit (int8 for Q6_K) quantization of the sub-block
+ * scales relative to the largest one, and a final requantization of every
+ * value against the stored scales. */
+#include <math.h>
+#include <string.h>
+
+#include "core/dtype.h"
+
+#define QK_K NSTF_QK_K
+
+static float h2f(const uint8_t *p) { return nstf_fp16_to_f32(nstf_load_u16(p)); }
+static void f2h(uint8_t *p, float f) {
+    uint16_t h = nstf_f32_to_fp16(f);
+    memcpy(p, &h, 2);
+}
+
+/* Round to nearest, ties to even, for |f| < 2^22 (ggml's nearest_int). */
+static inline int nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* ---- dequantization -------------------------------------------------------- */
+
+static void deq_q2_k(const uint8_t *b, float *y) {
+    const float d = h2f(b + 80), dmin = h2f(b + 82);
+    const uint8_t *sc = b, *qs = b + 16;
+    for (int e = 0; e < QK_K; e++) {
+        int n = e / 128, j = (e % 128) / 32, l = e % 32, s = sc[e / 16];
+        float dl = d * (float)(s & 0xF), ml = dmin * (float)(s >> 4);
+        y[e] = dl * (float)((qs[32 * n + l] >> (2 * j)) & 3) - ml;
+    }
+}
+
+static void deq_q3_k(const uint8_t *b, float *y) {
+    const float d = h2f(b + 108);
+    int8_t sc[16];
+    nstf_q3k_scales(b + 96, sc);
+    const uint8_t *hm = b, *qs = b + 32;
+    for (int e = 0; e < QK_K; e++) {
+        int n = e / 128, j = (e % 128) / 32, l = e % 32;
+        int q = ((qs[32 * n + l] >> (2 * j)) & 3) - (((hm[l] >> (4 * n + j)) & 1) ? 0 : 4);
+        float dl = d * (float)sc[e / 16];
+        y[e] = dl * (float)q;
+    }
+}
+
+static void deq_q45_k(const uint8_t *b, float *y, bool five) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
+    for (int e = 0; e < QK_K; e++) {
+        int j = e / 64, h = (e % 64) / 32, l = e % 32;
+        uint8_t sc, m;
+        nstf_k4_scale_min(2 * j + h, scales, &sc, &m);
+        int q = (qs[32 * j + l] >> (4 * h)) & 15;
+        if (five) q |= ((qh[l] >> (2 * j + h)) & 1) << 4;
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        y[e] = d1 * (float)q - m1;
+    }
+}
+
+static void deq_q6_k(const uint8_t *b, float *y) {
+    const float d = h2f(b + 208);
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    for (int e = 0; e < QK_K; e++) {
+        int n = e / 128, k = (e % 128) / 32, l = e % 32;
+        int lo = (ql[64 * n + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+        int q = (lo | (((qh[32 * n + l] >> (2 * k)) & 3) << 4)) - 32;
+        y[e] = d * (float)sc[e / 16] * (float)q;
+    }
+}
+
+static void deq_iq4_xs(const uint8_t *b, float *y) {
+    const float d = h2f(b);
+    const uint16_t sh = nstf_load_u16(b + 2);
+    const uint8_t *sl = b + 4, *qs = b + 8;
+    for (int s = 0; s < QK_K / 32; s++) {
+        int ls = ((sl[s / 2] >> (4 * (s % 2))) & 0xF) | (((sh >> (2 * s)) & 3) << 4);
+        float dl = d * (float)(ls - 32);
+        for (int j = 0; j < 16; j++) {
+            y[32 * s + j] = dl * (float)nstf_iq4nl_values[qs[16 * s + j] & 0xF];
+            y[32 * s + j + 16] = dl * (float)nstf_iq4nl_values[qs[16 * s + j] >> 4];
+        }
+    }
+}
+
+void nstf_dequantize_row_k(nstf_type t, const uint8_t *src, float *dst, int64_t n) {
+    const int64_t bb = nstf_type_block_bytes(t);
+    for (int64_t i = 0; i < n / QK_K; i++, src += bb, dst += QK_K) {
+        switch (t) {
+        case NSTF_TYPE_Q2_K: deq_q2_k(src, dst); break;
+        case NSTF_TYPE_Q3_K: deq_q3_k(src, dst); break;
+        case NSTF_TYPE_Q4_K: deq_q45_k(src, dst, false); break;
+        case NSTF_TYPE_Q5_K: deq_q45_k(src, dst, true); break;
+        case NSTF_TYPE_Q6_K: deq_q6_k(src, dst); break;
+        case NSTF_TYPE_IQ4_XS: deq_iq4_xs(src, dst); break;
+        default: return;
+        }
+    }
+}
+
+/* ---- quantization ---------------------------------------------------------- */
+
+/* Asymmetric codes L[i] in 0..nmax for x ~ scale * L - min with weights w:
+ * start from the min/max grid, then try nstep + 1 grids with
+ * (nmax + rmin + rdelta * is) steps over [min, max], each refined by the
+ * weighted least-squares scale and offset (offset clamped to <= 0), keeping
+ * the lowest weighted squared error. Returns the scale; *neg_min = -offset
+ * (>= 0). */
+static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                           float *neg_min, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *neg_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / (max - min), scale = 1.0f / iscale, best_err = 0.0f;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        float diff = scale * (float)L[i] + min - x[i];
+        best_err += w[i] * (diff * diff);
+    }
+    uint8_t aux[32];
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = l < 0 ? 0 : l > nmax ? nmax : l;
+            aux[i] = (uint8_t)l;
+            sum_l += w[i] * (float)l;
+            sum_l2 += w[i] * (float)l * (float)l;
+            sum_xl += w[i] * (float)l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * (float)aux[i] + this_min - x[i];
+                err += w[i] * (diff * diff);
+            }
+            if (err < best_err) {
+                memcpy(L, aux, (size_t)n);
+                best_err = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *neg_min = -min;
+    return scale;
+}
+
+/* Symmetric codes L[i] = nmax + l, l in -nmax..nmax-1, weights x^2: the
+ * least-squares scale for the grid through the largest |x|, then for 18
+ * nearby grids (nmax +- 0.1k), keeping the best weighted fit. */
+static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < 1e-15f) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = -(float)nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (uint8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -((float)nmax + 0.1f * (float)is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale * x[i]);
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * (float)l;
+            suml2 += w * (float)l * (float)l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                int l = nearest_int(iscale * x[i]);
+                L[i] = (uint8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+/* Q4_K (five = false) or Q5_K super-block. */
+static void quant_q45_k(const float *x, uint8_t *b, bool five) {
+    const int nmax = five ? 31 : 15;
+    uint8_t L[QK_K], *scales = b + 4;
+    float sc[8], mins[8], w[32], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xs = x + 32 * j;
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+        sc[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], five ? -0.5f : -1.0f, 0.1f,
+                              five ? 15 : 20);
+        if (sc[j] > max_scale) max_scale = sc[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        int ls = nearest_int(inv_scale * sc[j]), lm = nearest_int(inv_min * mins[j]);
+        ls = (uint8_t)ls > 63 ? 63 : (uint8_t)ls; /* ggml stores to uint8_t, then MIN(63) */
+        lm = (uint8_t)lm > 63 ? 63 : (uint8_t)lm;
+        if (j < 4) {
+            scales[j] = (uint8_t)ls;
+            scales[j + 4] = (uint8_t)lm;
+        } else {
+            scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    f2h(b, max_scale / 63.0f);
+    f2h(b + 2, max_min / 63.0f);
+    for (int j = 0; j < 8; j++) {
+        uint8_t s, m;
+        nstf_k4_scale_min(j, scales, &s, &m);
+        const float d = h2f(b) * (float)s;
+        if (!d) continue;
+        const float dm = h2f(b + 2) * (float)m;
+        for (int i = 0; i < 32; i++) {
+            int l = nearest_int((x[32 * j + i] + dm) / d);
+            L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+        }
+    }
+    uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
+    if (five) memset(qh, 0, 32);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            int l1 = L[64 * j + l], l2 = L[64 * j + 32 + l];
+            if (five) {
+                qh[l] |= (uint8_t)(((l1 >> 4) << (2 * j)) | ((l2 >> 4) << (2 * j + 1)));
+                l1 &= 15;
+                l2 &= 15;
+            }
+            qs[32 * j + l] = (uint8_t)(l1 | (l2 << 4));
+        }
+}
+
+static void quant_q6_k(const float *x, uint8_t *b) {
+    uint8_t L[QK_K];
+    float sc[16], max_scale = 0, max_abs = 0;
+    for (int s = 0; s < 16; s++) {
+        sc[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
+        if (fabsf(sc[s]) > max_abs) {
+            max_abs = fabsf(sc[s]);
+            max_scale = sc[s];
+        }
+    }
+    if (max_abs < 1e-15f) {
+        memset(b, 0, 210);
+        return;
+    }
+    float iscale = -128.0f / max_scale;
+    f2h(b + 208, 1.0f / iscale);
+    int8_t *scales = (int8_t *)(b + 192);
+    for (int s = 0; s < 16; s++) {
+        int v = nearest_int(iscale * sc[s]);
+        scales[s] = (int8_t)(v > 127 ? 127 : v);
+    }
+    for (int s = 0; s < 16; s++) {
+        float d = h2f(b + 208) * (float)scales[s];
+        if (!d) continue;
+        for (int i = 0; i < 16; i++) {
+            int l = nearest_int(x[16 * s + i] / d);
+            L[16 * s + i] = (uint8_t)((l < -32 ? -32 : l > 31 ? 31 : l) + 32);
+        }
+    }
+    uint8_t *ql = b, *qh = b + 128;
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Ln = L + 128 * n;
+            ql[64 * n + l] = (uint8_t)((Ln[l] & 0xF) | ((Ln[l + 64] & 0xF) << 4));
+            ql[64 * n + l + 32] = (uint8_t)((Ln[l + 32] & 0xF) | ((Ln[l + 96] & 0xF) << 4));
+            qh[32 * n + l] = (uint8_t)((Ln[l] >> 4) | ((Ln[l + 32] >> 4) << 2) |
+                                       ((Ln[l + 64] >> 4) << 4) | ((Ln[l + 96] >> 4) << 6));
+        }
+}
+
+bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
+    const int64_t bb = nstf_type_block_bytes(t);
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K, dst += bb) {
+        switch (t) {
+        case NSTF_TYPE_Q4_K: quant_q45_k(src, dst, false); break;
+        case NSTF_TYPE_Q5_K: quant_q45_k(src, dst, true); break;
+        case NSTF_TYPE_Q6_K: quant_q6_k(src, dst); break;
+        default: return false;
+        }
+    }
+    return true;
+}

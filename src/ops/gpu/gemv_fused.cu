@@ -1,0 +1,80 @@
+/* gemv_fused.cu — nstf_gpu_gemv_fused: one-token GEMVs with the RMSNorm
+ * before them as a prologue and RoPE, SwiGLU or the residual add as an
+ * epilogue (the level-3 decode; docs/ARCHITECTURE.md says why), and
+ * nstf_gpu_gemv_fusable. The kernels are instances of gemv.cu's bf16 kernel
+ * and gemvq.cu's quantized one; their fused code is gemv_fused.h. */
+#include "gemv_common.h"
+#include "core/switches.h"
+
+extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm) {
+    if (!w || n_in <= 0 || n_in > INT32_MAX / 2 || gemv_wt(wtype, true) < 0) return 0;
+    uint64_t rb = 0;
+    if (!nstf_type_row_bytes(wtype, n_in, &rb)) return 0;
+    const gemv_plan p = gemv_make_plan(wtype, w, NULL, 1, n_in); /* x is staged, never read in place */
+    if (!p.quant && p.wt != GW_BF16) return 0;
+    return !norm || p.n_chunks == 1;
+}
+
+/* Rows per block of the fused bf16 kernel: more rows share one staging of
+ * x (and one norm) as n_out grows. The switch NSTF_GEMV_ROWS=8|16|32
+ * overrides it (measurement). */
+static int gemv_fused_rows(int64_t n_out) {
+    const int sw = nstf_switch_int(NSTF_SW_GEMV_ROWS); /* NSTF_SWITCH_AUTO, 8, 16 or 32 */
+    if (sw != NSTF_SWITCH_AUTO) return sw;
+    return n_out >= 16384 ? 16 : GEMV_ROWS;
+}
+
+extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
+                                           int64_t n_in, int64_t n_out, const nstf_gemv_fusion *fu,
+                                           void *stream) {
+    if (!fu || !y || n_out <= 0 || n_out > INT32_MAX - GEMVQ_ROWS_BIG || (!fu->norm_x && !x) ||
+        (fu->norm_x && !fu->norm_w) || !(fu->norm_eps >= 0.0f))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: bad arguments (n_in %lld, n_out %lld)",
+                              (long long)n_in, (long long)n_out);
+    const int norm = fu->norm_x != NULL;
+    if (!nstf_gpu_gemv_fusable(wtype, w, n_in, norm))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "nstf_gpu_gemv_fused: %s weights of %lld columns%s (see nstf_gpu_gemv_fusable)",
+                              nstf_type_name(wtype), (long long)n_in, norm ? " with the norm prologue" : "");
+    const nstf_gemv_epi epi = fu->epi;
+    if (epi == NSTF_GEMV_ROPE || epi == NSTF_GEMV_SWIGLU) {
+        if (n_out % 2) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: odd n_out %lld", (long long)n_out);
+    } else if (epi != NSTF_GEMV_STORE && epi != NSTF_GEMV_ACCUM) {
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv_fused: epilogue %d", (int)epi);
+    }
+    if (epi == NSTF_GEMV_ROPE &&
+        (!fu->pos || !fu->rope_freqs || fu->head_dim <= 0 || fu->head_dim % 2 || fu->head_dim > 256 ||
+         fu->rope_rows < 0 || fu->rope_rows % fu->head_dim || fu->rope_rows > n_out ||
+         (fu->rope_mode != NSTF_ROPE_NORM && fu->rope_mode != NSTF_ROPE_NEOX) ||
+         (fu->head_dim / 2) % (GEMVQ_ROWS / 2) != 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_gpu_gemv_fused: RoPE of %d rows, head_dim %d, mode %d (rows a multiple of "
+                              "head_dim, head_dim/2 a multiple of %d)",
+                              fu->rope_rows, fu->head_dim, (int)fu->rope_mode, GEMVQ_ROWS / 2);
+    uint64_t row_bytes = 0;
+    (void)nstf_type_row_bytes(wtype, n_in, &row_bytes);
+    const gemv_plan p = gemv_make_plan(wtype, w, norm ? NULL : x, 1, n_in);
+    gemv_fz f = {};
+    f.nx = fu->norm_x;
+    f.nw = fu->norm_w;
+    f.eps = fu->norm_eps;
+    f.rope_rows = fu->rope_rows;
+    f.hd = fu->head_dim;
+    f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
+    f.pos = fu->pos;
+    f.freqs = fu->rope_freqs;
+    f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
+    nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
+    const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
+    const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
+    if (fz == 0) /* plain STORE: the unfused GEMV */
+        return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
+    const gemv_fn fn = p.wt == GW_BF16 ? nstf_gemv_bf16_fused_pick(fz, rows) : nstf_gemvq_fused_pick(p.wt, fz);
+    const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
+    gpuStream_t s = (gpuStream_t)stream;
+    GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,
+                              (size_t)row_bytes, x, y, (int)n_in, (int)n_out, p.chunk, p.x_vec, f));
+    GPU_LAUNCH_CHECK(s);
+    return NSTF_OK;
+}
+

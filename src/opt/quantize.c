@@ -1,0 +1,213 @@
+/* quantize.c — `nstf quantize`: choose each tensor's type by llama.cpp's
+ * rules (quantize.h), convert it row by row on a thread pool, and write the
+ * GGUF through a temporary file renamed into place. */
+#include "opt/quantize.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "core/mem.h"
+#include "core/threadpool.h"
+#include "io/gguf.h"
+
+static const nstf_quant_target k_targets[] = {
+    {"F16", NSTF_TYPE_F16, NSTF_QMIX_PLAIN, 1},    {"BF16", NSTF_TYPE_BF16, NSTF_QMIX_PLAIN, 32},
+    {"Q8_0", NSTF_TYPE_Q8_0, NSTF_QMIX_PLAIN, 7},  {"Q4_0", NSTF_TYPE_Q4_0, NSTF_QMIX_PLAIN, 2},
+    {"Q4_1", NSTF_TYPE_Q4_1, NSTF_QMIX_PLAIN, 3},  {"Q5_0", NSTF_TYPE_Q5_0, NSTF_QMIX_PLAIN, 8},
+    {"Q5_1", NSTF_TYPE_Q5_1, NSTF_QMIX_PLAIN, 9},  {"Q4_K", NSTF_TYPE_Q4_K, NSTF_QMIX_PLAIN, 14},
+    {"Q5_K", NSTF_TYPE_Q5_K, NSTF_QMIX_PLAIN, 16}, {"Q6_K", NSTF_TYPE_Q6_K, NSTF_QMIX_PLAIN, 18},
+    {"Q4_K_M", NSTF_TYPE_Q4_K, NSTF_QMIX_Q4_K_M, 15},
+    {"Q5_K_M", NSTF_TYPE_Q5_K, NSTF_QMIX_Q5_K_M, 17},
+};
+#define N_TARGETS (sizeof k_targets / sizeof k_targets[0])
+
+bool nstf_quant_target_parse(const char *name, nstf_quant_target *out) {
+    for (size_t i = 0; i < N_TARGETS; i++)
+        if (!strcasecmp(name, k_targets[i].name)) {
+            *out = k_targets[i];
+            return true;
+        }
+    return false;
+}
+
+const char *nstf_quant_target_list(void) {
+    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M";
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and
+ * every third layer in between. */
+static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+/* Layer index of "blk.N.*", -1 otherwise. */
+static int layer_of(const char *name) {
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    char *end;
+    long v = strtol(name + 4, &end, 10);
+    return end != name + 4 && *end == '.' && v >= 0 && v < 1000000 ? (int)v : -1;
+}
+
+nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, uint32_t n_dims,
+                                 int64_t ne0, nstf_type cur, bool has_output, int n_layers) {
+    if (n_dims < 2 || !ends_with(name, "weight")) return cur;
+    nstf_type t = tg->base;
+    const bool quant = nstf_type_is_quantized(t);
+    const bool is_output =
+        !strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"));
+    const int layer = layer_of(name);
+    if (is_output && quant) {
+        if (ne0 % NSTF_QK_K != 0) t = NSTF_TYPE_Q8_0;
+        else if (t != NSTF_TYPE_Q8_0) t = NSTF_TYPE_Q6_K;
+    } else if (tg->mix != NSTF_QMIX_PLAIN && layer >= 0 &&
+               (strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) &&
+               use_more_bits(layer, n_layers)) {
+        t = NSTF_TYPE_Q6_K;
+    }
+    if (nstf_type_block_elems(t) == NSTF_QK_K && ne0 % NSTF_QK_K != 0) /* llama.cpp's fallbacks */
+        t = t == NSTF_TYPE_Q4_K ? NSTF_TYPE_Q5_0 : t == NSTF_TYPE_Q5_K ? NSTF_TYPE_Q5_1 : NSTF_TYPE_Q8_0;
+    return t;
+}
+
+/* ---- conversion -------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *src;
+    nstf_type src_type, dst_type;
+    uint8_t *dst;
+    int64_t ne0, row0, n_rows;
+    uint64_t src_rb, dst_rb;
+    float *scratch; /* [n_threads][ne0] */
+} conv_ctx;
+
+static void conv_worker(void *p, int ith, int nth) {
+    const conv_ctx *c = p;
+    int64_t lo, hi;
+    nstf_split_range(c->n_rows, 1, ith, nth, &lo, &hi);
+    float *f = c->scratch + (int64_t)ith * c->ne0;
+    for (int64_t r = c->row0 + lo; r < c->row0 + hi; r++) {
+        nstf_dequantize_row(c->src_type, c->src + (uint64_t)r * c->src_rb, f, c->ne0);
+        nstf_quantize_row(c->dst_type, f, c->dst + (uint64_t)r * c->dst_rb, c->ne0);
+    }
+}
+
+static nstf_status name_of(const nstf_gguf_tensor *t, char *buf, size_t cap) {
+    if (t->name.len >= cap) return nstf_set_error(NSTF_ERR_FORMAT, "tensor name of %llu bytes is too long",
+                                                  (unsigned long long)t->name.len);
+    memcpy(buf, t->name.ptr, (size_t)t->name.len);
+    buf[t->name.len] = 0;
+    return NSTF_OK;
+}
+
+static nstf_status build(nstf_gguf *g, const nstf_quant_params *p, nstf_pool *pool, nstf_gguf_writer *w) {
+    const nstf_quant_target *tg = &p->target;
+    int n_layers = 0;
+    bool has_output = nstf_gguf_find_tensor(g, "output.weight") != NULL;
+    char name[512];
+    uint64_t total = 0, done = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        if (layer_of(name) + 1 > n_layers) n_layers = layer_of(name) + 1;
+        total += t->n_bytes;
+    }
+    /* refuse requantization before any work */
+    for (uint64_t i = 0; i < g->n_tensors && !p->allow_requantize; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        nstf_type to = nstf_quant_tensor_type(tg, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+        if (to != t->type && nstf_type_is_quantized(t->type))
+            return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                                  "%s: tensor '%s' is already quantized (%s); requantizing compounds the "
+                                  "error: pass --allow-requantize to do it anyway, or start from an "
+                                  "F32/F16/BF16 file",
+                                  g->path, name, nstf_type_name(t->type));
+    }
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const nstf_gguf_kv *kv = &g->kv[i];
+        if (nstf_gguf_str_eq(kv->key, "general.file_type") ||
+            nstf_gguf_str_eq(kv->key, "general.quantization_version"))
+            continue;
+        NSTF_TRY(nstf_gguf_writer_copy_kv(w, kv));
+    }
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.file_type", tg->ftype));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2));
+
+    nstf_status st = NSTF_OK;
+    for (uint64_t i = 0; i < g->n_tensors && st == NSTF_OK; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        nstf_type to = nstf_quant_tensor_type(tg, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+        if (to == t->type) {
+            st = nstf_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+            done += t->n_bytes;
+            if (p->progress) p->progress(p->progress_user, done, total);
+            continue;
+        }
+        if (!nstf_type_can_quantize(to))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor '%s': no quantizer for %s", name, nstf_type_name(to));
+        conv_ctx c = {.src = t->data, .src_type = t->type, .dst_type = to, .ne0 = t->ne[0]};
+        uint64_t dst_bytes, scratch_bytes;
+        int64_t n_rows = (int64_t)(t->n_elems / (uint64_t)t->ne[0]);
+        if (!nstf_type_row_bytes(t->type, t->ne[0], &c.src_rb) || !nstf_type_row_bytes(to, t->ne[0], &c.dst_rb) ||
+            !nstf_mul_ok(c.dst_rb, (uint64_t)n_rows, &dst_bytes) ||
+            !nstf_mul_ok((uint64_t)t->ne[0] * 4, (uint64_t)nstf_pool_size(pool), &scratch_bytes))
+            return nstf_set_error(NSTF_ERR_FORMAT, "tensor '%s': sizes overflow", name);
+        c.dst = nstf_alloc((size_t)dst_bytes, "quantized tensor");
+        c.scratch = nstf_alloc((size_t)scratch_bytes, "quantize scratch");
+        if (!c.dst || !c.scratch) {
+            nstf_free(c.dst);
+            nstf_free(c.scratch);
+            return NSTF_ERR_OOM;
+        }
+        /* pieces of ~4M values, so the progress moves within large tensors */
+        int64_t step = (int64_t)(4194304 / t->ne[0]) + 1;
+        for (c.row0 = 0; c.row0 < n_rows; c.row0 += step) {
+            c.n_rows = n_rows - c.row0 < step ? n_rows - c.row0 : step;
+            nstf_pool_run(pool, conv_worker, &c);
+            if (p->progress)
+                p->progress(p->progress_user, done + (uint64_t)(c.row0 + c.n_rows) * c.src_rb, total);
+        }
+        done += t->n_bytes;
+        st = nstf_gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, c.dst);
+        nstf_free(c.dst);
+        nstf_free(c.scratch);
+    }
+    return st;
+}
+
+nstf_status nstf_quantize_file(const char *in_path, const char *out_path, const nstf_quant_params *p) {
+    if (!in_path || !out_path || !p)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_quantize_file: NULL argument");
+    nstf_gguf *g;
+    NSTF_TRY(nstf_gguf_open(in_path, &g));
+    nstf_pool *pool = NULL;
+    nstf_gguf_writer *w = NULL;
+    nstf_status st = nstf_pool_create(p->n_threads > 0 ? p->n_threads : 1, &pool);
+    if (st == NSTF_OK) st = nstf_gguf_writer_create(&w);
+    if (st == NSTF_OK) st = build(g, p, pool, w);
+    /* a temporary file in OUT's folder, renamed over OUT once complete */
+    char *tmp = NULL;
+    size_t n = strlen(out_path) + 32;
+    if (st == NSTF_OK && !(tmp = malloc(n))) st = nstf_set_error(NSTF_ERR_OOM, "out of memory");
+    if (st == NSTF_OK) {
+        snprintf(tmp, n, "%s.tmp.%ld", out_path, (long)getpid());
+        st = nstf_gguf_writer_write(w, tmp, (uint32_t)g->alignment);
+        if (st == NSTF_OK && rename(tmp, out_path) != 0)
+            st = nstf_set_error(NSTF_ERR_IO, "%s: cannot rename the finished file into place: %s", out_path,
+                                strerror(errno));
+        if (st != NSTF_OK) remove(tmp);
+    }
+    free(tmp);
+    nstf_gguf_writer_free(w);
+    nstf_pool_free(pool);
+    nstf_gguf_close(g);
+    return st;
+}
