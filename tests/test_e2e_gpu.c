@@ -189,7 +189,7 @@ static void run_model(const char *path, bool real) {
         const int L = m->cfg.n_layers, half = L / 2;
         nstf_backend *gb = NULL, *cb = NULL;
         nstf_llama_run *s1 = NULL, *s2 = NULL;
-        const nstf_cpu_params cp = {0, true, false};
+        const nstf_cpu_params cp = {0, true, false, 32};
         nstf_status ss = nstf_backend_gpu_create(0, &gb);
         if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, gb, N_TOK + N_GEN, N_TOK, 1, 0, half, true, false, &s1);
         if (ss == NSTF_OK) ss = nstf_backend_cpu_create(&cp, &cb);
