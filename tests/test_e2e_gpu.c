@@ -26,7 +26,8 @@
  * context far too large for the device fails with NSTF_ERR_OOM and a
  * message, not a crash. The same gates hold for a model split between the
  * GPU (embedding and the first half of the layers) and the CPU (the rest
- * and the output head), the partial offload of -ngl. Exit 77 (skipped)
+ * and the output head), the partial offload of -ngl, against the CPU and
+ * against the whole model on the GPU. Exit 77 (skipped)
  * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -178,6 +179,9 @@ static void run_model(const char *path, bool real) {
     }
     if (s != NSTF_OK) { printf("  GPU decode: %s  FAIL\n", nstf_last_error()); g_fail++; goto done; }
     compare("decode", lc, lg, N_TOK, nv);
+    float *lgf = malloc((size_t)N_TOK * nv * sizeof(float)); /* the whole model's GPU decode logits */
+    CHECK(lgf != NULL, "out of host memory");
+    if (lgf) memcpy(lgf, lg, (size_t)N_TOK * nv * sizeof(float));
     printf("  decode steps from a graph: %d/%d; device argmax vs host argmax of the GPU logits: %d mismatches  %s\n",
            graphs, N_TOK, dev_mismatch, dev_mismatch == 0 && graphs >= N_TOK - 1 ? "ok" : "FAIL");
     if (dev_mismatch || graphs < N_TOK - 1) g_fail++;
@@ -202,6 +206,9 @@ static void run_model(const char *path, bool real) {
             for (int t = 0; ss == NSTF_OK && t < N_TOK; t++)
                 ss = nstf_llama_forward_seq(s1, &ids[t], 1, t, false, lg + (int64_t)t * nv, NULL);
             if (ss == NSTF_OK) compare("split dec", lc, lg, N_TOK, nv);
+            /* and against the whole model on the GPU (the same gates: the
+             * split is closer to either side than they are to each other) */
+            if (ss == NSTF_OK && lgf) compare("split vs GPU", lgf, lg, N_TOK, nv);
         }
         if (ss != NSTF_OK) {
             printf("  split: %s  FAIL\n", nstf_last_error());
@@ -211,6 +218,7 @@ static void run_model(const char *path, bool real) {
         nstf_llama_run_free(s1);
         nstf_backend_free(cb);
         nstf_backend_free(gb);
+        free(lgf);
     }
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */

@@ -20,7 +20,7 @@ int cmd_chat(int argc, char **argv);
 static void usage_common(FILE *f) {
     fprintf(f,
             "model and device:\n"
-            "  -m, --model FILE          GGUF model (Llama family)\n"
+            "  -m, --model FILE          GGUF model or HF model folder (Llama family)\n"
             "  -c, --ctx-size N          context size in tokens (default: min(trained, 4096))\n"
             "  -b, --batch-size N        prompt tokens per forward pass (default 512)\n"
             "  -t, --threads N           CPU threads (default: the physical cores)\n"

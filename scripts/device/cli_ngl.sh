@@ -8,8 +8,8 @@
 #
 # Runs, each with its own log in $BUILD_DIR/cli_ngl/:
 #   test_e2e_gpu   GPU logits against the CPU's, and a GPU/CPU split (the
-#                  first half of the layers on the GPU) against the CPU, with
-#                  the stated gates (prefill and decode)
+#                  first half of the layers on the GPU) against the CPU and
+#                  against the whole model on the GPU, with the stated gates
 #   test_cli       the CLI; with a GPU, `run -ngl 1 -v` on a 2-layer model
 #                  must print the split and one memory line per device
 #   ngl_N          `nstf run -m SmolLM2 -ngl N -v --temp 0 -n 24` for N = 0
