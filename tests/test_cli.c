@@ -69,7 +69,9 @@ static void consistency(const char *tiny) {
     }
     static const char *const k_help[][2] = {{"run", "usage: nstf run"}, {"chat", "usage: nstf chat"},
                                             {"bench", "usage: nstf bench"}, {"gen-model", "usage: nstf gen-model"},
-                                            {"inspect", "usage: nstf inspect"}, {"isa", "usage: nstf isa"}};
+                                            {"inspect", "usage: nstf inspect"}, {"isa", "usage: nstf isa"},
+                                            {"convert", "usage: nstf convert"}, {"quantize", "usage: nstf quantize"},
+                                            {"devices", "usage: nstf devices"}};
     for (size_t i = 0; i < sizeof k_help / sizeof k_help[0]; i++) {
         int rc = run((const char *const[]){"help", k_help[i][0], NULL});
         CHECK(rc == 0 && !strncmp(g_out, k_help[i][1], strlen(k_help[i][1])), "nstf help %s: exit %d: %.60s", k_help[i][0],
