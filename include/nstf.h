@@ -55,7 +55,7 @@ typedef struct nstf_session nstf_session;
 typedef struct nstf_session_params {
     int n_ctx;          /* KV cache positions; 0 = min(trained context, 4096) */
     int n_batch;        /* most prompt tokens per forward; default 512 */
-    int n_threads;      /* CPU threads; 0 = every core */
+    int n_threads;      /* CPU threads; 0 = the physical cores */
     const char *device; /* "cpu", "gpu" or "auto" (default: GPU if present) */
     bool verbose;       /* log model and device details to stderr */
     bool precise;       /* CPU: fp32 activations in every matmul (slower; matches
