@@ -129,15 +129,32 @@ static bool find_fn(const char *flag, size_t n, void *user) {
     return !c->found;
 }
 
+/* The expanded argv and its flag names (one block), freed at exit. */
+static char **g_args, *g_names;
+
+static void free_expanded(void) {
+    free(g_args);
+    free(g_names);
+    g_args = NULL;
+    g_names = NULL;
+}
+
 void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage) {
     int extra = 0;
-    for (int i = 1; i < *argc; i++) extra += !strncmp((*argv)[i], "--", 2) && strchr((*argv)[i], '=') != NULL;
-    if (!extra) return;
+    size_t name_bytes = 0;
+    for (int i = 1; i < *argc; i++)
+        if (!strncmp((*argv)[i], "--", 2) && strchr((*argv)[i], '=') != NULL) {
+            extra++;
+            name_bytes += strlen((*argv)[i]) + 1;
+        }
+    if (!extra || g_args) return; /* once per process */
     char *text = usage_text(usage);
     char **out = malloc((size_t)(*argc + extra + 1) * sizeof *out);
-    if (!text || !out) {
+    char *names = malloc(name_bytes), *np = names;
+    if (!text || !out || !names) {
         free(text);
         free(out);
+        free(names);
         return;
     }
     int n = 0;
@@ -149,7 +166,10 @@ void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage) {
          * that flag's value (-p --x=y) only if the flag before takes one,
          * which the help cannot tell; flags named by the help win */
         if (c.found) {
-            out[n++] = strndup(a, c.n);
+            memcpy(np, a, c.n);
+            np[c.n] = 0;
+            out[n++] = np;
+            np += c.n + 1;
             out[n++] = eq + 1;
         } else {
             out[n++] = a;
@@ -157,6 +177,9 @@ void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage) {
     }
     out[n] = NULL;
     free(text);
+    g_args = out;
+    g_names = names;
+    atexit(free_expanded);
     *argc = n;
     *argv = out;
 }

@@ -30,7 +30,8 @@ const char *cli_value(int argc, char **argv, int *i);
 /* A command's help text, written by its usage function. */
 typedef void (*cli_usage_fn)(FILE *f);
 /* Split every "--flag=value" whose flag the command's help names into
- * "--flag" "value" (argv is replaced by a copy that lives until exit). */
+ * "--flag" "value" (argv is replaced by a copy that lives until exit;
+ * once per process). */
 void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage);
 /* "unknown option 'X'", with the closest flag of the help when one is
  * close ("did you mean --ctx-size?"). Returns 2, the exit code. */
