@@ -451,7 +451,7 @@ static void case_rope(test_rng *r) { rope_case(r, false); }
  * tokens: causal GQA, the batch's k and v written into the cache; with a
  * sliding window (window > 0) token t sees the last `window` positions. */
 static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
-    const int nh = 6, nkv = 2, hd = 64, n_ctx = 300;
+    const int nh = 6, nkv = 2, hd = 64, n_ctx = 320; /* the plan's context (whole blocks of 16) */
     const int64_t qd = nh * hd, kvd = nkv * hd, kv_es = g_be->kv_type == NSTF_TYPE_BF16 ? 2 : 4;
     float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4), *vv = malloc((size_t)(n * kvd) * 4);
     float *cache_k = malloc((size_t)(n_ctx * kvd) * 4), *cache_v = malloc((size_t)(n_ctx * kvd) * 4);
