@@ -153,7 +153,12 @@ static void llama_cpp_habits(const char *tiny) {
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "--n-gpu-layers=-1", "--flash-attn", NULL});
     CHECK(rc == 0, "--n-gpu-layers=-1: exit %d: %s", rc, g_err);
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ngl", "1", "-v", NULL});
-    if (gpu)
+    /* the tiny model's heads (16) are not a GPU attention size: the run
+     * falls back to the CPU with its reason; the split itself is checked on
+     * SmolLM2 by scripts/device/cli_ngl.sh and test_e2e_gpu */
+    if (gpu && strstr(g_err, "GPU not used"))
+        CHECK(rc == 0 && strstr(g_err, "head sizes"), "-ngl 1 of 2 -v: exit %d: %s", rc, g_err);
+    else if (gpu)
         CHECK(rc == 0 && strstr(g_err, "split: embedding and layers 0-0 on the GPU, layers 1-1 and the output on the CPU") &&
                   strstr(g_err, "memory: device=gpu") && strstr(g_err, "memory: device=cpu"),
               "-ngl 1 of 2 -v: exit %d: %s", rc, g_err);

@@ -242,7 +242,17 @@ static void test_model(const char *path) {
     const nstf_type wt = m->w.layers[0].wq.type;
     /* the fused GEMVs have no QKV bias (Qwen2) or per-head q/k norm (Qwen3): such models decode unfused */
     const bool extras = m->w.layers[0].bq || m->w.layers[0].q_norm;
-    const bool fusable_types = !extras && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
+    /* a mix (Q4_K_M: Q6_K, Q5_0 and Q4_K matrices side by side) groups
+     * matrices of different types, which decode unfused: only a model of
+     * one weight type is held to the fused path */
+    bool uniform = true;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const nstf_llama_layer *ly = &m->w.layers[l];
+        const nstf_type ts[] = {ly->wq.type, ly->wk.type, ly->wv.type, ly->wo.type,
+                                ly->w_gate.type, ly->w_up.type, ly->w_down.type};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) uniform = uniform && ts[i] == wt;
+    }
+    const bool fusable_types = !extras && uniform && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
                                            wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1 || wt == NSTF_TYPE_Q5_0 ||
                                            wt == NSTF_TYPE_Q5_1 || wt == NSTF_TYPE_Q4_K || wt == NSTF_TYPE_Q5_K ||
                                            wt == NSTF_TYPE_Q6_K);
@@ -261,8 +271,9 @@ static void test_model(const char *path) {
         CHECK(un && diff == 0, "fused decode differs from the unfused kernels");
         free(un);
     } else {
-        printf("  L3 fused decode: not used for weights of type %s%s%s\n", nstf_type_name(wt),
-               extras ? " with QKV biases or q/k norms" : "", fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
+        printf("  L3 fused decode: not used for weights of type %s%s%s%s\n", nstf_type_name(wt),
+               uniform ? "" : " mixed with other types", extras ? " with QKV biases or q/k norms" : "",
+               fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
         CHECK(!fusable_types, "L3 did not run the fused decode on %s weights", nstf_type_name(wt));
     }
     free(lg);
