@@ -54,6 +54,8 @@ typedef struct nstf_llama_weights {
     const float *out_norm;   /* [dim] */
     nstf_matrix output;      /* [n_vocab, dim]; == tok_embd when tied */
     float *norms;            /* owned: all norm vectors as fp32, carved by a size table */
+    nstf_matrix *factors;    /* owned: [n_layers][7][2] the low-rank factor pairs of the layer
+                                matrices that have them (nstf_matrix.factors points here) */
 } nstf_llama_weights;
 
 typedef struct nstf_llama {

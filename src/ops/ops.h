@@ -50,8 +50,10 @@
       "causal grouped-query attention over the KV cache (the batch's K and V written into it)")    \
     X(SWIGLU, swiglu, nstf_ref_swiglu, nstf_cpu_swiglu, nstf_gpu_swiglu, "y = silu(gate) * up")    \
     X(ARGMAX, argmax, nstf_ref_argmax, nstf_cpu_argmax, nstf_gpu_argmax,                           \
-      "index of the largest value per row (first on ties)")
-#define NSTF_OP_COUNT 8
+      "index of the largest value per row (first on ties)")                                         \
+    X(MATMUL_LR, matmul_lr, nstf_ref_matmul_lr, nstf_cpu_matmul_lr, nstf_gpu_matmul_lr,            \
+      "y = (x A^T) B^T: a matrix stored as low-rank factors A [r, n_in], B [n_out, r]")
+#define NSTF_OP_COUNT 9
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -79,11 +81,15 @@ typedef enum nstf_rope_mode {
  * for profiles, and the op's own member of the union (named like the op).
  * Pointers are in the memory of the backend that runs the op. */
 
-/* A weight matrix [n_out, n_in] in its stored type (one row per output). */
+/* A weight matrix [n_out, n_in] in its stored type (one row per output).
+ * factors: NULL, or the matrix's low-rank form W ~ B A (opt/lowrank.h):
+ * factors[0] = A [rank, n_in], factors[1] = B [n_out, rank]; data is then
+ * NULL and the forward runs the MATMUL_LR op for it. */
 typedef struct nstf_matrix {
     const void *data;
     nstf_type type;
     int64_t n_in, n_out;
+    const struct nstf_matrix *factors;
 } nstf_matrix;
 
 /* Rows of activations: row t starts at data + t * stride elements of
@@ -185,6 +191,13 @@ typedef struct nstf_op_args {
             int32_t *out; /* [n_rows] */
             int64_t n_rows, n;
         } argmax;
+        struct {
+            const nstf_matrix *a, *b; /* A [rank, n_in], B [n_out, rank] */
+            nstf_view x;              /* [n, n_in] */
+            nstf_view tmp;            /* [n, rank] scratch: x A^T (dense rows) */
+            nstf_view out;            /* [n, n_out] */
+            int64_t n;
+        } matmul_lr;
     };
 } nstf_op_args;
 
@@ -216,6 +229,9 @@ nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int6
  * sees pos0 + t + 1 positions): QK^T and PV are 2 FLOPs per MAC each. */
 nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
+/* Two matmuls through the rank-r intermediate. */
+nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int64_t n_in, int64_t rank,
+                                 int64_t n_out, bool int8_act);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 
@@ -249,6 +265,14 @@ void nstf_ref_swiglu(const float *gate, const float *up, float *y, int64_t n);
 /* out[r] = argmax_j x[r, j] (first index on ties) */
 void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] */,
                      int64_t n_rows, int64_t n);
+
+/* y = (x A^T) B^T: tmp = x A^T as nstf_ref_matmul (double sums, rounded
+ * to float once), then y = tmp B^T the same way.
+ * torch: F.linear(F.linear(x, A), B) */
+void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_type tb,
+                        const void *b /* [n_out, rank] */, const float *x /* [n_tok, n_in] */,
+                        float *tmp /* [n_tok, rank] */, float *y /* [n_tok, n_out] */, int64_t n_tok,
+                        int64_t n_in, int64_t rank, int64_t n_out);
 
 /* ---- fast CPU paths ------------------------------------------------------ */
 
@@ -288,5 +312,9 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
                         float scale);
 void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n);
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
+/* Two nstf_cpu_matmul calls (precise ones when cpu->precise) through tmp
+ * [n_tok, rank]. */
+void nstf_cpu_matmul_lr(nstf_cpu *cpu, nstf_type ta, const void *a, nstf_type tb, const void *b, const float *x,
+                        float *tmp, float *y, int64_t n_tok, int64_t n_in, int64_t rank, int64_t n_out);
 
 #endif
