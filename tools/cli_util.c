@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out) {
     char *end;
@@ -58,4 +59,42 @@ const char *cli_value(int argc, char **argv, int *i) {
         return NULL;
     }
     return argv[++*i];
+}
+
+/* The whole text file at path, NUL-terminated (malloc), or NULL with a
+ * line on stderr naming `what`. */
+char *cli_read_file(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "nstf: cannot open %s '%s': %s\n", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf && ferror(f)) {
+        fprintf(stderr, "nstf: error reading %s '%s': %s\n", what, path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    } else if (!buf) {
+        fprintf(stderr, "nstf: out of memory reading '%s'\n", path);
+    } else {
+        buf[len] = 0;
+        if (strlen(buf) != len) {
+            fprintf(stderr, "nstf: %s '%s' contains NUL bytes\n", what, path);
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
 }

@@ -11,5 +11,7 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out);
 /* The value after a flag, or an error if it is missing. */
 const char *cli_value(int argc, char **argv, int *i);
+/* A text file read whole (free it); NULL with a message on stderr naming what. */
+char *cli_read_file(const char *path, const char *what);
 
 #endif

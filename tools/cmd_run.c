@@ -1,6 +1,5 @@
 /* cmd_run.c — `nstf run`: load a model, generate, report speed. Flags
  * follow llama.cpp's llama-cli where they exist. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,42 +73,6 @@ static bool on_piece(void *user, int32_t token, const char *piece, size_t len) {
     return true;
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "nstf: cannot open prompt file '%s': %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    size_t n;
-    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (buf && ferror(f)) {
-        fprintf(stderr, "nstf: error reading prompt file '%s': %s\n", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    } else if (!buf) {
-        fprintf(stderr, "nstf: out of memory reading '%s'\n", path);
-    } else {
-        buf[len] = 0;
-        if (strlen(buf) != len) {
-            fprintf(stderr, "nstf: prompt file '%s' contains NUL bytes\n", path);
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
     int n_predict = 128;
@@ -151,7 +114,7 @@ int cmd_run(int argc, char **argv) {
     if (!prompt && !prompt_file) { fprintf(stderr, "nstf run: no prompt given (-p TEXT or -f FILE)\n"); return 2; }
     if (system && !chat) { fprintf(stderr, "nstf run: --system needs --chat\n"); return 2; }
     char *file_prompt = NULL;
-    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file))) return 1;
+    if (prompt_file && !(prompt = file_prompt = cli_read_file(prompt_file, "prompt file"))) return 1;
     if (!seed_set) smp.seed = (uint64_t)nstf_time_seed();
 
     nstf_session *s = NULL;

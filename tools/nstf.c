@@ -14,6 +14,8 @@ int cmd_devices(int argc, char **argv);
 int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_lowrank(int argc, char **argv);
+int cmd_analyze(int argc, char **argv);
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -26,6 +28,8 @@ static void usage(FILE *f) {
             "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
             "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
             "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
+            "  lowrank   factor a model's matrices into low-rank pairs (SVD, activation-aware) (--help)\n"
+            "  analyze   per-matrix sensitivity: KL and perplexity under each candidate type / rank\n"
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
@@ -50,6 +54,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "lowrank")) return cmd_lowrank(argc - 1, argv + 1);
+    if (!strcmp(cmd, "analyze")) return cmd_analyze(argc - 1, argv + 1);
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         usage(stdout);
         return 0;

@@ -122,6 +122,14 @@ void nstf_lowrank_free(nstf_lowrank *lr);
  * Reports the parameters of the targeted matrices before and after. */
 nstf_status nstf_lowrank_apply(nstf_lowrank *lr, const nstf_lowrank_params *p, uint64_t *params_before,
                                uint64_t *params_after);
+/* Matrix i at rank r alone (0: its own matrix again); the others stay as
+ * they are. */
+nstf_status nstf_lowrank_set(nstf_lowrank *lr, int i, int64_t r);
+/* The index of layer l's matrix of kind k (0..6: attn_q, attn_k, attn_v,
+ * attn_output, ffn_gate, ffn_up, ffn_down), -1 when not decomposed; its
+ * shape. */
+int nstf_lowrank_find(const nstf_lowrank *lr, int layer, int kind);
+void nstf_lowrank_shape(const nstf_lowrank *lr, int i, int64_t *n_in, int64_t *n_out);
 /* The model's own matrices again. */
 void nstf_lowrank_restore(nstf_lowrank *lr);
 /* Matrices decomposed, and the rank matrix i got at the last apply (0:

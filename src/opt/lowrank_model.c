@@ -258,11 +258,7 @@ static uint64_t params_at(const nstf_lowrank *lr, const nstf_lowrank_params *p, 
 }
 
 void nstf_lowrank_restore(nstf_lowrank *lr) {
-    for (int i = 0; i < lr->n; i++) {
-        lr_mat *e = &lr->m[i];
-        *layer_matrix(&lr->s->model->w.layers[e->layer], e->kind) = e->orig;
-        e->rank = 0;
-    }
+    for (int i = 0; i < lr->n; i++) (void)nstf_lowrank_set(lr, i, 0);
 }
 
 nstf_status nstf_lowrank_apply(nstf_lowrank *lr, const nstf_lowrank_params *p, uint64_t *before, uint64_t *after) {
@@ -284,29 +280,52 @@ nstf_status nstf_lowrank_apply(nstf_lowrank *lr, const nstf_lowrank_params *p, u
         }
         keep = lo;
     }
-    nstf_llama *m = lr->s->model;
     for (int i = 0; i < lr->n; i++) {
-        lr_mat *e = &lr->m[i];
-        const int64_t r = rank_for(e, p, keep), ni = e->orig.n_in, no = e->orig.n_out;
-        nstf_free(e->fa), nstf_free(e->fb);
-        e->fa = e->fb = NULL;
-        if (r < 1) continue;
-        e->fa = nstf_alloc((size_t)(r * ni) * 4, "factor A");
-        e->fb = nstf_alloc((size_t)(r * no) * 4, "factor B");
-        if (!e->fa || !e->fb) {
+        nstf_status st = nstf_lowrank_set(lr, i, rank_for(&lr->m[i], p, keep));
+        if (st != NSTF_OK) {
             nstf_lowrank_restore(lr);
-            return NSTF_ERR_OOM;
+            return st;
         }
-        nstf_svd_factors(&e->svd, r, e->fa, e->fb);
-        nstf_matrix *fac = m->w.factors + (size_t)14 * e->layer + 2 * e->kind;
-        fac[0] = (nstf_matrix){e->fa, NSTF_TYPE_F32, ni, r, NULL};
-        fac[1] = (nstf_matrix){e->fb, NSTF_TYPE_F32, r, no, NULL};
-        *layer_matrix(&m->w.layers[e->layer], e->kind) = (nstf_matrix){NULL, NSTF_TYPE_F32, ni, no, fac};
-        e->rank = r;
     }
     if (before) *before = total;
     if (after) *after = params_at(lr, p, keep);
     return NSTF_OK;
+}
+
+nstf_status nstf_lowrank_set(nstf_lowrank *lr, int i, int64_t r) {
+    if (i < 0 || i >= lr->n) return nstf_set_error(NSTF_ERR_INVALID_ARG, "low-rank matrix %d of %d", i, lr->n);
+    lr_mat *e = &lr->m[i];
+    nstf_llama *m = lr->s->model;
+    const int64_t ni = e->orig.n_in, no = e->orig.n_out;
+    nstf_matrix *slot = layer_matrix(&m->w.layers[e->layer], e->kind);
+    *slot = e->orig;
+    e->rank = 0;
+    nstf_free(e->fa), nstf_free(e->fb);
+    e->fa = e->fb = NULL;
+    if (r < 1) return NSTF_OK;
+    if (r > e->svd.k) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s: rank %lld > %lld", e->name, (long long)r,
+                                            (long long)e->svd.k);
+    e->fa = nstf_alloc((size_t)(r * ni) * 4, "factor A");
+    e->fb = nstf_alloc((size_t)(r * no) * 4, "factor B");
+    if (!e->fa || !e->fb) return NSTF_ERR_OOM;
+    nstf_svd_factors(&e->svd, r, e->fa, e->fb);
+    nstf_matrix *fac = m->w.factors + (size_t)14 * e->layer + 2 * e->kind;
+    fac[0] = (nstf_matrix){e->fa, NSTF_TYPE_F32, ni, r, NULL};
+    fac[1] = (nstf_matrix){e->fb, NSTF_TYPE_F32, r, no, NULL};
+    *slot = (nstf_matrix){NULL, NSTF_TYPE_F32, ni, no, fac};
+    e->rank = r;
+    return NSTF_OK;
+}
+
+int nstf_lowrank_find(const nstf_lowrank *lr, int layer, int kind) {
+    for (int i = 0; i < lr->n; i++)
+        if (lr->m[i].layer == layer && lr->m[i].kind == kind) return i;
+    return -1;
+}
+
+void nstf_lowrank_shape(const nstf_lowrank *lr, int i, int64_t *n_in, int64_t *n_out) {
+    *n_in = lr->m[i].orig.n_in;
+    *n_out = lr->m[i].orig.n_out;
 }
 
 int nstf_lowrank_count(const nstf_lowrank *lr) { return lr->n; }
