@@ -32,7 +32,7 @@ static void usage(FILE *f) {
             "      --calib FILE      calibration text: activation-aware factorization (default: plain SVD)\n"
             "      --targets LIST    matrices (attn_q,...,ffn_down or all; default all)\n"
             "      --layers A-B      layers A..B only (default all)\n"
-            "      --fast            layers 0-1, 32 tokens, Q8_0 and Q4_0, rank at 0.5 (for tests)\n"
+            "      --fast            layer 0's attention matrices, 16 tokens, Q8_0 and Q4_0, rank at 0.5 (tests)\n"
             "      --json            JSON instead of the markdown table\n"
             "  -t, --threads N       CPU threads (default all)\n");
 }
@@ -145,7 +145,8 @@ int cmd_analyze(int argc, char **argv) {
     }
     if (!model || !file) { usage(stderr); return 2; }
     if (fast) {
-        p.layer0 = 0, p.layer1 = 2, n_tok = 32, reduce = 0.5f;
+        p.layer0 = 0, p.layer1 = 1, n_tok = 16, reduce = 0.5f;
+        p.targets = NSTF_LR_Q | NSTF_LR_K | NSTF_LR_V | NSTF_LR_O;
         if (!parse_types("Q8_0,Q4_0", types, &n_types)) return 2;
     }
     if (reduce > 0 && !nstf_lowrank_available()) {
