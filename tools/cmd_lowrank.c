@@ -37,6 +37,7 @@ static void usage(FILE *f) {
             "      --layers A-B      layers A..B only (default all)\n"
             "      --type T          factor type: f32, f16 (default) or bf16\n"
             "  -t, --threads N       CPU threads (default all)\n"
+            "      --ranks           print the rank each matrix got (0: left dense)\n"
             "      --eval FILE       measure on this text instead of writing (with --sweep)\n"
             "      --eval-tokens N   tokens of it scored (default 512)\n"
             "      --sweep LIST      reductions to measure, e.g. 0.1,0.2,0.3,0.4,0.5\n");
@@ -121,7 +122,7 @@ int cmd_lowrank(int argc, char **argv) {
     nstf_lowrank_params p = {0};
     p.alloc = NSTF_LR_ENERGY;
     p.keep = 0.95;
-    bool reduce_set = false, energy_alloc = false, both = false;
+    bool reduce_set = false, energy_alloc = false, both = false, ranks = false;
     nstf_session_params sp = nstf_session_default_params();
     sp.device = "cpu";
     for (int i = 1; i < argc; i++) {
@@ -155,6 +156,7 @@ int cmd_lowrank(int argc, char **argv) {
         else if (!strcmp(a, "--eval")) { VAL(); eval = v; }
         else if (!strcmp(a, "--eval-tokens")) { VAL(); if (!cli_parse_int(a, v, 2, 1 << 20, &eval_tokens)) return 2; }
         else if (!strcmp(a, "--sweep")) { VAL(); sweep_list = v; }
+        else if (!strcmp(a, "--ranks")) ranks = true;
         else { fprintf(stderr, "nstf lowrank: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }
@@ -200,7 +202,12 @@ int cmd_lowrank(int argc, char **argv) {
         nstf_lowrank_write(lr[0], out, ftype) != NSTF_OK)
         goto fail;
     int n_fact = 0;
-    for (int i = 0; i < nstf_lowrank_count(lr[0]); i++) n_fact += nstf_lowrank_rank_of(lr[0], i, NULL) > 0;
+    for (int i = 0; i < nstf_lowrank_count(lr[0]); i++) {
+        const char *name = NULL;
+        const int64_t r = nstf_lowrank_rank_of(lr[0], i, &name);
+        n_fact += r > 0;
+        if (ranks) printf("%s %lld\n", name, (long long)r);
+    }
     fprintf(stderr, "nstf: %s: %d of %d matrices factored (%s SVD), targeted parameters %.1f%% of %llu\n", out, n_fact,
             nstf_lowrank_count(lr[0]), cal ? "activation-aware" : "plain", 100.0 * (double)after / (double)before,
             (unsigned long long)before);
