@@ -57,6 +57,7 @@ test-gpu: cuda
 	./build-cuda/tests/test_levels_gpu
 	./build-cuda/tests/test_determinism_gpu
 	./build-cuda/tests/test_e2e_gpu
+	./build-cuda/tests/test_train_gpu
 
 # libFuzzer targets (fuzz/Makefile, clang + ASan/UBSan, apart from the gcc
 # build): each runs FUZZ_SECONDS; a crash fails and lands in fuzz/findings/.

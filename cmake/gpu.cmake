@@ -82,8 +82,8 @@ if(NSTF_CUDA)
     set_tests_properties(test_ops_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
   endif()
 
-  # GEMM / attention tests and their benchmarks (cuBLAS in the GEMM bench only).
-  foreach(t test_gemm_gpu test_attention_gpu)
+  # GEMM / attention (contiguous and paged) tests and their benchmarks (cuBLAS in the GEMM bench only).
+  foreach(t test_gemm_gpu test_attention_gpu test_paged_attn_gpu)
     add_executable(${t} ${PROJECT_SOURCE_DIR}/tests/${t}.cu)
     set_property(TARGET ${t} PROPERTY COMPILE_OPTIONS ${NSTF_CUDA_OPTIONS})
     target_link_libraries(${t} PRIVATE nstf_internal ${NSTF_GPU_LINK})
@@ -102,7 +102,7 @@ if(NSTF_CUDA)
   # End to end (GPU forward vs CPU forward), the execution levels (unfused
   # kernels vs fp64, every level vs L3) and run-to-run determinism: C tests
   # that use the nstf CLI for gen-model.
-  foreach(t test_e2e_gpu test_levels_gpu test_determinism_gpu test_lowrank_gpu)
+  foreach(t test_e2e_gpu test_levels_gpu test_determinism_gpu test_train_gpu test_lowrank_gpu)
     add_executable(${t} ${PROJECT_SOURCE_DIR}/tests/${t}.c)
     target_link_libraries(${t} PRIVATE nstf_internal)
     target_compile_definitions(${t} PRIVATE NSTF_SOURCE_DIR="${PROJECT_SOURCE_DIR}"

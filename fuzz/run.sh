@@ -24,6 +24,7 @@ for t in "$@"; do
     fuzz_gguf) extra="../tests/data/hostile"; dict="-dict=gguf.dict"; maxlen=16384 ;;
     fuzz_safetensors) extra="../tests/data/hostile/safetensors"; dict="-dict=safetensors.dict"; maxlen=16384 ;;
     fuzz_hf_tokenizer) dict="-dict=hf_tokenizer.dict"; maxlen=32768 ;;
+    fuzz_serve_request) dict="-dict=serve.dict"; maxlen=16384 ;;
     fuzz_tokenizer)
         model=${NSTF_FUZZ_MODEL:-../models/SmolLM2-135M-Instruct.Q4_1.gguf}
         if [ ! -r "$model" ]; then

@@ -37,6 +37,44 @@ nstf_status nstf_session_prefill(nstf_session *s, const int32_t *tokens, int n, 
 nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n, float *out);
 /* [n_vocab] the last prefill's logits. */
 const float *nstf_session_logits(const nstf_session *s);
+/* The model's tokens for text (malloc'd *ids), with BOS first when the
+ * model adds one; parse_special: special-token text becomes those tokens. */
+nstf_status nstf_session_tokenize(nstf_session *s, const char *text, size_t len, bool parse_special, int32_t **ids,
+                                  int64_t *n);
+
+/* ---- perplexity (src/model/perplexity.c) ------------------------------------ *
+ * llama.cpp's llama-perplexity on the session's model: windows of n_ctx
+ * tokens from position 0, BOS in place of each window's first token when
+ * the model adds BOS, the second half scored; with kl_base, the KL
+ * divergence and top-1 agreement against the base model's saved
+ * log-probabilities (llama.cpp's --kl-divergence-base file, which
+ * save_logits writes). */
+#define NSTF_PPL_N_PCT 11
+typedef struct nstf_ppl_params {
+    int n_ctx;            /* window; 0 with kl_base: the file's */
+    int n_batch;          /* tokens per forward, <= the session's batch */
+    int n_chunks;         /* windows to run; < 0: all */
+    const char *kl_base;  /* base log-probabilities to compare with (its tokens are used), or NULL */
+    const char *save_logits; /* write this run's log-probabilities (without kl_base), or NULL */
+    void (*progress)(void *user, int chunk, int n_chunk, double ppl, double seconds); /* after each window */
+    void *user;
+} nstf_ppl_params;
+typedef struct nstf_ppl_result {
+    int n_ctx, n_chunk;
+    int64_t count;        /* scored positions */
+    double ppl, ppl_unc;  /* exp(mean nll) and its standard error (llama.cpp's +/-) */
+    double seconds;
+    /* with kl_base: */
+    double ppl_base, ppl_base_unc, ln_ratio, ln_ratio_unc; /* ln(PPL / PPL(base)) */
+    double kld, kld_unc;  /* mean KL(base || model) in nats */
+    /* KL percentiles: max, 99.9, 99, 95, 90, median, 10, 5, 1, 0.1, min */
+    double kld_pct[NSTF_PPL_N_PCT];
+    double p_diff, p_diff_unc, p_diff_rms, p_diff_rms_unc, p_diff_max; /* p(token) - p_base(token) */
+    double same_top, same_top_unc; /* fraction of positions whose top-1 token both share */
+} nstf_ppl_result;
+/* tokens: the text's tokens (ignored with kl_base). */
+nstf_status nstf_perplexity(nstf_session *s, const int32_t *tokens, int64_t n_tokens, const nstf_ppl_params *p,
+                            nstf_ppl_result *r);
 
 /* ---- the backend ------------------------------------------------------------ */
 

@@ -1,10 +1,12 @@
 #!/bin/sh
 # install_deps.sh — Debian packages the build needs.
-#   install_deps.sh        the CPU build and tests (what `make deps` runs)
+#   install_deps.sh        the CPU build and tests (what `make deps` runs), and the
+#                          openai Python client for test_serve
 #   install_deps.sh amd    also the AMD toolchains of `make amd`: Debian's hipcc
 #                          (ROCm 5.2, clang 15) and clang-19; and, where nvcc is
 #                          present, cuobjdump + nvdisasm from their PyPI wheels
 #                          into build-amd/tools (SASS counts for `nstf isa`).
+# libmicrohttpd-dev is the HTTP server of `nstf serve`.
 # liblapacke-dev: the SVD of the low-rank decomposition (src/opt/lowrank.c).
 # clang + libclang-rt-dev are for `make fuzz`: libFuzzer's runtime
 # (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-dev, which tracks the
@@ -17,7 +19,7 @@ case "${1:-}" in
     *) echo "install_deps.sh: unknown step '$1' (want nothing or 'amd')" >&2; exit 2 ;;
 esac
 need=""
-pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev liblapacke-dev python3 python3-pip clang libclang-rt-dev"
+pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev liblapacke-dev python3 python3-pip clang libclang-rt-dev"
 [ $want_amd = 0 ] || pkgs="$pkgs hipcc clang-19"
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
@@ -31,6 +33,14 @@ if [ -n "$need" ]; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $need
+fi
+# The official openai client, which test_serve drives `nstf serve` with
+# (PyPI; the test skips without it). A system python that refuses pip
+# installs (PEP 668) gets it in the user's site-packages.
+if command -v python3 >/dev/null 2>&1 && ! python3 -c "import openai" >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check openai 2>/dev/null ||
+        python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages openai ||
+        echo "install_deps.sh: could not install the openai package; test_serve will be skipped" >&2
 fi
 [ $want_amd = 1 ] || exit 0
 

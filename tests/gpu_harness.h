@@ -239,6 +239,20 @@ static inline std::vector<float> gh_fetch_floats(const gh_buf &b, nstf_type type
     return o;
 }
 
+/* The attention tests' softmax of one row scored twice (fp64 reference sd,
+ * fp32 naive sf, n keys, maxima md, mf): each score replaced by its
+ * exponential less the maximum; the two sums returned in *ld, *lf. */
+static inline void gh_softmax_exp(double *sd, float *sf, int64_t n, double md, float mf, double *ld, float *lf) {
+    *ld = 0;
+    *lf = 0;
+    for (int64_t p = 0; p < n; p++) {
+        sd[p] = exp(sd[p] - md);
+        sf[p] = expf(sf[p] - mf);
+        *ld += sd[p];
+        *lf += sf[p];
+    }
+}
+
 /* ---- tolerances and the comparison of one output ---------------------------- */
 
 /* The bf16 rule (see the top of this file). A NaN error fails it. */

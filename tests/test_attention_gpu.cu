@@ -124,14 +124,9 @@ static void run_case(const attn_case &tc, uint64_t seed) {
                 md = sd[p] > md ? sd[p] : md;
                 mf = fmaxf(mf, sf[p]);
             }
-            double ld = 0;
-            float lf = 0;
-            for (int64_t p = 0; p < n_keys; p++) {
-                sd[p] = exp(sd[p] - md);
-                sf[p] = expf(sf[p] - mf);
-                ld += sd[p];
-                lf += sf[p];
-            }
+            double ld;
+            float lf;
+            gh_softmax_exp(sd.data(), sf.data(), n_keys, md, mf, &ld, &lf);
             for (int64_t p = 0; p < n_keys; p++) pb[p] = gh_bf(sf[p] / lf); /* P as the bf16 operand */
             for (int d = 0; d < D; d++) {
                 double od = 0;

@@ -25,7 +25,15 @@
  *    matmul the product of bf16 operands (x and W rounded to bf16, as the
  *    GEMM takes them) rounded once; fp32 outputs NMSE <= 1e-7.
  * Shapes are not multiples of the kernels' tiles; matmuls run for 3 tokens
- * (GEMV) and 20 (GEMM after dequantization), alone and as a group. */
+ * (GEMV) and 20 (GEMM after dequantization), alone and as a group. RoPE
+ * runs with and without frequency factors, attention with and without
+ * sliding windows; BIAS and HEAD_NORM on rows with a gap after them on a
+ * GPU (the q / k / v of one row of the group) and dense on the CPU.
+ *
+ * Gradient mode: the training rows (backward ops, the fused cross-entropy,
+ * AdamW, the gradient norm) have their cases in backend_ops_grad.h, which
+ * states their tolerances; the GPU variant compares its gradients with the
+ * same references the CPU is held to. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +41,9 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "ops/backward.h"
+#include "ops/optim.h"
+#include "test_quant.h"
 #include "test_util.h"
 
 #define GUARD 256
@@ -135,14 +146,14 @@ static nstf_batch_io g_io;
 static int32_t g_tok[64], g_pos[64];
 static bool open_batch(int n, int pos0) {
     for (int i = 0; i < n; i++) g_tok[i] = 0, g_pos[i] = pos0 + i;
-    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = n};
     bool replayed = false;
     nstf_status st = g_be->vt->begin(g_be, &b, &g_io, &replayed);
     CHECK(st == NSTF_OK && !replayed, "%s: begin: %s", g_name, nstf_last_error());
     return st == NSTF_OK;
 }
 static void close_batch(int n, nstf_status st) {
-    nstf_batch b = {g_tok, g_pos, NULL, n, false, false};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = n};
     nstf_fwd_out o = {0};
     bool retry = false;
     CHECK(st == NSTF_OK, "%s: op: %s", g_name, nstf_last_error());
@@ -168,11 +179,18 @@ static const case_fn k_cases[NSTF_OP_N] = {
 #undef NSTF_X
 };
 
-static const nstf_type k_wtypes[] = {NSTF_TYPE_F32, NSTF_TYPE_F16, NSTF_TYPE_BF16,
-                                     NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+static const nstf_type k_wtypes[] = {NSTF_TYPE_F32,  NSTF_TYPE_F16,  NSTF_TYPE_BF16,   NSTF_TYPE_Q8_0,
+                                     NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1, NSTF_TYPE_Q5_0,   NSTF_TYPE_Q5_1,
+                                     NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q2_K, NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K,
+                                     NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS};
 #define N_WTYPES (int)(sizeof k_wtypes / sizeof k_wtypes[0])
 
-/* A matrix [n_out, n_in] of type t and its dequantized values. */
+/* Row length of the matmul and gather cases: 256-element types need whole
+ * super-blocks. */
+static int64_t row_len(nstf_type t, int64_t n) { return nstf_type_block_elems(t) == 256 ? 256 : n; }
+
+/* A matrix [n_out, n_in] of type t and its dequantized values (types
+ * without a quantizer get random codes, tests/test_quant.h). */
 static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, float *deq, size_t *bytes) {
     uint64_t rb = 0;
     (void)nstf_type_row_bytes(t, n_in, &rb);
@@ -181,7 +199,7 @@ static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, 
     float *row = malloc((size_t)n_in * 4);
     for (int64_t o = 0; o < n_out; o++) {
         for (int64_t i = 0; i < n_in; i++) row[i] = 0.1f * rng_normal(r);
-        nstf_quantize_row(t, row, w + o * rb, n_in);
+        test_quantize_row(t, row, w + o * rb, n_in, r);
         nstf_dequantize_row(t, w + o * rb, deq + o * n_in, n_in);
     }
     free(row);
@@ -189,9 +207,10 @@ static void *matrix_make(test_rng *r, nstf_type t, int64_t n_in, int64_t n_out, 
 }
 
 static void case_get_rows(test_rng *r) {
-    const int64_t rows = 37, dim = 96, n = 11;
+    const int64_t rows = 37, n = 11;
     for (int ti = 0; ti < N_WTYPES; ti++) {
         nstf_type t = k_wtypes[ti];
+        const int64_t dim = row_len(t, 96);
         size_t wb;
         float *deq = malloc((size_t)(rows * dim) * 4), *got = malloc((size_t)(n * dim) * 4);
         double *ref = malloc((size_t)(n * dim) * 8);
@@ -276,7 +295,7 @@ static void case_add(test_rng *r) {
 /* A group of 1 or 3 matrices of one type over x [n, n_in], outputs where
  * the backend places them. */
 static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
-    const int64_t n_in = 128, n_out[3] = {72, 40, 40};
+    const int64_t n_in = row_len(t, 128), n_out[3] = {72, 40, 40};
     int64_t total = 0;
     for (int i = 0; i < n_w; i++) total += n_out[i];
     float *xv = malloc((size_t)(n * n_in) * 4), *deq = malloc((size_t)(total * n_in) * 4);
@@ -349,20 +368,28 @@ static void case_matmul(test_rng *r) {
         }
 }
 
-static void case_rope(test_rng *r) {
+/* RoPE, or its backward (the rotation by -theta), on q and k in place. */
+static void rope_case(test_rng *r, bool bwd) {
     const int nh = 3, nkv = 1, hd = 64;
     const int64_t n = 7, qd = nh * hd, kvd = nkv * hd;
-    for (int mode = 0; mode <= 2; mode += 2) {
+    /* frequency factors as Llama 3.1's (1 for short wavelengths, 8 for long
+     * ones, smooth between), here with a few more shapes of values */
+    float ff[32];
+    for (int i = 0; i < hd / 2; i++) ff[i] = i < 8 ? 1.0f : i > 24 ? 8.0f : 1.0f + 7.0f * (float)(i - 8) / 16.0f + 0.01f * i;
+    /* the backward takes no frequency factors (training refuses models that have them) */
+    for (int variant = 0; variant < (bwd ? 2 : 4); variant++) {
+        const int mode = variant % 2 ? NSTF_ROPE_NEOX : NSTF_ROPE_NORM;
+        const bool with_ff = variant >= 2;
         float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4);
         void *hq = act_make(r, qv, n * qd, 1.0f), *hk = act_make(r, kv, n * kvd, 1.0f);
-        dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd));
+        dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd)), df = up(ff, sizeof ff);
         const int pos0 = 1000;
         if (!open_batch((int)n, pos0)) return;
-        nstf_op_args a = {.op = NSTF_OP_ROPE, .label = "rope"};
-        a.rope.q = (nstf_view){dq.d, g_be->act_type, qd};
-        a.rope.k = (nstf_view){dk.d, g_be->act_type, kvd};
-        a.rope.n = n;
-        a.rope.r = (nstf_rope_args){g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode};
+        nstf_op_args a = {.op = bwd ? NSTF_OP_ROPE_BWD : NSTF_OP_ROPE, .label = bwd ? "rope_bwd" : "rope"};
+        const nstf_view vq = {dq.d, g_be->act_type, qd}, vk = {dk.d, g_be->act_type, kvd};
+        const nstf_rope_args ra = {g_io.pos, nh, nkv, hd, 10000.0f, (nstf_rope_mode)mode, with_ff ? df.d : NULL};
+        if (bwd) a.rope_bwd.q = vq, a.rope_bwd.k = vk, a.rope_bwd.n = n, a.rope_bwd.r = ra;
+        else a.rope.q = vq, a.rope.k = vk, a.rope.n = n, a.rope.r = ra;
         close_batch((int)n, nstf_backend_op(g_be, &a));
         for (int which = 0; which < 2; which++) {
             const int64_t rowlen = which ? kvd : qd, heads = which ? nkv : nh;
@@ -375,23 +402,52 @@ static void case_rope(test_rng *r) {
             for (int64_t t = 0; t < n; t++)
                 for (int64_t hh = 0; hh < heads; hh++)
                     for (int i = 0; i < hd / 2; i++) {
-                        double th = (pos0 + t) * pow(10000.0, -2.0 * i / hd), c = cos(th), s = sin(th);
+                        double th = (bwd ? -1.0 : 1.0) * (pos0 + t) * pow(10000.0, -2.0 * i / hd) /
+                                    (with_ff ? ff[i] : 1.0),
+                               c = cos(th),
+                               s = sin(th);
                         int64_t i0 = mode ? i : 2 * i, i1 = mode ? i + hd / 2 : 2 * i + 1, b = t * rowlen + hh * hd;
                         ref[b + i0] = src[b + i0] * c - src[b + i1] * s;
                         ref[b + i1] = src[b + i0] * s + src[b + i1] * c;
                     }
-            judge(which ? (mode ? "rope k neox" : "rope k norm") : (mode ? "rope q neox" : "rope q norm"), got, ref,
-                  n * rowlen, act_bf16(), 1e-7);
+            char what[64];
+            snprintf(what, sizeof what, "%s %s %s%s", bwd ? "rope_bwd" : "rope", which ? "k" : "q",
+                     mode ? "neox" : "norm", with_ff ? " with factors" : "");
+            judge(what, got, ref, n * rowlen, act_bf16(), 1e-7);
             free(h), free(got), free(ref);
         }
-        drop(dq), drop(dk);
+        drop(dq), drop(dk), drop(df);
         free(qv), free(kv), free(hq), free(hk);
     }
 }
 
+/* The attention op over backend buffers, heads 6 / 2 of 64. */
+static nstf_op_args attention_args(dbuf q, dbuf k, dbuf v, dbuf ck, dbuf cv, dbuf out, const int32_t *pos, int64_t n,
+                                   int64_t n_ctx) {
+    nstf_op_args a = {.op = NSTF_OP_ATTENTION, .label = "attention"};
+    a.attention.q = (nstf_view){q.d, g_be->act_type, 6 * 64};
+    a.attention.k = (nstf_view){k.d, g_be->act_type, 2 * 64};
+    a.attention.v = (nstf_view){v.d, g_be->act_type, 2 * 64};
+    a.attention.k_cache = ck.d;
+    a.attention.v_cache = cv.d;
+    a.attention.out = (nstf_view){out.d, g_be->act_type, 6 * 64};
+    a.attention.pos = pos;
+    a.attention.n = n;
+    a.attention.n_ctx = n_ctx;
+    a.attention.pos0 = -1;
+    a.attention.n_heads = 6;
+    a.attention.n_kv_heads = 2;
+    a.attention.head_dim = 64;
+    a.attention.scale = 0.125f;
+    return a;
+}
+
+static void case_rope(test_rng *r) { rope_case(r, false); }
+
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
- * tokens: causal GQA, the batch's k and v written into the cache. */
-static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
+ * tokens: causal GQA, the batch's k and v written into the cache; with a
+ * sliding window (window > 0) token t sees the last `window` positions. */
+static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
     const int nh = 6, nkv = 2, hd = 64, n_ctx = 300;
     const int64_t qd = nh * hd, kvd = nkv * hd, kv_es = g_be->kv_type == NSTF_TYPE_BF16 ? 2 : 4;
     float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4), *vv = malloc((size_t)(n * kvd) * 4);
@@ -406,21 +462,9 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
     dbuf dck = up(hck, act_bytes(n_ctx * kvd)), dcv = up(hcv, act_bytes(n_ctx * kvd)), dout = up(NULL, act_bytes(n * qd));
     const float scale = 0.125f;
     if (!open_batch((int)n, (int)pos0)) return;
-    nstf_op_args a = {.op = NSTF_OP_ATTENTION, .label = "attention"};
-    a.attention.q = (nstf_view){dq.d, g_be->act_type, qd};
-    a.attention.k = (nstf_view){dk.d, g_be->act_type, kvd};
-    a.attention.v = (nstf_view){dv.d, g_be->act_type, kvd};
-    a.attention.k_cache = dck.d;
-    a.attention.v_cache = dcv.d;
-    a.attention.out = (nstf_view){dout.d, g_be->act_type, qd};
-    a.attention.pos = g_io.pos;
-    a.attention.n = n;
-    a.attention.n_ctx = n_ctx;
+    nstf_op_args a = attention_args(dq, dk, dv, dck, dcv, dout, g_io.pos, n, n_ctx);
     a.attention.pos0 = pos0;
-    a.attention.n_heads = nh;
-    a.attention.n_kv_heads = nkv;
-    a.attention.head_dim = hd;
-    a.attention.scale = scale;
+    a.attention.window = window;
     close_batch((int)n, nstf_backend_op(g_be, &a));
     void *ho = malloc(act_bytes(n * qd));
     float *got = malloc((size_t)(n * qd) * 4);
@@ -431,34 +475,126 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0) {
     for (int64_t t = 0; t < n; t++)
         for (int h = 0; h < nh; h++) {
             const int g = h / (nh / nkv);
-            const int64_t n_keys = pos0 + t + 1;
+            const int64_t n_keys = pos0 + t + 1, j0 = window > 0 && n_keys > window ? n_keys - window : 0;
             double m = -1e300, s = 0;
-            for (int64_t j = 0; j < n_keys; j++) {
+            for (int64_t j = j0; j < n_keys; j++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)qv[t * qd + h * hd + i] * cache_k[j * kvd + g * hd + i];
                 p[j] = d * scale;
                 m = fmax(m, p[j]);
             }
-            for (int64_t j = 0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
+            for (int64_t j = j0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
             for (int i = 0; i < hd; i++) {
                 double o = 0;
-                for (int64_t j = 0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
+                for (int64_t j = j0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
                 ref[t * qd + h * hd + i] = o / s;
             }
         }
     char what[64];
-    snprintf(what, sizeof what, "attention %lld tokens at %lld", (long long)n, (long long)pos0);
+    snprintf(what, sizeof what, "attention %lld tokens at %lld, window %d", (long long)n, (long long)pos0, window);
     judge(what, got, ref, n * qd, act_bf16(), 1e-7);
     drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
     free(qv), free(kv), free(vv), free(cache_k), free(cache_v), free(hq), free(hk), free(hv), free(hck), free(hcv);
     free(ho), free(got), free(ref), free(p);
 }
 
+/* Two sequences in one batch over a paged KV cache (a server's continuous
+ * batch): a decode token of sequence 1 and a 3-token prefill chunk of
+ * sequence 0, each attending to its own earlier positions through its
+ * block table (blocks shuffled over a pool, the tables disjoint). The
+ * batch's K and V must land in the rows the tables name (bitwise) and
+ * the output match the fp64 reference. The plan of run_all is paged
+ * (blocks of BS positions, a pool of POOL, 2 sequences of CTX): the GPU
+ * backend sizes its table upload from it. */
+static void attention_paged_case(test_rng *r) {
+    enum { NH = 6, NKV = 2, HD = 64, BS = 16, CTX = 320, BPS = CTX / BS, POOL = 48, N = 4 };
+    const int64_t qd = NH * HD, kvd = NKV * HD;
+    const int32_t seq[N] = {1, 0, 0, 0}, pos[N] = {37, 150, 151, 152};
+    int32_t tok[N] = {0}, tbl[2 * BPS], perm[POOL];
+    for (int i = 0; i < POOL; i++) perm[i] = i;
+    for (int i = POOL - 1; i > 0; i--) {
+        int j = (int)(rng_next(r) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    memcpy(tbl, perm, sizeof tbl);
+    const nstf_batch b = {.tokens = tok, .pos = pos, .seq = seq, .n = N, .blocks = tbl};
+    nstf_batch_io io;
+    bool replayed = false;
+    nstf_status st = g_be->vt->begin(g_be, &b, &io, &replayed);
+    CHECK(st == NSTF_OK, "%s: begin: %s", g_name, nstf_last_error());
+    float *qv = malloc(N * qd * 4), *kv = malloc(N * kvd * 4), *vv = malloc(N * kvd * 4);
+    float *ck = malloc(POOL * BS * kvd * 4), *cv = malloc(POOL * BS * kvd * 4), *got = malloc(N * qd * 4);
+    void *hq = act_make(r, qv, N * qd, 1.0f), *hk = act_make(r, kv, N * kvd, 1.0f), *hv = act_make(r, vv, N * kvd, 1.0f);
+    void *hck = act_make(r, ck, POOL * BS * kvd, 1.0f), *hcv = act_make(r, cv, POOL * BS * kvd, 1.0f);
+    dbuf dq = up(hq, act_bytes(N * qd)), dk = up(hk, act_bytes(N * kvd)), dv = up(hv, act_bytes(N * kvd));
+    dbuf dck = up(hck, act_bytes(POOL * BS * kvd)), dcv = up(hcv, act_bytes(POOL * BS * kvd));
+    dbuf dout = up(NULL, act_bytes(N * qd));
+    nstf_op_args a = attention_args(dq, dk, dv, dck, dcv, dout, io.pos, N, CTX);
+    a.attention.seq = io.seq;
+    a.attention.blocks = io.blocks;
+    a.attention.block_size = BS;
+    st = nstf_backend_op(g_be, &a);
+    nstf_fwd_out o = {0};
+    bool retry = false;
+    CHECK(st == NSTF_OK, "%s: paged attention: %s", g_name, nstf_last_error());
+    CHECK(g_be->vt->end(g_be, &b, st, &o, &retry) == st && !retry, "%s: end: %s", g_name, nstf_last_error());
+    float *after_k = malloc(POOL * BS * kvd * 4), *after_v = malloc(POOL * BS * kvd * 4);
+    void *ho = malloc(act_bytes(N * qd)), *hak = malloc(act_bytes(POOL * BS * kvd)), *hav = malloc(act_bytes(POOL * BS * kvd));
+    down(dout, ho, "paged attention out");
+    down(dck, hak, "paged k cache"), down(dcv, hav, "paged v cache");
+    act_read(ho, got, N * qd);
+    act_read(hak, after_k, POOL * BS * kvd);
+    act_read(hav, after_v, POOL * BS * kvd);
+    /* the batch's rows where the tables say; then the cache as each sequence sees it */
+    int64_t misplaced = 0;
+    for (int t = 0; t < N; t++) {
+        const int64_t row = (int64_t)tbl[seq[t] * BPS + pos[t] / BS] * BS + pos[t] % BS;
+        misplaced += memcmp(after_k + row * kvd, kv + t * kvd, kvd * 4) != 0;
+        misplaced += memcmp(after_v + row * kvd, vv + t * kvd, kvd * 4) != 0;
+        memcpy(ck + row * kvd, kv + t * kvd, kvd * 4);
+        memcpy(cv + row * kvd, vv + t * kvd, kvd * 4);
+    }
+    CHECK(misplaced == 0, "%s: paged attention: %lld K/V rows not where the block table says", g_name,
+          (long long)misplaced);
+    double *ref = malloc(N * qd * 8), p[CTX];
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < NH; h++) {
+            const int g = h / (NH / NKV);
+            double m = -1e300, sum = 0;
+            for (int j = 0; j <= pos[t]; j++) {
+                const float *kr = ck + ((int64_t)tbl[seq[t] * BPS + j / BS] * BS + j % BS) * kvd + g * HD;
+                double d = 0;
+                for (int i = 0; i < HD; i++) d += (double)qv[t * qd + h * HD + i] * kr[i];
+                p[j] = d * 0.125;
+                m = fmax(m, p[j]);
+            }
+            for (int j = 0; j <= pos[t]; j++) sum += p[j] = exp(p[j] - m);
+            for (int i = 0; i < HD; i++) {
+                double acc = 0;
+                for (int j = 0; j <= pos[t]; j++)
+                    acc += p[j] * cv[((int64_t)tbl[seq[t] * BPS + j / BS] * BS + j % BS) * kvd + g * HD + i];
+                ref[t * qd + h * HD + i] = acc / sum;
+            }
+        }
+    judge("paged attention, 2 sequences", got, ref, N * qd, act_bf16(), 1e-7);
+    drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
+    free(qv), free(kv), free(vv), free(ck), free(cv), free(got), free(hq), free(hk), free(hv), free(hck), free(hcv);
+    free(after_k), free(after_v), free(ho), free(hak), free(hav), free(ref);
+}
+
 static void case_attention(test_rng *r) {
-    attention_case(r, 1, 0);
-    attention_case(r, 1, 261);
-    attention_case(r, 13, 0);
-    attention_case(r, 19, 150);
+    attention_case(r, 1, 0, 0);
+    attention_case(r, 1, 261, 0);
+    attention_case(r, 13, 0, 0);
+    attention_case(r, 19, 150, 0);
+    /* sliding windows: shorter than the batch, than the cache, and one
+     * that covers everything (the same as none) */
+    attention_case(r, 1, 261, 100);
+    attention_case(r, 1, 261, 7);
+    attention_case(r, 13, 0, 5);
+    attention_case(r, 19, 150, 40);
+    attention_case(r, 19, 150, 1000);
+    attention_paged_case(r);
 }
 
 static void case_swiglu(test_rng *r) {
@@ -521,6 +657,99 @@ static void case_argmax(test_rng *r) {
     drop(dx), drop(dout);
     free(x);
 }
+
+/* Rows of `width` values at a token stride: dense on the CPU backend, with
+ * a gap on a GPU's (the q / k / v of a row of the group). */
+static int64_t row_stride(int64_t width) { return g_be->host_memory ? width : width + 40; }
+
+static void case_bias(test_rng *r) {
+    const int64_t width = 200;
+    for (int64_t n = 1; n <= 9; n += 8) {
+        const int64_t st = row_stride(width), all = n * st;
+        float *xv = malloc((size_t)all * 4), *b = malloc((size_t)width * 4), *got = malloc((size_t)(n * width) * 4);
+        double *ref = malloc((size_t)(n * width) * 8);
+        void *hx = act_make(r, xv, all, 1.0f);
+        for (int64_t i = 0; i < width; i++) b[i] = 0.5f * rng_normal(r);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < width; i++) ref[t * width + i] = (double)xv[t * st + i] + b[i];
+        dbuf dx = up(hx, act_bytes(all)), db = up(b, (size_t)width * 4);
+        nstf_op_args a = {.op = NSTF_OP_BIAS, .label = "bias"};
+        a.bias.x = (nstf_view){dx.d, g_be->act_type, st};
+        a.bias.b = db.d;
+        a.bias.n = n;
+        a.bias.width = width;
+        run_op(&a, 1, 0);
+        void *hy = malloc(act_bytes(all));
+        float *yv = malloc((size_t)all * 4);
+        down(dx, hy, "bias x");
+        act_read(hy, yv, all);
+        int gap_changed = 0;
+        for (int64_t t = 0; t < n; t++) {
+            for (int64_t i = 0; i < width; i++) got[t * width + i] = yv[t * st + i];
+            for (int64_t i = width; i < st; i++) gap_changed += memcmp(&yv[t * st + i], &xv[t * st + i], 4) != 0;
+        }
+        CHECK(gap_changed == 0, "%s: bias wrote %d values between the rows", g_name, gap_changed);
+        judge(n == 1 ? "bias 1 token" : "bias 9 tokens", got, ref, n * width, act_bf16(), 1e-7);
+        drop(dx), drop(db);
+        free(xv), free(b), free(got), free(ref), free(hx), free(hy), free(yv);
+    }
+}
+
+static void case_head_norm(test_rng *r) {
+    const int nh = 4, nkv = 2;
+    for (int hd = 64; hd <= 128; hd += 64)
+        for (int64_t n = 1; n <= 6; n += 5) {
+            const int64_t qst = row_stride((int64_t)nh * hd), kst = row_stride((int64_t)nkv * hd);
+            float *qv = malloc((size_t)(n * qst) * 4), *kv = malloc((size_t)(n * kst) * 4);
+            float *wq = malloc((size_t)hd * 4), *wk = malloc((size_t)hd * 4);
+            void *hq = act_make(r, qv, n * qst, 3.0f), *hk = act_make(r, kv, n * kst, 0.5f);
+            for (int i = 0; i < hd; i++) wq[i] = 1 + 0.3f * rng_normal(r), wk[i] = 1 + 0.3f * rng_normal(r);
+            dbuf dq = up(hq, act_bytes(n * qst)), dk = up(hk, act_bytes(n * kst)), dwq = up(wq, (size_t)hd * 4),
+                 dwk = up(wk, (size_t)hd * 4);
+            const float eps = 1e-6f;
+            nstf_op_args a = {.op = NSTF_OP_HEAD_NORM, .label = "head_norm"};
+            a.head_norm.q = (nstf_view){dq.d, g_be->act_type, qst};
+            a.head_norm.k = (nstf_view){dk.d, g_be->act_type, kst};
+            a.head_norm.wq = dwq.d;
+            a.head_norm.wk = dwk.d;
+            a.head_norm.n = n;
+            a.head_norm.n_heads = nh;
+            a.head_norm.n_kv_heads = nkv;
+            a.head_norm.head_dim = hd;
+            a.head_norm.eps = eps;
+            run_op(&a, 1, 0);
+            for (int which = 0; which < 2; which++) {
+                const int heads = which ? nkv : nh;
+                const int64_t st = which ? kst : qst, len = n * heads * hd;
+                const float *src = which ? kv : qv, *w = which ? wk : wq;
+                void *h = malloc(act_bytes(n * st));
+                float *all = malloc((size_t)(n * st) * 4), *got = malloc((size_t)len * 4);
+                double *ref = malloc((size_t)len * 8);
+                down(which ? dk : dq, h, "head_norm out");
+                act_read(h, all, n * st);
+                for (int64_t t = 0; t < n; t++)
+                    for (int hh = 0; hh < heads; hh++) {
+                        const float *x = src + t * st + hh * hd;
+                        double ss = 0;
+                        for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
+                        const double inv = 1.0 / sqrt(ss / hd + eps);
+                        for (int i = 0; i < hd; i++) {
+                            ref[(t * heads + hh) * hd + i] = x[i] * inv * w[i];
+                            got[(t * heads + hh) * hd + i] = all[t * st + hh * hd + i];
+                        }
+                    }
+                char what[64];
+                snprintf(what, sizeof what, "head_norm %s, head %d, %lld tokens", which ? "k" : "q", hd, (long long)n);
+                judge(what, got, ref, len, act_bf16(), 1e-7);
+                free(h), free(all), free(got), free(ref);
+            }
+            drop(dq), drop(dk), drop(dwq), drop(dwk);
+            free(qv), free(kv), free(wq), free(wk), free(hq), free(hk);
+        }
+}
+
+/* the training rows: the gradient mode */
+#include "backend_ops_grad.h"
 
 /* Low-rank factors A [rank, n_in], B [n_out, rank] of one type over x
  * [n, n_in]; the fp64 reference is (x A^T) B^T without rounding between.
@@ -599,9 +828,11 @@ static void case_matmul_lr(test_rng *r) {
 static void run_all(const char *name) {
     g_name = name;
     /* a plan that sizes the backend's workspace for these cases */
-    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 128, 152, NULL};
-    nstf_backend_plan p = {1, 200, 6, 2, 64, 333, 49157, 300, 64, 1, 10000.0f, NSTF_ROPE_NORM, &big, 1,
-                           NSTF_TYPE_F32, NSTF_TYPE_F32};
+    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 256, 152, NULL}; /* the largest matmul case: 256 x (72 + 40 + 40) */
+    nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
+                           .n_vocab = 49157, .n_ctx = 320, .n_batch = 64, .n_seq = 2, .rope_base = 10000.0f,
+                           .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,
+                           .output_type = NSTF_TYPE_F32, .kv_block = 16, .kv_blocks = 48}; /* attention_paged_case's */
     uint64_t ws = 0;
     CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
           nstf_last_error());

@@ -23,7 +23,9 @@
  * by a guard region. Shapes are not powers of two, attention is GQA with 3
  * and 4 query heads per kv head, positions do not start at 0.
  *
- * Fast paths. On larger shapes (several GEMM tiles and K slices, attention
+ * Fast paths. The light ones (embedding, RMSNorm, RoPE, SwiGLU, the
+ * forward attention's lse) against their references and bitwise across
+ * pool sizes. On larger shapes (several GEMM tiles and K slices, attention
  * key blocks, cross-entropy token blocks and vocabulary chunks, a head_dim
  * above the fast limit) the fast path is compared with the reference
  * (NMSE <= 1e-7: the reference accumulates in double and rounds once, so it
@@ -592,6 +594,115 @@ static void test_matmul_fast(test_rng *r) {
     }
 }
 
+/* ---- the light fast paths ---------------------------------------------------------------- */
+
+/* Embedding (repeated ids), RMSNorm (dw and a frozen norm), RoPE (both
+ * modes), SwiGLU and the forward attention's lse: against their references
+ * (NMSE <= 1e-7) and bitwise across pool sizes. Work above the inline
+ * threshold, so the pools run. */
+static void test_light_fast(test_rng *r) {
+    const int64_t n = 300, dim = 200, rows = 37;
+    int32_t ids[300], pos[300];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(rng_next(r) % rows), pos[i] = 1000 + 7 * i;
+    float *x = fnew(n * dim), *dy = fnew(n * dim), *w = fnew(dim), *base = fnew(rows * dim);
+    fill_normal(r, x, n * dim, 2.0f), fill_normal(r, dy, n * dim, 1.0f), fill_normal(r, w, dim, 1.0f);
+    fill_normal(r, base, rows * dim, 1.0f);
+    float *ref = fnew(rows * dim), *ref2 = fnew(dim), *got[N_CFG], *got2[N_CFG], *work = fnew(n);
+    char what[64];
+    /* embedding */
+    memcpy(ref, base, (size_t)(rows * dim) * 4);
+    nstf_ref_get_rows_bwd(ids, dy, ref, n, dim);
+    double *want = dnew(rows * dim);
+    for (int64_t i = 0; i < rows * dim; i++) want[i] = (double)ref[i] - base[i];
+    for (int c = 0; c < N_CFG; c++) {
+        got[c] = fnew(rows * dim);
+        memcpy(got[c], base, (size_t)(rows * dim) * 4);
+        nstf_cpu_get_rows_bwd(&g_cpu[c], ids, dy, got[c], n, dim);
+        snprintf(what, sizeof what, "get_rows_bwd_cpu cfg %d", c);
+        check_grad(what, got[c], base, want, rows * dim);
+        CHECK(same_bits(got[c], got[0], rows * dim), "%s: differs from pool config 0", what);
+    }
+    for (int c = 0; c < N_CFG; c++) free(got[c]);
+    free(want);
+    /* RMSNorm: dx added into base values, dw; then a frozen norm (dw NULL) */
+    float *dx0 = fnew(n * dim), *rdx = fnew(n * dim);
+    fill_normal(r, dx0, n * dim, 1.0f);
+    memcpy(rdx, dx0, (size_t)(n * dim) * 4);
+    memset(ref2, 0, (size_t)dim * 4);
+    nstf_ref_rmsnorm_bwd(x, w, dy, rdx, ref2, n, dim, 1e-5f);
+    double *wdx = dnew(n * dim), *wdw = to_d(ref2, dim);
+    for (int64_t i = 0; i < n * dim; i++) wdx[i] = (double)rdx[i] - dx0[i];
+    for (int c = 0; c < N_CFG; c++) {
+        got[c] = fnew(n * dim), got2[c] = fnew(dim);
+        memcpy(got[c], dx0, (size_t)(n * dim) * 4);
+        memset(got2[c], 0, (size_t)dim * 4);
+        nstf_cpu_rmsnorm_bwd(&g_cpu[c], x, w, dy, got[c], c == 1 ? NULL : got2[c], n, dim, 1e-5f, work);
+        snprintf(what, sizeof what, "rmsnorm_bwd_cpu cfg %d", c);
+        check_grad(what, got[c], dx0, wdx, n * dim);
+        if (c != 1) check_grad(what, got2[c], NULL, wdw, dim);
+        CHECK(same_bits(got[c], got[0], n * dim) && (c == 1 || same_bits(got2[c], got2[0], dim)),
+              "%s: differs from pool config 0", what);
+    }
+    for (int c = 0; c < N_CFG; c++) free(got[c]), free(got2[c]);
+    free(dx0), free(rdx), free(wdx), free(wdw);
+    /* RoPE backward (3 heads of 64 per token) and SwiGLU backward */
+    for (int mode = 0; mode <= 2; mode += 2) {
+        float *rr = fnew(n * dim);
+        memcpy(rr, x, (size_t)(n * 192) * 4);
+        nstf_ref_rope_bwd(rr, pos, n, 3, 64, 10000.0f, (nstf_rope_mode)mode);
+        double *wr = to_d(rr, n * 192);
+        for (int c = 0; c < N_CFG; c++) {
+            got[c] = fnew(n * 192);
+            memcpy(got[c], x, (size_t)(n * 192) * 4);
+            nstf_cpu_rope_bwd(&g_cpu[c], got[c], pos, n, 3, 64, 10000.0f, (nstf_rope_mode)mode);
+            snprintf(what, sizeof what, "rope_bwd_cpu mode %d cfg %d", mode, c);
+            check_grad(what, got[c], NULL, wr, n * 192);
+            CHECK(same_bits(got[c], got[0], n * 192), "%s: differs from pool config 0", what);
+        }
+        for (int c = 0; c < N_CFG; c++) free(got[c]);
+        free(rr), free(wr);
+    }
+    {
+        float *rg = fnew(n * dim), *ru = fnew(n * dim);
+        nstf_ref_swiglu_bwd(x, dy, x, rg, ru, n * dim); /* gate x, up dy, dy x */
+        double *wg = to_d(rg, n * dim), *wu = to_d(ru, n * dim);
+        for (int c = 0; c < N_CFG; c++) {
+            got[c] = fnew(n * dim), got2[c] = fnew(n * dim);
+            nstf_cpu_swiglu_bwd(&g_cpu[c], x, dy, x, got[c], got2[c], n * dim);
+            snprintf(what, sizeof what, "swiglu_bwd_cpu cfg %d", c);
+            check_grad(what, got[c], NULL, wg, n * dim);
+            check_grad(what, got2[c], NULL, wu, n * dim);
+            CHECK(same_bits(got[c], got[0], n * dim) && same_bits(got2[c], got2[0], n * dim),
+                  "%s: differs from pool config 0", what);
+        }
+        for (int c = 0; c < N_CFG; c++) free(got[c]), free(got2[c]);
+        free(rg), free(ru), free(wg), free(wu);
+    }
+    /* the forward attention's lse: 37 tokens at 20 over 57 keys, GQA 4:1 */
+    {
+        const int64_t nt = 37, p0 = 20, nk = p0 + nt;
+        const int nh = 8, nkv = 2, hd = 32;
+        float *q = fnew(nt * nh * hd), *k = fnew(nk * nkv * hd), *v = fnew(nk * nkv * hd);
+        float *ro = fnew(nt * nh * hd), *rl = fnew(nt * nh);
+        fill_normal(r, q, nt * nh * hd, 1.0f), fill_normal(r, k, nk * nkv * hd, 1.0f);
+        fill_normal(r, v, nk * nkv * hd, 1.0f);
+        nstf_ref_attention_lse(q, k, v, ro, rl, nt, p0, nh, nkv, hd, 0.2f);
+        double *wo = to_d(ro, nt * nh * hd), *wl = to_d(rl, nt * nh);
+        for (int c = 0; c < N_CFG; c++) {
+            got[c] = fnew(nt * nh * hd), got2[c] = fnew(nt * nh);
+            nstf_cpu_attention_lse(&g_cpu[c], q, k, v, got[c], got2[c], nt, p0, nh, nkv, hd, 0.2f);
+            snprintf(what, sizeof what, "attention_lse_cpu cfg %d", c);
+            check_grad(what, got[c], NULL, wo, nt * nh * hd);
+            check_grad(what, got2[c], NULL, wl, nt * nh);
+            CHECK(same_bits(got[c], got[0], nt * nh * hd) && same_bits(got2[c], got2[0], nt * nh),
+                  "%s: differs from pool config 0", what);
+        }
+        for (int c = 0; c < N_CFG; c++) free(got[c]), free(got2[c]);
+        free(q), free(k), free(v), free(ro), free(rl), free(wo), free(wl);
+    }
+    free(x), free(dy), free(w), free(base), free(ref), free(ref2), free(work);
+}
+
 /* ---- cross-entropy ------------------------------------------------------------------ */
 
 #define IGNORE (-100)
@@ -938,6 +1049,7 @@ int main(void) {
     test_swiglu(&r);
     test_matmul_fd(&r);
     test_matmul_fast(&r);
+    test_light_fast(&r);
     test_ce_fd(&r);
     test_ce_fast(&r);
     test_adamw_closed_form();

@@ -7,6 +7,15 @@
  * a matmul's row does not depend on the rows beside it; the CPU backend
  * attends per run of one sequence). Also: a sequence slot out of range is
  * an error.
+ *
+ * Then the server's continuous batch: a run with a paged KV cache (blocks
+ * of 16 positions handed out from a shuffled pool) where one forward mixes
+ * prefill chunks of some sequences with the decode of others and asks for
+ * the logits of selected rows only (the last row of a chunk that ends a
+ * prompt, every decode row): each row bitwise the sequence alone again,
+ * and the greedy token of the last row equal to the argmax of its logits.
+ * A paged run without a block table, a block outside the pool and a row
+ * outside the batch are errors.
  * Uses the real SmolLM2 model (exit 77 when it has not been fetched). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +31,103 @@
 #define N_STEPS 4
 
 static const int k_len[N_SEQ] = {5, 9, 3};
+
+#define BLK 16
+#define CTX 64
+#define BPS (CTX / BLK)
+
+/* One forward of the paged run; the rows' logits into lg. */
+static int paged_step(nstf_llama_run *r, const int32_t *tbl, const int32_t *bt, const int32_t *bp, const int32_t *bs,
+                      int n, const int32_t *rows, int n_rows, float *lg, int32_t *am) {
+    const nstf_batch b = {.tokens = bt, .pos = bp, .seq = bs, .n = n, .argmax = am != NULL, .rows = rows,
+                          .n_rows = n_rows, .blocks = tbl};
+    nstf_status st = nstf_llama_forward(r, &b, lg, am);
+    CHECK(st == NSTF_OK, "paged forward: %s", nstf_last_error());
+    return st == NSTF_OK;
+}
+
+/* The rows of `lg` against the sequences alone: row i is sequence seqs[i]
+ * at alone-index idx[i] (prompt position, or 16 + decode step). */
+static int64_t paged_diff(const float *lg, const float *alone, const int *seqs, const int *idx, int n, int nv) {
+    int64_t d = 0;
+    for (int i = 0; i < n; i++)
+        d += memcmp(lg + (size_t)i * nv, alone + ((size_t)seqs[i] * (16 + N_STEPS) + idx[i]) * nv,
+                    sizeof(float) * nv) != 0;
+    return d;
+}
+
+static void paged_mixed(const nstf_llama *m, nstf_backend *be, int32_t prompt[N_SEQ][16], int32_t tok[N_SEQ][N_STEPS],
+                        const float *alone, const char *mode) {
+    const int nv = m->cfg.n_vocab, pool = N_SEQ * BPS + 5;
+    nstf_llama_run *r = NULL;
+    CHECK(nstf_llama_run_create_paged(m, be, CTX, 32, N_SEQ, BLK, pool, &r) == NSTF_OK, "%s", nstf_last_error());
+    if (!r) return;
+    int32_t tbl[N_SEQ * BPS], perm[N_SEQ * BPS + 5];
+    test_rng rg = {0x9a9e5u};
+    for (int i = 0; i < pool; i++) perm[i] = i;
+    for (int i = pool - 1; i > 0; i--) {
+        int j = (int)(rng_next(&rg) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    memcpy(tbl, perm, sizeof tbl);
+    float *lg = malloc(sizeof(float) * (size_t)N_SEQ * nv);
+    int32_t bt[32], bp[32], bs[32], rows[N_SEQ], am = -1;
+    int seqs[N_SEQ], idx[N_SEQ], n = 0, nr = 0;
+    int64_t diff = 0, rows_seen = 0;
+#define PUT(s, p, t) (bt[n] = (t), bp[n] = (p), bs[n] = (s), n++)
+#define ROW(s, i) (rows[nr] = n - 1, seqs[nr] = (s), idx[nr] = (i), nr++)
+    /* step 1: sequence 0's whole prompt, the first 4 tokens of sequence 1's */
+    for (int i = 0; i < k_len[0]; i++) PUT(0, i, prompt[0][i]);
+    ROW(0, k_len[0] - 1);
+    for (int i = 0; i < 4; i++) PUT(1, i, prompt[1][i]);
+    if (paged_step(r, tbl, bt, bp, bs, n, rows, nr, lg, &am)) diff += paged_diff(lg, alone, seqs, idx, nr, nv);
+    rows_seen += nr;
+    /* step 2: sequence 0 decodes, sequence 1's prompt ends, sequence 2's whole prompt */
+    n = nr = 0;
+    PUT(0, k_len[0], tok[0][0]);
+    ROW(0, 16);
+    for (int i = 4; i < k_len[1]; i++) PUT(1, i, prompt[1][i]);
+    ROW(1, k_len[1] - 1);
+    for (int i = 0; i < k_len[2]; i++) PUT(2, i, prompt[2][i]);
+    ROW(2, k_len[2] - 1);
+    if (paged_step(r, tbl, bt, bp, bs, n, rows, nr, lg, &am)) {
+        diff += paged_diff(lg, alone, seqs, idx, nr, nv);
+        int best = 0;
+        for (int j = 1; j < nv; j++) best = lg[(size_t)(nr - 1) * nv + j] > lg[(size_t)(nr - 1) * nv + best] ? j : best;
+        CHECK(am == best, "%s: the greedy token of the last row is %d, its logits' argmax %d", mode, am, best);
+    }
+    rows_seen += nr;
+    /* steps 3..: every sequence decodes (sequence 0 one step ahead) */
+    for (int step = 1; step < N_STEPS; step++) {
+        n = nr = 0;
+        for (int s = 0; s < N_SEQ; s++) {
+            const int i = s == 0 ? step : step - 1;
+            PUT(s, k_len[s] + i, tok[s][i]);
+            ROW(s, 16 + i);
+        }
+        if (paged_step(r, tbl, bt, bp, bs, n, rows, nr, lg, NULL)) diff += paged_diff(lg, alone, seqs, idx, nr, nv);
+        rows_seen += nr;
+    }
+#undef PUT
+#undef ROW
+    printf("%s: paged KV cache, prefill chunks and decode mixed in one batch: %lld of %lld rows differ\n", mode,
+           (long long)diff, (long long)rows_seen);
+    CHECK(diff == 0, "the continuous batch differs from the sequences alone");
+    /* refusals */
+    bt[0] = tok[0][0], bp[0] = 40, bs[0] = 0, rows[0] = 0;
+    nstf_batch b = {.tokens = bt, .pos = bp, .seq = bs, .n = 1, .rows = rows, .n_rows = 1};
+    CHECK(nstf_llama_forward(r, &b, NULL, NULL) == NSTF_ERR_INVALID_ARG, "paged run without a block table accepted");
+    int32_t bad[N_SEQ * BPS];
+    memcpy(bad, tbl, sizeof bad);
+    bad[40 / BLK] = pool;
+    b.blocks = bad;
+    CHECK(nstf_llama_forward(r, &b, NULL, NULL) == NSTF_ERR_RANGE, "block %d outside the pool accepted", pool);
+    b.blocks = tbl;
+    rows[0] = 1;
+    CHECK(nstf_llama_forward(r, &b, NULL, NULL) == NSTF_ERR_RANGE, "logits row 1 of a 1-token batch accepted");
+    free(lg);
+    nstf_llama_run_free(r);
+}
 
 int main(void) {
     FILE *mf = fopen(MODEL, "rb");
@@ -68,7 +174,7 @@ int main(void) {
         for (int s = 0; s < N_SEQ; s++)
             for (int i = 0; i < k_len[s]; i++) bt[n] = prompt[s][i], bp[n] = i, bs[n] = s, n++;
         float *lg = malloc(sizeof(float) * (size_t)n * nv);
-        nstf_batch b = {bt, bp, bs, n, true, false};
+        nstf_batch b = {.tokens = bt, .pos = bp, .seq = bs, .n = n, .all_logits = true};
         CHECK(nstf_llama_forward(multi, &b, lg, NULL) == NSTF_OK, "%s", nstf_last_error());
         int64_t diff = 0;
         for (int s = 0, row = 0; s < N_SEQ; s++)
@@ -80,7 +186,7 @@ int main(void) {
         diff = 0;
         for (int i = 0; i < N_STEPS; i++) {
             for (int s = 0; s < N_SEQ; s++) bt[s] = tok[s][i], bp[s] = k_len[s] + i, bs[s] = s;
-            nstf_batch d = {bt, bp, bs, N_SEQ, true, false};
+            nstf_batch d = {.tokens = bt, .pos = bp, .seq = bs, .n = N_SEQ, .all_logits = true};
             CHECK(nstf_llama_forward(multi, &d, lg, NULL) == NSTF_OK, "%s", nstf_last_error());
             for (int s = 0; s < N_SEQ; s++)
                 diff += memcmp(lg + (size_t)s * nv, alone + ((size_t)s * (16 + N_STEPS) + 16 + i) * nv,
@@ -91,8 +197,9 @@ int main(void) {
         CHECK(diff == 0, "batched decode differs from the sequences alone");
         /* a slot that does not exist */
         bs[0] = N_SEQ;
-        nstf_batch bad = {bt, bp, bs, 1, false, false};
+        nstf_batch bad = {.tokens = bt, .pos = bp, .seq = bs, .n = 1};
         CHECK(nstf_llama_forward(multi, &bad, NULL, NULL) == NSTF_ERR_RANGE, "slot %d accepted", N_SEQ);
+        paged_mixed(m, be, prompt, tok, alone, precise ? "precise" : "default");
         free(lg);
         free(alone);
         nstf_llama_run_free(multi);

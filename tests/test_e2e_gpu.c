@@ -26,7 +26,9 @@
  * context far too large for the device fails with NSTF_ERR_OOM and a
  * message, not a crash. The same gates hold for a model split between the
  * GPU (embedding and the first half of the layers) and the CPU (the rest
- * and the output head), the partial offload of -ngl. Exit 77 (skipped)
+ * and the output head), the partial offload of -ngl, and for a continuous
+ * batch of 4 sequences over a paged KV cache (prefill chunks beside decode
+ * tokens, selected logits rows: nstf serve's forward). Exit 77 (skipped)
  * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -132,6 +134,94 @@ static void compare(const char *what, const float *cpu, const float *gpu, int n_
     if (!ok) g_fail++;
 }
 
+/* A continuous batch, as nstf serve runs one: CB_SEQ sequences over a paged
+ * KV cache of shuffled CB_BLOCK-position blocks, joining at different steps;
+ * even ones advance in prefill chunks of CB_CHUNK tokens, odd ones a token
+ * at a time (decode) beside them, so batches hold 1..16 tokens (GEMV and
+ * GEMM). Every batch asks for the logits of all its rows, in reverse order
+ * (the rows gather). Each sequence's logits are compared with the CPU's
+ * (precise) for the same ids alone from position 0, under the same gates. */
+#define CB_SEQ 4
+#define CB_BLOCK 16
+#define CB_CHUNK 7
+static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cpu) {
+    static const int len[CB_SEQ] = {40, 23, 57, 9}, join[CB_SEQ] = {0, 1, 3, 6};
+    const int nv = m->cfg.n_vocab, ctx = 64, bps = ctx / CB_BLOCK;
+    int total = 0, n_blocks = 0;
+    for (int s = 0; s < CB_SEQ; s++) {
+        total += len[s];
+        n_blocks += (len[s] + CB_BLOCK - 1) / CB_BLOCK;
+    }
+    float *lc = malloc((size_t)total * nv * sizeof(float)), *lg = malloc((size_t)total * nv * sizeof(float)),
+          *step = malloc((size_t)2 * CB_CHUNK * CB_SEQ * nv * sizeof(float));
+    int32_t tbl[CB_SEQ * 4], perm[CB_SEQ * 4], off[CB_SEQ], done[CB_SEQ] = {0};
+    nstf_backend *gb = NULL;
+    nstf_llama_run *r = NULL;
+    nstf_status st = lc && lg && step ? NSTF_OK : NSTF_ERR_OOM;
+    /* the reference: each sequence alone on the CPU; sequence s reads ids from 50 s */
+    for (int s = 0, o = 0; st == NSTF_OK && s < CB_SEQ; o += len[s], s++) {
+        off[s] = o;
+        st = nstf_llama_forward_seq(cpu->run, ids + 50 * s, len[s], 0, true, lc + (int64_t)o * nv, NULL);
+    }
+    test_rng rng = {0xcb5eedu};
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        const int j = (int)(rng_next(&rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0, k = 0; s < CB_SEQ; s++)
+        for (int b = 0; b < bps; b++) tbl[s * bps + b] = b * CB_BLOCK < len[s] ? perm[k++] : -1;
+    if (st == NSTF_OK) st = nstf_backend_gpu_create(0, &gb);
+    if (st == NSTF_OK) st = nstf_llama_run_create_paged(m, gb, ctx, 32, CB_SEQ, CB_BLOCK, n_blocks, &r);
+    int steps = 0, max_n = 0, min_n = 1 << 30;
+    for (bool more = true; st == NSTF_OK && more; steps++) {
+        int32_t tok[CB_SEQ * CB_CHUNK], pos[CB_SEQ * CB_CHUNK], seq[CB_SEQ * CB_CHUNK], rows[CB_SEQ * CB_CHUNK];
+        int n = 0;
+        more = false;
+        for (int s = 0; s < CB_SEQ; s++) {
+            if (steps < join[s] || done[s] == len[s]) {
+                more |= done[s] < len[s];
+                continue;
+            }
+            const int k = s % 2 == 0 ? CB_CHUNK : 1;
+            for (int i = 0; i < k && done[s] < len[s]; i++, done[s]++, n++) {
+                tok[n] = ids[50 * s + done[s]];
+                pos[n] = done[s];
+                seq[n] = s;
+            }
+            more |= done[s] < len[s];
+        }
+        if (n == 0) continue;
+        for (int i = 0; i < n; i++) rows[i] = n - 1 - i;
+        max_n = n > max_n ? n : max_n;
+        min_n = n < min_n ? n : min_n;
+        const nstf_batch b = {.tokens = tok, .pos = pos, .seq = seq, .n = n, .rows = rows, .n_rows = n, .blocks = tbl};
+        st = nstf_llama_forward(r, &b, step, NULL);
+        for (int i = 0; st == NSTF_OK && i < n; i++) { /* logits row i is batch row n-1-i */
+            const int t = n - 1 - i;
+            memcpy(lg + (int64_t)(off[seq[t]] + pos[t]) * nv, step + (int64_t)i * nv, (size_t)nv * sizeof(float));
+        }
+    }
+    if (st == NSTF_OK) {
+        printf("  continuous batch: %d sequences, %d steps of %d..%d tokens, %d paged blocks of %d\n", CB_SEQ, steps,
+               min_n, max_n, n_blocks, CB_BLOCK);
+        for (int s = 0; s < CB_SEQ; s++) {
+            char what[16];
+            snprintf(what, sizeof what, "cb seq %d", s);
+            compare(what, lc + (int64_t)off[s] * nv, lg + (int64_t)off[s] * nv, len[s], nv);
+        }
+    } else {
+        printf("  continuous batch: %s  FAIL\n", nstf_last_error());
+        g_fail++;
+    }
+    nstf_llama_run_free(r);
+    nstf_backend_free(gb);
+    free(lc);
+    free(lg);
+    free(step);
+}
+
 static void run_model(const char *path, bool real) {
     printf("%s%s\n", path, real ? " (real weights)" : " (random weights)");
     nstf_llama *m = NULL;
@@ -212,6 +302,8 @@ static void run_model(const char *path, bool real) {
         nstf_backend_free(cb);
         nstf_backend_free(gb);
     }
+
+    continuous_batch(m, ids, &cpu);
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {

@@ -16,6 +16,10 @@
 #    (prof's .c files may).
 # 3. Tools see no struct internals: tools/ includes no model/, backend/ or
 #    ops/ header; what a tool needs of a session is in include/nstf_tools.h.
+# 4. The server sits above the model: nothing below it (core, io, ops,
+#    backend, model, prof) includes serve/; serve/ headers include no
+#    model/, backend/ or ops/ header; tools reach the server through
+#    serve/server.h only.
 # Exit 0 when clean, 1 with one line per violation (file:line: text).
 set -u
 
@@ -60,6 +64,15 @@ check() {
     # shellcheck disable=SC2086
     report "$(grep_code '#include "(model|backend|ops)/' $(files_in "$root/tools"))" \
         "tools use nstf.h and nstf_tools.h, not struct internals"
+    # shellcheck disable=SC2086
+    report "$(grep_code '#include "serve/' $(files_in "$root/src/core" "$root/src/io" "$root/src/ops" "$root/src/backend" \
+        "$root/src/model" "$root/src/prof"))" "the server sits above the model: nothing below includes serve/"
+    # shellcheck disable=SC2086
+    report "$(grep_code '#include "(model|backend|ops)/' $(files_in "$root/src/serve" | grep '\.h$'))" \
+        "serve/ headers speak through nstf.h, core/ and io/ types"
+    # shellcheck disable=SC2086
+    report "$(grep_code '#include "serve/' $(files_in "$root/tools") | grep -v '#include "serve/server\.h"')" \
+        "tools reach the server through serve/server.h only"
     n=$(files_in "$root/src" "$root/tools" | wc -l)
     if [ $bad -eq 0 ]; then echo "test_layering: $n sources clean"; fi
     return $bad
@@ -95,6 +108,11 @@ self_test() {
     expect 0 prof_source_to_model src/prof/x.c '#include "model/session.h"'
     expect 1 tools_to_model tools/x.c '#include "model/session.h"'
     expect 0 tools_to_prof tools/x.c '#include "prof/report.h"'
+    expect 1 model_to_serve src/model/x.c '#include "serve/engine.h"'
+    expect 0 serve_to_model src/serve/x.c '#include "model/session.h"'
+    expect 1 serve_header_to_model src/serve/x.h '#include "model/llama.h"'
+    expect 0 tools_to_server tools/x.c '#include "serve/server.h"'
+    expect 1 tools_to_engine tools/x.c '#include "serve/engine.h"'
     if [ $fails -eq 0 ]; then echo "test_layering: self-test passed"; fi
     return $fails
 }

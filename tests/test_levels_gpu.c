@@ -17,8 +17,8 @@
  *    1e-2).
  * 3. L3's decode on the fused GEMVs gives bitwise the logits of the same
  *    step on the unfused kernels (graph replay included: 4 steps); for
- *    weights the fused GEMVs take (BF16, Q8_0, Q4_0, Q4_1) the fused step
- *    must be the one L3 runs.
+ *    weights the fused GEMVs take (BF16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ *    Q4_K, Q5_K, Q6_K) the fused step must be the one L3 runs.
  * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -82,8 +82,8 @@ static void test_kernels(void) {
     }
     for (int fused = 0; fused < 2; fused++) {
         CHECK(nstf_gpu_attn_scores(dq, QD, dk, ds, T, NKV, H, KVH, HD, NULL) == NSTF_OK, "%s", nstf_last_error());
-        if (!fused) CHECK(nstf_gpu_scale_mask(ds, H, T, NKV, POS0, scale, NULL) == NSTF_OK, "%s", nstf_last_error());
-        CHECK(nstf_gpu_softmax_rows(ds, H, T, NKV, POS0, fused ? scale : 1.0f, fused, NULL) == NSTF_OK, "%s",
+        if (!fused) CHECK(nstf_gpu_scale_mask(ds, H, T, NKV, POS0, scale, 0, NULL) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_gpu_softmax_rows(ds, H, T, NKV, POS0, fused ? scale : 1.0f, fused, 0, NULL) == NSTF_OK, "%s",
               nstf_last_error());
         CHECK(nstf_gpu_memcpy_d2h(sc, ds, sizeof(float) * H * T * NKV, NULL) == NSTF_OK, "%s", nstf_last_error());
         e = nmse(sc, pref, (int64_t)H * T * NKV);
@@ -240,8 +240,13 @@ static void test_model(const char *path) {
     /* L3 decodes on the fused GEMVs (with programmatic dependent launch);
      * the same step on the unfused kernels must give the same bits */
     const nstf_type wt = m->w.layers[0].wq.type;
-    const bool fusable_types = wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_Q8_0 || wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1;
-    if (g.run && placed_get(&g, NSTF_OPT_FUSED)) {
+    /* the fused GEMVs have no QKV bias (Qwen2) or per-head q/k norm (Qwen3): such models decode unfused */
+    const bool extras = m->w.layers[0].bq || m->w.layers[0].q_norm;
+    const bool fusable_types = !extras && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
+                                           wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1 || wt == NSTF_TYPE_Q5_0 ||
+                                           wt == NSTF_TYPE_Q5_1 || wt == NSTF_TYPE_Q4_K || wt == NSTF_TYPE_Q5_K ||
+                                           wt == NSTF_TYPE_Q6_K);
+    if (g.run && placed_get(&g, NSTF_OPT_FUSED) && !extras) {
         float *un = malloc(sizeof(float) * N_STEP * nv);
         CHECK(un != NULL, "out of memory");
         CHECK(placed_set(&g, NSTF_OPT_LEVEL, 3) == NSTF_OK, "%s", nstf_last_error());
@@ -256,8 +261,8 @@ static void test_model(const char *path) {
         CHECK(un && diff == 0, "fused decode differs from the unfused kernels");
         free(un);
     } else {
-        printf("  L3 fused decode: not used for weights of type %s%s\n", nstf_type_name(wt),
-               fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
+        printf("  L3 fused decode: not used for weights of type %s%s%s\n", nstf_type_name(wt),
+               extras ? " with QKV biases or q/k norms" : "", fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
         CHECK(!fusable_types, "L3 did not run the fused decode on %s weights", nstf_type_name(wt));
     }
     free(lg);

@@ -35,6 +35,7 @@
 #include "core/threadpool.h"
 #include "ops/cpu/cpu_isa.h"
 #include "ops/ops.h"
+#include "test_quant.h"
 #include "test_util.h"
 
 /* Measured: 2.4e-5 .. 3.0e-5 where a case holds many independent x blocks
@@ -78,25 +79,6 @@ static double model_dot(const float *wd, const int8_t *q, const float *d, int64_
 static bool is_quant(nstf_type t) { return nstf_type_is_quantized(t); }
 static int x_block(nstf_type t) { return nstf_type_block_elems(t) == 256 ? 256 : 32; }
 
-/* Byte offsets of the fp16 scale fields in one block (types without a
- * quantizer get random codes with sane scales). */
-static void random_blocks(nstf_type t, uint8_t *w, uint64_t bytes, test_rng *rng) {
-    int off[2] = {-1, -1};
-    switch (t) {
-    case NSTF_TYPE_Q2_K: off[0] = 80; off[1] = 82; break;
-    case NSTF_TYPE_Q3_K: off[0] = 108; break;
-    default: off[0] = 0; break; /* IQ4_NL, IQ4_XS */
-    }
-    const int64_t bb = nstf_type_block_bytes(t);
-    for (uint64_t i = 0; i < bytes; i++) w[i] = (uint8_t)(rng_next(rng) >> 56);
-    for (uint64_t b = 0; b + (uint64_t)bb <= bytes; b += (uint64_t)bb)
-        for (int k = 0; k < 2; k++)
-            if (off[k] >= 0) {
-                uint16_t h = nstf_f32_to_fp16(0.002f + 0.01f * (rng_uniform(rng) + 1.0f));
-                memcpy(w + b + off[k], &h, 2);
-            }
-}
-
 /* arena: ARENA_FIT reserves scratch for this shape (fast path); ARENA_NONE
  * and ARENA_SMALL (reserved for a smaller shape) run the slow path for
  * quantized types (float types never use the arena). */
@@ -119,7 +101,7 @@ static void run_case(nstf_type t, int64_t n_tok, int64_t n_in, int64_t n_out, in
     if (!wf || !wd || !w || !x || !ref || !mod || !bound) { fprintf(stderr, "oom\n"); exit(2); }
 
     for (int64_t i = 0; i < n_out * n_in; i++) wf[i] = rng_normal(&rng);
-    if (!nstf_type_can_quantize(t)) random_blocks(t, w, rb * (uint64_t)n_out, &rng);
+    if (!nstf_type_can_quantize(t)) test_random_blocks(t, w, rb * (uint64_t)n_out, &rng);
     for (int64_t o = 0; o < n_out; o++) {
         if (nstf_type_can_quantize(t)) nstf_quantize_row(t, wf + o * n_in, w + o * rb, n_in);
         nstf_dequantize_row(t, w + o * rb, wd + o * n_in, n_in);

@@ -3,7 +3,8 @@
  *
  * For every row:
  *  - its name, description and entry names are set, names are unique;
- *  - the reference (nstf_ref_*) is defined in src/ops/cpu/ref.c and the CPU
+ *  - the reference (nstf_ref_*) is defined in a reference file of
+ *    src/ops/cpu/ (ref.c, backward_ref.c, optim_ref.c: *ref.c) and the CPU
  *    entry (nstf_cpu_*) in src/ops/cpu/; the CPU backend's table has the
  *    op, and the GPU backend's table too when this build has one;
  *  - the GPU launcher is declared in src/ops/gpu/gpu_api.h, defined in a
@@ -12,7 +13,8 @@
  *    catches a row whose GPU entry went missing;
  *  - the cost model has a case: nstf_op_cost_of gives finite FLOPs >= 0
  *    and bytes > 0 for a small instance of the op;
- *  - the op-comparison test has its case: tests/test_backend_ops.c defines
+ *  - the op-comparison test has its case: tests/test_backend_ops.c (or
+ *    backend_ops_grad.h, its gradient mode, which it includes) defines
  *    case_<op> (the X-macro there also makes it a compile error).
  * Sources are read under NSTF_SOURCE_DIR. */
 #include <math.h>
@@ -23,6 +25,7 @@
 #include <dirent.h>
 
 #include "backend/backend.h"
+#include "ops/optim.h"
 #include "test_util.h"
 
 /* The whole file, NUL-terminated (NULL when unreadable). */
@@ -83,7 +86,7 @@ static bool defined_in_dir(const char *dir, const char *suffix, const char *name
     bool found = false;
     for (struct dirent *e; !found && (e = readdir(d));) {
         size_t ln = strlen(e->d_name), ls = strlen(suffix);
-        if (ln <= ls || strcmp(e->d_name + ln - ls, suffix) != 0) continue;
+        if (ln < ls || strcmp(e->d_name + ln - ls, suffix) != 0) continue;
         char rel[1024];
         snprintf(rel, sizeof rel, "%s/%s", dir, e->d_name);
         char *t = slurp(rel);
@@ -107,7 +110,7 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
     case NSTF_OP_MATMUL:
         a.matmul.w[0] = w, a.matmul.n_w = 1, a.matmul.x = v, a.matmul.out[0] = v, a.matmul.n = 2;
         break;
-    case NSTF_OP_ROPE: a.rope.q = a.rope.k = v, a.rope.n = 2, a.rope.r = (nstf_rope_args){ids, 1, 1, 32, 1e4f, 0}; break;
+    case NSTF_OP_ROPE: a.rope.q = a.rope.k = v, a.rope.n = 2, a.rope.r = (nstf_rope_args){ids, 1, 1, 32, 1e4f, 0, NULL}; break;
     case NSTF_OP_ATTENTION:
         a.attention.q = a.attention.k = a.attention.v = a.attention.out = v;
         a.attention.n = 2, a.attention.n_ctx = 8, a.attention.pos0 = 3;
@@ -115,6 +118,50 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
         break;
     case NSTF_OP_SWIGLU: a.swiglu.gate = a.swiglu.up = a.swiglu.y = v, a.swiglu.n = 2, a.swiglu.n_ff = 32; break;
     case NSTF_OP_ARGMAX: a.argmax.x = v, a.argmax.out = ids, a.argmax.n_rows = 2, a.argmax.n = 32; break;
+    case NSTF_OP_BIAS: a.bias.x = v, a.bias.b = f, a.bias.n = 2, a.bias.width = 32; break;
+    case NSTF_OP_HEAD_NORM:
+        a.head_norm.q = a.head_norm.k = v, a.head_norm.wq = a.head_norm.wk = f, a.head_norm.n = 2;
+        a.head_norm.n_heads = a.head_norm.n_kv_heads = 1, a.head_norm.head_dim = 32, a.head_norm.eps = 1e-6f;
+        break;
+    case NSTF_OP_GET_ROWS_BWD:
+        a.get_rows_bwd.ids = ids, a.get_rows_bwd.dout = v, a.get_rows_bwd.dtable = f, a.get_rows_bwd.n = 2;
+        a.get_rows_bwd.dim = 32;
+        break;
+    case NSTF_OP_RMSNORM_BWD:
+        a.rmsnorm_bwd.x = a.rmsnorm_bwd.w = a.rmsnorm_bwd.dy = f, a.rmsnorm_bwd.dx = a.rmsnorm_bwd.dw = f;
+        a.rmsnorm_bwd.n = 2, a.rmsnorm_bwd.dim = 32;
+        break;
+    case NSTF_OP_ROPE_BWD:
+        a.rope_bwd.q = a.rope_bwd.k = v, a.rope_bwd.n = 2, a.rope_bwd.r = (nstf_rope_args){ids, 1, 1, 32, 1e4f, 0, NULL};
+        break;
+    case NSTF_OP_ATTENTION_BWD:
+        a.attention_bwd.q = a.attention_bwd.k = a.attention_bwd.v = a.attention_bwd.out = a.attention_bwd.dout = v;
+        a.attention_bwd.dq = a.attention_bwd.dk = a.attention_bwd.dv = v, a.attention_bwd.lse = f;
+        a.attention_bwd.n = 2, a.attention_bwd.pos0 = 3, a.attention_bwd.n_heads = a.attention_bwd.n_kv_heads = 1;
+        a.attention_bwd.head_dim = 32, a.attention_bwd.scale = 0.2f;
+        break;
+    case NSTF_OP_SWIGLU_BWD:
+        a.swiglu_bwd.gate = a.swiglu_bwd.up = a.swiglu_bwd.dy = a.swiglu_bwd.dgate = a.swiglu_bwd.dup = v;
+        a.swiglu_bwd.n = 2, a.swiglu_bwd.n_ff = 32;
+        break;
+    case NSTF_OP_MATMUL_BWD_X:
+        a.matmul_bwd_x.w = w, a.matmul_bwd_x.dy = a.matmul_bwd_x.dx = v, a.matmul_bwd_x.n = 2;
+        break;
+    case NSTF_OP_MATMUL_BWD_W:
+        a.matmul_bwd_w.x = a.matmul_bwd_w.dy = v, a.matmul_bwd_w.dw = f, a.matmul_bwd_w.n = 2;
+        a.matmul_bwd_w.n_in = a.matmul_bwd_w.n_out = 32;
+        break;
+    case NSTF_OP_CROSS_ENTROPY:
+        a.cross_entropy.h = v, a.cross_entropy.w = w, a.cross_entropy.targets = ids, a.cross_entropy.dh = f;
+        a.cross_entropy.dw = f, a.cross_entropy.n = 2, a.cross_entropy.n_norm = 2;
+        break;
+    case NSTF_OP_ADAMW:
+    case NSTF_OP_GRAD_NORM: {
+        static const nstf_param_tensor t[2] = {{"a", 0, 32, true}, {"b", 32, 32, false}};
+        if (op == NSTF_OP_ADAMW) a.adamw.tensors = t, a.adamw.n_tensors = 2, a.adamw.w = a.adamw.m = a.adamw.v = f;
+        else a.grad_norm.tensors = t, a.grad_norm.n_tensors = 2, a.grad_norm.grad = f;
+        break;
+    }
     case NSTF_OP_MATMUL_LR:
         a.matmul_lr.a = a.matmul_lr.b = w, a.matmul_lr.x = a.matmul_lr.tmp = a.matmul_lr.out = v, a.matmul_lr.n = 2;
         break;
@@ -124,10 +171,10 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
 }
 
 int main(void) {
-    char *ref = slurp("src/ops/cpu/ref.c"), *api = slurp("src/ops/gpu/gpu_api.h"), *gpu_ops = slurp("src/backend/gpu_ops.c"),
-         *cases = slurp("tests/test_backend_ops.c");
-    CHECK(ref && api && gpu_ops && cases, "cannot read the sources under %s", NSTF_SOURCE_DIR);
-    if (!ref || !api || !gpu_ops || !cases) return test_finish("test_op_table");
+    char *api = slurp("src/ops/gpu/gpu_api.h"), *gpu_ops = slurp("src/backend/gpu_ops.c"),
+         *cases = slurp("tests/test_backend_ops.c"), *grad_cases = slurp("tests/backend_ops_grad.h");
+    CHECK(api && gpu_ops && cases && grad_cases, "cannot read the sources under %s", NSTF_SOURCE_DIR);
+    if (!api || !gpu_ops || !cases || !grad_cases) return test_finish("test_op_table");
     nstf_backend *cpu = NULL;
     const nstf_cpu_params cp = {1, false, false};
     CHECK(nstf_backend_cpu_create(&cp, &cpu) == NSTF_OK, "%s", nstf_last_error());
@@ -142,7 +189,8 @@ int main(void) {
         const int before = g_fails;
         CHECK(name[0] && nstf_op_desc(op)[0] && rn[0] && cn[0] && gn[0], "row %d: empty field", i);
         for (int j = 0; j < i; j++) CHECK(strcmp(name, nstf_op_name((nstf_op)j)) != 0, "name %s twice", name);
-        CHECK(has_definition(ref, rn), "%s: reference %s is not defined in src/ops/cpu/ref.c", name, rn);
+        CHECK(defined_in_dir("src/ops/cpu", "ref.c", rn), "%s: reference %s is not defined in src/ops/cpu/*ref.c",
+              name, rn);
         CHECK(defined_in_dir("src/ops/cpu", ".c", cn), "%s: CPU entry %s is not defined in src/ops/cpu/", name, cn);
         CHECK(cpu && cpu->vt->ops[op], "%s: the CPU backend's table lacks it", name);
         CHECK(has_call(api, gn), "%s: GPU launcher %s is not declared in gpu_api.h", name, gn);
@@ -155,10 +203,11 @@ int main(void) {
               "%s: cost model gives %g FLOPs, %g bytes", name, c.flops, c.bytes);
         char cn_case[64];
         snprintf(cn_case, sizeof cn_case, "case_%s", name);
-        CHECK(has_definition(cases, cn_case), "%s: no %s in tests/test_backend_ops.c", name, cn_case);
+        CHECK(has_definition(cases, cn_case) || has_definition(grad_cases, cn_case),
+              "%s: no %s in tests/test_backend_ops.c (or backend_ops_grad.h)", name, cn_case);
         printf("%-10s %-20s %-26s %-26s %s\n", name, rn, cn, gn, g_fails == before ? "all" : "MISSING");
     }
     nstf_backend_free(cpu);
-    free(ref), free(api), free(gpu_ops), free(cases);
+    free(api), free(gpu_ops), free(cases), free(grad_cases);
     return test_finish("test_op_table");
 }

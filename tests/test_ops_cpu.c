@@ -290,6 +290,66 @@ static void test_attention(test_rng *r) {
     }
 }
 
+/* The paged cache: the same keys scattered over a pool of blocks in a
+ * shuffled order (a sequence's blocks are not adjacent, and the pool holds
+ * others' blocks between them, filled with NaN so a wrong row shows). The
+ * result must be bitwise that of the contiguous fast path for the same
+ * pool size (same sums, same order) and within the fp32 tolerance of the
+ * fp64 reference; block sizes 1, 5 (not a power of two), 16, 64 and 80
+ * (more than the 64-key chunk). */
+static void test_attention_paged(test_rng *r) {
+    static const struct { int64_t n_tok, pos0; int nh, nkv, hd, bs; } cases[] = {
+        {1, 0, 4, 4, 64, 16},   {1, 1500, 9, 3, 64, 16}, {1, 777, 8, 2, 128, 5},
+        {17, 100, 9, 3, 64, 1}, {64, 300, 6, 2, 64, 64}, {3, 1200, 4, 1, 128, 80},
+        {1, 2047, 2, 1, 64, 16}, {5, 61, 16, 1, 64, 64},
+    };
+    char what[200];
+    for (int ci = 0; ci < COUNT(cases); ci++) {
+        const int64_t n_tok = cases[ci].n_tok, pos0 = cases[ci].pos0, n_keys = pos0 + n_tok;
+        const int nh = cases[ci].nh, nkv = cases[ci].nkv, hd = cases[ci].hd, bs = cases[ci].bs;
+        const int64_t kvd = (int64_t)nkv * hd, nq = n_tok * nh * hd, n_blk = (n_keys + bs - 1) / bs;
+        const int64_t pool = 2 * n_blk + 3; /* blocks in the pool: others' between ours */
+        const float scale = 1.0f / sqrtf((float)hd);
+        float *q = malloc(nq * 4), *k = malloc(n_keys * kvd * 4), *v = malloc(n_keys * kvd * 4);
+        float *pk = malloc(pool * bs * kvd * 4), *pv = malloc(pool * bs * kvd * 4);
+        float *out = guarded_alloc(nq * 4), *flat = malloc(nq * 4);
+        double *want = malloc(nq * 8);
+        int32_t *tbl = malloc(n_blk * 4), *perm = malloc(pool * 4);
+        fill_normal(r, q, nq, 2.0f);
+        fill_normal(r, k, n_keys * kvd, 1.0f);
+        fill_normal(r, v, n_keys * kvd, 1.0f);
+        poison(pk, pool * bs * kvd * 4);
+        poison(pv, pool * bs * kvd * 4);
+        for (int64_t i = 0; i < pool; i++) perm[i] = (int32_t)i;
+        for (int64_t i = pool - 1; i > 0; i--) { /* Fisher-Yates */
+            int64_t j = (int64_t)(rng_next(r) % (uint64_t)(i + 1));
+            int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        }
+        for (int64_t b = 0; b < n_blk; b++) tbl[b] = perm[b];
+        for (int64_t j = 0; j < n_keys; j++) {
+            const int64_t row = (int64_t)tbl[j / bs] * bs + j % bs;
+            memcpy(pk + row * kvd, k + j * kvd, kvd * 4);
+            memcpy(pv + row * kvd, v + j * kvd, kvd * 4);
+        }
+        attention64(q, k, v, want, n_tok, pos0, nh, nkv, hd, scale);
+        for (int cfg = 0; cfg < N_CFG; cfg++) {
+            nstf_cpu_attention(&g_cpu[cfg], q, k, v, flat, n_tok, pos0, nh, nkv, hd, scale);
+            poison(out, nq * 4);
+            nstf_cpu_attention_paged(&g_cpu[cfg], q, pk, pv, tbl, bs, out, n_tok, pos0, nh, nkv, hd, scale, 0);
+            snprintf(what, sizeof what, "paged attention n_tok %lld pos0 %lld heads %d/%d hd %d block %d cfg %d",
+                     (long long)n_tok, (long long)pos0, nh, nkv, hd, bs, cfg);
+            check_f32(what, out, nq, want);
+            CHECK(memcmp(out, flat, nq * 4) == 0, "%s: not bitwise the contiguous result", what);
+            /* a sliding window of 9 positions: bitwise the contiguous windowed result */
+            nstf_cpu_attention_sw(&g_cpu[cfg], q, k, v, flat, n_tok, pos0, nh, nkv, hd, scale, 9);
+            poison(out, nq * 4);
+            nstf_cpu_attention_paged(&g_cpu[cfg], q, pk, pv, tbl, bs, out, n_tok, pos0, nh, nkv, hd, scale, 9);
+            CHECK(memcmp(out, flat, nq * 4) == 0, "%s window 9: not bitwise the contiguous result", what);
+        }
+        free(q); free(k); free(v); free(pk); free(pv); free(out); free(flat); free(want); free(tbl); free(perm);
+    }
+}
+
 /* ---- argmax --------------------------------------------------------------- */
 
 static void test_argmax(test_rng *r) {
@@ -385,6 +445,7 @@ int main(void) {
     test_rowwise(&r);
     test_rope(&r);
     test_attention(&r);
+    test_attention_paged(&r);
     test_argmax(&r);
     test_ref_matmul(&r);
     for (int i = 1; i < N_CFG; i++) nstf_pool_free(pools[i]);

@@ -20,6 +20,7 @@
  * type's vector and scalar paths, n_tok 1..8 and a split batch, one and
  * several x chunks, vector and scalar x staging, F32 and BF16 output). */
 #include "gpu_harness.h"
+#include "test_quant.h"
 
 static test_rng R = {0x9E3779B97F4A7C15ull};
 static float normal(void) { return rng_normal(&R); }
@@ -29,27 +30,25 @@ static float bf(float f) { return gh_bf(f); }
 
 /* ---- GEMV -------------------------------------------------------------------- */
 
-static const nstf_type k_wtypes[] = {NSTF_TYPE_F32, NSTF_TYPE_F16, NSTF_TYPE_BF16,
-                                     NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+static const nstf_type k_wtypes[] = {NSTF_TYPE_F32,    NSTF_TYPE_F16,  NSTF_TYPE_BF16, NSTF_TYPE_Q8_0,
+                                     NSTF_TYPE_Q4_0,   NSTF_TYPE_Q4_1, NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1,
+                                     NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q2_K, NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K,
+                                     NSTF_TYPE_Q5_K,   NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS};
 
-static bool is_quant(nstf_type t) {
-    return t == NSTF_TYPE_Q8_0 || t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1;
-}
+static bool is_quant(nstf_type t) { return nstf_type_is_quantized(t); }
+static bool is_super(nstf_type t) { return nstf_type_block_elems(t) == 256; }
 
-/* Random weights quantized to `t` with the reference quantizer. */
+/* Random weights of type `t`: the reference quantizer where there is one,
+ * random codes under sane scales for the other types (test_quant.h). */
 static std::vector<unsigned char> make_weights(nstf_type t, int64_t rows, int64_t cols) {
     uint64_t rb = 0;
     nstf_type_row_bytes(t, cols, &rb);
     std::vector<unsigned char> w(rows * rb);
     std::vector<float> f(cols);
+    test_rng tr = {rng_next(&R) | 1};
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t i = 0; i < cols; i++) f[i] = normal() * 0.05f;
-        if (t == NSTF_TYPE_F32) memcpy(&w[r * rb], f.data(), cols * 4);
-        else if (t == NSTF_TYPE_F16)
-            for (int64_t i = 0; i < cols; i++) ((uint16_t *)&w[r * rb])[i] = nstf_f32_to_fp16(f[i]);
-        else if (t == NSTF_TYPE_BF16)
-            for (int64_t i = 0; i < cols; i++) ((uint16_t *)&w[r * rb])[i] = nstf_f32_to_bf16(f[i]);
-        else nstf_quantize_row(t, f.data(), &w[r * rb], cols);
+        test_quantize_row(t, f.data(), &w[r * rb], cols, &tr);
     }
     return w;
 }
@@ -96,30 +95,37 @@ static void test_gemv(nstf_type wt, int64_t n_tok, int64_t n_in, int64_t n_out, 
 
 static void gemv_cases(void) {
     for (nstf_type wt : k_wtypes) {
-        const bool q = is_quant(wt);
+        const bool q = is_quant(wt), sb = is_super(wt);
         /* (n_in, n_out): tiny, odd row count, several chunks at nt = 8 (cap
-         * 2048 elements), a model shape. Float types add rows that are not
-         * 16-byte multiples (scalar path). */
+         * 2048 elements for the 32-element types' bf16 staging, 1024 for the
+         * super-block kernel's fp32), a model shape. Float types add rows that
+         * are not 16-byte multiples (scalar path). */
         const int64_t shapes_q[][2] = {{32, 1}, {96, 37}, {2080, 45}, {576, 1536}};
+        const int64_t shapes_k[][2] = {{256, 1}, {512, 37}, {2304, 45}, {1536, 1536}};
         const int64_t shapes_f[][2] = {{8, 5}, {100, 37}, {96, 37}, {2056, 45}, {578, 257}};
         const int n_shapes = q ? 4 : 5;
         for (int s = 0; s < n_shapes; s++) {
-            const int64_t n_in = q ? shapes_q[s][0] : shapes_f[s][0];
-            const int64_t n_out = q ? shapes_q[s][1] : shapes_f[s][1];
+            const int64_t n_in = sb ? shapes_k[s][0] : q ? shapes_q[s][0] : shapes_f[s][0];
+            const int64_t n_out = sb ? shapes_k[s][1] : q ? shapes_q[s][1] : shapes_f[s][1];
             for (int nt = 1; nt <= 8; nt++)
                 test_gemv(wt, nt, n_in, n_out, (nt + s) % 2 ? NSTF_TYPE_BF16 : NSTF_TYPE_F32, 0, 0);
             test_gemv(wt, 11, n_in, n_out, NSTF_TYPE_BF16, 0, 0); /* 8 + 3 */
         }
         /* unaligned x (scalar staging) and, for float types, unaligned W */
         for (int nt : {1, 3, 8}) {
-            test_gemv(wt, nt, 2080, 33, NSTF_TYPE_BF16, 0, 2);
+            test_gemv(wt, nt, sb ? 2304 : 2080, 33, NSTF_TYPE_BF16, 0, 2);
             if (!q) test_gemv(wt, nt, 1024, 33, NSTF_TYPE_BF16, wt == NSTF_TYPE_F32 ? 4 : 2, 0);
         }
-        /* several x chunks at nt = 1 (cap 16384 elements) */
-        test_gemv(wt, 1, 16416, 9, NSTF_TYPE_F32, 0, 0);
-        test_gemv(wt, 2, 16416, 9, NSTF_TYPE_BF16, 0, 0);
+        /* several x chunks at nt = 1 (cap 8192 elements of fp32 staging) */
+        test_gemv(wt, 1, sb ? 16640 : 16416, 9, NSTF_TYPE_F32, 0, 0);
+        test_gemv(wt, 2, sb ? 16640 : 16416, 9, NSTF_TYPE_BF16, 0, 0);
         /* a Llama-3-8B shape */
         test_gemv(wt, 1, 4096, 512, NSTF_TYPE_BF16, 0, 0);
+        /* wide outputs: the quantized kernels' 32-row blocks (n_out >= 8192) */
+        if (q) {
+            test_gemv(wt, 1, 256, 8200, NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 3, 256, 8200, NSTF_TYPE_BF16, 0, 0);
+        }
     }
 }
 
@@ -282,7 +288,7 @@ static void test_swiglu(int64_t n, size_t pad) {
  * kernel is itself checked against the CPU reference above, so equality
  * carries their accuracy over. */
 static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t n_in, int64_t n_out, int hd,
-                            int rope_rows, nstf_rope_mode mode, bool pdl) {
+                            int rope_rows, nstf_rope_mode mode, bool pdl, bool factors = false) {
     const float eps = 1e-5f, base = 100000.0f;
     const int32_t pos = 517;
     std::vector<unsigned char> w = make_weights(wt, n_out, n_in);
@@ -295,16 +301,17 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     const bool yf32 = epi == NSTF_GEMV_STORE || epi == NSTF_GEMV_ACCUM;
     std::vector<float> y0(n_y);
     for (auto &v : y0) v = normal();
-    std::vector<float> fr(256);
+    std::vector<float> fr(256), ff(128);
     if (hd) nstf_gpu_rope_freqs(base, hd, fr.data());
+    for (int i = 0; i < 128; i++) ff[i] = 1.0f + 7.0f * (float)i / 127.0f; /* Llama 3.1-like: 1 .. 8 */
 
     static const char *en[] = {"store", "accum", "rope", "swiglu"};
-    gh_begin("gemv_fused %s %s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "", en[epi],
-             epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", (long long)n_in,
-             (long long)n_out, pdl ? " pdl" : "");
+    gh_begin("gemv_fused %s %s%s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "", en[epi],
+             epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", factors ? "+factors" : "",
+             (long long)n_in, (long long)n_out, pdl ? " pdl" : "");
     gh_buf dw = gh_alloc(w.size(), w.data()), dxr = gh_alloc(n_in * 4, xr.data()), dnw = gh_alloc(n_in * 4, nw.data());
     gh_buf dxin = gh_alloc(n_in * 2, xin.data()), dxb = gh_alloc(n_in * 2, nullptr), dp = gh_alloc(4, &pos);
-    gh_buf dfr = gh_alloc(256 * 4, fr.data()), dtmp = gh_alloc(n_out * 4, nullptr);
+    gh_buf dfr = gh_alloc(256 * 4, fr.data()), dtmp = gh_alloc(n_out * 4, nullptr), dff = gh_alloc(128 * 4, ff.data());
     gh_buf dya = gh_alloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     gh_buf dyb = gh_alloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
     /* unfused */
@@ -325,8 +332,9 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
         break;
     case NSTF_GEMV_ROPE:
         gh_launched(nstf_gpu_gemv(wt, dw.p(), in, dya.p(), NSTF_TYPE_BF16, 1, n_in, n_out, nullptr), "gemv");
-        gh_launched(nstf_gpu_rope(dya.as<uint16_t>(), nullptr, dp.as<const int32_t>(), 1, rope_rows / hd, 0, hd, base,
-                                  mode, nullptr),
+        gh_launched(nstf_gpu_rope_strided(dya.as<uint16_t>(), rope_rows, nullptr, 0, dp.as<const int32_t>(), 1,
+                                          rope_rows / hd, 0, hd, base, factors ? dff.as<const float>() : nullptr, mode,
+                                          nullptr),
                     "rope");
         break;
     case NSTF_GEMV_SWIGLU:
@@ -347,6 +355,7 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     f.rope_mode = mode;
     f.pos = dp.as<const int32_t>();
     f.rope_freqs = dfr.as<const float>();
+    f.rope_factors = factors ? dff.as<const float>() : nullptr;
     const int prev = nstf_gpu_set_pdl(pdl);
     const nstf_status st =
         nstf_gpu_gemv_fused(wt, dw.p(), norm ? nullptr : dxin.as<const uint16_t>(), dyb.p(), n_in, n_out, &f, nullptr);
@@ -374,12 +383,13 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     gh_note("outputs differing from the unfused kernels %zu of %lld (0 allowed), nonfinite=%zu", diff, (long long)n_y,
             bad);
     gh_free(dw); gh_free(dxr); gh_free(dnw); gh_free(dxin); gh_free(dxb); gh_free(dp); gh_free(dfr); gh_free(dtmp);
-    gh_free(dya); gh_free(dyb);
+    gh_free(dya); gh_free(dyb); gh_free(dff);
     gh_end();
 }
 
 static void gemv_fused_cases(void) {
-    for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1}) {
+    for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1,
+                         NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1}) {
         for (int pdl = 0; pdl < 2; pdl++) {
             /* SmolLM2 shapes: q 9 heads, k/v 3 heads of 64 */
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, pdl);
@@ -388,6 +398,9 @@ static void gemv_fused_cases(void) {
             test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 576, 0, 0, NSTF_ROPE_NORM, pdl);
             test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 1000, 0, 0, NSTF_ROPE_NORM, pdl);
         }
+        /* Llama 3.x RoPE frequency factors (rope_freqs.weight) */
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, true, true);
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 2048, 3072, 128, 2560, NSTF_ROPE_NEOX, false, true);
         /* head_dim 128, Llama-3 8B width; pairs that do not fill the last block */
         test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 1024, 128, 768, NSTF_ROPE_NORM, true);
         test_gemv_fused(wt, NSTF_GEMV_ROPE, false, 2048, 1024, 128, 768, NSTF_ROPE_NEOX, false);
@@ -398,6 +411,24 @@ static void gemv_fused_cases(void) {
         /* wide outputs: the bf16 kernel's 16-row blocks */
         test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 2048, 2 * 8200, 0, 0, NSTF_ROPE_NORM, true);
         test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 20001, 0, 0, NSTF_ROPE_NORM, false);
+    }
+    /* the super-block types with fused instances: Llama shapes (rows of
+     * whole super-blocks), head_dim 64 and 128, both RoPE layouts */
+    for (nstf_type wt : {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K}) {
+        for (int pdl = 0; pdl < 2; pdl++) {
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NEOX, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 512, 3072, 0, 0, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 576, 0, 0, NSTF_ROPE_NORM, pdl);
+            test_gemv_fused(wt, NSTF_GEMV_STORE, true, 512, 1000, 0, 0, NSTF_ROPE_NORM, pdl);
+        }
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 1024, 128, 768, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_ROPE, false, 2048, 1024, 128, 768, NSTF_ROPE_NEOX, false);
+        test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 4096, 2 * 100, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 14336, 33, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_ACCUM, true, 4096, 4096, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 2048, 2 * 8200, 0, 0, NSTF_ROPE_NORM, true);
+        test_gemv_fused(wt, NSTF_GEMV_STORE, true, 4096, 20001, 0, 0, NSTF_ROPE_NORM, false);
     }
     /* types and shapes it does not take are refused, not run */
     gh_buf dummy = gh_alloc(4096, nullptr);
@@ -417,6 +448,13 @@ static void gemv_fused_cases(void) {
     gh_begin("gemv_fused: norm prologue wider than staging refused");
     CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_BF16, dummy.p(), 40000, 1), "n_in 40000 said fusable");
     gh_note("n_in 40000");
+    gh_end();
+    gh_begin("gemv_fused: types without fused instances (Q2_K, IQ4_NL) refused");
+    CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_Q2_K, dummy.p(), 256, 0), "Q2_K said fusable");
+    CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_IQ4_NL, dummy.p(), 256, 0), "IQ4_NL said fusable");
+    gh_end();
+    gh_begin("gemv_fused: Q4_K weights less aligned than their blocks refused");
+    CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_Q4_K, (const unsigned char *)dummy.p() + 2, 256, 0), "said fusable");
     gh_end();
     gh_free(dummy);
 }
@@ -506,6 +544,24 @@ static void test_errors(void) {
     CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "n_in 33"), "status %d: %s", (int)st,
           nstf_last_error());
     gh_note("%s", nstf_last_error());
+    gh_end();
+    /* the new block types are read as wide as their blocks stay aligned:
+     * a less aligned matrix or table is refused before any launch */
+    gh_buf dev = gh_alloc(4096, nullptr);
+    unsigned char *d8 = dev.as<unsigned char>();
+    gh_begin("error: gemv Q4_K weights not 16-byte aligned");
+    st = nstf_gpu_gemv(NSTF_TYPE_Q4_K, d8 + 8, dev.as<const uint16_t>(), d8, NSTF_TYPE_F32, 1, 256, 4, nullptr);
+    CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
+          nstf_last_error());
+    gh_note("%s", nstf_last_error());
+    gh_end();
+    gh_begin("error: get_rows IQ4_XS table not 8-byte aligned");
+    st = nstf_gpu_get_rows(NSTF_TYPE_IQ4_XS, d8 + 4, 2, dev.as<const int32_t>(), d8, NSTF_TYPE_F32, 1, 256, nullptr);
+    CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "8-byte aligned"), "status %d: %s", (int)st,
+          nstf_last_error());
+    gh_note("%s", nstf_last_error());
+    gh_end();
+    gh_free(dev);
     gh_begin("error: GPU_CHECK records statement, file:line, device");
     char host[16];
     st = nstf_gpu_memcpy_d2h(host, (void *)(uintptr_t)0x10, sizeof host, nullptr);
@@ -522,11 +578,13 @@ int main(void) {
     gemv_cases();
     gemv_fused_cases();
     for (nstf_type t : k_wtypes) {
-        const bool q = is_quant(t);
+        const bool q = is_quant(t), sb = is_super(t);
         for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
-            test_get_rows(t, 50, 32, 1, ot);
-            test_get_rows(t, 50, q ? 96 : 100, 5, ot);
-            test_get_rows(t, 1000, 576, 9, ot);
+            test_get_rows(t, 50, sb ? 256 : 32, 1, ot);
+            test_get_rows(t, 50, sb ? 512 : q ? 96 : 100, 5, ot);
+            test_get_rows(t, 1000, sb ? 768 : 576, 9, ot);
+            /* prefill-sized: 300 rows of a 300-row table */
+            test_get_rows(t, 300, sb ? 1024 : 1056, 300, ot);
         }
         if (!q) test_get_rows(t, 10, 7, 4, NSTF_TYPE_F32);
     }

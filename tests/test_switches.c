@@ -8,7 +8,7 @@
  *  - nstf_switch_set parses each kind as documented and refuses what it
  *    must (bad values, string switches, unknown ids);
  *  - `nstf devices --verbose` lists every switch with its value, default and
- *    source, warns once on stderr about an invalid value, and plain
+ *    source (a secret's value as "(set)" only), warns once on stderr about an invalid value, and plain
  *    `nstf devices` does not list them (works with or without a GPU
  *    backend). */
 #define _GNU_SOURCE
@@ -207,6 +207,12 @@ static void check_cli(void) {
               line);
     if (listing_line("XDG_CACHE_HOME", line, sizeof line))
         CHECK(!strcmp(field(line, 1, f, sizeof f), "/nonexistent/cache"), "XDG_CACHE_HOME: %s", line);
+    /* a secret is read but never shown */
+    const char *key = nstf_switch_str(NSTF_SW_API_KEY);
+    CHECK(key && !strcmp(key, "sk-never-shown"), "NSTF_API_KEY: %s", key ? key : "(null)");
+    if (listing_line("NSTF_API_KEY", line, sizeof line))
+        CHECK(!strcmp(field(line, 1, f, sizeof f), "(set)"), "NSTF_API_KEY value: %s", line);
+    CHECK(!strstr(g_out, "sk-never-shown") && !strstr(g_err, "sk-never-shown"), "the API key is listed: %s", g_out);
     /* exactly one warning line, for the invalid value */
     CHECK(count_lines(g_err) == 1 && strstr(g_err, "NSTF_GEMV_ROWS='bogus'") && strstr(g_err, "auto|8|16|32"),
           "stderr: %s", g_err);
@@ -231,6 +237,7 @@ int main(void) {
     setenv("NSTF_GEMV_ROWS", "bogus", 1);
     setenv("NSTF_FD_EARLY", "", 1);
     setenv("XDG_CACHE_HOME", "/nonexistent/cache", 1);
+    setenv("NSTF_API_KEY", "sk-never-shown", 1);
 
     check_table();
     check_first_read();

@@ -38,6 +38,13 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t *out) {
 }
 
 bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out) {
+    double v;
+    if (!cli_parse_double(flag, s, min, max, &v)) return false;
+    *out = (float)v;
+    return true;
+}
+
+bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -49,7 +56,7 @@ bool cli_parse_float(const char *flag, const char *s, double min, double max, fl
         fprintf(stderr, "nstf: %s %g is out of range (%g..%g)\n", flag, v, min, max);
         return false;
     }
-    *out = (float)v;
+    *out = v;
     return true;
 }
 

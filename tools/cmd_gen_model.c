@@ -10,6 +10,7 @@
 
 #include "cli_util.h"
 #include "core/mem.h"
+#include "gen_model.h"
 #include "io/gguf.h"
 
 int cmd_gen_model(int argc, char **argv);
@@ -110,7 +111,9 @@ static nstf_status add_tokenizer(nstf_gguf_writer *w, int vocab) {
     return s;
 }
 
-static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64_t seed) {
+/* norm_std: the spread of the norm weights around 1 (0: exactly 1, the
+ * initialization of a model trained from scratch) */
+static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64_t seed, float norm_std) {
     g_rng ^= seed * 0x2545f4914f6cdd1dull;
     if (!g_rng) g_rng = 1;
     nstf_gguf_writer *w;
@@ -134,22 +137,29 @@ static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64
     for (int l = 0; s == NSTF_OK && l < sh->n_layers; l++) {
         char nm[64];
 #define T(x) (snprintf(nm, sizeof nm, "blk.%d." x ".weight", l), nm)
-        s = add_random(w, T("attn_norm"), NSTF_TYPE_F32, sh->dim, 0, 0.1f, 1.0f);
+        s = add_random(w, T("attn_norm"), NSTF_TYPE_F32, sh->dim, 0, norm_std, 1.0f);
         if (s == NSTF_OK) s = add_random(w, T("attn_q"), type, sh->dim, sh->dim, 0.02f, 0.0f);
         if (s == NSTF_OK) s = add_random(w, T("attn_k"), type, sh->dim, kv, 0.02f, 0.0f);
         if (s == NSTF_OK) s = add_random(w, T("attn_v"), type, sh->dim, kv, 0.02f, 0.0f);
         if (s == NSTF_OK) s = add_random(w, T("attn_output"), type, sh->dim, sh->dim, 0.02f, 0.0f);
-        if (s == NSTF_OK) s = add_random(w, T("ffn_norm"), NSTF_TYPE_F32, sh->dim, 0, 0.1f, 1.0f);
+        if (s == NSTF_OK) s = add_random(w, T("ffn_norm"), NSTF_TYPE_F32, sh->dim, 0, norm_std, 1.0f);
         if (s == NSTF_OK) s = add_random(w, T("ffn_gate"), type, sh->dim, sh->ffn, 0.02f, 0.0f);
         if (s == NSTF_OK) s = add_random(w, T("ffn_up"), type, sh->dim, sh->ffn, 0.02f, 0.0f);
         if (s == NSTF_OK) s = add_random(w, T("ffn_down"), type, sh->ffn, sh->dim, 0.02f, 0.0f);
 #undef T
     }
-    if (s == NSTF_OK) s = add_random(w, "output_norm.weight", NSTF_TYPE_F32, sh->dim, 0, 0.1f, 1.0f);
+    if (s == NSTF_OK) s = add_random(w, "output_norm.weight", NSTF_TYPE_F32, sh->dim, 0, norm_std, 1.0f);
     if (s == NSTF_OK && !sh->tied) s = add_random(w, "output.weight", type, sh->dim, sh->vocab, 0.02f, 0.0f);
     if (s == NSTF_OK) s = nstf_gguf_writer_write(w, path, 0);
     nstf_gguf_writer_free(w);
     return s;
+}
+
+nstf_status gen_model_file(const char *shape_name, nstf_type type, const char *path, uint64_t seed) {
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
+        if (!strcmp(k_shapes[i].name, shape_name)) return gen(&k_shapes[i], type, path, seed, 0.0f);
+    return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b)",
+                          shape_name);
 }
 
 int cmd_gen_model(int argc, char **argv) {
@@ -187,7 +197,7 @@ int cmd_gen_model(int argc, char **argv) {
         fprintf(stderr, "nstf gen-model: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1)\n", type_name);
         return 2;
     }
-    if (gen(sh, type, out, seed) != NSTF_OK) {
+    if (gen(sh, type, out, seed, 0.1f) != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
         return 1;
     }

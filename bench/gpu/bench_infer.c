@@ -11,6 +11,13 @@
  * reused as the source of every layer's upload (each layer still gets its
  * own device copy, so the GPU reads as much memory as with real weights),
  * and no tokenizer. This keeps the 16 GB of an 8B model off the disk.
+ * --type is any tensor type (every matrix that type) or a mix of `nstf
+ * quantize` (Q4_K_M, Q5_K_M: each matrix the type llama.cpp's rules give
+ * it, output Q6_K). The float types and the 32-element types Q8_0 .. Q5_1
+ * are quantized from the random values; the super-block types and IQ4_NL
+ * get random codes under fixed small scales (the reference quantizers'
+ * search would take minutes at 8B, and the timing does not depend on the
+ * values).
  *
  * --unfused times the level-3 decode on the unfused kernels (one graph of
  * ten kernels per layer) instead of the fused GEMVs, for before/after
@@ -34,6 +41,7 @@
 #include "io/gguf.h"
 #include "model/llama.h"
 #include "ops/gpu/gpu_api.h"
+#include "opt/quantize.h"
 
 typedef struct {
     const char *name;
@@ -55,12 +63,47 @@ static float urand(void) { /* uniform [-1, 1) */
     return (float)((g_rng * 2685821657736338717ull) >> 40) * (1.0f / 8388608.0f) - 1.0f;
 }
 
+/* Byte offsets of a block's fp16 scale fields (-1: none) for the types
+ * that get random codes, and the scale values: codes times scale stay in
+ * about the range of the quantized uniform values. */
+static void code_scales(nstf_type t, int off[2], float sc[2]) {
+    off[0] = off[1] = -1;
+    sc[0] = 2e-4f, sc[1] = 1e-4f;
+    switch (t) {
+    case NSTF_TYPE_Q2_K: off[0] = 80, off[1] = 82, sc[0] = 2e-3f, sc[1] = 1e-3f; break;
+    case NSTF_TYPE_Q3_K: off[0] = 108, sc[0] = 5e-4f; break;
+    case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: off[0] = 0, off[1] = 2; break;
+    case NSTF_TYPE_Q6_K: off[0] = 208, sc[0] = 2e-5f; break;
+    case NSTF_TYPE_IQ4_XS: off[0] = 0, sc[0] = 3e-5f; break;
+    case NSTF_TYPE_IQ4_NL: off[0] = 0, sc[0] = 3e-4f; break;
+    default: break;
+    }
+}
+
 static void *random_matrix(nstf_type t, int64_t n_in, int64_t n_out) {
     uint64_t rb;
     if (!nstf_type_row_bytes(t, n_in, &rb)) return NULL;
     uint8_t *d = malloc(rb * (uint64_t)n_out);
     float *row = malloc((size_t)n_in * sizeof(float));
     if (!d || !row) { free(d); free(row); return NULL; }
+    int off[2];
+    float sc[2];
+    code_scales(t, off, sc);
+    if (off[0] >= 0) { /* random codes, fixed scales */
+        const uint64_t bytes = rb * (uint64_t)n_out, bb = (uint64_t)nstf_type_block_bytes(t);
+        for (uint64_t i = 0; i < bytes; i++) {
+            g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
+            d[i] = (uint8_t)((g_rng * 2685821657736338717ull) >> 56);
+        }
+        for (uint64_t b = 0; b < bytes; b += bb)
+            for (int k = 0; k < 2; k++)
+                if (off[k] >= 0) {
+                    const uint16_t h = nstf_f32_to_fp16(sc[k]);
+                    memcpy(d + b + off[k], &h, 2);
+                }
+        free(row);
+        return d;
+    }
     const float a = 0.02f * sqrtf(3.0f); /* uniform with std 0.02 */
     for (int64_t r = 0; r < n_out; r++) {
         for (int64_t i = 0; i < n_in; i++) row[i] = a * urand();
@@ -75,9 +118,30 @@ static nstf_matrix mat(const void *d, nstf_type t, int64_t n_in, int64_t n_out) 
     return m;
 }
 
-/* A model in memory at shape sh; *blobs collects what to free. */
-static nstf_llama *synthetic(const shape *sh, nstf_type t, void **blobs) {
+/* Host copies of the random matrices, one per (role, type): a mix gives
+ * some layers' attn_v / ffn_down another type than the rest. */
+#define MAX_BLOBS 32
+typedef struct {
+    void *blob[MAX_BLOBS];
+    int role[MAX_BLOBS];
+    nstf_type type[MAX_BLOBS];
+    int n;
+} blob_set;
+
+static void *blob_for(blob_set *bs, int role, nstf_type t, int64_t n_in, int64_t n_out) {
+    for (int i = 0; i < bs->n; i++)
+        if (bs->role[i] == role && bs->type[i] == t) return bs->blob[i];
+    if (bs->n == MAX_BLOBS) return NULL;
+    bs->role[bs->n] = role;
+    bs->type[bs->n] = t;
+    return bs->blob[bs->n++] = random_matrix(t, n_in, n_out);
+}
+
+/* A model in memory at shape sh, every matrix of type `base` or, with a
+ * mix, the type nstf_quant_tensor_type gives it; bs collects what to free. */
+static nstf_llama *synthetic(const shape *sh, nstf_type base, const nstf_quant_target *mix, blob_set *bs) {
     nstf_llama *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
     nstf_llama_config *c = &m->cfg;
     c->n_layers = sh->n_layers;
     c->dim = sh->dim;
@@ -92,33 +156,42 @@ static nstf_llama *synthetic(const shape *sh, nstf_type t, void **blobs) {
     c->rope_mode = NSTF_ROPE_NORM;
     c->tied_output = sh->tied;
     const int64_t dim = c->dim, kvd = (int64_t)c->n_kv_heads * c->head_dim, ffn = c->ffn_dim;
-    int nb = 0;
-    void *embd = blobs[nb++] = random_matrix(t, dim, c->n_vocab);
-    void *wq = blobs[nb++] = random_matrix(t, dim, dim);
-    void *wk = blobs[nb++] = random_matrix(t, dim, kvd);
-    void *wv = blobs[nb++] = random_matrix(t, dim, kvd);
-    void *wo = blobs[nb++] = random_matrix(t, dim, dim);
-    void *wg = blobs[nb++] = random_matrix(t, dim, ffn);
-    void *wu = blobs[nb++] = random_matrix(t, dim, ffn);
-    void *wd = blobs[nb++] = random_matrix(t, ffn, dim);
-    float *norms = blobs[nb++] = malloc((size_t)dim * sizeof(float));
-    m->w.layers = blobs[nb++] = calloc((size_t)c->n_layers, sizeof *m->w.layers);
-    for (int i = 0; i < nb; i++)
-        if (!blobs[i]) return NULL;
+    /* roles: the GGUF names, their shapes */
+    static const char *const names[9] = {"token_embd.weight", "output.weight", "attn_q.weight", "attn_k.weight",
+                                         "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
+                                         "ffn_down.weight"};
+    const int64_t n_in[9] = {dim, dim, dim, dim, dim, dim, dim, dim, ffn};
+    const int64_t n_out[9] = {c->n_vocab, c->n_vocab, dim, kvd, kvd, dim, ffn, ffn, dim};
+    float *norms = malloc((size_t)dim * sizeof(float));
+    m->w.layers = calloc((size_t)c->n_layers, sizeof *m->w.layers);
+    bs->blob[bs->n] = norms, bs->role[bs->n] = -1, bs->n++;
+    bs->blob[bs->n] = m->w.layers, bs->role[bs->n] = -1, bs->n++;
+    if (!norms || !m->w.layers) return NULL;
     for (int64_t i = 0; i < dim; i++) norms[i] = 1.0f;
-    m->w.tok_embd = mat(embd, t, dim, c->n_vocab);
-    m->w.output = mat(embd, t, dim, c->n_vocab); /* untied: uploaded as a second copy */
-    m->w.out_norm = norms;
-    for (int l = 0; l < c->n_layers; l++) {
+    nstf_matrix w[9];
+    for (int l = -1; l < c->n_layers; l++) {
+        for (int r = l < 0 ? 0 : 2; r < (l < 0 ? 2 : 9); r++) {
+            char name[64];
+            if (l < 0) snprintf(name, sizeof name, "%s", names[r]);
+            else snprintf(name, sizeof name, "blk.%d.%s", l, names[r]);
+            /* an untied model's embedding is not the output (the output rule skips it) */
+            const nstf_type t =
+                mix ? nstf_quant_tensor_type(mix, name, 2, n_in[r], NSTF_TYPE_F32, !sh->tied, c->n_layers) : base;
+            /* the output reuses the embedding's host copy when they share a type */
+            void *d = r == 1 && t == w[0].type ? (void *)w[0].data : blob_for(bs, r, t, n_in[r], n_out[r]);
+            if (!d) return NULL;
+            w[r] = mat(d, t, n_in[r], n_out[r]);
+        }
+        if (l < 0) { /* tied: the embedding is the output (a mix gives it the output's type) */
+            m->w.tok_embd = w[0];
+            m->w.output = sh->tied ? w[0] : w[1]; /* untied: uploaded as a second copy */
+            m->w.out_norm = norms;
+            continue;
+        }
         nstf_llama_layer *L = &m->w.layers[l];
         L->attn_norm = L->ffn_norm = norms;
-        L->wq = mat(wq, t, dim, dim);
-        L->wk = mat(wk, t, dim, kvd);
-        L->wv = mat(wv, t, dim, kvd);
-        L->wo = mat(wo, t, dim, dim);
-        L->w_gate = mat(wg, t, dim, ffn);
-        L->w_up = mat(wu, t, dim, ffn);
-        L->w_down = mat(wd, t, ffn, dim);
+        L->wq = w[2], L->wk = w[3], L->wv = w[4], L->wo = w[5];
+        L->w_gate = w[6], L->w_up = w[7], L->w_down = w[8];
     }
     return m;
 }
@@ -162,7 +235,7 @@ int main(int argc, char **argv) {
     printf("%s\n", line);
 
     nstf_llama *m = NULL;
-    void *blobs[16] = {0};
+    blob_set bs = {0};
     nstf_gguf *gf = NULL;
     const char *label;
     if (model) {
@@ -172,10 +245,16 @@ int main(int argc, char **argv) {
         const shape *sh = NULL;
         for (size_t i = 0; i < sizeof k_shapes / sizeof *k_shapes; i++)
             if (!strcmp(k_shapes[i].name, shape_name)) sh = &k_shapes[i];
-        nstf_type t;
+        nstf_type t = NSTF_TYPE_F32;
+        nstf_quant_target mix;
+        bool mix_on = false;
         if (!sh) DIE("unknown shape %s", shape_name);
-        if (!nstf_type_from_name(type_name, &t)) DIE("unknown type %s", type_name);
-        m = synthetic(sh, t, blobs);
+        if (!nstf_type_from_name(type_name, &t)) {
+            if (!nstf_quant_target_parse(type_name, &mix) || mix.mix == NSTF_QMIX_PLAIN)
+                DIE("unknown type %s (a tensor type, or %s)", type_name, nstf_quant_target_list());
+            mix_on = true;
+        }
+        m = synthetic(sh, t, mix_on ? &mix : NULL, &bs);
         if (!m) DIE("out of host memory building %s", shape_name);
         label = shape_name;
     }
@@ -200,7 +279,7 @@ int main(int argc, char **argv) {
     (void)nstf_gpu_set_pdl(1); /* what the library makes of a request for PDL (NSTF_PDL=0 refuses it) */
     const bool pdl = nstf_gpu_set_pdl(0) != 0;
     printf("%s (%s): %d layers, dim %d, %.2f GiB on the device, upload %.1f s; PDL %s\n", label,
-           nstf_type_name(m->w.layers[0].wq.type), m->cfg.n_layers, m->cfg.dim,
+           model ? nstf_type_name(m->w.layers[0].wq.type) : type_name, m->cfg.n_layers, m->cfg.dim,
            (double)(g->wbytes + g->s.block_bytes) / (1u << 30), t1 - t0, !unfused && pdl ? "on (sm_90)" : "off");
 
     if (be->vt->marks_reserve(be, 2) != NSTF_OK) DIE("%s", nstf_last_error());
@@ -255,7 +334,7 @@ int main(int argc, char **argv) {
     if (model) {
         nstf_llama_free(m);
     } else {
-        for (int i = 0; i < 16; i++) free(blobs[i]);
+        for (int i = 0; i < bs.n; i++) free(bs.blob[i]);
         free(m);
     }
     return 0;

@@ -151,14 +151,19 @@ def records(name, fast, lines):
         lines.append(f"chat {name} {r.encode().hex()}")
 
 
-def main():
-    out = sys.argv[1]
-    torch.manual_seed(0)
-    lines = [
-        "# made by scripts/ref/make_hf_tiny.py",
+def header(script):
+    """The first lines of a reference file: its maker and the versions used."""
+    return [
+        f"# made by scripts/ref/{script}",
         f"# python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"tokenizers {tokenizers.__version__}, safetensors {safetensors.__version__}, numpy {np.__version__}",
     ]
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    lines = header("make_hf_tiny.py")
 
     # --- tokenizers
     smol_pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),

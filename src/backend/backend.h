@@ -24,7 +24,9 @@
  *
  * Batches may hold several sequences (seq slots of the KV cache), one
  * token each or more: the interface is the same for prefill, decode and
- * batched decode; a backend that cannot run a batch says so (error).
+ * batched decode, and for a continuous batch mixing prefill chunks of some
+ * sequences with the decode of others (rows: the logits wanted; blocks: a
+ * paged KV cache). A backend that cannot run a batch says so (error).
  *
  * Profiling: the forward dispatches every op through nstf_backend_op(),
  * which calls the hooks a profiler installed (prof/ never reaches into a
@@ -42,19 +44,27 @@
 typedef struct nstf_backend nstf_backend;
 
 /* One forward's batch, on the host: token t of sequence seq[t] sits at
- * position pos[t]. */
+ * position pos[t]. The last two members are optional (zero: unused):
+ *  - rows: the logits wanted are those of these rows, in this order (one
+ *    per sequence that samples, in a batch mixing prefill and decode);
+ *  - blocks: the block table of a paged KV cache (a run made with
+ *    nstf_llama_run_create_paged needs one, no other run takes one). */
 typedef struct nstf_batch {
     const int32_t *tokens; /* [n] */
     const int32_t *pos;    /* [n] */
     const int32_t *seq;    /* [n] sequence slots, or NULL: all 0 */
     int n;
     bool all_logits;       /* logits of every token (else of the last one) */
-    bool argmax;           /* also compute the greedy token of the last row */
+    bool argmax;           /* also compute the greedy token of the last row (of rows) */
+    const int32_t *rows;   /* [n_rows] rows whose logits are wanted, or NULL */
+    int n_rows;
+    const int32_t *blocks; /* [n_seq, n_ctx / kv_block] cache block of each sequence's positions */
 } nstf_batch;
 
 /* The batch in backend memory, for the ops (begin fills it). */
 typedef struct nstf_batch_io {
     const int32_t *ids, *pos, *seq;
+    const int32_t *rows, *blocks; /* NULL when the batch has none */
 } nstf_batch_io;
 
 /* What end() copies to the host. */
@@ -79,6 +89,10 @@ typedef struct nstf_backend_plan {
     int n_mats;
     nstf_type embed_type, output_type; /* of the embedding table and the output matrix
                                           (F32 for a stage without them) */
+    /* a paged KV cache: kv_blocks blocks of kv_block positions shared by
+     * the sequences through block tables (0: each sequence has n_ctx
+     * contiguous positions) */
+    int kv_block, kv_blocks;
 } nstf_backend_plan;
 
 typedef struct nstf_backend_mem {

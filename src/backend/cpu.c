@@ -3,7 +3,8 @@
  *
  * It fuses nothing (can_fuse says no), so the forward runs every op on its
  * own, in the order of the reference forward. Activations are fp32 and
- * the KV cache is fp32 [seq][position][kv_head][head_dim]; a matmul
+ * the KV cache is fp32 [seq][position][kv_head][head_dim], or paged
+ * ([block][row][kv_head][head_dim] through the batch's block table); a matmul
  * group's outputs are planes (matrix i's [n, n_out_i] after the ones
  * before it). Weights stay in the file's mapping (host_memory). */
 #include <stdio.h>
@@ -12,6 +13,8 @@
 #include "backend/backend.h"
 #include "core/mem.h"
 #include "core/clock.h"
+#include "ops/backward.h"
+#include "ops/optim.h"
 
 typedef struct cpu_backend {
     nstf_backend base;
@@ -20,6 +23,8 @@ typedef struct cpu_backend {
     uint64_t *marks;
     int n_marks;
     int64_t n_ops;
+    float *tscratch; /* the training ops' scratch, grown on first need */
+    int64_t tscratch_n;
 } cpu_backend;
 
 static cpu_backend *cpu_of(nstf_backend *be) { return (cpu_backend *)be; }
@@ -66,6 +71,7 @@ static void cpu_mem(const nstf_backend *be, nstf_backend_mem *out) {
 static void cpu_destroy(nstf_backend *be) {
     cpu_backend *c = cpu_of(be);
     nstf_cpu_release(&c->cpu);
+    nstf_free(c->tscratch);
     nstf_pool_free(c->pool);
     nstf_free(c->marks);
     nstf_free(c);
@@ -113,6 +119,8 @@ static nstf_status cpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     io->ids = b->tokens;
     io->pos = b->pos;
     io->seq = b->seq;
+    io->rows = b->rows;
+    io->blocks = b->blocks;
     *replayed = false;
     return NSTF_OK;
 }
@@ -181,27 +189,36 @@ static nstf_status op_rope(nstf_backend *be, const nstf_op_args *a) {
     if (!dense(a->rope.q, (int64_t)r->n_heads * r->head_dim) ||
         (r->n_kv_heads > 0 && !dense(a->rope.k, (int64_t)r->n_kv_heads * r->head_dim)))
         return layout_error(a);
-    nstf_cpu_rope(cpu, a->rope.q.data, r->pos, a->rope.n, r->n_heads, r->head_dim, r->base, r->mode);
-    if (r->n_kv_heads > 0) nstf_cpu_rope(cpu, a->rope.k.data, r->pos, a->rope.n, r->n_kv_heads, r->head_dim, r->base, r->mode);
+    nstf_cpu_rope_ff(cpu, a->rope.q.data, r->pos, a->rope.n, r->n_heads, r->head_dim, r->base, r->freq_factors, r->mode);
+    if (r->n_kv_heads > 0)
+        nstf_cpu_rope_ff(cpu, a->rope.k.data, r->pos, a->rope.n, r->n_kv_heads, r->head_dim, r->base, r->freq_factors,
+                         r->mode);
     return NSTF_OK;
 }
 
 /* The batch's K and V rows go into the cache of their sequence at their
- * positions; then each run of one sequence at consecutive positions
- * attends as one causal block. */
+ * positions (through the block table when the cache is paged); then each
+ * run of one sequence at consecutive positions attends as one causal
+ * block. */
 static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
     nstf_cpu *cpu = &cpu_of(be)->cpu;
     const int hd = a->attention.head_dim;
     const int64_t n = a->attention.n, n_ctx = a->attention.n_ctx, qd = (int64_t)a->attention.n_heads * hd,
                   kvd = (int64_t)a->attention.n_kv_heads * hd;
-    const int32_t *pos = a->attention.pos, *seq = a->attention.seq;
+    const int32_t *pos = a->attention.pos, *seq = a->attention.seq, *blocks = a->attention.blocks;
+    const int bs = a->attention.block_size;
+    if (blocks && (bs < 1 || n_ctx % bs != 0))
+        return nstf_set_error(NSTF_ERR_INTERNAL, "CPU backend: paged attention with block size %d over %lld positions",
+                              bs, (long long)n_ctx);
+    const int64_t bps = blocks ? n_ctx / bs : 0; /* blocks per sequence */
     if (!dense(a->attention.q, qd) || !dense(a->attention.k, kvd) || !dense(a->attention.v, kvd) ||
         !dense(a->attention.out, qd))
         return layout_error(a);
     const float *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
     float *kc = a->attention.k_cache, *vc = a->attention.v_cache, *out = a->attention.out.data;
     for (int64_t t = 0; t < n; t++) {
-        const int64_t row = ((seq ? seq[t] : 0) * n_ctx + pos[t]) * kvd;
+        const int64_t s = seq ? seq[t] : 0;
+        const int64_t row = (blocks ? (int64_t)blocks[s * bps + pos[t] / bs] * bs + pos[t] % bs : s * n_ctx + pos[t]) * kvd;
         memcpy(kc + row, k + t * kvd, (size_t)kvd * sizeof(float));
         memcpy(vc + row, v + t * kvd, (size_t)kvd * sizeof(float));
     }
@@ -210,8 +227,18 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
         int64_t t1 = t0 + 1;
         while (t1 < n && (seq ? seq[t1] : 0) == s && pos[t1] == pos[t1 - 1] + 1) t1++;
         const int64_t base = (int64_t)s * n_ctx * kvd;
-        nstf_cpu_attention(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
-                           a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale);
+        if (blocks)
+            nstf_cpu_attention_paged(cpu, q + t0 * qd, kc, vc, blocks + s * bps, bs, out + t0 * qd, t1 - t0, pos[t0],
+                                     a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
+                                     a->attention.window);
+        else if (a->attention.lse)
+            nstf_cpu_attention_lse(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd,
+                                   a->attention.lse + t0 * a->attention.n_heads, t1 - t0, pos[t0],
+                                   a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale);
+        else
+            nstf_cpu_attention_sw(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
+                                  a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
+                                  a->attention.window);
         t0 = t1;
     }
     return NSTF_OK;
@@ -228,6 +255,155 @@ static nstf_status op_argmax(nstf_backend *be, const nstf_op_args *a) {
     if (!dense(a->argmax.x, a->argmax.n)) return layout_error(a);
     nstf_cpu_argmax(&cpu_of(be)->cpu, a->argmax.x.data, a->argmax.out, a->argmax.n_rows, a->argmax.n);
     return NSTF_OK;
+}
+
+static nstf_status op_bias(nstf_backend *be, const nstf_op_args *a) {
+    if (!dense(a->bias.x, a->bias.width)) return layout_error(a);
+    nstf_cpu_bias(&cpu_of(be)->cpu, a->bias.x.data, a->bias.b, a->bias.n, a->bias.width);
+    return NSTF_OK;
+}
+
+static nstf_status op_head_norm(nstf_backend *be, const nstf_op_args *a) {
+    nstf_cpu *cpu = &cpu_of(be)->cpu;
+    const int hd = a->head_norm.head_dim, nh = a->head_norm.n_heads, nkv = a->head_norm.n_kv_heads;
+    if (!dense(a->head_norm.q, (int64_t)nh * hd) || (nkv > 0 && !dense(a->head_norm.k, (int64_t)nkv * hd)))
+        return layout_error(a);
+    nstf_cpu_head_norm(cpu, a->head_norm.q.data, a->head_norm.wq, a->head_norm.n * nh, hd, a->head_norm.eps);
+    if (nkv > 0)
+        nstf_cpu_head_norm(cpu, a->head_norm.k.data, a->head_norm.wk, a->head_norm.n * nkv, hd, a->head_norm.eps);
+    return NSTF_OK;
+}
+
+/* ---- training ops ------------------------------------------------------------------------- */
+
+/* The training ops' scratch: at least n floats, kept (grown on first need,
+ * so a step allocates only while its shapes are new). */
+static float *tscratch(cpu_backend *c, int64_t n) {
+    if (n <= c->tscratch_n) return c->tscratch;
+    float *p = nstf_calloc((size_t)n, sizeof(float), "CPU training scratch");
+    if (!p) return NULL;
+    nstf_free(c->tscratch);
+    c->tscratch = p;
+    c->tscratch_n = n;
+    return p;
+}
+
+static nstf_status op_get_rows_bwd(nstf_backend *be, const nstf_op_args *a) {
+    if (!dense(a->get_rows_bwd.dout, a->get_rows_bwd.dim)) return layout_error(a);
+    nstf_cpu_get_rows_bwd(&cpu_of(be)->cpu, a->get_rows_bwd.ids, a->get_rows_bwd.dout.data, a->get_rows_bwd.dtable,
+                          a->get_rows_bwd.n, a->get_rows_bwd.dim);
+    return NSTF_OK;
+}
+
+static nstf_status op_rmsnorm_bwd(nstf_backend *be, const nstf_op_args *a) {
+    cpu_backend *c = cpu_of(be);
+    const int64_t n = a->rmsnorm_bwd.n, dim = a->rmsnorm_bwd.dim;
+    const nstf_view xa = a->rmsnorm_bwd.dx_act;
+    if (xa.data && xa.data != a->rmsnorm_bwd.dx && !dense(xa, dim)) return layout_error(a);
+    float *work = tscratch(c, n);
+    if (!work) return NSTF_ERR_OOM;
+    nstf_cpu_rmsnorm_bwd(&c->cpu, a->rmsnorm_bwd.x, a->rmsnorm_bwd.w, a->rmsnorm_bwd.dy, a->rmsnorm_bwd.dx,
+                         a->rmsnorm_bwd.dw, n, dim, a->rmsnorm_bwd.eps, work);
+    if (xa.data && xa.data != a->rmsnorm_bwd.dx) memcpy(xa.data, a->rmsnorm_bwd.dx, (size_t)(n * dim) * sizeof(float));
+    return NSTF_OK;
+}
+
+static nstf_status op_rope_bwd(nstf_backend *be, const nstf_op_args *a) {
+    nstf_cpu *cpu = &cpu_of(be)->cpu;
+    const nstf_rope_args *r = &a->rope_bwd.r;
+    if (!dense(a->rope_bwd.q, (int64_t)r->n_heads * r->head_dim) ||
+        (r->n_kv_heads > 0 && !dense(a->rope_bwd.k, (int64_t)r->n_kv_heads * r->head_dim)))
+        return layout_error(a);
+    nstf_cpu_rope_bwd(cpu, a->rope_bwd.q.data, r->pos, a->rope_bwd.n, r->n_heads, r->head_dim, r->base, r->mode);
+    if (r->n_kv_heads > 0)
+        nstf_cpu_rope_bwd(cpu, a->rope_bwd.k.data, r->pos, a->rope_bwd.n, r->n_kv_heads, r->head_dim, r->base, r->mode);
+    return NSTF_OK;
+}
+
+static nstf_status op_attention_bwd(nstf_backend *be, const nstf_op_args *a) {
+    const int hd = a->attention_bwd.head_dim;
+    const int64_t qd = (int64_t)a->attention_bwd.n_heads * hd, kvd = (int64_t)a->attention_bwd.n_kv_heads * hd;
+    if (!dense(a->attention_bwd.q, qd) || !dense(a->attention_bwd.out, qd) || !dense(a->attention_bwd.dout, qd) ||
+        !dense(a->attention_bwd.dq, qd) || !dense(a->attention_bwd.k, kvd) || !dense(a->attention_bwd.v, kvd) ||
+        !dense(a->attention_bwd.dk, kvd) || !dense(a->attention_bwd.dv, kvd))
+        return layout_error(a);
+    nstf_cpu_attention_bwd(&cpu_of(be)->cpu, a->attention_bwd.q.data, a->attention_bwd.k.data, a->attention_bwd.v.data,
+                           a->attention_bwd.out.data, a->attention_bwd.dout.data, a->attention_bwd.lse,
+                           a->attention_bwd.dq.data, a->attention_bwd.dk.data, a->attention_bwd.dv.data,
+                           a->attention_bwd.n, a->attention_bwd.pos0, a->attention_bwd.n_heads,
+                           a->attention_bwd.n_kv_heads, hd, a->attention_bwd.scale);
+    return NSTF_OK;
+}
+
+static nstf_status op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
+    const int64_t f = a->swiglu_bwd.n_ff;
+    if (!dense(a->swiglu_bwd.gate, f) || !dense(a->swiglu_bwd.up, f) || !dense(a->swiglu_bwd.dy, f) ||
+        !dense(a->swiglu_bwd.dgate, f) || !dense(a->swiglu_bwd.dup, f))
+        return layout_error(a);
+    nstf_cpu_swiglu_bwd(&cpu_of(be)->cpu, a->swiglu_bwd.gate.data, a->swiglu_bwd.up.data, a->swiglu_bwd.dy.data,
+                        a->swiglu_bwd.dgate.data, a->swiglu_bwd.dup.data, a->swiglu_bwd.n * f);
+    return NSTF_OK;
+}
+
+/* A matrix that is not fp32 (a frozen, possibly quantized base) is
+ * dequantized into the scratch first, row by row. */
+static nstf_status op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
+    cpu_backend *c = cpu_of(be);
+    const nstf_matrix *w = a->matmul_bwd_x.w;
+    if (!dense(a->matmul_bwd_x.dy, w->n_out) || !dense(a->matmul_bwd_x.dx, w->n_in)) return layout_error(a);
+    const float *wf = w->data;
+    if (w->type != NSTF_TYPE_F32) {
+        uint64_t rb = 0;
+        float *d = nstf_type_row_bytes(w->type, w->n_in, &rb) ? tscratch(c, w->n_in * w->n_out) : NULL;
+        if (!d) return nstf_set_error(NSTF_ERR_OOM, "CPU backend: no room to dequantize a %lld x %lld matrix",
+                                      (long long)w->n_out, (long long)w->n_in);
+        for (int64_t o = 0; o < w->n_out; o++)
+            nstf_dequantize_row(w->type, (const unsigned char *)w->data + (uint64_t)o * rb, d + o * w->n_in, w->n_in);
+        wf = d;
+    }
+    nstf_cpu_matmul_bwd_x(&c->cpu, wf, a->matmul_bwd_x.dy.data, a->matmul_bwd_x.dx.data, a->matmul_bwd_x.n, w->n_in,
+                          w->n_out, a->matmul_bwd_x.acc);
+    return NSTF_OK;
+}
+
+static nstf_status op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
+    if (!dense(a->matmul_bwd_w.x, a->matmul_bwd_w.n_in) || !dense(a->matmul_bwd_w.dy, a->matmul_bwd_w.n_out))
+        return layout_error(a);
+    nstf_cpu_matmul_bwd_w(&cpu_of(be)->cpu, a->matmul_bwd_w.x.data, a->matmul_bwd_w.dy.data, a->matmul_bwd_w.dw,
+                          a->matmul_bwd_w.n, a->matmul_bwd_w.n_in, a->matmul_bwd_w.n_out);
+    return NSTF_OK;
+}
+
+static nstf_status op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
+    cpu_backend *c = cpu_of(be);
+    const nstf_matrix *w = a->cross_entropy.w;
+    if (w->type != NSTF_TYPE_F32)
+        return nstf_set_error(NSTF_ERR_INTERNAL, "CPU backend: cross-entropy over a %s output matrix (wants F32)",
+                              nstf_type_name(w->type));
+    if (!dense(a->cross_entropy.h, w->n_in)) return layout_error(a);
+    int64_t n_valid = 0;
+    NSTF_TRY(nstf_ce_count(a->cross_entropy.targets, a->cross_entropy.n, w->n_out, a->cross_entropy.ignore_index,
+                           &n_valid));
+    float *work = tscratch(c, nstf_cpu_cross_entropy_work(a->cross_entropy.n, w->n_in, w->n_out));
+    if (!work) return NSTF_ERR_OOM;
+    *a->cross_entropy.loss = nstf_cpu_cross_entropy(&c->cpu, a->cross_entropy.h.data, w->data, a->cross_entropy.targets,
+                                                    a->cross_entropy.ignore_index, a->cross_entropy.n_norm,
+                                                    a->cross_entropy.lse, a->cross_entropy.dh, a->cross_entropy.dw,
+                                                    a->cross_entropy.n, w->n_in, w->n_out, work);
+    return NSTF_OK;
+}
+
+static nstf_status op_adamw(nstf_backend *be, const nstf_op_args *a) {
+    if (a->adamw.w_copy.data && a->adamw.w_copy.data != a->adamw.w)
+        return nstf_set_error(NSTF_ERR_INTERNAL, "CPU backend: AdamW keeps no compute copy (the fp32 weights are it)");
+    nstf_cpu_adamw(&cpu_of(be)->cpu, a->adamw.p, a->adamw.step, a->adamw.grad_scale, a->adamw.tensors,
+                   a->adamw.n_tensors, a->adamw.w, a->adamw.grad, a->adamw.m, a->adamw.v);
+    return NSTF_OK;
+}
+
+static nstf_status op_grad_norm(nstf_backend *be, const nstf_op_args *a) {
+    return nstf_cpu_grad_norm(&cpu_of(be)->cpu, a->grad_norm.tensors, a->grad_norm.n_tensors, a->grad_norm.grad,
+                              a->grad_norm.sq, a->grad_norm.norm);
 }
 
 static nstf_status op_matmul_lr(nstf_backend *be, const nstf_op_args *a) {
@@ -253,6 +429,18 @@ COUNTED(rope)
 COUNTED(attention)
 COUNTED(swiglu)
 COUNTED(argmax)
+COUNTED(bias)
+COUNTED(head_norm)
+COUNTED(get_rows_bwd)
+COUNTED(rmsnorm_bwd)
+COUNTED(rope_bwd)
+COUNTED(attention_bwd)
+COUNTED(swiglu_bwd)
+COUNTED(matmul_bwd_x)
+COUNTED(matmul_bwd_w)
+COUNTED(cross_entropy)
+COUNTED(adamw)
+COUNTED(grad_norm)
 COUNTED(matmul_lr)
 
 /* ---- options, marks ---------------------------------------------------------------------- */

@@ -99,6 +99,7 @@ static void gpu_destroy(nstf_backend *be) {
     for (int i = 0; i < g->n_evs; i++) nstf_gpu_event_destroy(g->evs[i]);
     nstf_free(g->evs);
     (void)nstf_gpu_free(g->scores);
+    (void)nstf_gpu_free(g->tscratch);
     (void)nstf_gpu_free(g->ws);
     if (g->stream) (void)nstf_gpu_stream_destroy(g->stream);
     nstf_free(g);
@@ -113,8 +114,9 @@ static bool round_up(uint64_t v, uint64_t *out) {
 /* The workspace's size table; with base also carve the pointers. */
 static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     const uint64_t B = (uint64_t)g->n_batch;
-    uint64_t s[8], off[8], at = 0;
-    bool ok = nstf_mul_ok(g->wtmp_elems, 2, &s[4]);
+    uint64_t s[11], off[11], at = 0;
+    bool ok = nstf_mul_ok(g->wtmp_elems, 2, &s[4]) &&
+              nstf_mul_ok((uint64_t)g->n_seq * 4, g->kv_block ? (uint64_t)(g->n_ctx / g->kv_block) : 0, &s[10]);
     s[0] = B * 4;                            /* ids */
     s[1] = B * 4;                            /* pos */
     s[2] = 16;                               /* dio */
@@ -122,7 +124,9 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     s[5] = g->am_bytes;
     s[6] = g->fd_bytes;
     s[7] = (uint64_t)g->head_dim * 4;        /* rope_freqs */
-    for (int i = 0; ok && i < 8; i++) {
+    s[8] = B * 4;                            /* seq */
+    s[9] = B * 4;                            /* rows */
+    for (int i = 0; ok && i < 11; i++) {
         uint64_t r;
         off[i] = at;
         ok = round_up(s[i], &r) && nstf_add_ok(at, r, &at);
@@ -138,14 +142,24 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     g->am_scratch = base + off[5];
     g->fd_scratch = base + off[6];
     g->rope_freqs = (float *)(base + off[7]);
+    g->seq = (int32_t *)(base + off[8]);
+    g->rows = (int32_t *)(base + off[9]);
+    g->blocks = g->kv_block ? (int32_t *)(base + off[10]) : NULL;
     return NSTF_OK;
 }
 
 /* The weight types the GEMV, the GEMM's dequantization and the embedding
- * gather take. */
+ * gather take: every type of core/dtype.h. */
 static bool weight_type_ok(nstf_type t) {
-    return t == NSTF_TYPE_F32 || t == NSTF_TYPE_F16 || t == NSTF_TYPE_BF16 || t == NSTF_TYPE_Q8_0 ||
-           t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1;
+    switch (t) {
+    case NSTF_TYPE_F32: case NSTF_TYPE_F16: case NSTF_TYPE_BF16:
+    case NSTF_TYPE_Q8_0: case NSTF_TYPE_Q4_0: case NSTF_TYPE_Q4_1: case NSTF_TYPE_Q5_0: case NSTF_TYPE_Q5_1:
+    case NSTF_TYPE_IQ4_NL:
+    case NSTF_TYPE_Q2_K: case NSTF_TYPE_Q3_K: case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: case NSTF_TYPE_Q6_K:
+    case NSTF_TYPE_IQ4_XS:
+        return true;
+    }
+    return false;
 }
 
 static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64_t *ws) {
@@ -154,8 +168,7 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
         const nstf_type t = i == -2 ? p->embed_type : i == -1 ? p->output_type : p->mats[i].type;
         if (!weight_type_ok(t))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "the GPU backend has no kernels for %s weights yet (it takes F32, F16, BF16, Q8_0, "
-                                  "Q4_0, Q4_1); run on the CPU (--device cpu)",
+                                  "the GPU backend has no kernels for %s weights; run on the CPU (--device cpu)",
                                   nstf_type_name(t));
     }
     if (p->head_dim != 64 && p->head_dim != 128)
@@ -163,8 +176,14 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
     if (p->n_heads / p->n_kv_heads > 16)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU decode supports up to 16 query heads per kv head, not %d",
                               p->n_heads / p->n_kv_heads);
-    if (p->n_seq != 1)
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "the GPU backend runs one sequence (asked for %d)", p->n_seq);
+    if (p->n_seq != 1 && p->kv_block == 0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "the GPU backend runs several sequences over a paged KV cache only (asked for %d "
+                              "contiguous ones)",
+                              p->n_seq);
+    g->n_seq = p->n_seq;
+    g->kv_block = p->kv_block;
+    g->kv_blocks = p->kv_blocks;
     g->dim = p->dim;
     g->n_heads = p->n_heads;
     g->n_kv_heads = p->n_kv_heads;
@@ -241,17 +260,38 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     gpu_backend *g = gpu_of(be);
     const int n = b->n;
     *replayed = false;
-    for (int t = 0; t < n; t++)
-        if ((b->seq && b->seq[t] != 0) || b->pos[t] != b->pos[0] + t)
-            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "the GPU backend runs one sequence at consecutive positions per forward");
+    if (b->blocks && !g->kv_block) /* (the forward checks that a paged run gets a table) */
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "GPU backend: a block table for a contiguous KV cache");
+    if (!b->blocks)
+        for (int t = 0; t < n; t++)
+            if ((b->seq && b->seq[t] != 0) || b->pos[t] != b->pos[0] + t)
+                return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                      "the GPU backend runs one sequence at consecutive positions per forward without "
+                                      "a paged KV cache");
     NSTF_TRY(nstf_gpu_set_device(g->dev));
     g->pos0 = b->pos[0];
-    g->decode_step = n == 1 && g->level >= 2;
+    /* a continuous batch (paged), or one that picks its logits rows, runs
+     * plainly: no device-position decode step, no graph, no fused GEMVs */
+    g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows;
     g->graph_used = false;
     g->unfused = 0;
     io->seq = NULL;
-    if (n == 1) {
+    io->rows = NULL;
+    io->blocks = NULL;
+    if (b->blocks) {
+        const size_t tbl = (size_t)g->n_seq * (size_t)(g->n_ctx / g->kv_block) * sizeof(int32_t);
+        NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->blocks, b->blocks, tbl, g->stream));
+        io->blocks = g->blocks;
+        if (b->seq) {
+            NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->seq, b->seq, (size_t)n * sizeof(int32_t), g->stream));
+            io->seq = g->seq;
+        }
+    }
+    if (b->rows) {
+        NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->rows, b->rows, (size_t)b->n_rows * sizeof(int32_t), g->stream));
+        io->rows = g->rows;
+    }
+    if (n == 1 && !b->blocks) {
         int32_t d[2] = {b->tokens[0], b->pos[0]};
         NSTF_TRY(nstf_gpu_memcpy_h2d_async(g->dio, d, sizeof d, g->stream));
         io->ids = g->dio;

@@ -37,12 +37,15 @@ typedef struct gpu_backend {
     nstf_gpu_info info;
     /* the model's shape (plan) */
     int dim, n_heads, n_kv_heads, head_dim, n_vocab, n_ctx, n_batch;
+    int n_seq, kv_block, kv_blocks; /* paged KV cache: sequences, positions per block, blocks (0: contiguous) */
     float rope_base;
     /* workspace: one allocation carved by a size table (prepare) */
     void *ws;
     uint64_t ws_bytes;
     int32_t *ids, *pos; /* [n_batch] the batch of a prefill */
     int32_t *dio;       /* the decode step's {token, position} */
+    int32_t *seq, *rows; /* [n_batch] a continuous batch's sequence slots, the rows whose logits it wants */
+    int32_t *blocks;    /* [n_seq, n_ctx / kv_block] the block tables of a paged cache */
     int32_t *rowids;    /* 0..n_rowids-1, to dequantize a matrix through get_rows */
     int64_t n_rowids;
     uint16_t *wtmp;     /* bf16 copy of one dequantized matrix (NULL: every layer matrix is bf16) */
@@ -69,6 +72,9 @@ typedef struct gpu_backend {
     /* time marks */
     void **evs;
     int n_evs;
+    /* the training ops' scratch (gpu_ops.c), grown on first need */
+    void *tscratch;
+    size_t tscratch_bytes;
 } gpu_backend;
 
 static inline gpu_backend *gpu_of(nstf_backend *be) { return (gpu_backend *)be; }

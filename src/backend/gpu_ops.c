@@ -20,6 +20,8 @@
 #include <math.h>
 
 #include "backend/gpu.h"
+#include "core/mem.h"
+#include "ops/optim.h"
 
 /* ---- layouts ---------------------------------------------------------------------- */
 
@@ -96,6 +98,7 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         f.rope_mode = a->matmul.rope.mode;
         f.pos = a->matmul.rope.pos;
         f.rope_freqs = g->rope_freqs;
+        f.rope_factors = a->matmul.rope.freq_factors;
         break;
     case NSTF_MM_SWIGLU:
         f.epi = NSTF_GEMV_SWIGLU;
@@ -109,6 +112,13 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
+    /* the fused GEMVs have no bias or per-head norm (Qwen): the ops then run apart */
+    bool extras = a->matmul.q_norm != NULL;
+    for (int i = 0; i < a->matmul.n_w; i++) extras = extras || a->matmul.bias[i] != NULL;
+    if (extras) {
+        g->unfused++;
+        return false;
+    }
     nstf_matrix w = *a->matmul.w[0];
     const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
     bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
@@ -179,7 +189,7 @@ nstf_status nstf_gpu_op_rope(nstf_backend *be, const nstf_op_args *a) {
     const nstf_rope_args *r = &a->rope.r;
     g->n_kernels++;
     return nstf_gpu_rope_strided(a->rope.q.data, a->rope.q.stride, a->rope.k.data, a->rope.k.stride, r->pos, a->rope.n,
-                                 r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->mode, g->stream);
+                                 r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->freq_factors, r->mode, g->stream);
 }
 
 /* Materialized attention (L0: QK^T, scale + mask, softmax, PV; L1: the
@@ -205,16 +215,39 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
     g->n_kernels += g->level == 0 ? 4 : 3;
     NSTF_TRY(nstf_gpu_attn_scores(q, a->attention.q.stride, kc, g->scores, n, n_kv, nh, nkv, hd, s));
     if (g->level == 0) {
-        NSTF_TRY(nstf_gpu_scale_mask(g->scores, nh, n, n_kv, pos0, a->attention.scale, s));
-        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, 1.0f, 0, s));
+        NSTF_TRY(nstf_gpu_scale_mask(g->scores, nh, n, n_kv, pos0, a->attention.scale, a->attention.window, s));
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, 1.0f, 0, 0, s));
     } else {
-        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, a->attention.scale, 1, s));
+        NSTF_TRY(nstf_gpu_softmax_rows(g->scores, nh, n, n_kv, pos0, a->attention.scale, 1, a->attention.window, s));
     }
     return nstf_gpu_attn_pv(g->scores, vc, a->attention.out.data, a->attention.out.stride, n, n_kv, nh, nkv, hd, s);
 }
 
 nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->attention.blocks) { /* a continuous batch: every token its own sequence and position, at every level */
+        g->n_kernels += 2;
+        return nstf_gpu_paged_attention(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                        a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                        a->attention.k_cache, a->attention.v_cache, a->attention.out.data,
+                                        a->attention.out.stride, a->attention.pos, a->attention.seq,
+                                        a->attention.blocks, a->attention.n, a->attention.n_ctx, g->n_seq,
+                                        a->attention.block_size, g->kv_blocks, a->attention.n_heads,
+                                        a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
+                                        a->attention.window, g->stream);
+    }
+    if (a->attention.lse) { /* the training forward: one sequence at pos0.., lse saved */
+        if (a->attention.seq || a->attention.pos0 < 0)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "GPU backend: attention with lse runs one sequence at consecutive positions");
+        g->n_kernels++;
+        return nstf_gpu_flash_attn_lse(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                       a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                       a->attention.k_cache, a->attention.v_cache, a->attention.out.data,
+                                       a->attention.out.stride, a->attention.lse, a->attention.n, a->attention.pos0,
+                                       a->attention.n_ctx, a->attention.n_heads, a->attention.n_kv_heads,
+                                       a->attention.head_dim, a->attention.scale, g->stream);
+    }
     if (a->attention.seq || a->attention.pos0 != g->pos0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "GPU backend: attention runs one sequence at consecutive positions per forward");
@@ -227,14 +260,14 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                           a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, 1,
                                           a->attention.pos, g->bound, a->attention.n_ctx, a->attention.n_heads,
                                           a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
-                                          g->fd_scratch, g->fd_bytes, g->stream);
+                                          a->attention.window, g->fd_scratch, g->fd_bytes, g->stream);
     }
     g->n_kernels++;
-    return nstf_gpu_flash_attn(a->attention.q.data, a->attention.q.stride, a->attention.k.data, a->attention.k.stride,
-                               a->attention.v.data, a->attention.v.stride, a->attention.k_cache, a->attention.v_cache,
-                               a->attention.out.data, qd, a->attention.n, g->pos0, a->attention.n_ctx,
-                               a->attention.n_heads, a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
-                               g->stream);
+    return nstf_gpu_flash_attn_sw(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                  a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                  a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, a->attention.n,
+                                  g->pos0, a->attention.n_ctx, a->attention.n_heads, a->attention.n_kv_heads,
+                                  a->attention.head_dim, a->attention.scale, a->attention.window, g->stream);
 }
 
 /* One token or planes: elementwise; rows of gate | up (one GEMM): by rows. */
@@ -252,6 +285,229 @@ nstf_status nstf_gpu_op_argmax(nstf_backend *be, const nstf_op_args *a) {
     g->n_kernels += 2;
     return nstf_gpu_argmax(a->argmax.x.data, a->argmax.x.type, a->argmax.out, a->argmax.n_rows, a->argmax.n,
                            g->am_scratch, g->stream);
+}
+
+/* A projection's bias (Qwen2) on the rows of one matrix of a group. */
+nstf_status nstf_gpu_op_bias(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels++;
+    return nstf_gpu_bias(a->bias.x.data, a->bias.x.stride, a->bias.b, a->bias.n, a->bias.width, g->stream);
+}
+
+/* Per-head RMSNorm of q and k (Qwen3), one kernel for both. */
+nstf_status nstf_gpu_op_head_norm(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    g->n_kernels++;
+    return nstf_gpu_head_norm(a->head_norm.q.data, a->head_norm.q.stride, a->head_norm.k.data, a->head_norm.k.stride,
+                              a->head_norm.wq, a->head_norm.wk, a->head_norm.n, a->head_norm.n_heads,
+                              a->head_norm.n_kv_heads, a->head_norm.head_dim, a->head_norm.eps, g->stream);
+}
+
+/* ---- training ops -------------------------------------------------------------------------- */
+
+/* The training ops' scratch: at least `bytes`, kept (grown on first need;
+ * the stream is drained before an older, smaller buffer is freed). */
+static void *tscratch(gpu_backend *g, size_t bytes) {
+    if (bytes <= g->tscratch_bytes) return g->tscratch;
+    if (g->tscratch && (nstf_gpu_stream_sync(g->stream) != NSTF_OK || nstf_gpu_free(g->tscratch) != NSTF_OK))
+        return NULL;
+    g->tscratch = NULL;
+    g->tscratch_bytes = 0;
+    if (nstf_gpu_malloc(&g->tscratch, bytes) != NSTF_OK) return NULL;
+    g->tscratch_bytes = bytes;
+    return g->tscratch;
+}
+
+static nstf_status no_scratch(const nstf_op_args *a, size_t bytes) {
+    return nstf_set_error(NSTF_ERR_OOM, "GPU backend: %s: no room for %.1f MiB of scratch", nstf_op_name(a->op),
+                          (double)bytes / (1 << 20));
+}
+
+static nstf_status need_bf16(const nstf_op_args *a, nstf_view v) {
+    if (v.type == NSTF_TYPE_BF16) return NSTF_OK;
+    return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: %s (%s): operands must be bf16 rows", nstf_op_name(a->op),
+                          a->label ? a->label : "?");
+}
+
+nstf_status nstf_gpu_op_get_rows_bwd(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->get_rows_bwd.dout.type != NSTF_TYPE_F32)
+        return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: get_rows_bwd: dout must be F32");
+    g->n_kernels++;
+    return nstf_gpu_get_rows_bwd(a->get_rows_bwd.ids, a->get_rows_bwd.dout.data, a->get_rows_bwd.dout.stride,
+                                 a->get_rows_bwd.dtable, a->get_rows_bwd.n, a->get_rows_bwd.dim, g->stream);
+}
+
+nstf_status nstf_gpu_op_rmsnorm_bwd(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const int64_t n = a->rmsnorm_bwd.n, dim = a->rmsnorm_bwd.dim;
+    const nstf_view xa = a->rmsnorm_bwd.dx_act;
+    if (xa.data) NSTF_TRY(need_bf16(a, xa));
+    const size_t sb = a->rmsnorm_bwd.dw ? nstf_gpu_rmsnorm_bwd_scratch_bytes(n, dim) : 0;
+    void *scr = sb ? tscratch(g, sb) : NULL;
+    if (sb && !scr) return no_scratch(a, sb);
+    g->n_kernels += a->rmsnorm_bwd.dw ? 3 : 1;
+    return nstf_gpu_rmsnorm_bwd(a->rmsnorm_bwd.x, a->rmsnorm_bwd.w, a->rmsnorm_bwd.dy, a->rmsnorm_bwd.dx,
+                                a->rmsnorm_bwd.dw, xa.data, xa.data ? xa.stride : 0, n, dim, a->rmsnorm_bwd.eps, scr, sb,
+                                g->stream);
+}
+
+nstf_status nstf_gpu_op_rope_bwd(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_rope_args *r = &a->rope_bwd.r;
+    g->n_kernels++;
+    return nstf_gpu_rope_bwd(a->rope_bwd.q.data, a->rope_bwd.q.stride, a->rope_bwd.k.data, a->rope_bwd.k.stride, r->pos,
+                             a->rope_bwd.n, r->n_heads, r->n_kv_heads, r->head_dim, r->base, r->mode, g->stream);
+}
+
+nstf_status nstf_gpu_op_attention_bwd(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_view *v[] = {&a->attention_bwd.q,    &a->attention_bwd.k,  &a->attention_bwd.v,
+                            &a->attention_bwd.out,  &a->attention_bwd.dout, &a->attention_bwd.dq,
+                            &a->attention_bwd.dk,   &a->attention_bwd.dv};
+    for (int i = 0; i < 8; i++) NSTF_TRY(need_bf16(a, *v[i]));
+    const size_t sb = nstf_gpu_flash_attn_bwd_scratch_bytes(a->attention_bwd.n, a->attention_bwd.n_heads);
+    void *scr = tscratch(g, sb);
+    if (!scr) return no_scratch(a, sb);
+    g->n_kernels += 3;
+    return nstf_gpu_flash_attn_bwd(a->attention_bwd.q.data, a->attention_bwd.q.stride, a->attention_bwd.k.data,
+                                   a->attention_bwd.k.stride, a->attention_bwd.v.data, a->attention_bwd.v.stride,
+                                   a->attention_bwd.out.data, a->attention_bwd.out.stride, a->attention_bwd.dout.data,
+                                   a->attention_bwd.dout.stride, a->attention_bwd.lse, a->attention_bwd.dq.data,
+                                   a->attention_bwd.dq.stride, a->attention_bwd.dk.data, a->attention_bwd.dk.stride,
+                                   a->attention_bwd.dv.data, a->attention_bwd.dv.stride, a->attention_bwd.n,
+                                   a->attention_bwd.pos0, a->attention_bwd.n_heads, a->attention_bwd.n_kv_heads,
+                                   a->attention_bwd.head_dim, a->attention_bwd.scale, scr, sb, g->stream);
+}
+
+nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_view *v[] = {&a->swiglu_bwd.gate, &a->swiglu_bwd.up, &a->swiglu_bwd.dy, &a->swiglu_bwd.dgate,
+                            &a->swiglu_bwd.dup};
+    for (int i = 0; i < 5; i++) NSTF_TRY(need_bf16(a, *v[i]));
+    g->n_kernels++;
+    return nstf_gpu_swiglu_bwd(a->swiglu_bwd.gate.data, a->swiglu_bwd.gate.stride, a->swiglu_bwd.up.data,
+                               a->swiglu_bwd.up.stride, a->swiglu_bwd.dy.data, a->swiglu_bwd.dy.stride,
+                               a->swiglu_bwd.dgate.data, a->swiglu_bwd.dgate.stride, a->swiglu_bwd.dup.data,
+                               a->swiglu_bwd.dup.stride, a->swiglu_bwd.n, a->swiglu_bwd.n_ff, g->stream);
+}
+
+/* A matrix not stored bf16 (a frozen, quantized base) is dequantized into
+ * the workspace first, as the forward's GEMM path does. */
+nstf_status nstf_gpu_op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_matrix *w = a->matmul_bwd_x.w;
+    NSTF_TRY(need_bf16(a, a->matmul_bwd_x.dy));
+    const uint16_t *wb = w->data;
+    if (w->type != NSTF_TYPE_BF16) {
+        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "GPU backend: %s: a %s matrix of %lld x %lld is larger than the planned "
+                                  "dequantization buffer",
+                                  a->label ? a->label : "matmul_bwd_x", nstf_type_name(w->type), (long long)w->n_out,
+                                  (long long)w->n_in);
+        g->n_kernels++;
+        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, g->rowids, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
+                                   g->stream));
+        wb = g->wtmp;
+    }
+    g->n_kernels++;
+    return nstf_gpu_matmul_bwd_x(wb, a->matmul_bwd_x.dy.data, a->matmul_bwd_x.dy.stride, a->matmul_bwd_x.dx.data,
+                                 a->matmul_bwd_x.dx.type, a->matmul_bwd_x.dx.stride, a->matmul_bwd_x.n, w->n_in,
+                                 w->n_out, a->matmul_bwd_x.acc, g->stream);
+}
+
+nstf_status nstf_gpu_op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    NSTF_TRY(need_bf16(a, a->matmul_bwd_w.x));
+    NSTF_TRY(need_bf16(a, a->matmul_bwd_w.dy));
+    g->n_kernels++;
+    return nstf_gpu_matmul_bwd_w(a->matmul_bwd_w.x.data, a->matmul_bwd_w.x.stride, a->matmul_bwd_w.dy.data,
+                                 a->matmul_bwd_w.dy.stride, a->matmul_bwd_w.dw, a->matmul_bwd_w.n, a->matmul_bwd_w.n_in,
+                                 a->matmul_bwd_w.n_out, g->stream);
+}
+
+/* Logits chunks of at most CE_CHUNK_BYTES (fp32 logits + bf16 gradient). */
+#define CE_CHUNK_BYTES ((size_t)256 << 20)
+
+nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_matrix *w = a->cross_entropy.w;
+    const int64_t n = a->cross_entropy.n, dim = w->n_in, vocab = w->n_out;
+    if (w->type != NSTF_TYPE_BF16 || a->cross_entropy.h.stride != dim)
+        return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: cross-entropy wants a bf16 output matrix and dense rows");
+    NSTF_TRY(need_bf16(a, a->cross_entropy.h));
+    double n_norm = a->cross_entropy.n_norm;
+    if (n_norm <= 0) { /* this call's count of targets */
+        int32_t *t = nstf_alloc((size_t)n * sizeof(int32_t), "targets");
+        if (!t) return NSTF_ERR_OOM;
+        int64_t nv = 0;
+        nstf_status st = nstf_gpu_memcpy_d2h(t, a->cross_entropy.targets, (size_t)n * sizeof(int32_t), g->stream);
+        for (int64_t i = 0; st == NSTF_OK && i < n; i++) nv += t[i] != a->cross_entropy.ignore_index;
+        nstf_free(t);
+        NSTF_TRY(st);
+        if (nv == 0) { /* no target: loss 0, zero gradients (the CPU's contract) */
+            const double zero = 0;
+            NSTF_TRY(nstf_gpu_memset(a->cross_entropy.dh, 0, (size_t)n * (size_t)dim * sizeof(float), g->stream));
+            if (a->cross_entropy.lse) NSTF_TRY(nstf_gpu_memset(a->cross_entropy.lse, 0, (size_t)n * sizeof(float), g->stream));
+            return nstf_gpu_memcpy_h2d(a->cross_entropy.loss, &zero, sizeof zero, g->stream);
+        }
+        n_norm = (double)nv;
+    }
+    int64_t chunk = (int64_t)(CE_CHUNK_BYTES / (6 * (size_t)n)) / 8 * 8;
+    if (chunk < 64) chunk = 64;
+    if (chunk > vocab) chunk = vocab;
+    const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, chunk);
+    void *scr = tscratch(g, sb);
+    if (!scr) return no_scratch(a, sb);
+    g->n_kernels += 4 + 5 * ((vocab + chunk - 1) / chunk);
+    return nstf_gpu_cross_entropy(a->cross_entropy.h.data, w->data, a->cross_entropy.targets,
+                                  a->cross_entropy.ignore_index, n_norm, a->cross_entropy.lse, a->cross_entropy.dh,
+                                  a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, scr, sb, g->stream);
+}
+
+nstf_status nstf_gpu_op_adamw(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->adamw.w_copy.data) NSTF_TRY(need_bf16(a, a->adamw.w_copy));
+    g->n_kernels += 2;
+    return nstf_gpu_adamw(a->adamw.p, a->adamw.step, a->adamw.grad_scale, a->adamw.tensors, a->adamw.n_tensors,
+                          a->adamw.w, a->adamw.grad, a->adamw.m, a->adamw.v, a->adamw.w_copy.data, g->stream);
+}
+
+/* The per-tensor sums on the device; a non-finite one is named as on the
+ * CPU (nstf_cpu_grad_norm on a host copy of that tensor finds the element). */
+nstf_status nstf_gpu_op_grad_norm(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const struct nstf_param_tensor *t = a->grad_norm.tensors;
+    const int nt = a->grad_norm.n_tensors;
+    const size_t sb = nstf_gpu_grad_norm_scratch_bytes(t, nt);
+    void *scr = tscratch(g, sb);
+    if (!scr) return no_scratch(a, sb);
+    g->n_kernels += 2;
+    NSTF_TRY(nstf_gpu_grad_norm(t, nt, a->grad_norm.grad, a->grad_norm.sq, scr, sb, g->stream));
+    double total = 0;
+    int bad = -1;
+    for (int i = 0; i < nt; i++) {
+        if (!isfinite(a->grad_norm.sq[i]) && bad < 0) bad = i;
+        total += a->grad_norm.sq[i];
+    }
+    *a->grad_norm.norm = sqrt(total);
+    if (bad < 0) return NSTF_OK;
+    float *h = nstf_alloc((size_t)t[bad].n * sizeof(float), "gradient copy");
+    if (!h) return NSTF_ERR_OOM;
+    nstf_status st = nstf_gpu_memcpy_d2h(h, a->grad_norm.grad + t[bad].offset, (size_t)t[bad].n * sizeof(float), g->stream);
+    if (st == NSTF_OK) {
+        nstf_param_tensor one = t[bad];
+        double norm1 = 0;
+        one.offset = 0;
+        st = nstf_cpu_grad_norm(NULL, &one, 1, h, NULL, &norm1);
+        if (st == NSTF_OK) /* the sum overflowed though every element is finite */
+            st = nstf_set_error(NSTF_ERR_RANGE, "gradient of %s is not finite: its sum of squares overflows",
+                                t[bad].name ? t[bad].name : "(unnamed tensor)");
+    }
+    nstf_free(h);
+    *a->grad_norm.norm = NAN;
+    return st;
 }
 
 /* A matrix stored as low-rank factors: two matmuls through a bf16

@@ -40,10 +40,15 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_CPU_ISA] = {"NSTF_CPU_ISA", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, cpu_isa_choices,
                          "CPU matmul tiles at most this instruction set (auto: the best the CPU has, chosen by "
                          "cpuid; a higher one than the CPU has is ignored)"},
+    [NSTF_SW_CKPT_STALL_MS] = {"NSTF_CKPT_STALL_MS", NSTF_SWITCH_INT, 0, 0, 600000, NULL,
+                               "milliseconds a training checkpoint write sleeps mid-way through the weights (0: none; "
+                               "for the tests that kill a run mid-write)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                       "home folder: the roofline cache is ~/.cache/nstf/roofline.json without XDG_CACHE_HOME"},
+    [NSTF_SW_API_KEY] = {"NSTF_API_KEY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
+                         "the bearer token nstf serve asks of every request (--api-key overrides)", 1},
 };
 _Static_assert(sizeof g_defs / sizeof g_defs[0] == NSTF_SW_COUNT, "one registry row per nstf_switch_id");
 
@@ -170,7 +175,7 @@ void nstf_switch_format(nstf_switch_id id, int value, char *buf, size_t cap) {
         return;
     case NSTF_SWITCH_STR: {
         const char *s = nstf_switch_str(id);
-        snprintf(buf, cap, "%s", s ? s : "");
+        snprintf(buf, cap, "%s", !s ? "" : d->secret ? "(set)" : s);
         return;
     }
     }

@@ -3,7 +3,8 @@
  * values and a one-line description. Two sorts live here: the kernel-variant
  * switches for measurement (NSTF_GEMM, NSTF_PDL, ...; their defaults are what
  * the figures in docs/PERFORMANCE.md use) and the plain reads of the
- * environment (HOME, XDG_CACHE_HOME for the roofline cache).
+ * environment (HOME, XDG_CACHE_HOME for the roofline cache, NSTF_API_KEY
+ * for the server).
  *
  * Rules:
  *  - The environment is read once per process, on the first use of any
@@ -49,8 +50,10 @@ typedef enum {
     NSTF_SW_FD_EARLY,       /* bool: 1 flash decode loads its first cache tile before the PDL wait */
     NSTF_SW_GEMV_ROWS,      /* enum: AUTO, 8, 16 or 32 rows per block of the fused bf16 GEMV */
     NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 avx2, 2 avx512: a cap on the CPU matmul tiles */
+    NSTF_SW_CKPT_STALL_MS,  /* int: ms a checkpoint write sleeps mid-way (fault-injection tests) */
     NSTF_SW_XDG_CACHE_HOME, /* string: cache folder (roofline cache) */
     NSTF_SW_HOME,           /* string: home folder (roofline cache without XDG_CACHE_HOME) */
+    NSTF_SW_API_KEY,        /* string, secret: the bearer token `nstf serve` asks for (--api-key wins) */
     NSTF_SW_COUNT
 } nstf_switch_id;
 
@@ -77,6 +80,7 @@ typedef struct {
     int min, max;                      /* int: accepted range ("auto" is also accepted when def < min) */
     const nstf_switch_choice *choices; /* enum: the names, ended by a NULL name */
     const char *desc;                  /* one line: what it changes */
+    int secret;                        /* string: its value is never shown ("(set)" in listings) */
 } nstf_switch_def;
 
 /* The registry row of `id` (NULL for an id out of range). */
@@ -93,7 +97,7 @@ nstf_switch_source nstf_switch_source_of(nstf_switch_id id);
 const char *nstf_switch_source_name(nstf_switch_source s); /* "default", "environment", ... */
 
 /* `value` of switch `id` as text ("auto", "mma", "1", "4096"); the current
- * value of a string switch ("" when unset). Writes at most cap bytes. */
+ * value of a string switch ("" when unset; "(set)" for a secret one). Writes at most cap bytes. */
 void nstf_switch_format(nstf_switch_id id, int value, char *buf, size_t cap);
 /* The current value as text. */
 void nstf_switch_value_text(nstf_switch_id id, char *buf, size_t cap);

@@ -8,9 +8,21 @@
  *            that message is lifted from the template and inserted too.
  *   Llama-3  "<|start_header_id|>" <|start_header_id|>{role}<|end_header_id|>\n\n
  *                                  {trimmed content}<|eot_id|>
- *   Llama-2  "[INST]"              [INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]
- *                                  {assistant}</s><s>[INST] ...
- * No template at all renders plain ChatML. The rendered text has no BOS. */
+ *   Mistral  "[INST]" and "[SYSTEM_PROMPT]" (v7), "' [INST] ' + system_message"
+ *            (v1) or "[AVAILABLE_TOOLS]" (v3; v3-tekken when it writes
+ *            "[INST]" unspaced), llama.cpp's detection and renderings:
+ *            v1  " [INST] {sys}\n\n{user} [/INST] {assistant}</s>"
+ *            v3  "[INST] {sys}\n\n{user}[/INST] {trimmed assistant}</s>"
+ *            v3-tekken "[INST]{sys}\n\n{user}[/INST]{assistant}</s>"
+ *            v7  "[SYSTEM_PROMPT] {sys}[/SYSTEM_PROMPT][INST] {user}[/INST] {assistant}</s>"
+ *            (the system prompt opens the first turn, where llama.cpp puts it)
+ *   Llama-2  other "[INST]"        [INST] <<SYS>>\n{sys}\n<</SYS>>\n\n{user} [/INST]
+ *                                  {assistant}</s><s>[INST] ... (Mistral 7B v0.1/v0.2's
+ *                                  template is this family without <<SYS>>)
+ * ChatML's default system message: SmolLM2 writes it when messages[0] is
+ * not a system message, Qwen2.5 in the else of "== 'system'"; Qwen3 has
+ * none. No template at all renders plain ChatML. The rendered text has no
+ * BOS. */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +65,8 @@ static void sb_trimmed(sbuf *b, const char *s) {
 static char *chatml_default_system(const char *tmpl) {
     if (!strstr(tmpl, "messages[0]['role'] != 'system'") &&
         !strstr(tmpl, "messages[0][\"role\"] != \"system\"") &&
-        !strstr(tmpl, "messages[0].role != 'system'"))
+        !strstr(tmpl, "messages[0].role != 'system'") && !strstr(tmpl, "messages[0]['role'] == 'system'") &&
+        !strstr(tmpl, "messages[0].role == 'system'"))
         return NULL;
     /* the first occurrence whose text up to <|im_end|> is a plain literal */
     static const char *const heads[] = {"<|im_start|>system\n", "<|im_start|>system\\n"};
@@ -157,6 +170,58 @@ static nstf_status render_llama2(sbuf *b, const char *tmpl, const nstf_chat_msg 
     return NSTF_OK;
 }
 
+typedef enum { MISTRAL_V1, MISTRAL_V3, MISTRAL_V3_TEKKEN, MISTRAL_V7 } mistral_kind;
+
+/* llama.cpp's Mistral renderings (llm_chat_apply_template); the
+ * generation prompt is implicit after [/INST]. */
+static nstf_status render_mistral(sbuf *b, mistral_kind k, const nstf_chat_msg *msgs, int n) {
+    if (k == MISTRAL_V7) {
+        for (int i = 0; i < n; i++) {
+            const char *role = msgs[i].role;
+            if (!strcmp(role, "system")) {
+                sb_puts(b, "[SYSTEM_PROMPT] ");
+                sb_puts(b, msgs[i].content);
+                sb_puts(b, "[/SYSTEM_PROMPT]");
+            } else if (!strcmp(role, "user")) {
+                sb_puts(b, "[INST] ");
+                sb_puts(b, msgs[i].content);
+                sb_puts(b, "[/INST]");
+            } else {
+                sb_puts(b, " ");
+                sb_puts(b, msgs[i].content);
+                sb_puts(b, "</s>");
+            }
+        }
+        return NSTF_OK;
+    }
+    const char *lead = k == MISTRAL_V1 ? " " : "", *trail = k == MISTRAL_V3_TEKKEN ? "" : " ";
+    bool inside = false;
+    for (int i = 0; i < n; i++) {
+        if (!inside) {
+            sb_puts(b, lead);
+            sb_puts(b, "[INST]");
+            sb_puts(b, trail);
+            inside = true;
+        }
+        const char *role = msgs[i].role;
+        if (!strcmp(role, "system")) {
+            sb_puts(b, msgs[i].content);
+            sb_puts(b, "\n\n");
+        } else if (!strcmp(role, "user")) {
+            sb_puts(b, msgs[i].content);
+            sb_puts(b, lead);
+            sb_puts(b, "[/INST]");
+        } else {
+            sb_puts(b, trail);
+            if (k == MISTRAL_V3) sb_trimmed(b, msgs[i].content);
+            else sb_puts(b, msgs[i].content);
+            sb_puts(b, "</s>");
+            inside = false;
+        }
+    }
+    return NSTF_OK;
+}
+
 nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
                                       bool add_generation_prompt, char **out) {
     if (!out || n_msgs < 0 || (n_msgs > 0 && !msgs))
@@ -172,12 +237,17 @@ nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msg
         render_chatml(&b, tmpl, msgs, n_msgs, add_generation_prompt);
     else if (strstr(tmpl, "<|start_header_id|>"))
         render_llama3(&b, msgs, n_msgs, add_generation_prompt);
+    else if (strstr(tmpl, "[INST]") && strstr(tmpl, "[SYSTEM_PROMPT]"))
+        render_mistral(&b, MISTRAL_V7, msgs, n_msgs);
+    else if (strstr(tmpl, "[INST]") && (strstr(tmpl, "' [INST] ' + system_message") || strstr(tmpl, "[AVAILABLE_TOOLS]")))
+        render_mistral(&b, strstr(tmpl, " [INST]") ? MISTRAL_V1 : strstr(tmpl, "\"[INST]\"") ? MISTRAL_V3_TEKKEN : MISTRAL_V3,
+                       msgs, n_msgs);
     else if (strstr(tmpl, "[INST]"))
         render_llama2(&b, tmpl, msgs, n_msgs);
     else {
         free(b.p);
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                              "chat template not recognised (ChatML, Llama-3 and Llama-2 are supported): "
+                              "chat template not recognised (ChatML, Llama-3, Mistral and Llama-2 are supported): "
                               "\"%.60s%s\"", tmpl, strlen(tmpl) > 60 ? "..." : "");
     }
     if (b.oom) {

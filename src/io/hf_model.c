@@ -1,9 +1,11 @@
-/* hf_model.c — an HF Llama model folder as a GGUF view (see hf_model.h),
- * and nstf_model_file_open, which opens a GGUF file or such a folder.
+/* hf_model.c — an HF model folder of an architecture of the table
+ * (model/arch.h: Llama, Mistral, Qwen2, Qwen3) as a GGUF view (see
+ * hf_model.h), and nstf_model_file_open, which opens a GGUF file or such a
+ * folder.
  *
- * Owns: config.json -> general.* / llama.* key/values (the keys and
- * defaults of llama.cpp's converter and of transformers' LlamaConfig), the
- * HF -> GGUF tensor name map, the view's tensor table over the safetensors
+ * Owns: config.json -> general.* / <arch>.* key/values (the keys and
+ * defaults of llama.cpp's converter and of transformers' configs), the HF
+ * -> GGUF tensor name map, the view's tensor table over the safetensors
  * mappings, and the rope_freqs.weight factors of rope_scaling "llama3". */
 #include "io/hf_model.h"
 
@@ -16,6 +18,7 @@
 #include "core/mem.h"
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "model/arch.h"
 
 typedef unsigned long long ull;
 
@@ -40,11 +43,20 @@ char *nstf_path_join(const char *dir, const char *name) {
 
 typedef struct {
     const char *path; /* config.json */
+    const nstf_arch *arch;
     int64_t n_layers, dim, n_heads, n_kv_heads, ffn, n_ctx, n_vocab, head_dim;
+    int64_t window;    /* sliding window (Mistral), 0: none */
     bool head_dim_given, tied;
+    bool bias, qk_norm; /* QKV biases (Qwen2), per-head q/k norms (Qwen3) */
     double rope_theta, norm_eps;
     const cJSON *rope_scaling; /* NULL when absent or null */
 } hf_config;
+
+/* "<arch>.<suffix>": the key of the view's architecture */
+static const char *akey(const hf_config *c, const char *suffix, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s.%s", c->arch->gguf, suffix);
+    return buf;
+}
 
 /* An integer member: absent -> dflt (or an error if dflt < 0). */
 static nstf_status cfg_int(const cJSON *cfg, const char *path, const char *key, int64_t dflt, int64_t *out) {
@@ -79,11 +91,15 @@ static nstf_status read_config(const cJSON *cfg, hf_config *c) {
     const char *mt = nstf_json_str(cfg, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
     const char *arch = cJSON_IsArray(archs) && cJSON_IsString(archs->child) ? archs->child->valuestring : NULL;
-    if (!mt || strcmp(mt, "llama") != 0 || (arch && strcmp(arch, "LlamaForCausalLM") != 0))
+    c->arch = nstf_arch_by_hf(mt);
+    if (!c->arch || (arch && strcmp(arch, c->arch->hf_class) != 0)) {
+        char names[128];
+        nstf_arch_names(true, names, sizeof names);
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                              "%s: model_type \"%.40s\" (%.60s) is not supported (supported: llama, "
-                              "LlamaForCausalLM)",
-                              p, mt ? mt : "missing", arch ? arch : "no architectures");
+                              "%s: model_type \"%.40s\" (%.60s) is not supported (supported: %s, each as its "
+                              "...ForCausalLM)",
+                              p, mt ? mt : "missing", arch ? arch : "no architectures", names);
+    }
     NSTF_TRY(cfg_int(cfg, p, "num_hidden_layers", -1, &c->n_layers));
     NSTF_TRY(cfg_int(cfg, p, "hidden_size", -1, &c->dim));
     NSTF_TRY(cfg_int(cfg, p, "num_attention_heads", -1, &c->n_heads));
@@ -105,9 +121,19 @@ static nstf_status read_config(const cJSON *cfg, hf_config *c) {
     NSTF_TRY(cfg_num(cfg, p, "rms_norm_eps", 1e-6, &c->norm_eps));
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings");
     c->tied = cJSON_IsTrue(tie);
+    /* Qwen2 always has Q/K/V biases (and none on O); attention_bias of the
+     * others puts one on O as well, which no architecture here has */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "attention_bias")) ||
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "mlp_bias")))
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: attention_bias / mlp_bias is not supported", p);
+    c->bias = c->arch->qkv_bias == NSTF_ARCH_REQUIRED;
+    c->qk_norm = c->arch->qk_norm == NSTF_ARCH_REQUIRED;
+    c->window = 0;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "use_sliding_window")))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "%s: use_sliding_window (a window on the layers past max_window_layers) is not supported",
+                              p);
+    if (c->arch->window) NSTF_TRY(cfg_int(cfg, p, "sliding_window", 0, &c->window));
     const char *act = nstf_json_str(cfg, "hidden_act");
     if (act && strcmp(act, "silu") != 0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: hidden_act \"%.32s\" is not supported (silu is)", p, act);
@@ -116,10 +142,11 @@ static nstf_status read_config(const cJSON *cfg, hf_config *c) {
     return NSTF_OK;
 }
 
-/* rope_scaling: "linear" -> llama.rope.scaling.*; "llama3" -> the
+/* rope_scaling: "linear" -> <arch>.rope.scaling.*; "llama3" -> the
  * frequency factors llama.cpp's converter stores as rope_freqs.weight
  * (*freqs, head_dim / 2 floats, malloc'd); anything else unsupported. */
 static nstf_status rope_scaling(const hf_config *c, nstf_gguf_writer *w, float **freqs) {
+    char key[96];
     *freqs = NULL;
     const cJSON *rs = c->rope_scaling;
     if (!rs) return NSTF_OK;
@@ -130,8 +157,8 @@ static nstf_status rope_scaling(const hf_config *c, nstf_gguf_writer *w, float *
     if (strcmp(type, "default") == 0) return NSTF_OK;
     if (strcmp(type, "linear") == 0) {
         NSTF_TRY(cfg_num(rs, c->path, "factor", 1.0, &factor));
-        NSTF_TRY(nstf_gguf_writer_set_str(w, "llama.rope.scaling.type", "linear"));
-        return nstf_gguf_writer_set_f32(w, "llama.rope.scaling.factor", (float)factor);
+        NSTF_TRY(nstf_gguf_writer_set_str(w, akey(c, "rope.scaling.type", key, sizeof key), "linear"));
+        return nstf_gguf_writer_set_f32(w, akey(c, "rope.scaling.factor", key, sizeof key), (float)factor);
     }
     if (strcmp(type, "llama3") != 0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
@@ -145,16 +172,19 @@ static nstf_status rope_scaling(const hf_config *c, nstf_gguf_writer *w, float *
     int64_t half = c->head_dim / 2;
     float *f = nstf_alloc((size_t)half * sizeof *f, "rope frequency factors");
     if (!f) return NSTF_ERR_OOM;
-    /* llama.cpp's LlamaModel.generate_extra_tensors, in fp32 like its torch code */
-    const double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    /* llama.cpp's LlamaModel.generate_extra_tensors, with its torch float32
+     * roundings (a Python number over a tensor is a reciprocal, then a
+     * product; scalars are rounded to float32 first), so that the factors
+     * are its bytes */
+    const float lo_wavelen = (float)(old_ctx / lo), hi_wavelen = (float)(old_ctx / hi);
     for (int64_t i = 0; i < half; i++) {
-        float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-        double wavelen = 2 * 3.14159265358979323846 / freq;
+        const float freq = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+        const float wavelen = (1.0f / freq) * (float)(2 * 3.14159265358979323846);
         if (wavelen < hi_wavelen) f[i] = 1.0f;
         else if (wavelen > lo_wavelen) f[i] = (float)factor;
         else {
-            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            f[i] = (float)(1 / ((1 - smooth) / factor + smooth));
+            const float smooth = ((1.0f / wavelen) * (float)old_ctx - (float)lo) / (float)(hi - lo);
+            f[i] = 1.0f / ((1.0f - smooth) / (float)factor + smooth);
         }
     }
     *freqs = f;
@@ -169,41 +199,65 @@ static nstf_status config_kvs(const char *dir, const hf_config *c, nstf_gguf_wri
     while (b > 0 && dir[b - 1] != '/') b--;
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)(n - b), dir + b);
-    NSTF_TRY(nstf_gguf_writer_set_str(w, "general.architecture", "llama"));
+    char k[96];
+    NSTF_TRY(nstf_gguf_writer_set_str(w, "general.architecture", c->arch->gguf));
     NSTF_TRY(nstf_gguf_writer_set_str(w, "general.type", "model"));
     NSTF_TRY(nstf_gguf_writer_set_str(w, "general.name", name));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2)); /* llama.cpp writes it always */
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)c->n_layers));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)c->n_ctx));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)c->dim));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)c->ffn));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)c->n_heads));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads));
-    NSTF_TRY(nstf_gguf_writer_set_f32(w, "llama.rope.freq_base", (float)c->rope_theta));
-    NSTF_TRY(nstf_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)c->norm_eps));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab));
-    NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)c->head_dim));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "block_count", k, sizeof k), (uint32_t)c->n_layers));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "context_length", k, sizeof k), (uint32_t)c->n_ctx));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "embedding_length", k, sizeof k), (uint32_t)c->dim));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "feed_forward_length", k, sizeof k), (uint32_t)c->ffn));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "attention.head_count", k, sizeof k), (uint32_t)c->n_heads));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "attention.head_count_kv", k, sizeof k), (uint32_t)c->n_kv_heads));
+    NSTF_TRY(nstf_gguf_writer_set_f32(w, akey(c, "rope.freq_base", k, sizeof k), (float)c->rope_theta));
+    NSTF_TRY(nstf_gguf_writer_set_f32(w, akey(c, "attention.layer_norm_rms_epsilon", k, sizeof k), (float)c->norm_eps));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "vocab_size", k, sizeof k), (uint32_t)c->n_vocab));
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "rope.dimension_count", k, sizeof k), (uint32_t)c->head_dim));
     if (c->head_dim_given) {
-        NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.attention.key_length", (uint32_t)c->head_dim));
-        NSTF_TRY(nstf_gguf_writer_set_u32(w, "llama.attention.value_length", (uint32_t)c->head_dim));
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "attention.key_length", k, sizeof k), (uint32_t)c->head_dim));
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "attention.value_length", k, sizeof k), (uint32_t)c->head_dim));
     }
+    if (c->window)
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, akey(c, "attention.sliding_window", k, sizeof k), (uint32_t)c->window));
     return NSTF_OK;
 }
 
 /* ---- tensors ----------------------------------------------------------------------- */
 
-static const struct { const char *hf, *gguf; } k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight"},
-    {"self_attn.q_proj.weight", "attn_q.weight"},
-    {"self_attn.k_proj.weight", "attn_k.weight"},
-    {"self_attn.v_proj.weight", "attn_v.weight"},
-    {"self_attn.o_proj.weight", "attn_output.weight"},
-    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
+enum { LN_ALL, LN_BIAS, LN_QK_NORM };
+static const struct {
+    const char *hf, *gguf;
+    int when; /* LN_ALL, or only with biases / q-k norms */
+} k_layer_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight", LN_ALL},
+    {"self_attn.q_proj.weight", "attn_q.weight", LN_ALL},
+    {"self_attn.k_proj.weight", "attn_k.weight", LN_ALL},
+    {"self_attn.v_proj.weight", "attn_v.weight", LN_ALL},
+    {"self_attn.q_proj.bias", "attn_q.bias", LN_BIAS},
+    {"self_attn.k_proj.bias", "attn_k.bias", LN_BIAS},
+    {"self_attn.v_proj.bias", "attn_v.bias", LN_BIAS},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", LN_QK_NORM},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", LN_QK_NORM},
+    {"self_attn.o_proj.weight", "attn_output.weight", LN_ALL},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", LN_ALL},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", LN_ALL},
+    {"mlp.up_proj.weight", "ffn_up.weight", LN_ALL},
+    {"mlp.down_proj.weight", "ffn_down.weight", LN_ALL},
 };
 #define N_LAYER_NAMES (sizeof k_layer_names / sizeof k_layer_names[0])
+
+/* Whether layer name i belongs to a model of config c. */
+static bool has_layer_name(const hf_config *c, size_t i) {
+    const int w = k_layer_names[i].when;
+    return w == LN_ALL || (w == LN_BIAS && c->bias) || (w == LN_QK_NORM && c->qk_norm);
+}
+
+static uint64_t layer_names_of(const hf_config *c) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < N_LAYER_NAMES; i++) n += has_layer_name(c, i);
+    return n;
+}
 
 static const struct { const char *hf, *gguf; } k_global_names[] = {
     {"model.embed_tokens.weight", "token_embd.weight"},
@@ -211,9 +265,11 @@ static const struct { const char *hf, *gguf; } k_global_names[] = {
     {"lm_head.weight", "output.weight"},
 };
 
-/* Whether `hf` names a tensor of an n_layers Llama; *skip: one HF keeps
- * that GGUF does not (rotary_emb.inv_freq, recomputed from the config). */
-static bool known_name(const char *hf, int64_t n_layers, bool *skip) {
+/* Whether `hf` names a tensor of the model of config c; *skip: one HF
+ * keeps that GGUF does not (rotary_emb.inv_freq, recomputed from the
+ * config). */
+static bool known_name(const char *hf, const hf_config *c, bool *skip) {
+    const int64_t n_layers = c->n_layers;
     *skip = false;
     for (size_t i = 0; i < sizeof k_global_names / sizeof k_global_names[0]; i++)
         if (strcmp(hf, k_global_names[i].hf) == 0) return true;
@@ -226,7 +282,7 @@ static bool known_name(const char *hf, int64_t n_layers, bool *skip) {
     q++;
     if (strcmp(q, "self_attn.rotary_emb.inv_freq") == 0) return *skip = true;
     for (size_t i = 0; i < N_LAYER_NAMES; i++)
-        if (strcmp(q, k_layer_names[i].hf) == 0) return true;
+        if (has_layer_name(c, i) && strcmp(q, k_layer_names[i].hf) == 0) return true;
     return false;
 }
 
@@ -275,7 +331,7 @@ static nstf_status map_tensors(const char *dir, const hf_config *c, hf_owner *o,
     if (!has_output && !c->tied)
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: tensor 'lm_head.weight' is missing (and tie_word_embeddings is not set)",
                               dir);
-    uint64_t n = 2 + (uint64_t)c->n_layers * N_LAYER_NAMES + has_output + (o->rope_freqs ? 1 : 0);
+    uint64_t n = 2 + (uint64_t)c->n_layers * layer_names_of(c) + has_output + (o->rope_freqs ? 1 : 0);
     nstf_gguf_tensor *t = nstf_calloc((size_t)n, sizeof *t, "view tensors");
     o->names = nstf_calloc((size_t)n, GGUF_NAME_MAX, "view tensor names");
     if (!t || !o->names) {
@@ -290,14 +346,17 @@ static nstf_status map_tensors(const char *dir, const hf_config *c, hf_owner *o,
     s = map_one(dir, st, "model.embed_tokens.weight", NEXT_NAME, &t[k]), k++;
     for (int64_t l = 0; l < c->n_layers; l++)
         for (size_t i = 0; i < N_LAYER_NAMES && s == NSTF_OK; i++) {
+            if (!has_layer_name(c, i)) continue;
             snprintf(hf, sizeof hf, "model.layers.%lld.%s", (long long)l, k_layer_names[i].hf);
             snprintf(NEXT_NAME, GGUF_NAME_MAX, "blk.%lld.%s", (long long)l, k_layer_names[i].gguf);
             s = map_one(dir, st, hf, NEXT_NAME, &t[k]), k++;
         }
     snprintf(NEXT_NAME, GGUF_NAME_MAX, "output_norm.weight");
     if (s == NSTF_OK) s = map_one(dir, st, "model.norm.weight", NEXT_NAME, &t[k]), k++;
-    snprintf(NEXT_NAME, GGUF_NAME_MAX, "output.weight");
-    if (s == NSTF_OK && has_output) s = map_one(dir, st, "lm_head.weight", NEXT_NAME, &t[k]), k++;
+    if (s == NSTF_OK && has_output) { /* a tied model has no name to write here: k may be n */
+        snprintf(NEXT_NAME, GGUF_NAME_MAX, "output.weight");
+        s = map_one(dir, st, "lm_head.weight", NEXT_NAME, &t[k]), k++;
+    }
     if (s == NSTF_OK && o->rope_freqs) {
         char *name = NEXT_NAME;
         snprintf(name, GGUF_NAME_MAX, "rope_freqs.weight");
@@ -309,9 +368,10 @@ static nstf_status map_tensors(const char *dir, const hf_config *c, hf_owner *o,
     /* what the folder holds beyond that */
     for (uint64_t i = 0; s == NSTF_OK && i < st->n_tensors; i++) {
         bool skip;
-        if (!known_name(st->tensors[i].name, c->n_layers, &skip))
-            s = nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: tensor '%.80s' (%s) is not part of a %lld-layer Llama model",
-                               dir, st->tensors[i].name, st->shards[st->tensors[i].shard].path, (long long)c->n_layers);
+        if (!known_name(st->tensors[i].name, c, &skip))
+            s = nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: tensor '%.80s' (%s) is not part of a %lld-layer %s model",
+                               dir, st->tensors[i].name, st->shards[st->tensors[i].shard].path, (long long)c->n_layers,
+                               c->arch->family);
     }
     if (s != NSTF_OK) {
         nstf_free(t);
@@ -352,7 +412,8 @@ nstf_status nstf_hf_open(const char *dir, nstf_gguf **out) {
     if (s == NSTF_OK) s = nstf_gguf_writer_create(&w);
     if (s == NSTF_OK) s = config_kvs(dir, &c, w);
     if (s == NSTF_OK) s = rope_scaling(&c, w, &o->rope_freqs);
-    if (s == NSTF_OK) s = nstf_gguf_writer_set_bool(w, NSTF_GGUF_KEY_ROPE_NEOX, true);
+    /* the families whose GGUF files permute Q/K rows: the view keeps HF's rows */
+    if (s == NSTF_OK && c.arch->gguf_rope == NSTF_ROPE_NORM) s = nstf_gguf_writer_set_bool(w, NSTF_GGUF_KEY_ROPE_NEOX, true);
     if (s == NSTF_OK) s = nstf_hf_tokenizer_kvs(dir, cfg, c.n_vocab, w);
     if (s == NSTF_OK) s = nstf_safetensors_open_dir(dir, &o->st);
     if (s == NSTF_OK) s = map_tensors(dir, &c, o, &tensors, &n_tensors);

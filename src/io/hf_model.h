@@ -5,22 +5,28 @@
  * model.safetensors.index.json), tokenizer.json and tokenizer_config.json
  * (and chat_template.jinja, where newer transformers put the template). It
  * becomes the nstf_gguf a GGUF loader would produce:
- *   - key/values: general.architecture "llama", llama.* from config.json,
- *     tokenizer.ggml.* from tokenizer.json / tokenizer_config.json, the
- *     same keys llama.cpp's converter writes;
+ *   - key/values: general.architecture of the model_type's row in the
+ *     architecture table (model/arch.h: "llama" for Llama and Mistral,
+ *     "qwen2", "qwen3"), <arch>.* from config.json (Mistral's
+ *     sliding_window as llama.attention.sliding_window), tokenizer.ggml.*
+ *     from tokenizer.json / tokenizer_config.json, the same keys llama.cpp's
+ *     converter writes;
  *   - tensors: GGUF names (token_embd.weight, blk.N.attn_q.weight, ...),
  *     dims reversed to GGUF order, data pointing into the safetensors
  *     mappings (F32, F16, BF16: mapped, never copied). The one computed
  *     tensor is rope_freqs.weight for rope_scaling type "llama3", as
- *     llama.cpp's converter makes it;
+ *     llama.cpp's converter makes it; Qwen2's Q/K/V biases and Qwen3's
+ *     q/k norms map to blk.N.attn_{q,k,v}.bias and blk.N.attn_{q,k}_norm;
  *   - layout: HF keeps the rows of Q and K in rotate-half order, where
- *     llama.cpp's converter permutes them for adjacent-pair RoPE. The view
- *     does not permute; it sets NSTF_GGUF_KEY_ROPE_NEOX = true so that the
- *     loader runs RoPE in NEOX mode. `nstf convert` permutes (and drops
- *     the key) when it writes a GGUF file.
- * Only LlamaForCausalLM (model_type "llama") and byte-level BPE tokenizers
- * with the GPT-2, SmolLM2 or Llama-3 pre-tokenizer are recognised; anything
- * else is NSTF_ERR_UNSUPPORTED naming what was found. */
+ *     llama.cpp's converter permutes them for adjacent-pair RoPE in "llama"
+ *     files (Llama, Mistral; Qwen files keep HF's order and run RoPE in
+ *     NEOX mode). For those the view does not permute; it sets
+ *     NSTF_GGUF_KEY_ROPE_NEOX = true so that the loader runs RoPE in NEOX
+ *     mode. `nstf convert` permutes (and drops the key) when it writes a
+ *     GGUF file.
+ * Only the table's ...ForCausalLM classes and byte-level BPE tokenizers
+ * with the GPT-2, SmolLM2, Llama-3 or Qwen2 pre-tokenizer are recognised;
+ * anything else is NSTF_ERR_UNSUPPORTED naming what was found. */
 #ifndef NSTF_IO_HF_MODEL_H
 #define NSTF_IO_HF_MODEL_H
 

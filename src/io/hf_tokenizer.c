@@ -12,8 +12,12 @@
  *   ByteLevel(use_regex)                                   -> "gpt-2"
  *   Sequence[Digits(individual), ByteLevel(use_regex)]      -> "smollm"
  *   Sequence[Split(Llama-3 regex, Isolated), ByteLevel(no regex)] -> "llama-bpe"
- * always with add_prefix_space false and no normalizer. Anything else is
- * NSTF_ERR_UNSUPPORTED quoting what was found. */
+ *   Sequence[Split(Qwen2 regex, Isolated), ByteLevel(no regex)]   -> "qwen2"
+ *   Sequence[Split(Tekken regex, Isolated), ByteLevel(no regex)]  -> "tekken"
+ * always with add_prefix_space false, and no normalizer but NFC (Qwen's):
+ * as llama.cpp, NSTF tokenizes text as given, so text that is not in NFC
+ * may be split differently from HF (text almost always is in NFC). Anything
+ * else is NSTF_ERR_UNSUPPORTED quoting what was found. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,8 +78,11 @@ static const char *recognise_pre(const cJSON *pre) {
         const char *behavior = nstf_json_str(a, "behavior");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(a, "pattern");
         const char *re = nstf_json_str(pat, "Regex");
-        if (behavior && strcmp(behavior, "Isolated") == 0 && re && strcmp(re, nstf_pre_regex_llama3) == 0)
-            return "llama-bpe";
+        if (behavior && strcmp(behavior, "Isolated") == 0 && re) {
+            if (strcmp(re, nstf_pre_regex_llama3) == 0) return "llama-bpe";
+            if (strcmp(re, nstf_pre_regex_qwen2) == 0) return "qwen2";
+            if (strcmp(re, nstf_pre_regex_tekken) == 0) return "tekken";
+        }
     }
     return NULL;
 }
@@ -85,9 +92,9 @@ static nstf_status unsupported_json(const char *path, const char *what, const cJ
     nstf_status s = nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: %s %.240s%s is not recognised (%s)", path, what,
                                    txt ? txt : "(none)", txt && strlen(txt) > 240 ? "..." : "",
                                    strcmp(what, "normalizer") == 0
-                                       ? "byte-level BPE tokenizers have none"
-                                       : "recognised: GPT-2 byte-level, SmolLM2 digits + byte-level, Llama-3 "
-                                         "split regex + byte-level");
+                                       ? "byte-level BPE tokenizers have none, or NFC"
+                                       : "recognised: GPT-2 byte-level, SmolLM2 digits + byte-level, Llama-3, "
+                                         "Qwen2 and Tekken split regexes + byte-level");
     cJSON_free(txt);
     return s;
 }
@@ -300,7 +307,8 @@ static nstf_status tokenizer_kvs(vocab_build *v, const char *dir, const cJSON *t
                               "%s: BPE with byte_fallback (SentencePiece-style) is not supported (byte-level BPE is)",
                               v->path);
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tok, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) return unsupported_json(v->path, "normalizer", norm);
+    if (norm && !cJSON_IsNull(norm) && !(is_type(norm, "NFC") && cJSON_GetArraySize(norm) == 1))
+        return unsupported_json(v->path, "normalizer", norm);
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(tok, "pre_tokenizer");
     const char *pre_name = recognise_pre(pre);
     if (!pre_name) return unsupported_json(v->path, "pre-tokenizer", pre);

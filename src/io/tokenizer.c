@@ -225,6 +225,13 @@ const char *const nstf_pre_regex_gpt2 =
 const char *const nstf_pre_regex_llama3 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char *const nstf_pre_regex_qwen2 =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char *const nstf_pre_regex_tekken =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}"
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 static nstf_status add_regex(nstf_tokenizer *t, const char *pat) {
     int err;
@@ -255,6 +262,12 @@ static nstf_status setup_pre(nstf_tokenizer *t, const nstf_gguf *g) {
         nstf_gguf_str_eq(pre, "llama-bpe")) {
         t->ignore_merges = true;
         return add_regex(t, nstf_pre_regex_llama3);
+    }
+    if (nstf_gguf_str_eq(pre, "qwen2") || nstf_gguf_str_eq(pre, "deepseek-r1-qwen"))
+        return add_regex(t, nstf_pre_regex_qwen2);
+    if (nstf_gguf_str_eq(pre, "tekken")) { /* Mistral Nemo and later */
+        t->ignore_merges = true;
+        return add_regex(t, nstf_pre_regex_tekken);
     }
     if (!(pre.len == 0 || nstf_gguf_str_eq(pre, "default") || nstf_gguf_str_eq(pre, "gpt-2") ||
           nstf_gguf_str_eq(pre, "gpt2"))) {

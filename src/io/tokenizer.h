@@ -21,9 +21,12 @@ typedef struct nstf_tokenizer nstf_tokenizer;
 
 /* The pre-tokenizer regexes (PCRE2 syntax, as HF's tokenizer.json writes
  * them) behind tokenizer.ggml.pre "gpt2" (also "smollm", after splitting
- * digits) and "llama-bpe" (Llama-3). */
+ * digits), "llama-bpe" (Llama-3), "qwen2" (Qwen2, Qwen2.5, Qwen3: Llama-3's
+ * with single digits) and "tekken" (Mistral Nemo and later). */
 extern const char *const nstf_pre_regex_gpt2;
 extern const char *const nstf_pre_regex_llama3;
+extern const char *const nstf_pre_regex_qwen2;
+extern const char *const nstf_pre_regex_tekken;
 
 nstf_status nstf_tokenizer_from_gguf(const nstf_gguf *g, nstf_tokenizer **out);
 void nstf_tokenizer_free(nstf_tokenizer *t);

@@ -2,7 +2,9 @@
  *
  *   x = embed(tokens)
  *   for each layer:
- *       q, k, v = rope(rmsnorm(x) [Wq; Wk; Wv])      one matmul op (norm, RoPE fused)
+ *       q, k, v = rope(rmsnorm(x) [Wq; Wk; Wv])      one matmul op (norm, RoPE fused;
+ *                                                     + bias, per-head q/k norm where
+ *                                                     the architecture has them)
  *       a = attention(q, k, v, cache)                 writes k, v into the cache
  *       x += a Wo                                     one matmul op (residual fused)
  *       h = silu(rmsnorm(x) Wg) * (rmsnorm(x) Wu)     one matmul op (norm, SwiGLU fused)
@@ -15,6 +17,12 @@
  * a residual add is carried to the next norm, which adds it on its way
  * (x += y; rmsnorm(x)): the order of the reference forward, so every
  * backend's unfused path computes what its fused one does.
+ *
+ * What an architecture adds (model/arch.h) are flags and arguments of
+ * these same ops: the QKV bias and Qwen3's per-head q/k norm (matmul
+ * fusion flags; unfused, the BIAS and HEAD_NORM ops before RoPE), RoPE
+ * frequency factors (Llama 3.x) and the sliding window (Mistral) of the
+ * attention. A Llama without them issues exactly the ops it always did.
  *
  * A matrix stored as low-rank factors (nstf_matrix.factors) runs as the
  * MATMUL_LR op, unfused, its intermediate x A^T [n, rank] in a run-state
@@ -97,6 +105,8 @@ static nstf_status matmul(fwd *f, nstf_op_args *a, void *lr_tmp) {
     nstf_op_args mm = *a;
     mm.matmul.epi = NSTF_MM_STORE;
     mm.matmul.norm_x = NULL;
+    mm.matmul.q_norm = mm.matmul.k_norm = NULL;
+    for (int i = 0; i < NSTF_MM_MAX_GROUP; i++) mm.matmul.bias[i] = NULL;
     if (a->matmul.norm_x) {
         nstf_op_args norm = {.op = NSTF_OP_RMSNORM, .layer = a->layer, .block = a->block};
         norm.label = f->pending ? "add_rmsnorm" : "rmsnorm";
@@ -112,8 +122,30 @@ static nstf_status matmul(fwd *f, nstf_op_args *a, void *lr_tmp) {
         mm.matmul.x = norm.rmsnorm.y;
     }
     NSTF_TRY(matmul_store(f, &mm, lr_tmp));
+    for (int i = 0; i < a->matmul.n_w; i++) {
+        if (!a->matmul.bias[i]) continue;
+        nstf_op_args b = {.op = NSTF_OP_BIAS, .label = "bias", .layer = a->layer, .block = a->block};
+        b.bias.x = a->matmul.out[i];
+        b.bias.b = a->matmul.bias[i];
+        b.bias.n = n;
+        b.bias.width = a->matmul.w[i]->n_out;
+        NSTF_TRY(run(f, &b));
+    }
     switch (a->matmul.epi) {
     case NSTF_MM_ROPE: {
+        if (a->matmul.q_norm) {
+            nstf_op_args hn = {.op = NSTF_OP_HEAD_NORM, .label = "qk_norm", .layer = a->layer, .block = a->block};
+            hn.head_norm.q = a->matmul.out[0];
+            hn.head_norm.k = a->matmul.out[1];
+            hn.head_norm.wq = a->matmul.q_norm;
+            hn.head_norm.wk = a->matmul.k_norm;
+            hn.head_norm.n = n;
+            hn.head_norm.n_heads = a->matmul.rope.n_heads;
+            hn.head_norm.n_kv_heads = a->matmul.rope.n_kv_heads;
+            hn.head_norm.head_dim = a->matmul.rope.head_dim;
+            hn.head_norm.eps = a->matmul.eps;
+            NSTF_TRY(run(f, &hn));
+        }
         nstf_op_args rope = {.op = NSTF_OP_ROPE, .label = "rope", .layer = a->layer, .block = a->block};
         rope.rope.q = a->matmul.out[0];
         rope.rope.k = a->matmul.out[1];
@@ -161,8 +193,10 @@ static nstf_status layers(fwd *f) {
                   kvd = (int64_t)c->n_kv_heads * hd;
     uint64_t kv_es = 0;
     (void)nstf_type_row_bytes(f->be->kv_type, 1, &kv_es);
-    const uint64_t layer_cache = (uint64_t)s->n_seq * (uint64_t)s->n_ctx * (uint64_t)kvd * kv_es;
-    const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode};
+    const uint64_t layer_cache = (uint64_t)(s->kv_block ? s->kv_blocks : s->n_seq) *
+                                 (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx) * (uint64_t)kvd * kv_es;
+    const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode,
+                                 w->rope_factors};
     f->pending = NULL;
 
     if (f->r->embed) {
@@ -185,6 +219,11 @@ static nstf_status layers(fwd *f) {
         qkv.matmul.eps = c->norm_eps;
         qkv.matmul.epi = NSTF_MM_ROPE;
         qkv.matmul.rope = rope;
+        qkv.matmul.bias[0] = L->bq;
+        qkv.matmul.bias[1] = L->bk;
+        qkv.matmul.bias[2] = L->bv;
+        qkv.matmul.q_norm = L->q_norm;
+        qkv.matmul.k_norm = L->k_norm;
         NSTF_TRY(matmul(f, &qkv, s->att));
 
         nstf_op_args at = {.op = NSTF_OP_ATTENTION, .label = "attention", .layer = l, .block = NSTF_BLOCK_ATTN};
@@ -203,6 +242,9 @@ static nstf_status layers(fwd *f) {
         at.attention.n_kv_heads = c->n_kv_heads;
         at.attention.head_dim = c->head_dim;
         at.attention.scale = 1.0f / sqrtf((float)hd);
+        at.attention.window = c->sliding_window;
+        at.attention.blocks = f->io.blocks;
+        at.attention.block_size = s->kv_block;
         if (!f->b->seq || f->b->seq[0] == 0) {
             bool run1 = true;
             for (int64_t t = 1; t < n && run1; t++)
@@ -248,12 +290,34 @@ static nstf_status layers(fwd *f) {
         return run(f, &add);
     }
 
-    /* final norm and logits: of every token, or of the last one only */
-    const int64_t first = f->b->all_logits ? 0 : n - 1, rows = n - first;
+    /* final norm and logits: of every token, of the rows asked for, or of
+     * the last one only */
+    const int64_t first = f->b->all_logits ? 0 : n - 1;
+    int64_t rows = n - first;
+    const float *norm_x = s->x + first * dim;
+    if (f->b->rows) { /* the rows asked for, gathered into y once x has its last residual */
+        if (f->pending) {
+            nstf_op_args add = {.op = NSTF_OP_ADD, .label = "add", .layer = -1, .block = NSTF_BLOCK_OTHER};
+            add.add.x = s->x;
+            add.add.y = f->pending;
+            add.add.n = n * dim;
+            NSTF_TRY(run(f, &add));
+            f->pending = NULL;
+        }
+        const nstf_matrix xs = {s->x, NSTF_TYPE_F32, dim, n, NULL};
+        nstf_op_args g = {.op = NSTF_OP_GET_ROWS, .label = "logits_rows", .layer = -1};
+        g.get_rows.table = &xs;
+        g.get_rows.ids = f->io.rows;
+        g.get_rows.out = f32_rows(s->y, dim);
+        g.get_rows.n = f->b->n_rows;
+        NSTF_TRY(run(f, &g));
+        rows = f->b->n_rows;
+        norm_x = s->y;
+    }
     nstf_op_args lg = mm_args("logits", -1, NSTF_BLOCK_OTHER, rows);
     group(f, &lg, &w->output, NULL, NULL, s->logits);
     lg.matmul.out[0] = f32_rows(s->logits, c->n_vocab);
-    lg.matmul.norm_x = s->x + first * dim;
+    lg.matmul.norm_x = norm_x;
     lg.matmul.norm_w = w->out_norm;
     lg.matmul.eps = c->norm_eps;
     lg.matmul.epi = NSTF_MM_STORE;
@@ -270,12 +334,45 @@ static nstf_status layers(fwd *f) {
     return NSTF_OK;
 }
 
+/* The rows whose logits a batch asks for: 1..n of its rows. */
+static nstf_status check_rows(const nstf_batch *b) {
+    if (!b->rows) return NSTF_OK;
+    if (b->all_logits)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: logits of every row and of selected rows both asked for");
+    if (b->n_rows < 1 || b->n_rows > b->n)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: %d logits rows of a batch of %d", b->n_rows, b->n);
+    for (int i = 0; i < b->n_rows; i++)
+        if (b->rows[i] < 0 || b->rows[i] >= b->n)
+            return nstf_set_error(NSTF_ERR_RANGE, "forward: logits row %d of a batch of %d", b->rows[i], b->n);
+    return NSTF_OK;
+}
+
+/* A paged run takes a block table, and every block a token writes or
+ * reads (those of positions 0..pos of its sequence) is one of the pool. */
+static nstf_status check_blocks(const nstf_llama_state *s, const nstf_batch *b) {
+    if (!s->kv_block != !b->blocks)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, s->kv_block ? "forward: a paged KV cache needs the batch's block table"
+                                                                : "forward: a block table for a contiguous KV cache");
+    if (!b->blocks) return NSTF_OK;
+    const int bps = s->n_ctx / s->kv_block;
+    for (int t = 0; t < b->n; t++) {
+        const int q = b->seq ? b->seq[t] : 0;
+        for (int i = 0; i <= b->pos[t] / s->kv_block; i++) {
+            const int32_t id = b->blocks[(int64_t)q * bps + i];
+            if (id < 0 || id >= s->kv_blocks)
+                return nstf_set_error(NSTF_ERR_RANGE, "forward: sequence %d's block %d is %d, not one of the %d blocks",
+                                      q, i, id, s->kv_blocks);
+        }
+    }
+    return NSTF_OK;
+}
+
 /* One stage's part of the forward, in its backend's bracket. */
 static nstf_status stage_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
     const nstf_llama_config *c = &r->m->cfg;
     const nstf_llama_state *s = &r->s;
     fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
-    const int64_t rows = b->all_logits ? b->n : 1;
+    const int64_t rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;
     const nstf_fwd_out out = {s->logits, r->output ? rows : 0, c->n_vocab, b->argmax && r->output ? s->argmax : NULL,
                               r->output ? logits : NULL, r->output ? argmax : NULL};
     for (int attempt = 0;; attempt++) {
@@ -303,6 +400,8 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
         if (b->seq && (b->seq[t] < 0 || b->seq[t] >= s->n_seq))
             return nstf_set_error(NSTF_ERR_RANGE, "sequence %d is not one of the %d slots", b->seq[t], s->n_seq);
     }
+    NSTF_TRY(check_rows(b));
+    NSTF_TRY(check_blocks(s, b));
     /* stage after stage; x [n, dim] goes from one to the next through the host */
     for (nstf_llama_run *st = r; st; st = st->next) {
         NSTF_TRY(stage_forward(st, b, logits, argmax));
@@ -324,7 +423,7 @@ nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int
     int32_t pbuf[256], *pos = n <= 256 ? pbuf : nstf_alloc((size_t)n * sizeof(int32_t), "positions");
     if (!pos) return NSTF_ERR_OOM;
     for (int t = 0; t < n; t++) pos[t] = pos0 + t;
-    const nstf_batch b = {tokens, pos, NULL, n, all_logits, argmax != NULL};
+    const nstf_batch b = {.tokens = tokens, .pos = pos, .n = n, .all_logits = all_logits, .argmax = argmax != NULL};
     nstf_status st = nstf_llama_forward(r, &b, logits, argmax);
     if (pos != pbuf) nstf_free(pos);
     return st;

@@ -1,4 +1,6 @@
-/* llama.c — Llama-family config and weights: read and checked from a GGUF. */
+/* llama.c — Llama-family config and weights: read and checked from a GGUF,
+ * for every architecture of the table (model/arch.h): its row says which
+ * tensors beyond the Llama block a file must or may have. */
 #include "model/llama.h"
 
 #include <math.h>
@@ -25,18 +27,47 @@ static nstf_status read_f32(const nstf_gguf *g, const char *arch, const char *su
     return nstf_gguf_get_f32(g, key, out);
 }
 
+/* Linear RoPE scaling ({arch}.rope.scaling.type "linear" and its factor,
+ * or the older {arch}.rope.scale_linear): positions divided by the factor. */
+static nstf_status rope_scaling(const nstf_gguf *g, const char *arch, nstf_llama_config *c) {
+    char key[128];
+    c->rope_linear = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const nstf_gguf_kv *kv = nstf_gguf_find_kv(g, key);
+    if (kv) {
+        nstf_gguf_str t;
+        NSTF_TRY(nstf_gguf_get_str(g, key, &t));
+        if (nstf_gguf_str_eq(t, "none")) return NSTF_OK;
+        if (!nstf_gguf_str_eq(t, "linear"))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "%s: RoPE scaling type '%.*s' is not supported (none and linear are; Llama 3.x "
+                                  "frequency factors come as rope_freqs.weight)",
+                                  g->path, (int)(t.len < 32 ? t.len : 32), t.ptr);
+        NSTF_TRY(read_f32(g, arch, "rope.scaling.factor", &c->rope_linear, 1.0f));
+    } else {
+        NSTF_TRY(read_f32(g, arch, "rope.scale_linear", &c->rope_linear, 1.0f));
+    }
+    if (!(c->rope_linear > 0) || !(c->rope_linear < 1e6f))
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: RoPE scaling factor %g", g->path, (double)c->rope_linear);
+    return NSTF_OK;
+}
+
 static nstf_status load_config(const nstf_gguf *g, nstf_llama_config *c) {
     nstf_gguf_str arch_s;
     NSTF_TRY(nstf_gguf_get_str(g, "general.architecture", &arch_s));
     char arch[64];
-    if (arch_s.len == 0 || arch_s.len >= sizeof arch)
+    if (arch_s.len == 0 || arch_s.len >= sizeof arch || memchr(arch_s.ptr, 0, (size_t)arch_s.len))
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: general.architecture is empty or too long", g->path);
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = 0;
-    if (strcmp(arch, "llama") != 0)
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                              "%s: architecture '%s' is not supported (supported: llama)", g->path, arch);
-    uint32_t n_layers, dim, n_heads, n_kv, ffn, ctx, head_dim, rope_dim;
+    c->arch = nstf_arch_by_gguf(arch);
+    if (!c->arch) {
+        char names[256];
+        nstf_arch_names(false, names, sizeof names);
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)", g->path,
+                              arch, names);
+    }
+    uint32_t n_layers, dim, n_heads, n_kv, ffn, ctx, head_dim, v_dim, rope_dim, window;
     NSTF_TRY(read_u32(g, arch, "block_count", &n_layers, true, 0));
     NSTF_TRY(read_u32(g, arch, "embedding_length", &dim, true, 0));
     NSTF_TRY(read_u32(g, arch, "attention.head_count", &n_heads, true, 0));
@@ -52,15 +83,23 @@ static nstf_status load_config(const nstf_gguf *g, nstf_llama_config *c) {
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: %u heads are not a multiple of %u kv heads",
                               g->path, n_heads, n_kv);
     NSTF_TRY(read_u32(g, arch, "attention.key_length", &head_dim, false, dim / n_heads));
+    NSTF_TRY(read_u32(g, arch, "attention.value_length", &v_dim, false, head_dim));
     NSTF_TRY(read_u32(g, arch, "rope.dimension_count", &rope_dim, false, head_dim));
-    if (head_dim * n_heads != dim || head_dim % 2 != 0 || head_dim > 512)
+    if (head_dim < 2 || head_dim % 2 != 0 || head_dim > 512 || v_dim != head_dim)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                              "%s: head size %u with %u heads and width %u is not supported", g->path,
-                              head_dim, n_heads, dim);
+                              "%s: head size %u (values %u) with %u heads and width %u is not supported", g->path,
+                              head_dim, v_dim, n_heads, dim);
     if (rope_dim != head_dim)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "%s: partial rotary embedding (%u of %u dims) is not supported", g->path,
                               rope_dim, head_dim);
+    NSTF_TRY(read_u32(g, arch, "attention.sliding_window", &window, false, 0));
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    if (window && nstf_gguf_find_kv(g, key))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "%s: a sliding window on some layers only (%s) is not supported", g->path, key);
+    if (window > INT32_MAX) return nstf_set_error(NSTF_ERR_FORMAT, "%s: sliding window %u", g->path, window);
     c->n_layers = (int)n_layers;
     c->dim = (int)dim;
     c->n_heads = (int)n_heads;
@@ -68,12 +107,15 @@ static nstf_status load_config(const nstf_gguf *g, nstf_llama_config *c) {
     c->head_dim = (int)head_dim;
     c->ffn_dim = (int)ffn;
     c->n_ctx_train = (int)ctx;
+    c->sliding_window = (int)window;
     NSTF_TRY(read_f32(g, arch, "rope.freq_base", &c->rope_base, 10000.0f));
     NSTF_TRY(read_f32(g, arch, "attention.layer_norm_rms_epsilon", &c->norm_eps, 1e-5f));
     if (!(c->rope_base > 0) || !(c->norm_eps > 0) || !(c->norm_eps < 1))
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: bad rope base %g or norm epsilon %g", g->path,
                               (double)c->rope_base, (double)c->norm_eps);
-    c->rope_mode = nstf_gguf_get_bool_or(g, "nstf.rope.neox", false) ? NSTF_ROPE_NEOX : NSTF_ROPE_NORM; /* GGUF "llama": Q/K permuted for adjacent pairs; HF folder views: rotate-half (io/hf_model.h) */
+    NSTF_TRY(rope_scaling(g, arch, c));
+    /* the architecture's GGUF layout; HF folder views keep HF's rotate-half rows (io/hf_model.h) */
+    c->rope_mode = nstf_gguf_get_bool_or(g, "nstf.rope.neox", false) ? NSTF_ROPE_NEOX : c->arch->gguf_rope;
     return NSTF_OK;
 }
 
@@ -137,14 +179,44 @@ static nstf_status get_layer_matrix(const nstf_gguf *g, const char *name, int64_
     return NSTF_OK;
 }
 
-/* Norm vectors may be stored as F32/F16/BF16: convert into the fp32 block. */
-static nstf_status get_norm(const nstf_gguf *g, const char *name, int64_t dim, float *dst) {
+/* fp32 vectors (norms, biases, factors) may be stored as F32/F16/BF16:
+ * converted into the fp32 block. */
+static nstf_status get_vec(const nstf_gguf *g, const char *name, int64_t dim, float *dst) {
     const nstf_gguf_tensor *t;
     NSTF_TRY(get_tensor(g, name, dim, 0, false, &t));
     if (t->type != NSTF_TYPE_F32 && t->type != NSTF_TYPE_F16 && t->type != NSTF_TYPE_BF16)
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: norm tensor '%s' has type %s (need F32/F16/BF16)",
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s (need F32/F16/BF16)",
                               g->path, name, nstf_type_name(t->type));
     nstf_dequantize_row(t->type, t->data, dst, dim);
+    return NSTF_OK;
+}
+
+/* What the layers have besides the Llama block, decided on layer 0 from
+ * the architecture's row and the file: every layer must then have it. */
+typedef struct {
+    bool bias, qk_norm;
+} layer_extras;
+
+static nstf_status find_extras(const nstf_gguf *g, const nstf_arch *a, layer_extras *x) {
+    const bool bias = nstf_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL,
+               norm = nstf_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL;
+    static const char *const unsupported[] = {"blk.0.attn_output.bias", "blk.0.ffn_gate.bias", "blk.0.ffn_up.bias",
+                                              "blk.0.ffn_down.bias", "blk.0.attn_qkv.weight", "blk.0.ffn_gate_inp.weight"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (nstf_gguf_find_tensor(g, unsupported[i]))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: tensor '%s' (%s) is not supported", g->path,
+                                  unsupported[i], a->name);
+    if ((bias && a->qkv_bias == NSTF_ARCH_NO) || (norm && a->qk_norm == NSTF_ARCH_NO))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: tensor '%s' is not part of a %s model", g->path,
+                              bias ? "blk.0.attn_q.bias" : "blk.0.attn_q_norm.weight", a->gguf);
+    if (!bias && a->qkv_bias == NSTF_ARCH_REQUIRED)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: tensor 'blk.0.attn_q.bias' is missing (%s has QKV biases)",
+                              g->path, a->gguf);
+    if (!norm && a->qk_norm == NSTF_ARCH_REQUIRED)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: tensor 'blk.0.attn_q_norm.weight' is missing (%s normalises q and k)",
+                              g->path, a->gguf);
+    x->bias = bias;
+    x->qk_norm = norm;
     return NSTF_OK;
 }
 
@@ -155,6 +227,8 @@ nstf_status nstf_llama_load(nstf_gguf *g, nstf_llama **out) {
     nstf_status s = load_config(g, &m->cfg);
     nstf_llama_config *c = &m->cfg;
     const nstf_gguf_tensor *embd = NULL;
+    layer_extras ex = {false, false};
+    if (s == NSTF_OK) s = find_extras(g, c->arch, &ex);
     if (s == NSTF_OK) {
         embd = nstf_gguf_find_tensor(g, "token_embd.weight");
         if (!embd || embd->n_dims != 2 || embd->ne[0] != c->dim)
@@ -167,38 +241,74 @@ nstf_status nstf_llama_load(nstf_gguf *g, nstf_llama **out) {
                                (long long)embd->ne[1]);
         c->n_vocab = (int)embd->ne[1];
     }
+    const int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim,
+                  half = c->head_dim / 2;
+    const nstf_gguf_tensor *rf = s == NSTF_OK ? nstf_gguf_find_tensor(g, "rope_freqs.weight") : NULL;
+    const bool factors = rf || c->rope_linear != 1.0f;
+    /* size table of the fp32 block: per layer the two norms (+ biases, +
+     * q/k norms), the output norm, the RoPE factors */
+    const uint64_t per_layer = 2 * (uint64_t)c->dim + (ex.bias ? (uint64_t)(q_dim + 2 * kv_dim) : 0) +
+                               (ex.qk_norm ? 2 * (uint64_t)c->head_dim : 0);
     if (s == NSTF_OK) {
+        m->w.norm_floats = per_layer * (uint64_t)c->n_layers + (uint64_t)c->dim + (factors ? (uint64_t)half : 0);
         m->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *m->w.layers, "layer table");
-        /* size table of the fp32 norm block: 2 per layer + the output norm */
-        m->w.norms = nstf_calloc((size_t)(2 * c->n_layers + 1) * (size_t)c->dim, sizeof(float), "norm weights");
+        m->w.norms = nstf_calloc((size_t)m->w.norm_floats, sizeof(float), "norm weights");
         m->w.factors = nstf_calloc((size_t)c->n_layers * 14, sizeof *m->w.factors, "low-rank factor table");
         if (!m->w.layers || !m->w.norms || !m->w.factors) s = NSTF_ERR_OOM;
     }
     if (s == NSTF_OK) s = get_matrix(g, "token_embd.weight", c->dim, c->n_vocab, &m->w.tok_embd);
-    const int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     for (int l = 0; s == NSTF_OK && l < c->n_layers; l++) {
         nstf_llama_layer *L = &m->w.layers[l];
-        float *norm = m->w.norms + (size_t)2 * l * c->dim;
+        float *v = m->w.norms + (size_t)per_layer * (size_t)l; /* this layer's vectors */
         nstf_matrix *fac = m->w.factors + (size_t)14 * l; /* room for a pair per matrix */
         char nm[96];
-#define NAME(x) (snprintf(nm, sizeof nm, "blk.%d." x ".weight", l), nm)
-        if (s == NSTF_OK) s = get_norm(g, NAME("attn_norm"), c->dim, norm);
-        if (s == NSTF_OK) s = get_norm(g, NAME("ffn_norm"), c->dim, norm + c->dim);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_q"), c->dim, q_dim, &L->wq, fac + 0);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_k"), c->dim, kv_dim, &L->wk, fac + 2);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_v"), c->dim, kv_dim, &L->wv, fac + 4);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_output"), q_dim, c->dim, &L->wo, fac + 6);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_gate"), c->dim, c->ffn_dim, &L->w_gate, fac + 8);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_up"), c->dim, c->ffn_dim, &L->w_up, fac + 10);
-        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_down"), c->ffn_dim, c->dim, &L->w_down, fac + 12);
+#define NAME(x) (snprintf(nm, sizeof nm, "blk.%d." x, l), nm)
+#define VEC(field, x, len)                                    \
+    do {                                                      \
+        if (s == NSTF_OK) s = get_vec(g, NAME(x), (len), v); \
+        L->field = v;                                         \
+        v += (len);                                           \
+    } while (0)
+        VEC(attn_norm, "attn_norm.weight", c->dim);
+        VEC(ffn_norm, "ffn_norm.weight", c->dim);
+        if (ex.bias) {
+            VEC(bq, "attn_q.bias", q_dim);
+            VEC(bk, "attn_k.bias", kv_dim);
+            VEC(bv, "attn_v.bias", kv_dim);
+        }
+        if (ex.qk_norm) {
+            VEC(q_norm, "attn_q_norm.weight", c->head_dim);
+            VEC(k_norm, "attn_k_norm.weight", c->head_dim);
+        }
+#undef VEC
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_q.weight"), c->dim, q_dim, &L->wq, fac + 0);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_k.weight"), c->dim, kv_dim, &L->wk, fac + 2);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_v.weight"), c->dim, kv_dim, &L->wv, fac + 4);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_output.weight"), q_dim, c->dim, &L->wo, fac + 6);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, &L->w_gate, fac + 8);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_up.weight"), c->dim, c->ffn_dim, &L->w_up, fac + 10);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_down.weight"), c->ffn_dim, c->dim, &L->w_down, fac + 12);
 #undef NAME
-        L->attn_norm = norm;
-        L->ffn_norm = norm + c->dim;
     }
+    float *tail = m->w.norms + (size_t)per_layer * (size_t)c->n_layers;
     if (s == NSTF_OK) {
-        float *on = m->w.norms + (size_t)2 * c->n_layers * c->dim;
-        s = get_norm(g, "output_norm.weight", c->dim, on);
-        m->w.out_norm = on;
+        s = get_vec(g, "output_norm.weight", c->dim, tail);
+        m->w.out_norm = tail;
+    }
+    if (s == NSTF_OK && factors) {
+        /* theta_i = pos * freq_i / rope_freqs[i] (llama.cpp's freq_factors),
+         * and positions / the linear factor */
+        float *f = tail + c->dim;
+        if (rf) s = get_vec(g, "rope_freqs.weight", half, f);
+        else
+            for (int64_t i = 0; i < half; i++) f[i] = 1.0f;
+        for (int64_t i = 0; s == NSTF_OK && i < half; i++) {
+            f[i] *= c->rope_linear;
+            if (!(f[i] > 0) || !isfinite(f[i]))
+                s = nstf_set_error(NSTF_ERR_FORMAT, "%s: RoPE frequency factor %lld is %g", g->path, (long long)i,
+                                   (double)f[i]);
+        }
+        m->w.rope_factors = f;
     }
     if (s == NSTF_OK) {
         const nstf_gguf_tensor *t;

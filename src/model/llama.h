@@ -19,14 +19,16 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "io/gguf.h"
+#include "model/arch.h"
 #include "ops/ops.h"
 
 typedef struct nstf_llama_config {
+    const nstf_arch *arch; /* the architecture's row (model/arch.h) */
     int n_layers;
     int dim;          /* embedding width */
     int n_heads;
     int n_kv_heads;   /* grouped-query attention: n_heads % n_kv_heads == 0 */
-    int head_dim;     /* dim / n_heads */
+    int head_dim;     /* dim / n_heads unless the file says (attention.key_length) */
     int ffn_dim;      /* SwiGLU hidden width */
     int n_vocab;
     int n_ctx_train;  /* context length the model was trained for */
@@ -34,6 +36,8 @@ typedef struct nstf_llama_config {
     float norm_eps;
     nstf_rope_mode rope_mode;
     bool tied_output; /* logits use the token embedding */
+    int sliding_window; /* > 0: each token attends to the last sliding_window positions (Mistral) */
+    float rope_linear;  /* linear RoPE scaling factor (1: none): positions divided by it */
 } nstf_llama_config;
 
 typedef struct nstf_llama_layer {
@@ -46,6 +50,8 @@ typedef struct nstf_llama_layer {
     nstf_matrix w_gate;     /* [ffn_dim, dim] */
     nstf_matrix w_up;       /* [ffn_dim, dim] */
     nstf_matrix w_down;     /* [dim, ffn_dim] */
+    const float *bq, *bk, *bv;    /* [q_dim], [kv_dim], [kv_dim] QKV biases, or NULL (Qwen2) */
+    const float *q_norm, *k_norm; /* [head_dim] per-head RMSNorm of q and k, or NULL (Qwen3) */
 } nstf_llama_layer;
 
 typedef struct nstf_llama_weights {
@@ -53,7 +59,10 @@ typedef struct nstf_llama_weights {
     nstf_llama_layer *layers; /* [n_layers] */
     const float *out_norm;   /* [dim] */
     nstf_matrix output;      /* [n_vocab, dim]; == tok_embd when tied */
-    float *norms;            /* owned: all norm vectors as fp32, carved by a size table */
+    const float *rope_factors; /* [head_dim/2] RoPE frequency divisors, or NULL (Llama 3.x
+                                  rope_freqs.weight, times the linear scaling factor) */
+    float *norms;            /* owned: every fp32 vector (norms, biases, factors), carved by a size table */
+    uint64_t norm_floats;    /* floats in norms */
     nstf_matrix *factors;    /* owned: [n_layers][7][2] the low-rank factor pairs of the layer
                                 matrices that have them (nstf_matrix.factors points here) */
 } nstf_llama_weights;
@@ -77,6 +86,8 @@ typedef struct nstf_llama_state {
     int n_ctx;       /* KV cache positions per sequence */
     int n_batch;     /* most tokens per forward */
     int n_seq;       /* sequence slots of the KV cache */
+    int kv_block;    /* paged cache: positions per block (0: contiguous per sequence) */
+    int kv_blocks;   /* paged cache: blocks in the pool */
     float *x;        /* [n_batch, dim] the residual stream */
     float *y;        /* [n_batch, dim] a block's output before it is added into x */
     void *xb;        /* [n_batch, dim] normed input of a block */
@@ -86,8 +97,8 @@ typedef struct nstf_llama_state {
     void *hs;        /* [n_batch, ffn_dim] silu(gate) * up */
     float *logits;   /* [n_batch, n_vocab] (the last row only unless all-logits) */
     int32_t *argmax; /* [1] the greedy token of the last row */
-    void *k_cache;   /* [n_layers, n_seq, n_ctx, kv_dim] */
-    void *v_cache;   /* [n_layers, n_seq, n_ctx, kv_dim] */
+    void *k_cache;   /* [n_layers, n_seq, n_ctx, kv_dim]; paged: [n_layers, kv_blocks, kv_block, kv_dim] */
+    void *v_cache;   /* as k_cache */
     void *block;     /* the one backend allocation everything above is carved from */
     uint64_t block_bytes, kv_bytes;
 } nstf_llama_state;
@@ -116,18 +127,37 @@ typedef struct nstf_llama_run {
  * allocate, upload and prepare. m must outlive the run. */
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out);
+/* The same with a paged KV cache: a pool of kv_blocks blocks of kv_block
+ * positions that the n_seq sequences share through the block table each
+ * forward's batch carries (nstf_batch.blocks, [n_seq, n_ctx / kv_block]);
+ * n_ctx (a multiple of kv_block) bounds one sequence's positions. The
+ * pool may hold fewer positions than n_seq * n_ctx: that is the point. */
+nstf_status nstf_llama_run_create_paged(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                        int kv_block, int kv_blocks, nstf_llama_run **out);
 /* A stage: layers [l0, l1), with the embedding if embed, with the final
  * norm and the output matrix if output. */
 nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                         int l0, int l1, bool embed, bool output, nstf_llama_run **out);
+/* Every knob at once: a stage (layers [l0, l1), embed, output) whose KV
+ * cache is paged (kv_block > 0) or contiguous (kv_block = kv_blocks = 0). */
+typedef struct nstf_llama_run_shape {
+    int n_ctx, n_batch, n_seq;
+    int l0, l1;
+    bool embed, output;
+    int kv_block, kv_blocks;
+} nstf_llama_run_shape;
+nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, const nstf_llama_run_shape *shape,
+                                         nstf_llama_run **out);
 void nstf_llama_run_free(nstf_llama_run *r);
 /* Empty the KV cache (every sequence reads as zeros). */
 nstf_status nstf_llama_run_clear(nstf_llama_run *r);
 
 /* One forward of b (b->n <= n_batch; positions below n_ctx; seq < n_seq).
- * logits (host, may be NULL): the last token's [n_vocab], or every token's
- * [n, n_vocab] with all_logits. argmax (host, may be NULL; needs
- * b->argmax): the greedy token of the last row, computed on the backend. */
+ * logits (host, may be NULL): the last token's [n_vocab], every token's
+ * [n, n_vocab] with all_logits, or those of b->rows [n_rows, n_vocab].
+ * argmax (host, may be NULL; needs b->argmax): the greedy token of the
+ * last of those rows, computed on the backend. A paged run checks that
+ * every block a token writes or reads is one of its pool. */
 nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
 /* The common case: n tokens of sequence 0 at positions pos0.. */
 nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,

@@ -120,6 +120,16 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llam
         nstf_llama_layer *D = &w->layers[l];
         put_norm(p, L->attn_norm, c->dim, &D->attn_norm);
         put_norm(p, L->ffn_norm, c->dim, &D->ffn_norm);
+        const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+        if (L->bq) {
+            put_norm(p, L->bq, qd, &D->bq);
+            put_norm(p, L->bk, kvd, &D->bk);
+            put_norm(p, L->bv, kvd, &D->bv);
+        }
+        if (L->q_norm) {
+            put_norm(p, L->q_norm, c->head_dim, &D->q_norm);
+            put_norm(p, L->k_norm, c->head_dim, &D->k_norm);
+        }
         const nstf_matrix *qkv[3] = {&L->wq, &L->wk, &L->wv}, *o = &L->wo, *gu[2] = {&L->w_gate, &L->w_up},
                           *dn = &L->w_down;
         nstf_matrix *qkv_d[3] = {&D->wq, &D->wk, &D->wv}, *o_d = &D->wo, *gu_d[2] = {&D->w_gate, &D->w_up},
@@ -129,6 +139,8 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llam
         put_group(p, gu, gu_d, 2);
         put_group(p, &dn, &dn_d, 1);
     }
+    /* the RoPE frequency factors on every stage with layers */
+    if (m->w.rope_factors && r->l1 > r->l0) put_norm(p, m->w.rope_factors, c->head_dim / 2, &w->rope_factors);
     if (r->output) {
         put_norm(p, m->w.out_norm, c->dim, &w->out_norm);
         if (c->tied_output) {
@@ -205,7 +217,8 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, i
               nstf_mul_ok(B * act, 2 * ffn, &sz[5]) &&              /* h */
               nstf_mul_ok(B * act, ffn, &sz[6]) &&                  /* hs */
               nstf_mul_ok(B * 4, V, &sz[7]) &&                      /* logits */
-              nstf_mul_ok((uint64_t)n_layers * (uint64_t)s->n_seq, (uint64_t)s->n_ctx, &cache) &&
+              nstf_mul_ok((uint64_t)n_layers * (uint64_t)(s->kv_block ? s->kv_blocks : s->n_seq),
+                          (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx), &cache) &&
               nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
     sz[1] = sz[0];  /* y */
     sz[8] = 16;     /* argmax */
@@ -253,20 +266,42 @@ void nstf_llama_run_free(nstf_llama_run *r) {
 
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out) {
-    return nstf_llama_run_create_stage(m, be, n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, out);
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, 0, 0};
+    return nstf_llama_run_create_shaped(m, be, &sh, out);
+}
+
+nstf_status nstf_llama_run_create_paged(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
+                                        int kv_block, int kv_blocks, nstf_llama_run **out) {
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, kv_block, kv_blocks};
+    return nstf_llama_run_create_shaped(m, be, &sh, out);
 }
 
 nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                         int l0, int l1, bool embed, bool output, nstf_llama_run **out) {
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, l0, l1, embed, output, 0, 0};
+    return nstf_llama_run_create_shaped(m, be, &sh, out);
+}
+
+nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, const nstf_llama_run_shape *sh,
+                                         nstf_llama_run **out) {
+    int n_batch = sh->n_batch;
+    const int n_ctx = sh->n_ctx, n_seq = sh->n_seq, l0 = sh->l0, l1 = sh->l1, kv_block = sh->kv_block,
+              kv_blocks = sh->kv_blocks;
+    const bool embed = sh->embed, output = sh->output;
     *out = NULL;
     const nstf_llama_config *c = &m->cfg;
     if (n_ctx < 1 || n_batch < 1 || n_seq < 1)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "context (%d), batch (%d) and sequences (%d) must be positive",
                               n_ctx, n_batch, n_seq);
+    if (kv_block < 0 || (kv_block > 0 && (kv_blocks < 1 || n_ctx % kv_block != 0)) || (kv_block == 0 && kv_blocks != 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "paged KV cache: %d blocks of %d positions for a context of %d (a positive number of "
+                              "blocks whose size divides the context)",
+                              kv_blocks, kv_block, n_ctx);
     if (l0 < 0 || l1 < l0 || l1 > c->n_layers || (l0 == l1 && !embed && !output))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "stage of layers %d..%d of a %d-layer model", l0, l1 - 1,
                               c->n_layers);
-    if (n_batch > n_ctx * n_seq) n_batch = n_ctx * n_seq;
+    if ((int64_t)n_batch > (int64_t)n_ctx * n_seq) n_batch = n_ctx * n_seq;
     nstf_llama_run *r = nstf_calloc(1, sizeof *r, "model run");
     if (!r) return NSTF_ERR_OOM;
     r->m = m;
@@ -278,6 +313,8 @@ nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, i
     r->s.n_ctx = n_ctx;
     r->s.n_batch = n_batch;
     r->s.n_seq = n_seq;
+    r->s.kv_block = kv_block;
+    r->s.kv_blocks = kv_blocks;
 
     /* plan: weights, run state, workspace */
     nstf_status st = NSTF_OK;
@@ -286,7 +323,7 @@ nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, i
         r->w = m->w;
         const nstf_gguf *g = m->file;
         for (uint64_t i = 0; g && i < g->n_tensors; i++) r->wbytes += g->tensors[i].n_bytes;
-        r->wbytes += (uint64_t)(2 * c->n_layers + 1) * (uint64_t)c->dim * sizeof(float); /* fp32 norms */
+        r->wbytes += m->w.norm_floats * sizeof(float); /* fp32 norms, biases, factors */
     } else {
         r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
         r->w.factors = nstf_calloc((size_t)c->n_layers * 14, sizeof *r->w.factors, "low-rank factor table");
@@ -301,7 +338,8 @@ nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, i
     const int n_mats = 14 * c->n_layers; /* every matrix on its own, or as two factors: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                             n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0,
-                            embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32};
+                            embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32,
+                            kv_block, kv_blocks};
     if (st == NSTF_OK) {
         mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
         if (!mats) st = NSTF_ERR_OOM;

@@ -22,6 +22,15 @@ nstf_session_params nstf_session_default_params(void) {
     return p;
 }
 
+/* A run (or a stage: layers [l0, l1)) of the session's shape on be. */
+static nstf_status run_create(nstf_session *s, nstf_backend *be, int n_ctx, int l0, int l1, bool embed, bool output,
+                              nstf_llama_run **out) {
+    const nstf_session_shape *h = &s->shape;
+    const nstf_llama_run_shape sh = {n_ctx, s->params.n_batch, h->n_seq, l0, l1, embed, output, h->kv_block,
+                                     h->kv_blocks};
+    return nstf_llama_run_create_shaped(s->model, be, &sh, out);
+}
+
 /* Place the model on the GPU when asked (gpu) or possible (auto). gpu: any
  * failure is the session's error. auto: a missing device or a failing
  * start leaves s->run NULL (the CPU runs) and says why with --verbose. */
@@ -43,14 +52,11 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     }
     const int L = s->model->cfg.n_layers, ngl = p->n_gpu_layers <= 0 || p->n_gpu_layers > L ? L : p->n_gpu_layers;
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
-    if (st == NSTF_OK) st = nstf_llama_run_create_stage(s->model, s->be, n_ctx, p->n_batch, 1, 0, ngl, true, ngl == L,
-                                                         &s->run);
+    if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, ngl, true, ngl == L, &s->run);
     if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
         const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic};
         st = nstf_backend_cpu_create(&cp, &s->be_cpu);
-        if (st == NSTF_OK)
-            st = nstf_llama_run_create_stage(s->model, s->be_cpu, n_ctx, p->n_batch, 1, ngl, L, false, true,
-                                             &s->run_cpu);
+        if (st == NSTF_OK) st = run_create(s, s->be_cpu, n_ctx, ngl, L, false, true, &s->run_cpu);
         if (st == NSTF_OK) s->run->next = s->run_cpu;
     }
     if (st != NSTF_OK) {
@@ -72,6 +78,11 @@ nstf_status nstf_session_forward(nstf_session *s, const int32_t *tokens, int n, 
 }
 
 nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, nstf_session **out) {
+    return nstf_session_open_shaped(path, pp, NULL, out);
+}
+
+nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params *pp, const nstf_session_shape *shape,
+                                     nstf_session **out) {
     *out = NULL;
     nstf_session_params p = pp ? *pp : nstf_session_default_params();
     if (!path || !*path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no model path given");
@@ -90,6 +101,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     nstf_session *s = nstf_calloc(1, sizeof *s, "session");
     if (!s) return NSTF_ERR_OOM;
     s->params = p;
+    s->shape = shape ? *shape : (nstf_session_shape){1, 0, 0};
     nstf_gguf *g = NULL;
     nstf_status st = nstf_model_file_open(path, &g);
     if (st == NSTF_OK) {
@@ -110,7 +122,7 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
         if (st == NSTF_OK && !s->run) {
             const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic};
             st = nstf_backend_cpu_create(&cp, &s->be);
-            if (st == NSTF_OK) st = nstf_llama_run_create(s->model, s->be, n_ctx, p.n_batch, 1, &s->run);
+            if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, s->model->cfg.n_layers, true, true, &s->run);
         }
     }
     if (st == NSTF_OK) {
@@ -126,8 +138,8 @@ nstf_status nstf_session_open(const char *path, const nstf_session_params *pp, n
     s->load_ms = nstf_time_ms() - t0;
     if (p.verbose) {
         const nstf_llama_config *c = &s->model->cfg;
-        fprintf(stderr, "nstf: %s: llama, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
-                path, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
+        fprintf(stderr, "nstf: %s: %s, %d layers, dim %d, %d heads (%d kv, head %d), ffn %d, vocab %d, trained ctx %d\n",
+                path, c->arch->name, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                 c->n_ctx_train);
         const nstf_llama_state *rs = &s->run->s;
         nstf_backend_mem mem;

@@ -11,8 +11,16 @@
 #include "model/sampler.h"
 #include "nstf_tools.h"
 
+/* The run a session places the model in: n_seq sequence slots, and a
+ * paged KV cache of kv_blocks blocks of kv_block positions (0: each
+ * sequence has n_ctx contiguous positions). nstf_session_open: 1, 0, 0. */
+typedef struct nstf_session_shape {
+    int n_seq, kv_block, kv_blocks;
+} nstf_session_shape;
+
 struct nstf_session {
     nstf_session_params params;
+    nstf_session_shape shape;
     nstf_llama *model;
     nstf_tokenizer *tok;
     nstf_backend *be;
@@ -23,5 +31,11 @@ struct nstf_session {
     int n_ctx, n_batch; /* of the run */
     double load_ms;
 };
+
+/* nstf_session_open with the run shaped for serving several sequences
+ * (shape NULL: one sequence). A device that cannot hold such a run fails
+ * the open (gpu) or leaves it to the CPU (auto), as any other failure. */
+nstf_status nstf_session_open_shaped(const char *model_path, const nstf_session_params *p,
+                                     const nstf_session_shape *shape, nstf_session **out);
 
 #endif

@@ -14,6 +14,11 @@ int nstf_session_n_batch(const nstf_session *s) { return s->n_batch; }
 const char *nstf_session_path(const nstf_session *s) { return s->model->file->path; }
 const float *nstf_session_logits(const nstf_session *s) { return s->logits; }
 
+nstf_status nstf_session_tokenize(nstf_session *s, const char *text, size_t len, bool parse_special, int32_t **ids,
+                                  int64_t *n) {
+    return nstf_tokenizer_encode(s->tok, text, len, nstf_tokenizer_wants_bos(s->tok), parse_special, ids, n);
+}
+
 const char *nstf_session_backend_name(const nstf_session *s) { return s->be->vt->name; }
 const char *nstf_session_device(const nstf_session *s) { return s->be->device; }
 bool nstf_session_on_gpu(const nstf_session *s) { return !s->be->host_memory; }

@@ -115,7 +115,7 @@ void nstf_ref_matmul_bwd_w(const float *x /* [n_tok, n_in] */, const float *dy /
  *   loss = sum over t with targets[t] != ignore_index of
  *          (lse_t - z[t, targets[t]]) / n_norm,   lse_t = log sum_v exp(z[t, v])
  *   dh   = d loss / d h        (written; zero rows for ignored tokens)
- *   dW  += d loss / d W
+ *   dW  += d loss / d W      (dw may be NULL: a frozen output matrix)
  * and returns loss. n_norm is the number of targets the step's mean runs
  * over: pass the count of non-ignored targets of the whole step (summed
  * over its micro-batches, nstf_ce_count), or <= 0 to use this call's
@@ -159,6 +159,24 @@ void nstf_cpu_matmul_bwd_w(nstf_cpu *cpu, const float *x, const float *dy, float
 void nstf_cpu_attention_bwd(nstf_cpu *cpu, const float *q, const float *k, const float *v,
                             const float *out, const float *dout, const float *lse, float *dq,
                             float *dk, float *dv, int64_t n_tok, int64_t pos0, int n_heads,
+                            int n_kv_heads, int head_dim, float scale);
+
+/* The light ones, threaded; same contracts as the references. RMSNorm's
+ * work holds n floats (each row's rsqrt), dw may be NULL (a frozen norm). */
+void nstf_cpu_get_rows_bwd(nstf_cpu *cpu, const int32_t *ids, const float *dout, float *dtable,
+                           int64_t n_tok, int64_t dim);
+void nstf_cpu_rmsnorm_bwd(nstf_cpu *cpu, const float *x, const float *w, const float *dy, float *dx,
+                          float *dw, int64_t n_tok, int64_t dim, float eps, float *work /* [n_tok] */);
+void nstf_cpu_rope_bwd(nstf_cpu *cpu, float *dx, const int32_t *pos, int64_t n_tok, int n_heads,
+                       int head_dim, float base, nstf_rope_mode mode);
+void nstf_cpu_swiglu_bwd(nstf_cpu *cpu, const float *gate, const float *up, const float *dy,
+                         float *dgate, float *dup, int64_t n);
+
+/* Forward attention that also writes the log-sum-exp of every row (the
+ * training forward; nstf_cpu_attention's contract, lse [n_tok, n_heads]).
+ * Never splits a row's keys, so results do not depend on the pool size. */
+void nstf_cpu_attention_lse(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                            float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
                             int n_kv_heads, int head_dim, float scale);
 
 /* Floats of workspace nstf_cpu_cross_entropy needs for this shape: at most

@@ -2,7 +2,10 @@
  * op call from its arguments (fusions included), for profiles, rooflines
  * and traces. Activation bytes follow the views' element types, so one
  * model serves the fp32 CPU path and the bf16 GPU path. */
+#include <math.h>
+
 #include "ops/ops.h"
+#include "ops/optim.h"
 
 static double esize(nstf_type t) {
     uint64_t b;
@@ -81,6 +84,38 @@ nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int6
     return c;
 }
 
+nstf_op_cost nstf_cost_bias(int64_t n) {
+    /* one add per element; x read and written, b read once per row (cached) */
+    nstf_op_cost c = {(double)n, 8.0 * n, false};
+    return c;
+}
+
+nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim) {
+    /* as rmsnorm, in place */
+    nstf_op_cost c = nstf_cost_rmsnorm(n_rows, head_dim);
+    return c;
+}
+
+/* The backward of attention recomputes the scores (QK^T) and forms dP
+ * (dO V^T), dV (P^T dO), dQ (dS K) and dK (dS^T Q): five products where
+ * the forward has two, 2.5x its FLOPs; reads q, k, v, out, dout once and
+ * writes dq, dk, dv. */
+nstf_op_cost nstf_cost_attention_bwd(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim) {
+    nstf_op_cost f = nstf_cost_attention(n_tok, pos0, n_heads, n_kv_heads, head_dim);
+    nstf_op_cost c = {2.5 * f.flops, 2.0 * f.bytes + 4.0 * n_tok * n_heads * head_dim, false};
+    return c;
+}
+
+/* Two passes of the logits GEMM (2 n dim V each) and the two gradient GEMMs
+ * (dh and, unless frozen, dW): 8 n dim V, plus ~10 per logit for the
+ * softmax; the output matrix is read twice (and its gradient written). */
+nstf_op_cost nstf_cost_cross_entropy(int64_t n_tok, int64_t dim, int64_t n_vocab, bool dw) {
+    const double nvd = (double)n_tok * dim * n_vocab;
+    nstf_op_cost c = {(dw ? 8.0 : 6.0) * nvd + 10.0 * (double)n_tok * n_vocab,
+                      4.0 * (double)n_vocab * dim * (dw ? 3.0 : 2.0) + 8.0 * (double)n_tok * dim, false};
+    return c;
+}
+
 static void cost_add(nstf_op_cost *c, nstf_op_cost d) {
     c->flops += d.flops;
     c->bytes += d.bytes;
@@ -120,6 +155,16 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         if (a->matmul.epi == NSTF_MM_ROPE)
             c.flops += nstf_cost_rope(n, a->matmul.rope.n_heads + a->matmul.rope.n_kv_heads, a->matmul.rope.head_dim).flops;
         if (a->matmul.epi == NSTF_MM_SWIGLU) c.flops += nstf_cost_swiglu(n * (n_out / 2)).flops;
+        for (int i = 0; i < a->matmul.n_w; i++)
+            if (a->matmul.bias[i]) {
+                c.flops += (double)n * a->matmul.w[i]->n_out;
+                c.bytes += 4.0 * a->matmul.w[i]->n_out;
+            }
+        if (a->matmul.q_norm) {
+            const nstf_rope_args *r = &a->matmul.rope;
+            c.flops += nstf_cost_head_norm(n * (r->n_heads + r->n_kv_heads), r->head_dim).flops;
+            c.bytes += 8.0 * r->head_dim;
+        }
         break;
     }
     case NSTF_OP_ROPE: {
@@ -133,7 +178,15 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         const int nh = a->attention.n_heads, nkv = a->attention.n_kv_heads, hd = a->attention.head_dim;
         c = nstf_cost_attention(n, pos0, nh, nkv, hd);
         const double sq = esize(a->attention.q.type), skv = esize(a->attention.k.type);
-        c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * (double)(pos0 + n) * nkv * hd;
+        double keys = (double)(pos0 + n); /* cache positions read */
+        if (a->attention.window > 0) {      /* each token sees at most `window` keys */
+            const double w = a->attention.window;
+            double visible = 0;
+            for (int64_t t = 0; t < n; t++) visible += fmin((double)(pos0 + t + 1), w);
+            c.flops = 4.0 * visible * nh * hd + 5.0 * visible * nh;
+            keys = fmin(keys, w + (double)n - 1);
+        }
+        c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * keys * nkv * hd;
         break;
     }
     case NSTF_OP_SWIGLU:
@@ -144,6 +197,81 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         c = nstf_cost_argmax(a->argmax.n_rows, a->argmax.n);
         c.bytes = (double)a->argmax.n_rows * (esize(a->argmax.x.type) * a->argmax.n + 4.0);
         break;
+    case NSTF_OP_BIAS:
+        c = nstf_cost_bias(a->bias.n * a->bias.width);
+        c.bytes = 2.0 * esize(a->bias.x.type) * (double)a->bias.n * a->bias.width + 4.0 * a->bias.width;
+        break;
+    case NSTF_OP_HEAD_NORM: {
+        const int64_t rows = a->head_norm.n * (a->head_norm.n_heads + a->head_norm.n_kv_heads);
+        c = nstf_cost_head_norm(rows, a->head_norm.head_dim);
+        c.bytes = 2.0 * esize(a->head_norm.q.type) * (double)rows * a->head_norm.head_dim + 8.0 * a->head_norm.head_dim;
+        break;
+    }
+    case NSTF_OP_GET_ROWS_BWD:
+        c.flops = (double)a->get_rows_bwd.n * a->get_rows_bwd.dim;
+        c.bytes = 12.0 * (double)a->get_rows_bwd.n * a->get_rows_bwd.dim;
+        break;
+    case NSTF_OP_RMSNORM_BWD: {
+        const double e = (double)a->rmsnorm_bwd.n * a->rmsnorm_bwd.dim;
+        c.flops = (a->rmsnorm_bwd.dw ? 10.0 : 7.0) * e;
+        c.bytes = 4.0 * 4.0 * e + (a->rmsnorm_bwd.dx_act.data ? esize(a->rmsnorm_bwd.dx_act.type) * e : 0.0);
+        break;
+    }
+    case NSTF_OP_ROPE_BWD: {
+        const nstf_rope_args *r = &a->rope_bwd.r;
+        c = nstf_cost_rope(a->rope_bwd.n, r->n_heads + r->n_kv_heads, r->head_dim);
+        c.bytes += (double)a->rope_bwd.n * (r->n_heads + r->n_kv_heads) * r->head_dim * 2.0 *
+                   (esize(a->rope_bwd.q.type) - 4.0);
+        break;
+    }
+    case NSTF_OP_ATTENTION_BWD: {
+        const int nh = a->attention_bwd.n_heads, nkv = a->attention_bwd.n_kv_heads, hd = a->attention_bwd.head_dim;
+        const int64_t n = a->attention_bwd.n, pos0 = a->attention_bwd.pos0;
+        c = nstf_cost_attention_bwd(n, pos0, nh, nkv, hd);
+        const double s = esize(a->attention_bwd.q.type);
+        c.bytes = s * (5.0 * n * nh * hd + 4.0 * (double)(pos0 + n) * nkv * hd) + 4.0 * n * nh;
+        break;
+    }
+    case NSTF_OP_SWIGLU_BWD: {
+        const double e = (double)a->swiglu_bwd.n * a->swiglu_bwd.n_ff;
+        c.flops = 12.0 * e;
+        c.bytes = 5.0 * esize(a->swiglu_bwd.dy.type) * e;
+        break;
+    }
+    case NSTF_OP_MATMUL_BWD_X: {
+        const nstf_matrix *w = a->matmul_bwd_x.w;
+        const int64_t n = a->matmul_bwd_x.n;
+        c.flops = 2.0 * n * w->n_in * w->n_out;
+        c.bytes = (double)w->n_out * row_bytes(w->type, w->n_in) + (double)n * w->n_out * esize(a->matmul_bwd_x.dy.type) +
+                  (double)n * w->n_in * esize(a->matmul_bwd_x.dx.type) * (a->matmul_bwd_x.acc ? 2.0 : 1.0);
+        break;
+    }
+    case NSTF_OP_MATMUL_BWD_W: {
+        const int64_t n = a->matmul_bwd_w.n, ni = a->matmul_bwd_w.n_in, no = a->matmul_bwd_w.n_out;
+        c.flops = 2.0 * n * ni * no;
+        c.bytes = (double)n * (ni * esize(a->matmul_bwd_w.x.type) + no * esize(a->matmul_bwd_w.dy.type)) + 8.0 * ni * no;
+        break;
+    }
+    case NSTF_OP_CROSS_ENTROPY:
+        c = nstf_cost_cross_entropy(a->cross_entropy.n, a->cross_entropy.w->n_in, a->cross_entropy.w->n_out,
+                                    a->cross_entropy.dw != NULL);
+        break;
+    case NSTF_OP_ADAMW:
+    case NSTF_OP_GRAD_NORM: {
+        const struct nstf_param_tensor *t = a->op == NSTF_OP_ADAMW ? a->adamw.tensors : a->grad_norm.tensors;
+        const int nt = a->op == NSTF_OP_ADAMW ? a->adamw.n_tensors : a->grad_norm.n_tensors;
+        double p = 0;
+        for (int i = 0; i < nt; i++) p += (double)t[i].n;
+        if (a->op == NSTF_OP_ADAMW) {
+            /* reads w, g, m, v; writes w, m, v (and the compute copy) */
+            c.flops = 16.0 * p;
+            c.bytes = 28.0 * p + (a->adamw.w_copy.data ? esize(a->adamw.w_copy.type) * p : 0.0);
+        } else {
+            c.flops = 2.0 * p;
+            c.bytes = 4.0 * p;
+        }
+        break;
+    }
     case NSTF_OP_MATMUL_LR: {
         const nstf_matrix *fa = a->matmul_lr.a, *fb = a->matmul_lr.b;
         const int64_t n = a->matmul_lr.n;

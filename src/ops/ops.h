@@ -44,16 +44,42 @@
     X(MATMUL, matmul, nstf_ref_matmul, nstf_cpu_matmul, nstf_gpu_gemv,                             \
       "y[t,o] = sum_i W[o,i] x[t,i] over a group of matrices; fusion flags: norm prologue, "       \
       "RoPE / SwiGLU / residual epilogue")                                                          \
-    X(ROPE, rope, nstf_ref_rope, nstf_cpu_rope, nstf_gpu_rope_strided,                             \
-      "rotary position embedding of q and k, in place")                                             \
-    X(ATTENTION, attention, nstf_ref_attention, nstf_cpu_attention, nstf_gpu_flash_attn,           \
-      "causal grouped-query attention over the KV cache (the batch's K and V written into it)")    \
+    X(ROPE, rope, nstf_ref_rope_ff, nstf_cpu_rope_ff, nstf_gpu_rope_strided,                       \
+      "rotary position embedding of q and k, in place (frequency factors optional)")                \
+    X(ATTENTION, attention, nstf_ref_attention_sw, nstf_cpu_attention_sw, nstf_gpu_flash_attn_sw,  \
+      "causal grouped-query attention over the KV cache (the batch's K and V written into it; "    \
+      "sliding window optional)")                                                                   \
     X(SWIGLU, swiglu, nstf_ref_swiglu, nstf_cpu_swiglu, nstf_gpu_swiglu, "y = silu(gate) * up")    \
     X(ARGMAX, argmax, nstf_ref_argmax, nstf_cpu_argmax, nstf_gpu_argmax,                           \
       "index of the largest value per row (first on ties)")                                         \
+    X(BIAS, bias, nstf_ref_bias, nstf_cpu_bias, nstf_gpu_bias, "x[t,:] += b (a projection's bias)") \
+    X(HEAD_NORM, head_norm, nstf_ref_head_norm, nstf_cpu_head_norm, nstf_gpu_head_norm,            \
+      "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")          \
     X(MATMUL_LR, matmul_lr, nstf_ref_matmul_lr, nstf_cpu_matmul_lr, nstf_gpu_matmul_lr,            \
-      "y = (x A^T) B^T: a matrix stored as low-rank factors A [r, n_in], B [n_out, r]")
-#define NSTF_OP_COUNT 9
+      "y = (x A^T) B^T: a matrix stored as low-rank factors A [r, n_in], B [n_out, r]")            \
+    /* training: the backward of every op, the fused loss, the optimizer (ops/backward.h,        \
+     * ops/optim.h; parameter gradients are added into, activation gradients written) */         \
+    X(GET_ROWS_BWD, get_rows_bwd, nstf_ref_get_rows_bwd, nstf_cpu_get_rows_bwd, nstf_gpu_get_rows_bwd, \
+      "embedding backward: dtable[ids[t],:] += dout[t,:] (repeated ids summed in token order)")     \
+    X(RMSNORM_BWD, rmsnorm_bwd, nstf_ref_rmsnorm_bwd, nstf_cpu_rmsnorm_bwd, nstf_gpu_rmsnorm_bwd,  \
+      "RMSNorm backward: dx += (into the residual stream's gradient), dw +=")                       \
+    X(ROPE_BWD, rope_bwd, nstf_ref_rope_bwd, nstf_cpu_rope_bwd, nstf_gpu_rope_bwd,                 \
+      "RoPE backward: the gradients of q and k rotated by -theta, in place")                        \
+    X(ATTENTION_BWD, attention_bwd, nstf_ref_attention_bwd, nstf_cpu_attention_bwd,               \
+      nstf_gpu_flash_attn_bwd, "causal GQA attention backward from the saved log-sum-exp: dq, dk, dv") \
+    X(SWIGLU_BWD, swiglu_bwd, nstf_ref_swiglu_bwd, nstf_cpu_swiglu_bwd, nstf_gpu_swiglu_bwd,       \
+      "SwiGLU backward: dgate, dup from dy")                                                        \
+    X(MATMUL_BWD_X, matmul_bwd_x, nstf_ref_matmul_bwd_x, nstf_cpu_matmul_bwd_x, nstf_gpu_matmul_bwd_x, \
+      "matmul input gradient: dx (+)= dy W")                                                        \
+    X(MATMUL_BWD_W, matmul_bwd_w, nstf_ref_matmul_bwd_w, nstf_cpu_matmul_bwd_w, nstf_gpu_matmul_bwd_w, \
+      "matmul weight gradient: dW += dy^T x")                                                       \
+    X(CROSS_ENTROPY, cross_entropy, nstf_ref_cross_entropy, nstf_cpu_cross_entropy,               \
+      nstf_gpu_cross_entropy, "loss of the logits h W^T fused with them, chunked over the vocabulary: loss, dh, dW +=") \
+    X(ADAMW, adamw, nstf_ref_adamw, nstf_cpu_adamw, nstf_gpu_adamw,                                \
+      "AdamW step over the flat fp32 parameters (and their compute copy)")                          \
+    X(GRAD_NORM, grad_norm, nstf_ref_grad_norm, nstf_cpu_grad_norm, nstf_gpu_grad_norm,            \
+      "sum of squares of each parameter tensor's gradient; a NaN/Inf names its tensor")
+#define NSTF_OP_COUNT 21
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -123,6 +149,9 @@ typedef struct nstf_rope_args {
     int n_heads, n_kv_heads, head_dim;
     float base;
     nstf_rope_mode mode;
+    /* [head_dim/2] or NULL: theta_i = pos * base^(-2i/head_dim) / freq_factors[i]
+     * (Llama 3.x rope_freqs.weight, linear scaling: every factor the same) */
+    const float *freq_factors;
 } nstf_rope_args;
 
 typedef struct nstf_op_args {
@@ -164,6 +193,13 @@ typedef struct nstf_op_args {
             nstf_rope_args rope; /* ROPE */
             nstf_view act;       /* SWIGLU output [n, n_ff] */
             float *res;          /* ACCUM: the residual stream [n, n_out] fp32 */
+            /* out[i][t, :] += bias[i] (fp32 [w[i]->n_out]) before the epilogue,
+             * where non-NULL (Qwen2's QKV bias): the BIAS op unfused */
+            const float *bias[NSTF_MM_MAX_GROUP];
+            /* ROPE: per-head RMSNorm of q and k (weights [head_dim], eps
+             * above) after the bias, before the rotation (Qwen3): the
+             * HEAD_NORM op unfused */
+            const float *q_norm, *k_norm;
         } matmul;
         struct {
             nstf_view q, k; /* [n, n_heads, head_dim], [n, n_kv_heads, head_dim] */
@@ -172,15 +208,26 @@ typedef struct nstf_op_args {
         } rope;
         struct {
             nstf_view q, k, v;      /* this batch: [n, heads, head_dim] rows (k, v RoPE'd / raw) */
-            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim] */
+            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim], or with
+                                       blocks [n_blocks, block_size, n_kv_heads * head_dim] */
             nstf_view out;          /* [n, n_heads * head_dim] */
             const int32_t *pos;     /* [n] */
             const int32_t *seq;     /* [n] sequence slots, or NULL: all 0 */
-            int64_t n, n_ctx;
+            int64_t n, n_ctx;       /* n_ctx: positions per sequence */
             int64_t pos0;           /* host: the first position when the batch is one run of one
                                        sequence at consecutive positions, else -1 */
             int n_heads, n_kv_heads, head_dim;
             float scale;
+            int window;             /* > 0: a token at position p sees keys at positions
+                                       > p - window only (sliding window); 0: all */
+            /* Paged KV cache: NULL = the contiguous layout above. Otherwise
+             * position p of sequence s is row p % block_size of cache block
+             * blocks[s * (n_ctx / block_size) + p / block_size] (n_ctx is a
+             * multiple of block_size; every block a token reads is assigned). */
+            const int32_t *blocks;  /* [n_seq, n_ctx / block_size] block ids */
+            int block_size;         /* positions per block */
+            float *lse;             /* [n, n_heads] fp32 or NULL: each row's log-sum-exp of the
+                                       scaled scores (the training forward saves it) */
         } attention;
         struct {
             nstf_view gate, up, y; /* [n, n_ff] each */
@@ -198,6 +245,98 @@ typedef struct nstf_op_args {
             nstf_view out;            /* [n, n_out] */
             int64_t n;
         } matmul_lr;
+        struct {
+            nstf_view x;     /* [n, width], in place */
+            const float *b;  /* [width] fp32 */
+            int64_t n, width;
+        } bias;
+        struct {
+            nstf_view q, k;        /* [n, n_heads, head_dim], [n, n_kv_heads, head_dim], in place */
+            const float *wq, *wk;  /* [head_dim] each (wk unused when n_kv_heads is 0) */
+            int64_t n;
+            int n_heads, n_kv_heads, head_dim;
+            float eps;
+        } head_norm;
+        /* ---- training (row layouts as the forward's; gradients of
+         * parameters fp32 and added into) ---- */
+        struct {
+            const int32_t *ids; /* [n] */
+            nstf_view dout;     /* [n, dim] F32 */
+            float *dtable;      /* [n_rows, dim] += */
+            int64_t n, dim;
+        } get_rows_bwd;
+        struct {
+            const float *x;   /* [n, dim] the norm's input (the residual stream) */
+            const float *w;   /* [dim] */
+            const float *dy;  /* [n, dim] F32 */
+            float *dx;        /* [n, dim] += (the residual stream's gradient) */
+            float *dw;        /* [dim] +=, or NULL: a frozen norm */
+            nstf_view dx_act; /* data non-NULL: dx after the add, also in this view
+                                 (the activation type the next matmuls read) */
+            int64_t n, dim;
+            float eps;
+        } rmsnorm_bwd;
+        struct {
+            nstf_view q, k; /* gradients [n, n_heads, head_dim], [n, n_kv_heads, head_dim], in place */
+            int64_t n;
+            nstf_rope_args r;
+        } rope_bwd;
+        struct {
+            nstf_view q, k, v;  /* q [n, heads, hd]; k, v [pos0 + n, kv_heads, hd] (as the forward saw them) */
+            nstf_view out, dout; /* [n, heads * hd] */
+            const float *lse;   /* [n, n_heads] from the forward */
+            nstf_view dq, dk, dv; /* written; dk, dv cover the pos0 + n key rows */
+            int64_t n, pos0;
+            int n_heads, n_kv_heads, head_dim;
+            float scale;
+        } attention_bwd;
+        struct {
+            nstf_view gate, up, dy; /* [n, n_ff] each */
+            nstf_view dgate, dup;   /* [n, n_ff] written (may alias gate, up) */
+            int64_t n, n_ff;
+        } swiglu_bwd;
+        struct {
+            const nstf_matrix *w; /* [n_out, n_in], any stored type (a frozen base: dequantized) */
+            nstf_view dy;         /* [n, n_out] */
+            nstf_view dx;         /* [n, n_in] */
+            int64_t n;
+            bool acc;             /* dx += dy W, else dx = dy W */
+        } matmul_bwd_x;
+        struct {
+            nstf_view x;  /* [n, n_in] */
+            nstf_view dy; /* [n, n_out] */
+            float *dw;    /* [n_out, n_in] += */
+            int64_t n, n_in, n_out;
+        } matmul_bwd_w;
+        struct {
+            nstf_view h;              /* [n, dim] the normed final rows */
+            const nstf_matrix *w;     /* [n_vocab, dim] the output matrix (CPU: F32; GPU: BF16) */
+            const int32_t *targets;   /* [n] */
+            int32_t ignore_index;
+            double n_norm;            /* the step's count of targets (<= 0: this call's) */
+            float *lse;               /* [n] or NULL */
+            float *dh;                /* [n, dim] written */
+            float *dw;                /* [n_vocab, dim] +=, or NULL: a frozen matrix */
+            double *loss;             /* [1] written (backend memory) */
+            int64_t n;
+        } cross_entropy;
+        struct {
+            const struct nstf_adamw_params *p;       /* host */
+            const struct nstf_param_tensor *tensors; /* host: [n_tensors] */
+            int n_tensors;
+            int64_t step; /* from 1 */
+            float grad_scale;
+            float *w, *m, *v;  /* flat fp32 */
+            const float *grad;
+            nstf_view w_copy;  /* data non-NULL: the weights again in this type (the GPU's bf16 compute copy) */
+        } adamw;
+        struct {
+            const struct nstf_param_tensor *tensors; /* host: [n_tensors] */
+            int n_tensors;
+            const float *grad;
+            double *sq;   /* host [n_tensors]: each tensor's sum of squares */
+            double *norm; /* host: the global norm */
+        } grad_norm;
     };
 } nstf_op_args;
 
@@ -229,6 +368,12 @@ nstf_op_cost nstf_cost_matmul(nstf_type wtype, int64_t n_tok, int64_t n_in, int6
  * sees pos0 + t + 1 positions): QK^T and PV are 2 FLOPs per MAC each. */
 nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
+nstf_op_cost nstf_cost_bias(int64_t n);
+nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim);
+
+/* The backward ops' rows (training) take their own cost entries. */
+nstf_op_cost nstf_cost_attention_bwd(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
+nstf_op_cost nstf_cost_cross_entropy(int64_t n_tok, int64_t dim, int64_t n_vocab, bool dw);
 /* Two matmuls through the rank-r intermediate. */
 nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int64_t n_in, int64_t rank,
                                  int64_t n_out, bool int8_act);
@@ -249,7 +394,11 @@ void nstf_ref_matmul(nstf_type wtype, const void *w /* [n_out, n_in] */,
                      const float *x /* [n_tok, n_in] */, float *y /* [n_tok, n_out] */,
                      int64_t n_tok, int64_t n_in, int64_t n_out);
 /* In-place rotary embedding of the first `head_dim` dims of every head;
- * theta_i = pos * base^(-2i/head_dim). */
+ * theta_i = pos * base^(-2i/head_dim) / factors[i] (factors NULL: 1).
+ * nstf_ref_rope is the same without factors. */
+void nstf_ref_rope_ff(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
+                      int64_t n_tok, int n_heads, int head_dim, float base,
+                      const float *factors /* [head_dim/2] or NULL */, nstf_rope_mode mode);
 void nstf_ref_rope(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
                    int64_t n_tok, int n_heads, int head_dim, float base, nstf_rope_mode mode);
 /* Causal GQA: token t sits at position pos0 + t and attends to cache
@@ -260,11 +409,24 @@ void nstf_ref_attention(const float *q /* [n_tok, n_heads, head_dim] */,
                         const float *v /* [n_ctx, n_kv_heads, head_dim] */,
                         float *out /* [n_tok, n_heads, head_dim] */, int64_t n_tok, int64_t pos0,
                         int n_heads, int n_kv_heads, int head_dim, float scale);
+/* The same with a sliding window (window > 0): token t attends to cache
+ * positions max(0, pos0 + t - window + 1)..pos0+t; window 0 is
+ * nstf_ref_attention. torch: the causal mask & (kv_idx > q_idx - window),
+ * transformers' sliding_window_overlay. */
+void nstf_ref_attention_sw(const float *q, const float *k, const float *v, float *out, int64_t n_tok,
+                           int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale, int window);
 /* y = gate * sigmoid(gate) * up;  torch: F.silu(gate) * up */
 void nstf_ref_swiglu(const float *gate, const float *up, float *y, int64_t n);
 /* out[r] = argmax_j x[r, j] (first index on ties) */
 void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] */,
                      int64_t n_rows, int64_t n);
+/* x[t, :] += b;  torch: F.linear's bias */
+void nstf_ref_bias(float *x /* [n_tok, width] */, const float *b /* [width] */, int64_t n_tok,
+                   int64_t width);
+/* Per-head RMSNorm in place, every head_dim row of x:
+ * torch: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w  (Qwen3's q_norm / k_norm) */
+void nstf_ref_head_norm(float *x /* [n_rows, head_dim] */, const float *w /* [head_dim] */,
+                        int64_t n_rows, int head_dim, float eps);
 
 /* y = (x A^T) B^T: tmp = x A^T as nstf_ref_matmul (double sums, rounded
  * to float once), then y = tmp B^T the same way.
@@ -307,11 +469,27 @@ void nstf_cpu_matmul_precise(nstf_cpu *cpu, nstf_type wtype, const void *w, cons
                              float *y, int64_t n_tok, int64_t n_in, int64_t n_out);
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode);
+void nstf_cpu_rope_ff(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
+                      int head_dim, float base, const float *factors, nstf_rope_mode mode);
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale);
+void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, int window);
+/* The same over a paged cache: k, v are the block pool [n_blocks,
+ * block_size, n_kv_heads, head_dim] and cache position j is row
+ * j % block_size of block blocks[j / block_size]. Bitwise the result of
+ * nstf_cpu_attention_sw on the gathered rows (the same sums in the same
+ * order), so its reference is nstf_ref_attention on those rows. */
+void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                              const int32_t *blocks, int block_size, float *out, int64_t n_tok,
+                              int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                              int window);
 void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y, int64_t n);
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
+void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width);
+void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps);
 /* Two nstf_cpu_matmul calls (precise ones when cpu->precise) through tmp
  * [n_tok, rank]. */
 void nstf_cpu_matmul_lr(nstf_cpu *cpu, nstf_type ta, const void *a, nstf_type tb, const void *b, const float *x,

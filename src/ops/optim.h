@@ -52,6 +52,11 @@ void nstf_ref_adamw(const nstf_adamw_params *p, int64_t step, float grad_scale, 
                     float *w /* [n] */, const float *grad /* [n] */, float *m /* [n] */,
                     float *v /* [n] */, int64_t n);
 
+/* Reference of the per-tensor sums of squares: sq[i] = sum of grad^2 over
+ * tensor i in double, in order; returns sqrt(sum sq). */
+double nstf_ref_grad_norm(const nstf_param_tensor *tensors /* [n_tensors] */, int n_tensors,
+                          const float *grad, double *sq /* [n_tensors] */);
+
 /* The fused step over every tensor of the table (flat arrays of
  * n_total = last offset + n elements), threaded; fp32 arithmetic in torch's
  * order of operations. Elements not covered by the table are untouched. */

@@ -418,6 +418,7 @@ double nstf_cpu_cross_entropy(nstf_cpu *cpu, const float *h, const float *w,
                 gemm_ctx gh = {.a = z, .sam = c.nv, .sak = 1, .b = w + v0 * dim, .ldb = dim,
                                .c = dhb, .ldc = dim, .m = nb, .n = dim, .k = c.nv, .acc = v0 > 0};
                 gemm_run(cpu, gh);
+                if (!dw) continue; /* a frozen output matrix */
                 gemm_ctx gw = {.a = z, .sam = 1, .sak = c.nv, .b = hb, .ldb = dim,
                                .c = dw + v0 * dim, .ldc = dim, .m = c.nv, .n = dim, .k = nb,
                                .acc = true};
@@ -433,4 +434,115 @@ double nstf_cpu_cross_entropy(nstf_cpu *cpu, const float *h, const float *w,
         for (int64_t r = 0; r < nb; r++) memcpy(dh + idx[r] * dim, dhb + r * dim, (size_t)dim * 4);
     }
     return loss;
+}
+
+/* ---- the light ones: embedding, RMSNorm, SwiGLU --------------------------------
+ *
+ * O(n) each; threaded so that a training step on many tokens does not wait
+ * on one core. Each output element is owned by one thread and summed in
+ * token order, as everywhere in this file. */
+
+typedef struct {
+    const int32_t *ids;
+    const float *dout; /* [n_tok, dim] */
+    float *dtable;     /* [n_rows, dim] += */
+    int64_t n_tok, dim;
+} gr_bwd_ctx;
+
+/* Threads own column ranges of the table, so repeated ids never race and
+ * every element sums its tokens in order. */
+static void gr_bwd_fn(void *p, int ith, int nth) {
+    const gr_bwd_ctx *c = p;
+    int64_t i0, i1;
+    nstf_split_range(c->dim, 16, ith, nth, &i0, &i1);
+    for (int64_t t = 0; t < c->n_tok; t++) {
+        float *row = c->dtable + (int64_t)c->ids[t] * c->dim;
+        const float *d = c->dout + t * c->dim;
+        for (int64_t i = i0; i < i1; i++) row[i] += d[i];
+    }
+}
+
+void nstf_cpu_get_rows_bwd(nstf_cpu *cpu, const int32_t *ids, const float *dout, float *dtable,
+                           int64_t n_tok, int64_t dim) {
+    gr_bwd_ctx c = {ids, dout, dtable, n_tok, dim};
+    cpu_run(cpu, gr_bwd_fn, &c, n_tok * dim, dim / 16);
+}
+
+typedef struct {
+    const float *x, *w, *dy; /* [n, dim], [dim], [n, dim] */
+    float *dx, *dw;          /* [n, dim] +=, [dim] += */
+    float *r;                /* [n] rsqrt(mean(x^2) + eps) of each row */
+    int64_t n, dim;
+    float eps;
+} rms_bwd_ctx;
+
+/* per row: r, c = sum dy w x (double), dx += r dy w - x r^3 c / dim */
+static void rms_bwd_dx_fn(void *p, int ith, int nth) {
+    const rms_bwd_ctx *c = p;
+    const int64_t dim = c->dim;
+    int64_t t0, t1;
+    nstf_split_range(c->n, 1, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x = c->x + t * dim, *dy = c->dy + t * dim;
+        double ss = 0, cs = 0;
+        for (int64_t i = 0; i < dim; i++) {
+            ss += (double)x[i] * x[i];
+            cs += (double)dy[i] * c->w[i] * x[i];
+        }
+        const double r = 1.0 / sqrt(ss / (double)dim + (double)c->eps);
+        const float rf = (float)r, k = (float)(r * r * r * cs / (double)dim);
+        float *dx = c->dx + t * dim;
+        for (int64_t i = 0; i < dim; i++) dx[i] += rf * dy[i] * c->w[i] - x[i] * k;
+        c->r[t] = rf;
+    }
+}
+
+/* per column: dw += sum over rows of dy x r, in double, rows in order */
+static void rms_bwd_dw_fn(void *p, int ith, int nth) {
+    const rms_bwd_ctx *c = p;
+    int64_t i0, i1;
+    nstf_split_range(c->dim, 16, ith, nth, &i0, &i1);
+    enum { COLS = 256 };
+    double acc[COLS];
+    for (int64_t a = i0; a < i1; a += COLS) {
+        const int64_t nc = i1 - a < COLS ? i1 - a : COLS;
+        for (int64_t i = 0; i < nc; i++) acc[i] = 0;
+        for (int64_t t = 0; t < c->n; t++) {
+            const float *x = c->x + t * c->dim + a, *dy = c->dy + t * c->dim + a;
+            const double r = c->r[t];
+            for (int64_t i = 0; i < nc; i++) acc[i] += (double)dy[i] * x[i] * r;
+        }
+        for (int64_t i = 0; i < nc; i++) c->dw[a + i] += (float)acc[i];
+    }
+}
+
+void nstf_cpu_rmsnorm_bwd(nstf_cpu *cpu, const float *x, const float *w, const float *dy, float *dx,
+                          float *dw, int64_t n, int64_t dim, float eps, float *work) {
+    rms_bwd_ctx c = {x, w, dy, dx, dw, work, n, dim, eps};
+    cpu_run(cpu, rms_bwd_dx_fn, &c, 6 * n * dim, n);
+    if (dw) cpu_run(cpu, rms_bwd_dw_fn, &c, 3 * n * dim, dim / 16);
+}
+
+typedef struct {
+    const float *gate, *up, *dy;
+    float *dgate, *dup;
+    int64_t n;
+} swiglu_bwd_ctx;
+
+static void swiglu_bwd_fn(void *p, int ith, int nth) {
+    const swiglu_bwd_ctx *c = p;
+    int64_t i0, i1;
+    nstf_split_range(c->n, 64, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) {
+        const float g = c->gate[i], u = c->up[i], d = c->dy[i];
+        const float sg = 1.0f / (1.0f + expf(-g));
+        c->dgate[i] = d * u * sg * (1.0f + g * (1.0f - sg));
+        c->dup[i] = d * g * sg;
+    }
+}
+
+void nstf_cpu_swiglu_bwd(nstf_cpu *cpu, const float *gate, const float *up, const float *dy,
+                         float *dgate, float *dup, int64_t n) {
+    swiglu_bwd_ctx c = {gate, up, dy, dgate, dup, n};
+    cpu_run(cpu, swiglu_bwd_fn, &c, 12 * n, n / 64);
 }

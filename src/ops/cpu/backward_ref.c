@@ -47,7 +47,7 @@ void nstf_ref_rmsnorm_bwd(const float *x /* [n_tok, dim] */, const float *w /* [
             dx[t * dim + i] += (float)(r * dyr[i] * w[i] - (double)xr[i] * r * r * r * c / (double)dim);
     }
     double acc[REF_CHUNK]; /* [REF_CHUNK] slice of dw */
-    for (int64_t i0 = 0; i0 < dim; i0 += REF_CHUNK) {
+    for (int64_t i0 = 0; dw && i0 < dim; i0 += REF_CHUNK) { /* dw NULL: a frozen norm */
         int64_t n = dim - i0 < REF_CHUNK ? dim - i0 : REF_CHUNK;
         for (int64_t i = 0; i < n; i++) acc[i] = 0;
         for (int64_t t = 0; t < n_tok; t++) {
@@ -339,7 +339,7 @@ double nstf_ref_cross_entropy(const float *h /* [n_tok, dim] */, const float *w 
                 for (int64_t i = 0; i < n; i++) dh[t * dim + i0 + i] = (float)acc[i];
             }
         }
-        for (int64_t v = 0; v < n_vocab; v++) {
+        for (int64_t v = 0; dw && v < n_vocab; v++) {
             for (int64_t i0 = 0; i0 < dim; i0 += REF_CHUNK) {
                 int64_t n = dim - i0 < REF_CHUNK ? dim - i0 : REF_CHUNK;
                 for (int64_t i = 0; i < n; i++) acc[i] = 0;

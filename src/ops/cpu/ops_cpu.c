@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "ops/backward.h"
 #include "ops/cpu/cpu_internal.h"
 #include "ops/ops.h"
 
@@ -150,7 +151,9 @@ typedef struct {
     int64_t n_tok;
     int n_heads, head_dim;
     double freq_ratio; /* base^(-2/head_dim): inv_freq[i] = freq_ratio^i */
+    const float *factors; /* [head_dim/2] theta_i divisors, or NULL */
     nstf_rope_mode mode;
+    float sign;        /* 1: rotate by theta; -1: by -theta (the backward) */
 } rope_ctx;
 
 static void rope_fn(void *p, int ith, int nth) {
@@ -170,9 +173,10 @@ static void rope_fn(void *p, int ith, int nth) {
             float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
             for (int i = 0; i < n; i++) {
                 double th = (double)c->pos[t] * inv_freq;
+                if (c->factors) th /= c->factors[i0 + i];
                 th -= two_pi * floor(th / two_pi + 0.5);
                 cs[i] = cosf((float)th);
-                sn[i] = sinf((float)th);
+                sn[i] = c->sign * sinf((float)th);
                 inv_freq *= c->freq_ratio;
             }
             if (c->mode == NSTF_ROPE_NEOX) {
@@ -227,9 +231,22 @@ static void rope_fn(void *p, int ith, int nth) {
     }
 }
 
+void nstf_cpu_rope_ff(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
+                      int head_dim, float base, const float *factors, nstf_rope_mode mode) {
+    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), factors, mode, 1.0f};
+    cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
+}
+
 void nstf_cpu_rope(nstf_cpu *cpu, float *x, const int32_t *pos, int64_t n_tok, int n_heads,
                    int head_dim, float base, nstf_rope_mode mode) {
-    rope_ctx c = {x, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), mode};
+    nstf_cpu_rope_ff(cpu, x, pos, n_tok, n_heads, head_dim, base, NULL, mode);
+}
+
+/* The transpose of the rotation: the same pairs rotated by -theta
+ * (nstf_ref_rope_bwd), on a gradient in place. */
+void nstf_cpu_rope_bwd(nstf_cpu *cpu, float *dx, const int32_t *pos, int64_t n_tok, int n_heads,
+                       int head_dim, float base, nstf_rope_mode mode) {
+    rope_ctx c = {dx, pos, n_tok, n_heads, head_dim, pow((double)base, -2.0 / head_dim), NULL, mode, -1.0f};
     cpu_run(cpu, rope_fn, &c, 4 * n_tok * n_heads * head_dim, n_tok);
 }
 
@@ -256,6 +273,12 @@ static inline void attn_prefetch(const float *row, int n) {
 #endif
 }
 
+/* Row j of one kv head's keys or values: contiguous (tbl NULL), or row
+ * j % bs of cache block tbl[j / bs] (the paged cache). */
+static inline const float *attn_row(const float *base, const int32_t *tbl, int bs, int64_t j, int64_t stride) {
+    return tbl ? base + ((int64_t)tbl[j / bs] * bs + j % bs) * stride : base + j * stride;
+}
+
 /* Scratch of one attn_span call: scores, running max / sum, accumulators
  * for up to ATTN_MAX_G heads (~12 KiB, on the worker's stack). */
 typedef struct {
@@ -270,12 +293,14 @@ typedef struct {
  * K and V rows are walked once for all n_g heads (the GQA reuse: the
  * second head onward reads them from L1, not memory). Scores go through
  * the stack ATTN_KCHUNK keys at a time; when a chunk raises a head's max,
- * its acc and l are rescaled by e^(m_old - m_new). */
+ * its acc and l are rescaled by e^(m_old - m_new). Keys are addressed
+ * through attn_row, so a paged cache (tbl, bs) runs the same sums in the
+ * same order as the contiguous one. */
 static void attn_span(const float *qg /* [n_g, head_dim] */,
                       const float *kh /* [n_ctx, kv_stride] from this kv head */,
                       const float *vh /* [n_ctx, kv_stride] from this kv head */,
-                      int64_t kv_stride, int head_dim, int n_g, float scale, int64_t j0,
-                      int64_t j1, int d0, int nd, attn_scratch *w) {
+                      const int32_t *tbl, int bs, int64_t kv_stride, int head_dim, int n_g, float scale,
+                      int64_t j0, int64_t j1, int d0, int nd, attn_scratch *w) {
     for (int g = 0; g < n_g; g++) {
         w->m[g] = -INFINITY;
         w->l[g] = 0;
@@ -284,8 +309,9 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
     for (int64_t jc = j0; jc < j1; jc += ATTN_KCHUNK) {
         int n = j1 - jc < ATTN_KCHUNK ? (int)(j1 - jc) : ATTN_KCHUNK;
         for (int j = 0; j < n; j++) {
-            const float *kj = kh + (jc + j) * kv_stride;
-            if (jc + j + ATTN_PREFETCH < j1) attn_prefetch(kj + ATTN_PREFETCH * kv_stride, head_dim);
+            const float *kj = attn_row(kh, tbl, bs, jc + j, kv_stride);
+            if (jc + j + ATTN_PREFETCH < j1)
+                attn_prefetch(attn_row(kh, tbl, bs, jc + j + ATTN_PREFETCH, kv_stride), head_dim);
             for (int g = 0; g < n_g; g++)
                 w->sc[g][j] = scale * simd_dot(qg + g * head_dim, kj, head_dim);
         }
@@ -315,15 +341,16 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
             }
             w->l[g] += l;
         }
-        const float *v = vh + jc * kv_stride + d0;
         int j = 0;
 #if NSTF_CPU_AVX2
         /* four keys per pass over acc: a quarter of the acc loads/stores */
         for (; j + 4 <= n; j += 4) {
-            const float *v0 = v + j * kv_stride, *v1 = v0 + kv_stride, *v2 = v1 + kv_stride,
-                        *v3 = v2 + kv_stride;
+            const float *v0 = attn_row(vh, tbl, bs, jc + j, kv_stride) + d0,
+                        *v1 = attn_row(vh, tbl, bs, jc + j + 1, kv_stride) + d0,
+                        *v2 = attn_row(vh, tbl, bs, jc + j + 2, kv_stride) + d0,
+                        *v3 = attn_row(vh, tbl, bs, jc + j + 3, kv_stride) + d0;
             for (int jj = 0; jj < 4 && jc + j + ATTN_PREFETCH + jj < j1; jj++)
-                attn_prefetch(v0 + (ATTN_PREFETCH + jj) * kv_stride, nd);
+                attn_prefetch(attn_row(vh, tbl, bs, jc + j + ATTN_PREFETCH + jj, kv_stride) + d0, nd);
             for (int g = 0; g < n_g; g++) {
                 const float *sc = w->sc[g] + j;
                 float *acc = w->acc[g];
@@ -344,7 +371,7 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
         }
 #endif
         for (; j < n; j++) {
-            const float *vj = v + j * kv_stride;
+            const float *vj = attn_row(vh, tbl, bs, jc + j, kv_stride) + d0;
             for (int g = 0; g < n_g; g++) {
                 float p = w->sc[g][j], *acc = w->acc[g];
                 for (int d = 0; d < nd; d++) acc[d] += p * vj[d];
@@ -354,11 +381,15 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
 }
 
 typedef struct {
-    const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 */
+    const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 (paged: the block pool) */
+    const int32_t *tbl;     /* block table of the sequence, or NULL: contiguous */
+    int bs;                 /* positions per block */
     float *out;             /* [n_tok, n_heads, hd] */
+    float *lse;             /* [n_tok, n_heads] or NULL: m + log l of each row */
     int64_t n_tok, pos0;
     int n_heads, n_kv_heads, head_dim;
     float scale;
+    int window;             /* sliding window (0: none) */
     int n_gb;               /* head batches per kv head: ceil(group / ATTN_MAX_G) */
     int n_seg;              /* split-KV segments per batch; 1 = no split */
     float *part;            /* [n_tok * n_heads * n_seg, head_dim + 2] when n_seg > 1 */
@@ -386,12 +417,13 @@ static void attn_fn(void *p, int ith, int nth) {
         int h0 = kvh * group + gb * ATTN_MAX_G;
         int n_g = group - gb * ATTN_MAX_G < ATTN_MAX_G ? group - gb * ATTN_MAX_G : ATTN_MAX_G;
         int64_t n_keys = c->pos0 + t + 1;
+        const int64_t j_lo = c->window > 0 && n_keys > c->window ? n_keys - c->window : 0; /* first key seen */
         const float *qg = c->q + (t * c->n_heads + h0) * hd;
         const float *kh = c->k + (int64_t)kvh * hd, *vh = c->v + (int64_t)kvh * hd;
         if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
             int64_t j0, j1;
-            nstf_split_range(n_keys, 64, seg, c->n_seg, &j0, &j1);
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, j0, j1, 0, hd, &w);
+            nstf_split_range(n_keys - j_lo, 64, seg, c->n_seg, &j0, &j1);
+            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *dst = c->part + ((t * c->n_heads + h0 + g) * c->n_seg + seg) * (hd + 2);
                 dst[0] = w.m[g];
@@ -402,10 +434,11 @@ static void attn_fn(void *p, int ith, int nth) {
         }
         for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
             int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
-            attn_span(qg, kh, vh, kv_stride, hd, n_g, c->scale, 0, n_keys, d0, nd, &w);
+            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
+                if (c->lse && d0 == 0) c->lse[t * c->n_heads + h0 + g] = w.m[g] + logf(w.l[g]);
             }
         }
     }
@@ -418,18 +451,18 @@ static void attn_fn(void *p, int ith, int nth) {
  * context is long, each item's keys are also split into segments
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
-void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
-                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
-                        float scale) {
+static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl, int bs,
+                      float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                      int head_dim, float scale, int window) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
     const int64_t n_base = n_tok * n_kv_heads * n_gb, n_pairs = n_tok * n_heads;
-    const int64_t min_keys = pos0 + 1;
+    const int64_t min_keys = window > 0 && pos0 + 1 > window ? window : pos0 + 1;
     int n_seg = 1;
     /* the split's segment count depends on the thread count, and with it the
      * order of the softmax merge: off in deterministic mode */
-    if (nth > 1 && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
+    if (nth > 1 && !lse && !(cpu && cpu->deterministic) && n_base < 4 * (int64_t)nth && head_dim <= ATTN_MAX_D) {
         int64_t want = (4 * (int64_t)nth + n_base - 1) / n_base;
         int64_t by_keys = min_keys / ATTN_SPLIT_MIN;
         int64_t by_buf = ATTN_PART_FLOATS / (n_pairs * (head_dim + 2));
@@ -437,7 +470,7 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale,
+    attn_ctx c = {q, k, v, tbl, bs, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -458,6 +491,31 @@ void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const flo
         float inv = 1.0f / l;
         for (int d = 0; d < head_dim; d++) oh[d] *= inv;
     }
+}
+
+void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                        int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                        float scale) {
+    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+}
+
+void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                           int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
+                           float scale, int window) {
+    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+}
+
+void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                              const int32_t *blocks, int block_size, float *out, int64_t n_tok,
+                              int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                              int window) {
+    attention(cpu, q, k, v, blocks, block_size, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+}
+
+void nstf_cpu_attention_lse(nstf_cpu *cpu, const float *q, const float *k, const float *v,
+                            float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
+                            int n_kv_heads, int head_dim, float scale) {
+    attention(cpu, q, k, v, NULL, 1, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 /* ---- argmax --------------------------------------------------------------- */
@@ -514,4 +572,20 @@ static void argmax_fn(void *p, int ith, int nth) {
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n) {
     argmax_ctx c = {x, out, n_rows, n};
     cpu_run(cpu, argmax_fn, &c, n_rows * n, n_rows);
+}
+
+/* ---- bias, per-head norm ---------------------------------------------------- */
+
+/* x[t, :] += b: a few thousand adds per token, not worth the pool */
+void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width) {
+    (void)cpu;
+    for (int64_t t = 0; t < n_tok; t++) {
+        float *xt = x + t * width;
+        for (int64_t i = 0; i < width; i++) xt[i] += b[i];
+    }
+}
+
+/* Every head_dim row normalised in place: the RMSNorm of rows of head_dim */
+void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps) {
+    nstf_cpu_rmsnorm(cpu, x, w, x, n_rows, head_dim, eps);
 }

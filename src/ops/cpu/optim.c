@@ -1,6 +1,7 @@
-/* optim.c — the optimizer step (optim.h): AdamW as a scalar reference and
- * as one fused, threaded pass over the flat parameter arrays; the global
- * gradient norm with NaN/Inf detection; clipping; the cosine schedule. */
+/* optim.c — the optimizer step (optim.h): AdamW as one fused, threaded
+ * pass over the flat parameter arrays; the global gradient norm with
+ * NaN/Inf detection; clipping; the cosine schedule. The references are in
+ * optim_ref.c. */
 #include <math.h>
 #include <stdatomic.h>
 
@@ -28,22 +29,6 @@ static adamw_k adamw_consts(const nstf_adamw_params *p, int64_t step) {
                  sqrt(1.0 - pow(p->beta2, (double)step)),
                  p->eps};
     return k;
-}
-
-/* torch: torch.optim.AdamW([w], lr, (beta1, beta2), eps, weight_decay).step() */
-void nstf_ref_adamw(const nstf_adamw_params *p, int64_t step, float grad_scale, bool decay,
-                    float *w /* [n] */, const float *grad /* [n] */, float *m /* [n] */,
-                    float *v /* [n] */, int64_t n) {
-    adamw_k k = adamw_consts(p, step);
-    for (int64_t i = 0; i < n; i++) {
-        double g = (double)grad[i] * grad_scale;
-        double wi = decay ? w[i] * k.decay_mul : w[i];
-        double mi = m[i] + k.one_m_b1 * (g - m[i]);
-        double vi = k.beta2 * v[i] + k.one_m_b2 * g * g;
-        w[i] = (float)(wi - k.step_size * mi / (sqrt(vi) / k.bc2_sqrt + k.eps));
-        m[i] = (float)mi;
-        v[i] = (float)vi;
-    }
 }
 
 typedef struct {

@@ -86,14 +86,16 @@ void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_typ
  *   NEOX: (x[i], x[i + head_dim/2]) rotated by theta_i  (ggml rope mode 2;
  *         torch/HF: x * cos + rotate_half(x) * sin)
  * rotation: (a, b) -> (a cos - b sin, a sin + b cos). head_dim is even. */
-void nstf_ref_rope(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
-                   int64_t n_tok, int n_heads, int head_dim, float base, nstf_rope_mode mode) {
+void nstf_ref_rope_ff(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos /* [n_tok] */,
+                      int64_t n_tok, int n_heads, int head_dim, float base,
+                      const float *factors /* [head_dim/2] or NULL */, nstf_rope_mode mode) {
     int half = head_dim / 2;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int h = 0; h < n_heads; h++) {
             float *xh = x + (t * n_heads + h) * head_dim;
             for (int i = 0; i < half; i++) {
                 double theta = (double)pos[t] * pow((double)base, -2.0 * i / head_dim);
+                if (factors) theta /= factors[i];
                 double c = cos(theta), s = sin(theta);
                 int ia = mode == NSTF_ROPE_NEOX ? i : 2 * i;
                 int ib = mode == NSTF_ROPE_NEOX ? i + half : 2 * i + 1;
@@ -105,6 +107,11 @@ void nstf_ref_rope(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos
     }
 }
 
+void nstf_ref_rope(float *x, const int32_t *pos, int64_t n_tok, int n_heads, int head_dim, float base,
+                   nstf_rope_mode mode) {
+    nstf_ref_rope_ff(x, pos, n_tok, n_heads, head_dim, base, NULL, mode);
+}
+
 /* Causal GQA: token t sits at position pos0 + t and attends to cache
  * positions 0..pos0+t; head h uses kv head h / (n_heads / n_kv_heads).
  * torch: F.scaled_dot_product_attention(q, k, v, is_causal, scale) with k, v
@@ -112,16 +119,17 @@ void nstf_ref_rope(float *x /* [n_tok, n_heads, head_dim] */, const int32_t *pos
  * Three passes per (t, h): max score, softmax denominator, weighted sum of
  * V (in output chunks of REF_CHUNK dims so the accumulator fits the stack;
  * scores are recomputed per chunk, i.e. once when head_dim <= REF_CHUNK). */
-void nstf_ref_attention(const float *q /* [n_tok, n_heads, head_dim] */,
-                        const float *k /* [n_ctx, n_kv_heads, head_dim] */,
-                        const float *v /* [n_ctx, n_kv_heads, head_dim] */,
-                        float *out /* [n_tok, n_heads, head_dim] */, int64_t n_tok, int64_t pos0,
-                        int n_heads, int n_kv_heads, int head_dim, float scale) {
+void nstf_ref_attention_sw(const float *q /* [n_tok, n_heads, head_dim] */,
+                           const float *k /* [n_ctx, n_kv_heads, head_dim] */,
+                           const float *v /* [n_ctx, n_kv_heads, head_dim] */,
+                           float *out /* [n_tok, n_heads, head_dim] */, int64_t n_tok, int64_t pos0,
+                           int n_heads, int n_kv_heads, int head_dim, float scale, int window) {
     int group = n_heads / n_kv_heads;
     int64_t kv_stride = (int64_t)n_kv_heads * head_dim; /* floats per cache position */
     double acc[REF_CHUNK]; /* [REF_CHUNK] slice of the output accumulator */
     for (int64_t t = 0; t < n_tok; t++) {
         int64_t n_keys = pos0 + t + 1;
+        int64_t j0 = window > 0 && n_keys > window ? n_keys - window : 0; /* first key seen */
         for (int h = 0; h < n_heads; h++) {
             const float *qh = q + (t * n_heads + h) * head_dim;     /* [head_dim] */
             const float *kh = k + (int64_t)(h / group) * head_dim;  /* [n_ctx, ., head_dim] */
@@ -135,18 +143,18 @@ void nstf_ref_attention(const float *q /* [n_tok, n_heads, head_dim] */,
         (dst) = s_ * scale;                                                        \
     } while (0)
             double m = -INFINITY, den = 0, s;
-            for (int64_t j = 0; j < n_keys; j++) {
+            for (int64_t j = j0; j < n_keys; j++) {
                 REF_SCORE(j, s);
                 if (s > m) m = s;
             }
-            for (int64_t j = 0; j < n_keys; j++) {
+            for (int64_t j = j0; j < n_keys; j++) {
                 REF_SCORE(j, s);
                 den += exp(s - m);
             }
             for (int d0 = 0; d0 < head_dim; d0 += REF_CHUNK) {
                 int nd = head_dim - d0 < REF_CHUNK ? head_dim - d0 : REF_CHUNK;
                 for (int d = 0; d < nd; d++) acc[d] = 0;
-                for (int64_t j = 0; j < n_keys; j++) {
+                for (int64_t j = j0; j < n_keys; j++) {
                     REF_SCORE(j, s);
                     double p = exp(s - m) / den;
                     for (int d = 0; d < nd; d++) acc[d] += p * vh[j * kv_stride + d0 + d];
@@ -156,6 +164,11 @@ void nstf_ref_attention(const float *q /* [n_tok, n_heads, head_dim] */,
 #undef REF_SCORE
         }
     }
+}
+
+void nstf_ref_attention(const float *q, const float *k, const float *v, float *out, int64_t n_tok, int64_t pos0,
+                        int n_heads, int n_kv_heads, int head_dim, float scale) {
+    nstf_ref_attention_sw(q, k, v, out, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 /* y = gate * sigmoid(gate) * up;  torch: F.silu(gate) * up */
@@ -178,5 +191,25 @@ void nstf_ref_argmax(const float *x /* [n_rows, n] */, int32_t *out /* [n_rows] 
         for (int64_t j = 1; j < n; j++)
             if (xr[j] > xr[best]) best = j;
         out[r] = (int32_t)best;
+    }
+}
+
+/* x[t, :] += b;  torch: F.linear(x, W, b)'s bias */
+void nstf_ref_bias(float *x /* [n_tok, width] */, const float *b /* [width] */, int64_t n_tok,
+                   int64_t width) {
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < width; i++) x[t * width + i] = (float)((double)x[t * width + i] + b[i]);
+}
+
+/* Per-head RMSNorm in place;  torch (Qwen3RMSNorm over the head axis):
+ * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w */
+void nstf_ref_head_norm(float *x /* [n_rows, head_dim] */, const float *w /* [head_dim] */,
+                        int64_t n_rows, int head_dim, float eps) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        float *xr = x + r * head_dim;
+        double ss = 0;
+        for (int i = 0; i < head_dim; i++) ss += (double)xr[i] * xr[i];
+        double inv = 1.0 / sqrt(ss / head_dim + eps);
+        for (int i = 0; i < head_dim; i++) xr[i] = (float)(xr[i] * inv * w[i]);
     }
 }

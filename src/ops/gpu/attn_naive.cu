@@ -5,7 +5,8 @@
  * rows holding gate | up side by side, and the NVTX range markers.
  *
  * Scores are [n_heads, n_tok, n_kv] fp32 (row stride n_kv); token t sits at
- * position pos0 + t and sees cache positions j <= pos0 + t. These kernels
+ * position pos0 + t and sees cache positions j <= pos0 + t (and, with a
+ * sliding window w > 0, j > pos0 + t - w). These kernels
  * are the baseline the flash kernels are measured against: simple, one
  * thread per output, no tiling. */
 #include "gpu.h"
@@ -55,26 +56,33 @@ attn_scores_kernel(const uint16_t *__restrict__ q, int64_t q_stride, const uint1
     scores[((int64_t)h * n_tok + t) * n_kv + j] = acc;
 }
 
-/* L0: s = scale * s where j <= pos0 + t, else -inf. */
+/* The first key position token t sees (0 without a window). */
+static __device__ __forceinline__ int64_t window_lo(int64_t pos0, int64_t t, int window) {
+    return window > 0 && pos0 + t + 1 > window ? pos0 + t + 1 - window : 0;
+}
+
+/* L0: s = scale * s where window_lo <= j <= pos0 + t, else -inf. */
 __global__ void __launch_bounds__(NAIVE_THREADS)
-scale_mask_kernel(float *__restrict__ s, int64_t n_rows, int64_t n_tok, int64_t n_kv, int64_t pos0, float scale) {
+scale_mask_kernel(float *__restrict__ s, int64_t n_rows, int64_t n_tok, int64_t n_kv, int64_t pos0, float scale,
+                  int window) {
     const int64_t n = n_rows * n_kv, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const int64_t row = i / n_kv, j = i - row * n_kv, t = row % n_tok;
-        s[i] = j <= pos0 + t ? s[i] * scale : -INFINITY;
+        s[i] = j <= pos0 + t && j >= window_lo(pos0, t, window) ? s[i] * scale : -INFINITY;
     }
 }
 
 /* One block per row: p = softmax(s). fused: scale and mask applied while
  * reading (L1); otherwise the row is already scaled and masked (L0). */
 __global__ void __launch_bounds__(NAIVE_THREADS)
-softmax_kernel(float *__restrict__ s, int64_t n_tok, int64_t n_kv, int64_t pos0, float scale, int fused) {
+softmax_kernel(float *__restrict__ s, int64_t n_tok, int64_t n_kv, int64_t pos0, float scale, int fused, int window) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x, t = row % n_tok;
     float *r = s + row * n_kv;
-    const int64_t lim = fused ? pos0 + t + 1 : n_kv; /* fused: entries past lim are masked */
+    /* fused: entries outside [lo, lim) are masked */
+    const int64_t lim = fused ? pos0 + t + 1 : n_kv, lo = fused ? window_lo(pos0, t, window) : 0;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < lim && j < n_kv; j += blockDim.x) m = fmaxf(m, fused ? r[j] * scale : r[j]);
+    for (int64_t j = lo + threadIdx.x; j < lim && j < n_kv; j += blockDim.x) m = fmaxf(m, fused ? r[j] * scale : r[j]);
     /* block max through the sum helper's pattern */
     m = wave_reduce_max(m);
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
@@ -85,7 +93,7 @@ softmax_kernel(float *__restrict__ s, int64_t n_tok, int64_t n_kv, int64_t pos0,
     m = wave_reduce_max(m);
     float sum = 0.0f;
     for (int64_t j = threadIdx.x; j < n_kv; j += blockDim.x) {
-        float v = fused ? (j < lim ? r[j] * scale : -INFINITY) : r[j];
+        float v = fused ? (j < lim && j >= lo ? r[j] * scale : -INFINITY) : r[j];
         float e = v == -INFINITY ? 0.0f : __expf(v - m);
         r[j] = e;
         sum += e;
@@ -165,22 +173,23 @@ extern "C" nstf_status nstf_gpu_attn_scores(const uint16_t *q, int64_t q_stride,
 }
 
 extern "C" nstf_status nstf_gpu_scale_mask(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv,
-                                           int64_t pos0, float scale, void *stream) {
-    if (!scores || n_heads < 1 || n_tok < 1 || n_kv < 1 || pos0 < 0)
+                                           int64_t pos0, float scale, int window, void *stream) {
+    if (!scores || n_heads < 1 || n_tok < 1 || n_kv < 1 || pos0 < 0 || window < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_scale_mask: bad arguments");
     gpuStream_t s = (gpuStream_t)stream;
     scale_mask_kernel<<<grid_for(n_heads * n_tok * n_kv), NAIVE_THREADS, 0, s>>>(scores, n_heads * n_tok, n_tok,
-                                                                                  n_kv, pos0, scale);
+                                                                                  n_kv, pos0, scale, window);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }
 
 extern "C" nstf_status nstf_gpu_softmax_rows(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv,
-                                             int64_t pos0, float scale, int fused, void *stream) {
-    if (!scores || n_heads < 1 || n_tok < 1 || n_kv < 1 || pos0 < 0 || n_heads * n_tok > 0x7fffffff)
+                                             int64_t pos0, float scale, int fused, int window, void *stream) {
+    if (!scores || n_heads < 1 || n_tok < 1 || n_kv < 1 || pos0 < 0 || window < 0 || n_heads * n_tok > 0x7fffffff)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_softmax_rows: bad arguments");
     gpuStream_t s = (gpuStream_t)stream;
-    softmax_kernel<<<(unsigned)(n_heads * n_tok), NAIVE_THREADS, 0, s>>>(scores, n_tok, n_kv, pos0, scale, fused);
+    softmax_kernel<<<(unsigned)(n_heads * n_tok), NAIVE_THREADS, 0, s>>>(scores, n_tok, n_kv, pos0, scale, fused,
+                                                                           window);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

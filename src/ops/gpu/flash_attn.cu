@@ -9,7 +9,9 @@
  * blocks of the first query head of each kv group also copy their tokens'
  * k, v rows into the cache; all blocks read positions >= pos0 from the new
  * k, v directly, so no block waits for another. Shared-memory rows are padded
- * by 8 elements (16 bytes) so ldmatrix rows fall in distinct banks. */
+ * by 8 elements (16 bytes) so ldmatrix rows fall in distinct banks. With a
+ * sliding window a block starts at the tile of its first row's window and
+ * masks the tiles its rows' windows begin in. */
 #include "flash_common.h"
 
 #define FA_NW 4
@@ -36,7 +38,7 @@ template <int HD>
 __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
     flash_attn_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                       const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride,
-                      int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2) {
+                      float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window) {
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
@@ -64,8 +66,14 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
     const int64_t kv_end = pos0 + t1; /* keys [0, pos0 + last token + 1) */
     const int64_t n_tiles = (kv_end + FA_BKV - 1) / FA_BKV;
     const int64_t diag = pos0 + t0; /* first key position that any row of the block may mask */
+    /* sliding window: tiles wholly before the first row's window are
+     * skipped; keys before the last row's window start are masked */
+    const int64_t win_lo = window > 0 && pos0 + t0 + 1 > window ? pos0 + t0 + 1 - window : 0;
+    const int64_t win_mask = window > 0 ? kv_end - window : -1;
+    const int64_t it0 = win_lo / FA_BKV;
 
-    flash_load_kv<HD, FA_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, 0, kv_end, pos0, n_kv, hkv, tid, nt);
+    flash_load_kv<HD, FA_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, it0 * FA_BKV, kv_end, pos0, n_kv, hkv,
+                              tid, nt);
     nstf_cp_commit();
     nstf_cp_wait<1>();
     __syncthreads();
@@ -78,10 +86,10 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
         st.qpos[r] = pos0 + (t < n_tok ? t : n_tok - 1);
     }
 
-    for (int64_t it = 0; it < n_tiles; it++) {
+    for (int64_t it = it0; it < n_tiles; it++) {
         if (FA_STAGES == 2) {
             if (it + 1 < n_tiles) {
-                int s1 = (int)((it + 1) % FA_STAGES);
+                int s1 = (int)((it + 1 - it0) % FA_STAGES);
                 flash_load_kv<HD, FA_BKV>(sk + s1 * FA_BKV * LD, sv + s1 * FA_BKV * LD, LD, kc, vc, kn, k_stride, vn,
                                           v_stride, (it + 1) * FA_BKV, kv_end, pos0, n_kv, hkv, tid, nt);
             }
@@ -91,11 +99,11 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
             nstf_cp_wait<0>();
         }
         __syncthreads();
-        const int s0 = (int)(it % FA_STAGES);
+        const int s0 = (int)((it - it0) % FA_STAGES);
         const int64_t kv0 = it * FA_BKV;
-        const bool need_mask = kv0 + FA_BKV - 1 > diag || kv0 + FA_BKV > kv_end;
+        const bool need_mask = kv0 + FA_BKV - 1 > diag || kv0 + FA_BKV > kv_end || kv0 < win_mask;
         flash_tile<HD, FA_BKV>(st, sk + s0 * FA_BKV * LD, sv + s0 * FA_BKV * LD, LD, kv0, kv_end, scale_log2, need_mask,
-                               scratch + wave * 16 * NSTF_MMA_SCRATCH_LD);
+                               window, scratch + wave * 16 * NSTF_MMA_SCRATCH_LD);
         __syncthreads();
         if (FA_STAGES == 1 && it + 1 < n_tiles) {
             flash_load_kv<HD, FA_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, (it + 1) * FA_BKV, kv_end, pos0,
@@ -113,20 +121,25 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
             if (t >= n_tok) continue;
             float l = st.l[nstf_mma_c_slot(e)];
             out[t * out_stride + (int64_t)h * HD + d * 16 + nstf_mma_c_col(e)] = nstf_mma_f2bf(st.o[d].x[e] / l);
+            /* training: the natural log-sum-exp of the row's scaled scores,
+             * once per row (by the lane that holds its column 0) */
+            if (lse && d == 0 && nstf_mma_c_col(e) == 0)
+                lse[t * n_heads + h] = (st.m[nstf_mma_c_slot(e)] + nstf_fast_log2f(l)) * 0.6931471805599453f;
         }
 }
 
 template <int HD>
 static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
-                                     int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
-                                     int64_t pos0, int n_heads, int n_kv, float scale, gpuStream_t stream) {
+                                     int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, float *lse,
+                                     int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale, int window,
+                                     gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const size_t smem = fa_smem_bytes<HD>();
     static bool attr_set = false;
     if (!attr_set) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
-                    int64_t, int64_t, int, int, float) = flash_attn_kernel<HD>;
+                    float *, int64_t, int64_t, int, int, float, int) = flash_attn_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
@@ -134,10 +147,35 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
     dim3 grid((unsigned)n_qt, (unsigned)n_heads);
     flash_attn_kernel<HD><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out,
-                                                                out_stride, n_tok, pos0, n_heads, n_kv,
-                                                                scale * 1.4426950408889634f);
+                                                                out_stride, lse, n_tok, pos0, n_heads, n_kv,
+                                                                scale * 1.4426950408889634f, window);
     GPU_LAUNCH_CHECK(stream);
     return NSTF_OK;
+}
+
+static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
+                                  const uint16_t *v, int64_t v_stride, uint16_t *k_cache, uint16_t *v_cache,
+                                  uint16_t *out, int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                  int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                                  void *stream) {
+    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
+                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
+    if (window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn: window %d", window);
+    gpuStream_t s = (gpuStream_t)stream;
+    if (head_dim == 64)
+        return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
+                                     n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
+    return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
+                                  n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                              int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                              uint16_t *k_cache, uint16_t *v_cache, uint16_t *out, int64_t out_stride,
+                                              int64_t n_tok, int64_t pos0, int64_t n_ctx, int n_heads, int n_kv_heads,
+                                              int head_dim, float scale, int window, void *stream) {
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, window, stream);
 }
 
 extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
@@ -145,12 +183,17 @@ extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, 
                                            uint16_t *out, int64_t out_stride, int64_t n_tok, int64_t pos0,
                                            int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale,
                                            void *stream) {
-    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
-                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
-    gpuStream_t s = (gpuStream_t)stream;
-    if (head_dim == 64)
-        return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                     pos0, n_heads, n_kv_heads, scale, s);
-    return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                  pos0, n_heads, n_kv_heads, scale, s);
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                               int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                               uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                               int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                               int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                                               float scale, void *stream) {
+    if (!lse) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_lse: NULL lse");
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse, n_tok,
+                          pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }

@@ -58,10 +58,11 @@ template <int HD> NSTF_DEV void flash_state_init(flash_state<HD> &st, const u16 
 }
 
 /* One K/V tile of BKV keys at absolute positions kv0.. (sk, sv: [BKV][ld]).
- * Keys at positions >= kv_end or > the row's qpos are masked. */
+ * Keys at positions >= kv_end or > the row's qpos are masked, and with a
+ * sliding window (window > 0) those at or below qpos - window. */
 template <int HD, int BKV>
 NSTF_DEV void flash_tile(flash_state<HD> &st, const u16 *sk, const u16 *sv, int ld, int64_t kv0, int64_t kv_end,
-                         float scale_log2, bool need_mask, u16 *scratch) {
+                         float scale_log2, bool need_mask, int window, u16 *scratch) {
     nstf_mma_c s[BKV / 16];
 #pragma unroll
     for (int j = 0; j < BKV / 16; j++) {
@@ -89,7 +90,8 @@ NSTF_DEV void flash_tile(flash_state<HD> &st, const u16 *sk, const u16 *sv, int 
             float x = s[j].x[e] * scale_log2;
             if (need_mask) {
                 int64_t key = kv0 + j * 16 + nstf_mma_c_col(e);
-                if (key >= kv_end || key > st.qpos[nstf_mma_c_slot(e)]) x = FLASH_NEG_INF;
+                const int64_t qp = st.qpos[nstf_mma_c_slot(e)];
+                if (key >= kv_end || key > qp || (window > 0 && key + window <= qp)) x = FLASH_NEG_INF;
             }
             s[j].x[e] = x;
             mnew[nstf_mma_c_slot(e)] = fmaxf(mnew[nstf_mma_c_slot(e)], x);

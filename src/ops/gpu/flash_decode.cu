@@ -14,7 +14,9 @@
  * S (m, l) pairs and the weights 2^(m_s - M) in shared memory and unrolls
  * its loop over the splits, so the loads of acc_s are in flight together:
  * a plain loop over S pays one L2 latency per split (~10 us per layer at
- * S = 32). */
+ * S = 32). With a sliding window the splits start at the first token's
+ * window (rounded down to a key tile), read on the device with the
+ * position, so a captured step stays valid. */
 #include "flash_common.h"
 #include "core/switches.h"
 
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                         const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
                         int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc,
-                        const int32_t *__restrict__ pos_dev, int early) {
+                        const int32_t *__restrict__ pos_dev, int early, int window) {
     /* the position comes from the host (copied before the launch), and the
      * cache rows below it are constant during this step: the first tile's
      * cache rows are loaded before waiting for the previous kernel (PDL) */
@@ -56,7 +58,8 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     const int rows = (int)n_tok * group;
     const int n_split = gridDim.x * FD_NW, split = blockIdx.x * FD_NW + wave;
     const int64_t kv_total = pos0 + n_tok;
-    const int64_t s0 = (int64_t)split * chunk;
+    const int64_t lo = window > 0 && pos0 + 1 > window ? (pos0 + 1 - window) / FD_BKV * FD_BKV : 0;
+    const int64_t s0 = lo + (int64_t)split * chunk;
     const int64_t s1 = s0 + chunk < kv_total ? s0 + chunk : kv_total;
     u16 *sk = skv + wave * 2 * FD_BKV * LD, *sv = sk + FD_BKV * LD;
     if (early)
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
         nstf_cp_commit();
         nstf_cp_wait<0>();
         __syncthreads();
-        if (kv0 < s1) flash_tile<HD, FD_BKV>(st, sk, sv, LD, kv0, s1, scale_log2, true, wscratch);
+        if (kv0 < s1) flash_tile<HD, FD_BKV>(st, sk, sv, LD, kv0, s1, scale_log2, true, window, wscratch);
         __syncthreads();
     }
     flash_finish_l<HD>(st);
@@ -189,7 +192,7 @@ extern "C" size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos
 template <int HD>
 static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
                                        int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
-                                       int64_t pos0, int n_heads, int n_kv, float scale, void *scratch,
+                                       int64_t pos0, int n_heads, int n_kv, float scale, int window, void *scratch,
                                        size_t scratch_bytes, const int32_t *pos_dev, gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
@@ -209,7 +212,7 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     static bool attr_set = false;
     if (!attr_set) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
-                    int, int, float, int64_t, float *, float *, const int32_t *, int) = flash_decode_kernel<HD>;
+                    int, int, float, int64_t, float *, float *, const int32_t *, int, int) = flash_decode_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
@@ -217,7 +220,7 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     const int pdl = nstf_gpu_pdl();
     GPU_CHECK(nstf_gpu_launch(flash_decode_kernel<HD>, grid, dim3(FD_NW * wave), smem, stream, pdl, q, q_stride, k,
                               k_stride, v, v_stride, kc, vc, n_tok, pos0, n_heads, n_kv,
-                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, fd_early()));
+                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, fd_early(), window));
     GPU_LAUNCH_CHECK(stream);
     GPU_CHECK(nstf_gpu_launch(flash_decode_merge<HD>, dim3((unsigned)rows, (unsigned)n_kv), dim3(HD),
                               (size_t)n_split * 2 * sizeof(float), stream, pdl,
@@ -243,9 +246,9 @@ extern "C" nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
+                                       pos0, n_heads, n_kv_heads, scale, 0, scratch, scratch_bytes, NULL, s);
     return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos0, n_heads, n_kv_heads, scale, scratch, scratch_bytes, NULL, s);
+                                    pos0, n_heads, n_kv_heads, scale, 0, scratch, scratch_bytes, NULL, s);
 }
 
 extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -253,9 +256,9 @@ extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_s
                                                   uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
                                                   int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                                   int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
-                                                  int head_dim, float scale, void *scratch, size_t scratch_bytes,
-                                                  void *stream) {
-    if (!d_pos0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode_dpos: d_pos0 is NULL");
+                                                  int head_dim, float scale, int window, void *scratch,
+                                                  size_t scratch_bytes, void *stream) {
+    if (!d_pos0 || window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode_dpos: d_pos0 NULL or window < 0");
     NSTF_TRY(flash_check_args("flash_decode", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
                               n_tok, pos_max, n_ctx, n_heads, n_kv_heads, head_dim));
     if (n_tok * (n_heads / n_kv_heads) > 16)
@@ -264,7 +267,7 @@ extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_s
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
+                                       pos_max, n_heads, n_kv_heads, scale, window, scratch, scratch_bytes, d_pos0, s);
     return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos_max, n_heads, n_kv_heads, scale, scratch, scratch_bytes, d_pos0, s);
+                                    pos_max, n_heads, n_kv_heads, scale, window, scratch, scratch_bytes, d_pos0, s);
 }

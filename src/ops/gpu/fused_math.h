@@ -27,6 +27,17 @@ static __device__ __forceinline__ void nstf_rope_cs(int32_t pos, float hi, float
     *s = nstf_fast_sinf(r);
 }
 
+/* freq = hi + lo divided by a RoPE frequency factor f (Llama 3.x
+ * rope_freqs), keeping the pair's ~double accuracy: q = hi / f rounded,
+ * the remainder hi - q f is exact (fmaf), and (remainder + lo) / f is the
+ * new low part. */
+static __device__ __forceinline__ void nstf_rope_scale(float f, float *hi, float *lo) {
+    const float q = *hi / f;
+    const float rem = fmaf(-q, f, *hi);
+    *lo = (rem + *lo) / f;
+    *hi = q;
+}
+
 /* (y0, y1) = (x0 c - x1 s, x0 s + x1 c) with the roundings spelled out, so
  * that no compiler contracts it differently in two kernels. */
 static __device__ __forceinline__ void nstf_rope_rot(float x0, float x1, float c, float s, float *y0, float *y1) {

@@ -1,13 +1,15 @@
 /* gemv.cu — decode GEMV with fused dequantization: y[t, o] = sum_i
- * W[o, i] x[t, i] for 1..8 tokens, W as stored (F32/F16/BF16/Q8_0/Q4_0/
- * Q4_1), x bf16, fp32 accumulation, y F32 or BF16. The decode hot path:
- * its speed is the weight bytes over the memory bandwidth.
+ * W[o, i] x[t, i] for 1..8 tokens, W as stored (every type of core/dtype.h),
+ * x bf16, fp32 accumulation, y F32 or BF16. The decode hot path: its speed
+ * is the weight bytes over the memory bandwidth.
  *
  * This file: the float kernel gemv_kernel (F32/F16/BF16, and Q4_1
  * weights that are only 2-byte aligned) and the launcher nstf_gpu_gemv,
- * which takes the quantized kernel of gemvq.cu for Q8_0, Q4_0 and 4-byte
- * aligned Q4_1. The fused GEMVs (norm prologue; RoPE, SwiGLU, residual
- * epilogues) are instances of both kernels: gemv_fused.h (device side) and
+ * which takes the quantized kernel of gemvq.cu for the 32-element block
+ * types (Q8_0, Q4_0, 4-byte aligned Q4_1, Q5_0, Q5_1, IQ4_NL) and the
+ * super-block kernel of gemvk.cu for the 256-element ones (Q2_K .. Q6_K,
+ * IQ4_XS). The fused GEMVs (norm prologue; RoPE, SwiGLU, residual
+ * epilogues) are instances of all three: gemv_fused.h (device side) and
  * gemv_fused.cu (nstf_gpu_gemv_fused). gemv_common.h holds what they share.
  *
  * Shape of gemv_kernel:
@@ -38,11 +40,11 @@
 
 /* Elements of W per unit (8, or 1 on the scalar paths). */
 template <int WT> struct gemv_traits {
-    static constexpr int elems = (WT >= GW_F32_S) ? 1 : 8;
+    static constexpr int elems = (WT >= GW_F32_S && WT <= GW_BF16_S) ? 1 : 8;
 };
 
 static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
-    return ld_u16(p) | (ld_u16(p + 2) << 16); /* 2-byte aligned 32-bit read */
+    return nstf_ld_u16(p) | (nstf_ld_u16(p + 2) << 16); /* 2-byte aligned 32-bit read */
 }
 
 /* Raw bytes of one unit, loaded before decoding. */
@@ -60,13 +62,13 @@ static __device__ __forceinline__ gemv_raw gemv_load(const uint8_t *__restrict__
         r.b = *(const uint4 *)(row + (size_t)u * 32 + 16);
     } else if (WT == GW_Q4_1) { /* bytes qs[4j..4j+3] of block b (2-byte aligned W) */
         const uint8_t *blk = row + (size_t)(u >> 2) * NSTF_Q4_1_BYTES;
-        r.a.x = ld_u16(blk);
-        r.a.z = ld_u16(blk + 2);
+        r.a.x = nstf_ld_u16(blk);
+        r.a.z = nstf_ld_u16(blk + 2);
         r.a.y = ld_u32_a2(blk + 4 + (u & 3) * 4);
     } else if (WT == GW_F32_S) {
         r.a.x = *(const uint32_t *)(row + (size_t)u * 4);
     } else { /* GW_F16_S, GW_BF16_S */
-        r.a.x = ld_u16(row + (size_t)u * 2);
+        r.a.x = nstf_ld_u16(row + (size_t)u * 2);
     }
     return r;
 }
@@ -228,9 +230,10 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
 /* ---- launcher ------------------------------------------------------------ */
 
 static const char *gemv_wt_name(int wt) {
-    static const char *names[] = {"f32/vec", "f16/vec", "bf16/vec", "q8_0", "q4_0", "q4_1",
-                                  "f32/scalar", "f16/scalar", "bf16/scalar"};
-    return wt >= 0 && wt <= GW_BF16_S ? names[wt] : "?";
+    static const char *names[GW_N] = {"f32/vec", "f16/vec", "bf16/vec", "q8_0", "q4_0", "q4_1",
+                                      "f32/scalar", "f16/scalar", "bf16/scalar", "q5_0", "q5_1", "iq4_nl",
+                                      "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"};
+    return wt >= 0 && wt < GW_N ? names[wt] : "?";
 }
 
 extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t *x,
@@ -240,8 +243,8 @@ extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, cons
     if (nt < 1) nt = 1;
     gemv_plan p = gemv_make_plan(wtype, w, x, nt, n_in);
     snprintf(buf, sizeof buf, "%s%s nt=%d chunk=%dx%d x=%s", gemv_wt_name(p.wt),
-             p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk, p.n_chunks,
-             p.x_vec ? (p.quant && nt == 1 ? "vec/f32" : "vec") : "scalar");
+             p.super ? "/super-block" : p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk,
+             p.n_chunks, p.x_vec ? ((p.quant && nt == 1) || p.super ? "vec/f32" : "vec") : "scalar");
     return buf;
 }
 
@@ -271,16 +274,19 @@ template <bool YB> static gemv_fn gemv_pick(int wt, int nt) {
     }
 }
 
-/* The fused bf16 instances (gemv_fused.cu). */
-struct gemv_bf16_fused {
+/* The fused BF16 and F16 instances (gemv_fused.cu). */
+template <int WT> struct gemv_float_fused {
     int rows;
     template <int FZ, bool YB> gemv_fn get() const {
-        return rows == 32 ? gemv_kernel<GW_BF16, 1, YB, FZ, 32>
-               : rows == 16 ? gemv_kernel<GW_BF16, 1, YB, FZ, 16>
-                            : gemv_kernel<GW_BF16, 1, YB, FZ, GEMV_ROWS>;
+        return rows == 32 ? gemv_kernel<WT, 1, YB, FZ, 32>
+               : rows == 16 ? gemv_kernel<WT, 1, YB, FZ, 16>
+                            : gemv_kernel<WT, 1, YB, FZ, GEMV_ROWS>;
     }
 };
-gemv_fn nstf_gemv_bf16_fused_pick(int fz, int rows) { return gemv_fz_dispatch(fz, gemv_bf16_fused{rows}); }
+gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows) {
+    if (wt == GW_F16) return gemv_fz_dispatch(fz, gemv_float_fused<GW_F16>{rows});
+    return gemv_fz_dispatch(fz, gemv_float_fused<GW_BF16>{rows});
+}
 
 /* The prefetch before the PDL wait: under PDL only, whole rows, in the
  * blocks of the first wave (8 per SM), of matrices of at most GEMV_PF_MAX
@@ -314,6 +320,9 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
     if (gemv_wt(wtype, true) < 0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_gemv: weight type %s",
                               nstf_type_name(wtype));
+    if (gemv_make_plan(wtype, w, x, 1, n_in).wt < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv: %s weights must be %d-byte aligned",
+                              nstf_type_name(wtype), nstf_q_align((int)wtype));
     if (y_type != NSTF_TYPE_F32 && y_type != NSTF_TYPE_BF16)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_gemv: output type %s (F32 or BF16)",
                               nstf_type_name(y_type));
@@ -334,7 +343,8 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
         gemv_fn fn;
         const int rows = !p.quant ? GEMV_ROWS : n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
-        if (p.quant) fn = nstf_gemvq_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
+        if (p.super) fn = nstf_gemvk_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
+        else if (p.quant) fn = nstf_gemvq_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
         const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
         gemv_fz f = {};

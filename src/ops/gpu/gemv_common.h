@@ -1,13 +1,15 @@
 /* gemv_common.h — what the decode GEMV files share: gemv.cu (the float
- * kernel and nstf_gpu_gemv), gemvq.cu (the quantized kernel), gemv_fused.h
- * and gemv_fused.cu (the fusions: device side and nstf_gpu_gemv_fused).
+ * kernel and nstf_gpu_gemv), gemvq.cu (the quantized kernel of the
+ * 32-element block types), gemvk.cu (the super-block kernel of the
+ * 256-element types), gemv_fused.h and gemv_fused.cu (the fusions: device
+ * side and nstf_gpu_gemv_fused).
  * Block shape constants, the weight kinds, the launch options every kernel
  * takes (gemv_fz), the launch plan, and the kernel instances each kernel
  * file hands out. Split as ggml splits mmv (float) and mmvq (quantized). */
 #ifndef NSTF_GEMV_COMMON_H
 #define NSTF_GEMV_COMMON_H
 
-#include "gpu.h"
+#include "quant.h"
 
 #define GEMV_THREADS 256
 #define GEMV_ROWS 8
@@ -18,12 +20,17 @@
 #define GEMVQ_ROWS_BIG 32   /* n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
 #define GEMVQ_BIG_OUT 8192
 
-enum { GW_F32, GW_F16, GW_BF16, GW_Q8_0, GW_Q4_0, GW_Q4_1, GW_F32_S, GW_F16_S, GW_BF16_S };
-
-/* 2 bytes at p (2-byte aligned) */
-static __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) {
-    return *(const uint16_t *)p;
-}
+/* Weight kinds: the float types (vector and scalar paths), the 32-element
+ * block types (gemvq.cu; Q4_1 also gemv.cu's when only 2-byte aligned) and
+ * the 256-element super-block types (gemvk.cu). */
+enum {
+    GW_F32, GW_F16, GW_BF16, GW_Q8_0, GW_Q4_0, GW_Q4_1, GW_F32_S, GW_F16_S, GW_BF16_S,
+    GW_Q5_0, GW_Q5_1, GW_IQ4_NL,
+    GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K, GW_IQ4_XS,
+    GW_N
+};
+#define GW_SUPER(wt) ((wt) >= GW_Q2_K && (wt) <= GW_IQ4_XS) /* gemvk.cu */
+#define GW_HALF(wt) ((wt) == GW_Q8_0 || (wt) == GW_Q4_0 || (wt) == GW_Q4_1 || ((wt) >= GW_Q5_0 && (wt) <= GW_IQ4_NL))
 
 /* ---- launch options: the fusions (nstf_gpu_gemv_fused) and the prefetch -- *
  * FZ = norm bit | epilogue << 1. FZ 0 is the plain GEMV. A fused kernel is
@@ -42,6 +49,7 @@ struct gemv_fz {
     int rope_rows, hd, neox;
     const int32_t *pos;
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
+    const float *factors; /* [hd/2] RoPE frequency factors, or NULL */
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
     int no_pre;         /* 1: no early weight loads (the switch NSTF_GEMV_PRE=0, measurement) */
@@ -52,11 +60,12 @@ struct gemv_fz {
 /* ---- launch plan --------------------------------------------------------- */
 
 struct gemv_plan {
-    int wt;        /* GW_* */
+    int wt;        /* GW_*, or -1: a type no kernel takes, or a matrix less aligned than its blocks */
     int chunk;     /* x elements staged per pass */
     int n_chunks;
     int x_vec;
-    int quant;     /* gemvq_kernel (Q8_0, Q4_0, 4-byte aligned Q4_1) */
+    int quant;     /* a quantized kernel: gemvq_kernel (the 32-element types but 2-byte aligned Q4_1) or gemvk_kernel */
+    int super;     /* gemvk_kernel (the 256-element types) */
     size_t smem;
 };
 
@@ -68,6 +77,15 @@ static inline int gemv_wt(nstf_type t, bool vec) {
     case NSTF_TYPE_Q8_0: return GW_Q8_0;
     case NSTF_TYPE_Q4_0: return GW_Q4_0;
     case NSTF_TYPE_Q4_1: return GW_Q4_1;
+    case NSTF_TYPE_Q5_0: return GW_Q5_0;
+    case NSTF_TYPE_Q5_1: return GW_Q5_1;
+    case NSTF_TYPE_IQ4_NL: return GW_IQ4_NL;
+    case NSTF_TYPE_Q2_K: return GW_Q2_K;
+    case NSTF_TYPE_Q3_K: return GW_Q3_K;
+    case NSTF_TYPE_Q4_K: return GW_Q4_K;
+    case NSTF_TYPE_Q5_K: return GW_Q5_K;
+    case NSTF_TYPE_Q6_K: return GW_Q6_K;
+    case NSTF_TYPE_IQ4_XS: return GW_IQ4_XS;
     default: return -1; /* no GEMV for the type: the launcher refuses it */
     }
 }
@@ -79,12 +97,18 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     const bool w_al = ((uintptr_t)w % 16) == 0 && n_in % 8 == 0;
     p.wt = gemv_wt(wtype, w_al && x_al);
     p.x_vec = x_al;
-    p.quant = p.wt == GW_Q8_0 || p.wt == GW_Q4_0 || (p.wt == GW_Q4_1 && (uintptr_t)w % 4 == 0);
-    /* chunk: a multiple of 32 elements (a quantized block; 16 bytes of bf16
-     * x), as large as the staging budget allows for nt token rows. */
-    const int xbytes = (p.quant && nt == 1) ? 4 : 2; /* gemvq stages fp32 x for one token */
-    int64_t cap = (GEMV_SMEM_BYTES / (xbytes * nt)) / 32 * 32;
-    int64_t need = (n_in + 31) / 32 * 32;
+    p.super = GW_SUPER(p.wt);
+    p.quant = p.super || (GW_HALF(p.wt) && (p.wt != GW_Q4_1 || (uintptr_t)w % 4 == 0));
+    /* the new block types are read with loads as wide as their blocks keep
+     * aligned (quant.h); a matrix that is not so aligned is refused (the
+     * backend's are 256-byte aligned) */
+    if (p.wt >= GW_Q5_0 && (uintptr_t)w % (uintptr_t)nstf_q_align((int)wtype) != 0) p.wt = -1;
+    /* chunk: a multiple of the block (32 elements; 256 for the super-block
+     * kernel), as large as the staging budget allows for nt token rows */
+    const int blk = p.super ? 256 : 32;
+    const int xbytes = ((p.quant && nt == 1) || p.super) ? 4 : 2; /* fp32 staging: gemvq for one token, gemvk always */
+    int64_t cap = (GEMV_SMEM_BYTES / (xbytes * nt)) / blk * blk;
+    int64_t need = (n_in + blk - 1) / blk * blk;
     p.chunk = (int)(need < cap ? need : cap);
     p.n_chunks = (int)((n_in + p.chunk - 1) / p.chunk);
     p.smem = (size_t)nt * (size_t)p.chunk * (size_t)xbytes;
@@ -111,11 +135,36 @@ template <class P> static inline gemv_fn gemv_fz_dispatch(int fz, const P &p) {
     return nullptr;
 }
 
+/* The plain instances of a quantized kernel family (gemvq.cu, gemvk.cu):
+ * K::fn<WT, NT, Y_BF16, ROWS, FZ>() names one kernel, K::pick<Y_BF16,
+ * ROWS>(wt, nt) chooses by weight kind; these two choose by token count
+ * (1..8) and by rows per block and output type. */
+template <class K, int WT, bool YB, int R> static inline gemv_fn gemv_pick_nt(int nt) {
+    switch (nt) {
+    case 1: return K::template fn<WT, 1, YB, R, 0>();
+    case 2: return K::template fn<WT, 2, YB, R, 0>();
+    case 3: return K::template fn<WT, 3, YB, R, 0>();
+    case 4: return K::template fn<WT, 4, YB, R, 0>();
+    case 5: return K::template fn<WT, 5, YB, R, 0>();
+    case 6: return K::template fn<WT, 6, YB, R, 0>();
+    case 7: return K::template fn<WT, 7, YB, R, 0>();
+    default: return K::template fn<WT, 8, YB, R, 0>();
+    }
+}
+template <class K> static inline gemv_fn gemv_pick_plain(int wt, int nt, int rows, bool y_bf16) {
+    if (rows == GEMVQ_ROWS_BIG)
+        return y_bf16 ? K::template pick<true, GEMVQ_ROWS_BIG>(wt, nt) : K::template pick<false, GEMVQ_ROWS_BIG>(wt, nt);
+    return y_bf16 ? K::template pick<true, GEMVQ_ROWS>(wt, nt) : K::template pick<false, GEMVQ_ROWS>(wt, nt);
+}
+
 /* gemv.cu */
-gemv_fn nstf_gemv_bf16_fused_pick(int fz, int rows); /* fused bf16 instance, blocks of 8, 16 or 32 rows */
+gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows); /* fused BF16/F16 instance, blocks of 8, 16 or 32 rows */
 void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes); /* the PDL prefetch of a decode GEMV */
 /* gemvq.cu */
 gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
-gemv_fn nstf_gemvq_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS */
+gemv_fn nstf_gemvq_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
+/* gemvk.cu */
+gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
+gemv_fn nstf_gemvk_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
 
 #endif

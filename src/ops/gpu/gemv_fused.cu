@@ -1,17 +1,28 @@
 /* gemv_fused.cu — nstf_gpu_gemv_fused: one-token GEMVs with the RMSNorm
  * before them as a prologue and RoPE, SwiGLU or the residual add as an
  * epilogue (the level-3 decode; docs/ARCHITECTURE.md says why), and
- * nstf_gpu_gemv_fusable. The kernels are instances of gemv.cu's bf16 kernel
- * and gemvq.cu's quantized one; their fused code is gemv_fused.h. */
+ * nstf_gpu_gemv_fusable. The kernels are instances of gemv.cu's float
+ * kernel (BF16, F16), gemvq.cu's quantized one (Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1) and gemvk.cu's super-block one (Q4_K, Q5_K, Q6_K); their fused code
+ * is gemv_fused.h. */
 #include "gemv_common.h"
 #include "core/switches.h"
+
+/* The fused instance of plan p for FZ fz at `rows` rows per block (the
+ * float kernel; the quantized ones have GEMVQ_ROWS), or NULL: none. */
+static gemv_fn gemv_fused_fn(const gemv_plan &p, int fz, int rows) {
+    if (p.wt == GW_BF16 || p.wt == GW_F16) return nstf_gemv_float_fused_pick(p.wt, fz, rows);
+    if (p.super) return nstf_gemvk_fused_pick(p.wt, fz);
+    if (p.quant) return nstf_gemvq_fused_pick(p.wt, fz);
+    return nullptr;
+}
 
 extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm) {
     if (!w || n_in <= 0 || n_in > INT32_MAX / 2 || gemv_wt(wtype, true) < 0) return 0;
     uint64_t rb = 0;
     if (!nstf_type_row_bytes(wtype, n_in, &rb)) return 0;
     const gemv_plan p = gemv_make_plan(wtype, w, NULL, 1, n_in); /* x is staged, never read in place */
-    if (!p.quant && p.wt != GW_BF16) return 0;
+    if (p.wt < 0 || !gemv_fused_fn(p, 1, GEMV_ROWS)) return 0;
     return !norm || p.n_chunks == 1;
 }
 
@@ -63,13 +74,14 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
     f.pos = fu->pos;
     f.freqs = fu->rope_freqs;
+    f.factors = fu->rope_factors;
     f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
     const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
     if (fz == 0) /* plain STORE: the unfused GEMV */
         return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
-    const gemv_fn fn = p.wt == GW_BF16 ? nstf_gemv_bf16_fused_pick(fz, rows) : nstf_gemvq_fused_pick(p.wt, fz);
+    const gemv_fn fn = gemv_fused_fn(p, fz, rows);
     const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
     gpuStream_t s = (gpuStream_t)stream;
     GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,

@@ -111,8 +111,9 @@ static __device__ __forceinline__ void fz_store(const float (&v)[RPW], const int
     }
     const int half = f.hd / 2, h = p / half, i = p % half;
     const int r0 = h * f.hd + (f.neox ? i : 2 * i), r1 = r0 + (f.neox ? half : 1);
-    float c, sn;
-    nstf_rope_cs(*f.pos, f.freqs[i], f.freqs[half + i], &c, &sn);
+    float c, sn, hi = f.freqs[i], lo = f.freqs[half + i];
+    if (f.factors) nstf_rope_scale(f.factors[i], &hi, &lo);
+    nstf_rope_cs(*f.pos, hi, lo, &c, &sn);
     float y0, y1;
     nstf_rope_rot(a, b, c, sn, &y0, &y1);
     yb[r0] = nstf_float_to_bf16(y0);

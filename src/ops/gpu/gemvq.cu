@@ -1,6 +1,7 @@
 /* gemvq.cu — the quantized decode GEMV kernel gemvq_kernel, fused
- * dequantization for Q8_0, Q4_0 and Q4_1 (4-byte aligned W), and its
- * instances (plain for nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu).
+ * dequantization for the 32-element block types Q8_0, Q4_0, Q4_1 (4-byte
+ * aligned W), Q5_0, Q5_1 and IQ4_NL, and its instances (plain for
+ * nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu).
  * Shape:
  *  - A block of 256 threads owns ROWS = 16 rows (32 when n_out >= 8192),
  *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
@@ -10,12 +11,14 @@
  *    the "plane" layout of gemvq_xslot: the lanes of a wave read
  *    consecutive 16-byte items, free of bank conflicts.
  *  - A lane's unit is half a block, 16 weights: for Q8_0 qs[16h..16h+15]
- *    (elements 16h..16h+15), for Q4 qs[8h..8h+7] (low nibbles: elements
- *    8h..8h+7, high nibbles: 16+8h..16+8h+7). The qs run starts 2-byte
- *    aligned; it is read with 32-bit loads from the 4-byte aligned address
- *    at or below it plus one 16-bit tail load, and realigned with one byte
- *    permute per word (selector chosen from the address): 6 loads per
- *    16 Q8_0 weights, 4 for Q4_0, 3 for Q4_1 (always 4-byte aligned there).
+ *    (elements 16h..16h+15), for the 4-bit layouts (Q4_0, Q4_1, Q5_0,
+ *    Q5_1, IQ4_NL) qs[8h..8h+7] (low nibbles: elements 8h..8h+7, high
+ *    nibbles: 16+8h..16+8h+7). The qs run starts 2-byte aligned; it is
+ *    read with 32-bit loads from the 4-byte aligned address at or below it
+ *    plus one 16-bit tail load, and realigned with one byte permute per
+ *    word (selector chosen from the address): 6 loads per 16 Q8_0 weights,
+ *    4 for Q4_0 and IQ4_NL, 3 for Q4_1 (always 4-byte aligned there); Q5_0
+ *    adds two 16-bit loads of qh, Q5_1 (4-byte aligned) one word.
  *  - Q8_0 decodes with one byte permute + one FADD per weight: the float
  *    with bits 0x4B0000uu is 2^23 + uu, uu = n + 128 after flipping the
  *    sign bits of the four bytes at once.
@@ -26,16 +29,16 @@
  *    sum (d n + m) x = 128 d s + (m - 128 d) X (Q4_1). X is row-independent
  *    and computed once per block while staging x. The cancellation costs a
  *    factor of about 10 on fp32 rounding (s ~ X ~ sum x): far inside the
- *    accuracy rule.
+ *    accuracy rule. Q5_0 / Q5_1 put qh's bit into bit 4 of the byte first
+ *    (n < 32): sum (n - 16) x = 128 s - 144 X and as Q4_1.
+ *  - IQ4_NL codes go through the code book (quant.h's byte-permute lookup)
+ *    to bytes 128 + kv, then as Q8_0 to exact floats: no X term.
  *  - Each lane keeps GEMVQ_UNROLL units of each of its rows in flight. */
 #include "gemv_fused.h"
 
 #ifndef GEMVQ_UNROLL
 #define GEMVQ_UNROLL 2
 #endif
-
-/* 4 bytes at p (4-byte aligned) */
-static __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) { return *(const uint32_t *)p; }
 
 /* Raw bytes of one half-block unit. q[0..NQ): words at the 4-aligned
  * address at or below the run, q[NQ]: the 16-bit tail, sc: scale (and the
@@ -45,30 +48,44 @@ template <int WT> struct gemvq_raw {
     uint32_t q[NQ + 1];
     uint32_t sc;
     uint32_t mis;
+    uint32_t qh; /* Q5_0, Q5_1: the block's fifth bits */
+};
+
+/* qs of the 4-bit layouts: bytes from the block start; block bytes */
+template <int WT> struct gemvq_layout {
+    static constexpr int QS = WT == GW_Q8_0 || WT == GW_Q4_0 || WT == GW_IQ4_NL ? 2 : WT == GW_Q5_0 ? 6 : WT == GW_Q4_1 ? 4 : 8;
+    static constexpr int BYTES = WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES
+                                 : WT == GW_Q4_1 ? NSTF_Q4_1_BYTES : WT == GW_Q5_0 ? NSTF_Q5_0_BYTES
+                                 : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : NSTF_IQ4_NL_BYTES;
+    static constexpr bool NEEDX = WT != GW_Q8_0 && WT != GW_IQ4_NL; /* the 1 + n/128 codes: X term */
 };
 
 template <int WT>
 static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__restrict__ row, int u) {
     gemvq_raw<WT> r;
     constexpr int NQ = gemvq_raw<WT>::NQ;
+    typedef gemvq_layout<WT> L;
     const int b = u >> 1, h = u & 1;
-    if (WT == GW_Q4_1) { /* 20-byte blocks, 4-byte aligned rows: everything aligned */
-        const uint8_t *blk = row + (size_t)b * NSTF_Q4_1_BYTES;
-        r.sc = ld_u32(blk);
-        r.q[0] = ld_u32(blk + 4 + h * 8);
-        r.q[1] = ld_u32(blk + 8 + h * 8);
+    r.qh = 0;
+    if constexpr (WT == GW_Q4_1 || WT == GW_Q5_1) { /* 20/24-byte blocks, 4-byte aligned rows: everything aligned */
+        const uint8_t *blk = row + (size_t)b * L::BYTES;
+        r.sc = nstf_ld_u32(blk);
+        r.q[0] = nstf_ld_u32(blk + L::QS + h * 8);
+        r.q[1] = nstf_ld_u32(blk + L::QS + 4 + h * 8);
         r.q[2] = 0;
         r.mis = 0;
+        if constexpr (WT == GW_Q5_1) r.qh = nstf_ld_u32(blk + 4);
         return r;
     }
-    const uint8_t *blk = row + (size_t)b * (WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : NSTF_Q4_0_BYTES);
-    const uint8_t *p = blk + 2 + h * (4 * NQ);
+    const uint8_t *blk = row + (size_t)b * L::BYTES;
+    const uint8_t *p = blk + L::QS + h * (4 * NQ);
+    if constexpr (WT == GW_Q5_0) r.qh = nstf_ld_u16(blk + 2) | (nstf_ld_u16(blk + 4) << 16);
     const uint8_t *a = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)3);
-    r.sc = ld_u16(blk);
+    r.sc = nstf_ld_u16(blk);
 #pragma unroll
-    for (int k = 0; k < NQ; k++) r.q[k] = ld_u32(a + 4 * k);
+    for (int k = 0; k < NQ; k++) r.q[k] = nstf_ld_u32(a + 4 * k);
     /* the last two bytes of the run: needed when a = p - 2; never past it */
-    r.q[NQ] = ld_u16(p + 4 * NQ - 2);
+    r.q[NQ] = nstf_ld_u16(p + 4 * NQ - 2);
     r.mis = (uint32_t)((uintptr_t)p & 2);
     return r;
 }
@@ -126,7 +143,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     uint16_t *xs = (uint16_t *)gemv_smem;
     float *xs32 = (float *)gemv_smem;
     float *xsum = XF ? xs32 + chunk : (float *)(xs + NT * chunk); /* Q4: [NT][chunk / 16] */
-    constexpr bool Q4 = WT != GW_Q8_0;
+    constexpr bool Q4 = gemvq_layout<WT>::NEEDX;
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
     constexpr int RPW = ROWS / N_WAVES;
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
@@ -237,29 +254,47 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 #pragma unroll
                     for (int j = 0; j < NQ; j++) q[j] = __byte_perm(rw.q[j], rw.q[j + 1], sel);
                     const float d = nstf_half_bits_to_float((unsigned short)(rw.sc & 0xffffu));
-                    if (WT == GW_Q8_0) {
+                    if constexpr (WT == GW_Q8_0) {
 #pragma unroll
                         for (int j = 0; j < 4; j++) {
                             const uint32_t v = q[j] ^ 0x80808080u;
 #pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                wv[r][4 * j + e] = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7440u | e)) - 8388736.0f;
+                            for (int e = 0; e < 4; e++) wv[r][4 * j + e] = nstf_byte_2p23(v, e) - 8388736.0f;
+                        }
+                        c1[r] = d;
+                        c0q[r] = 0.0f;
+                    } else if constexpr (WT == GW_IQ4_NL) {
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const uint32_t lo = nstf_iq4_lookup4(q[j] & 0x0F0F0F0Fu);
+                            const uint32_t hi = nstf_iq4_lookup4((q[j] >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                wv[r][4 * j + e] = nstf_byte_2p23(lo, e) - 8388736.0f;
+                                wv[r][8 + 4 * j + e] = nstf_byte_2p23(hi, e) - 8388736.0f;
+                            }
                         }
                         c1[r] = d;
                         c0q[r] = 0.0f;
                     } else {
+                        const int h = u & 1; /* Q5: the fifth bits of elements 8h + .. and 16 + 8h + .. */
 #pragma unroll
                         for (int j = 0; j < 2; j++) {
-                            const uint32_t lo = (q[j] & 0x0F0F0F0Fu) | 0x80808080u;
-                            const uint32_t hi = ((q[j] >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+                            uint32_t lo = (q[j] & 0x0F0F0F0Fu) | 0x80808080u;
+                            uint32_t hi = ((q[j] >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+                            if constexpr (WT == GW_Q5_0 || WT == GW_Q5_1) {
+                                lo |= nstf_spread4_b4((rw.qh >> (8 * h + 4 * j)) & 0xfu);
+                                hi |= nstf_spread4_b4((rw.qh >> (16 + 8 * h + 4 * j)) & 0xfu);
+                            }
 #pragma unroll
                             for (int e = 0; e < 4; e++) {
-                                wv[r][4 * j + e] = __uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7044u | (e << 8)));
-                                wv[r][8 + 4 * j + e] = __uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7044u | (e << 8)));
+                                wv[r][4 * j + e] = nstf_byte_1p(lo, e);
+                                wv[r][8 + 4 * j + e] = nstf_byte_1p(hi, e);
                             }
                         }
                         c1[r] = 128.0f * d;
-                        if (WT == GW_Q4_0) c0q[r] = -136.0f * d;
+                        if constexpr (WT == GW_Q4_0) c0q[r] = -136.0f * d;
+                        else if constexpr (WT == GW_Q5_0) c0q[r] = -144.0f * d;
                         else c0q[r] = nstf_half_bits_to_float((unsigned short)(rw.sc >> 16)) - 128.0f * d;
                     }
                 }
@@ -289,44 +324,37 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 
 /* ---- instances ------------------------------------------------------------ */
 
-template <int WT, bool YB, int R> static gemv_fn gemvq_pick_nt(int nt) {
-    switch (nt) {
-    case 1: return gemvq_kernel<WT, 1, YB, R, 0>;
-    case 2: return gemvq_kernel<WT, 2, YB, R, 0>;
-    case 3: return gemvq_kernel<WT, 3, YB, R, 0>;
-    case 4: return gemvq_kernel<WT, 4, YB, R, 0>;
-    case 5: return gemvq_kernel<WT, 5, YB, R, 0>;
-    case 6: return gemvq_kernel<WT, 6, YB, R, 0>;
-    case 7: return gemvq_kernel<WT, 7, YB, R, 0>;
-    default: return gemvq_kernel<WT, 8, YB, R, 0>;
+/* The 32-element types (Q4_1 when 4-byte aligned): the half-block kernel. */
+struct gemvq_k {
+    template <int WT, int NT, bool YB, int R, int FZ> static gemv_fn fn() { return gemvq_kernel<WT, NT, YB, R, FZ>; }
+    template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
+        switch (wt) {
+        case GW_Q8_0: return gemv_pick_nt<gemvq_k, GW_Q8_0, YB, R>(nt);
+        case GW_Q4_0: return gemv_pick_nt<gemvq_k, GW_Q4_0, YB, R>(nt);
+        case GW_Q5_0: return gemv_pick_nt<gemvq_k, GW_Q5_0, YB, R>(nt);
+        case GW_Q5_1: return gemv_pick_nt<gemvq_k, GW_Q5_1, YB, R>(nt);
+        case GW_IQ4_NL: return gemv_pick_nt<gemvq_k, GW_IQ4_NL, YB, R>(nt);
+        default: return gemv_pick_nt<gemvq_k, GW_Q4_1, YB, R>(nt);
+        }
     }
-}
+};
 
-/* Q8_0 / Q4_0 always, Q4_1 when 4-byte aligned: the half-block kernel. */
-template <bool YB, int R> static gemv_fn gemvq_pick_r(int wt, int nt) {
-    switch (wt) {
-    case GW_Q8_0: return gemvq_pick_nt<GW_Q8_0, YB, R>(nt);
-    case GW_Q4_0: return gemvq_pick_nt<GW_Q4_0, YB, R>(nt);
-    default: return gemvq_pick_nt<GW_Q4_1, YB, R>(nt);
-    }
-}
-template <bool YB> static gemv_fn gemvq_pick(int wt, int nt, int rows) {
-    return rows == GEMVQ_ROWS_BIG ? gemvq_pick_r<YB, GEMVQ_ROWS_BIG>(wt, nt) : gemvq_pick_r<YB, GEMVQ_ROWS>(wt, nt);
-}
+gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvq_k>(wt, nt, rows, y_bf16); }
 
-gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16) {
-    return y_bf16 ? gemvq_pick<true>(wt, nt, rows) : gemvq_pick<false>(wt, nt, rows);
-}
-
-/* The fused instances (gemv_fused.cu). */
+/* The fused instances (gemv_fused.cu). Q5_0 and Q5_1 are the Q4_K_M and
+ * Q5_K_M files' types for rows that are not whole super-blocks; IQ4_NL
+ * runs unfused. */
 struct gemvq_fused {
     int wt;
     template <int FZ, bool YB> gemv_fn get() const {
         switch (wt) {
         case GW_Q8_0: return gemvq_kernel<GW_Q8_0, 1, YB, GEMVQ_ROWS, FZ>;
         case GW_Q4_0: return gemvq_kernel<GW_Q4_0, 1, YB, GEMVQ_ROWS, FZ>;
-        default: return gemvq_kernel<GW_Q4_1, 1, YB, GEMVQ_ROWS, FZ>;
+        case GW_Q4_1: return gemvq_kernel<GW_Q4_1, 1, YB, GEMVQ_ROWS, FZ>;
+        case GW_Q5_0: return gemvq_kernel<GW_Q5_0, 1, YB, GEMVQ_ROWS, FZ>;
+        case GW_Q5_1: return gemvq_kernel<GW_Q5_1, 1, YB, GEMVQ_ROWS, FZ>;
         }
+        return nullptr;
     }
 };
 gemv_fn nstf_gemvq_fused_pick(int wt, int fz) { return gemv_fz_dispatch(fz, gemvq_fused{wt}); }

@@ -31,6 +31,7 @@ extern "C" {
 #include "core/dtype.h"
 #include "core/status.h"
 #include "ops/ops.h"
+#include "ops/optim.h"
 
 /* ---- devices -------------------------------------------------------------- */
 
@@ -112,10 +113,14 @@ nstf_status nstf_gpu_rope(uint16_t *q, uint16_t *k, const int32_t *pos, int64_t 
                           int n_heads, int n_kv_heads, int head_dim, float base,
                           nstf_rope_mode mode, void *stream);
 /* The same with token strides (elements) for q and k, e.g. the rows of one
- * fused q | k | v GEMM output. */
+ * fused q | k | v GEMM output, and optional frequency factors: factors
+ * (device, [head_dim/2] fp32, or NULL) divide each theta_i (Llama 3.x
+ * rope_freqs), applied to the inverse frequency as a compensated division
+ * (nstf_rope_scale, fused_math.h) so the angle keeps its accuracy. */
 nstf_status nstf_gpu_rope_strided(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride,
                                   const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
-                                  int head_dim, float base, nstf_rope_mode mode, void *stream);
+                                  int head_dim, float base, const float *factors, nstf_rope_mode mode,
+                                  void *stream);
 
 /* The RoPE inverse frequencies base^(-2i/head_dim), i < head_dim/2, each a
  * double split into two floats: hi_lo[i] the float nearest, hi_lo[half + i]
@@ -168,6 +173,8 @@ typedef struct nstf_gemv_fusion {
     nstf_rope_mode rope_mode;
     const int32_t *pos;      /* ROPE: device position */
     const float *rope_freqs; /* ROPE: device table of nstf_gpu_rope_freqs() */
+    const float *rope_factors; /* ROPE: device [head_dim/2] frequency factors (as
+                                  nstf_gpu_rope_strided's), or NULL */
 } nstf_gemv_fusion;
 
 /* Whether nstf_gpu_gemv_fused takes this weight (BF16 with n_in % 8 == 0 and
@@ -194,6 +201,29 @@ nstf_status nstf_gpu_argmax(const void *x, nstf_type x_type, int32_t *out, int64
 nstf_status nstf_gpu_kv_write(const uint16_t *k, const uint16_t *v, uint16_t *k_cache,
                               uint16_t *v_cache, const int32_t *pos, int64_t n_tok,
                               int64_t kv_dim, int64_t n_ctx, void *stream);
+
+/* Attention over a paged KV cache for a continuous batch (paged_attn.cu):
+ * token t of sequence seq[t] (seq NULL: all 0) at position pos[t] first
+ * writes its k, v rows into the pool, then attends (causal, GQA) to the
+ * positions 0..pos[t] of its sequence. Position p of sequence s is row
+ * p % block_size of pool block blocks[s * (n_ctx / block_size) + p /
+ * block_size]; the pools are [n_blocks, block_size, n_kv_heads, head_dim].
+ *   q [n_tok, n_heads, head_dim] bf16 (RoPE applied), token stride q_stride
+ *   k, v [n_tok, n_kv_heads, head_dim] bf16, token strides k_stride, v_stride
+ *   out [n_tok, n_heads, head_dim] bf16, token stride out_stride
+ *   pos, seq [n_tok], blocks [n_seq, n_ctx / block_size] int32, on the device
+ * n_ctx % block_size == 0; head_dim even, at most 256; no alignment asked.
+ * A token at a position outside [0, n_ctx) or of a slot outside [0, n_seq)
+ * writes nothing and outputs zeros; a block id outside [0, n_blocks) is a
+ * key that is not there (never read or written). fp32 scores, softmax and
+ * accumulation. */
+nstf_status nstf_gpu_paged_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                     int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                     uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                     int64_t out_stride, const int32_t *pos, const int32_t *seq,
+                                     const int32_t *blocks, int64_t n_tok, int64_t n_ctx, int n_seq,
+                                     int block_size, int64_t n_blocks, int n_heads, int n_kv_heads,
+                                     int head_dim, float scale, int window, void *stream);
 
 
 /* ==========================================================================
@@ -246,7 +276,15 @@ int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff);
  * Token i is at position pos0 + i and attends to positions <= pos0 + i.
  * head_dim 64 or 128; n_heads % n_kv_heads == 0; pos0 + n_tok <= n_ctx;
  * strides multiples of 8 and pointers 16-byte aligned; scale usually
- * 1/sqrt(head_dim). */
+ * 1/sqrt(head_dim). nstf_gpu_flash_attn_sw adds a sliding window: with
+ * window > 0 token i sees positions > pos0 + i - window only (the key
+ * tiles wholly before a block's window are skipped). */
+nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                   int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                   uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                   int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
+                                   int n_heads, int n_kv_heads, int head_dim, float scale, int window,
+                                   void *stream);
 nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                 int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                 uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
@@ -297,13 +335,15 @@ nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
  * kernel runs, so a captured launch stays valid at every position. The split
  * plan and the scratch size are made for the bound pos_max (>= every *d_pos0
  * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
- * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split. */
+ * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split.
+ * window > 0: a sliding window as in nstf_gpu_flash_attn_sw; the splits
+ * then start at the window of the first token. */
 nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                        int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                        uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
                                        int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                        int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
-                                       int head_dim, float scale, void *scratch,
+                                       int head_dim, float scale, int window, void *scratch,
                                        size_t scratch_bytes, void *stream);
 
 /* ==========================================================================
@@ -319,14 +359,15 @@ nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, cons
 nstf_status nstf_gpu_attn_scores(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, float *scores,
                                  int64_t n_tok, int64_t n_kv, int n_heads, int n_kv_heads, int head_dim,
                                  void *stream);
-/* In place: s[h, t, j] = j <= pos0 + t ? s * scale : -inf. */
+/* In place: s[h, t, j] = j <= pos0 + t ? s * scale : -inf (and -inf for
+ * j <= pos0 + t - window when window > 0: a sliding window). */
 nstf_status nstf_gpu_scale_mask(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
-                                float scale, void *stream);
+                                float scale, int window, void *stream);
 /* In place row softmax over n_kv; fused != 0 applies the scale and the
- * causal mask of nstf_gpu_scale_mask while reading. Fully masked entries
- * become 0. */
+ * causal (and window) mask of nstf_gpu_scale_mask while reading. Fully
+ * masked entries become 0. */
 nstf_status nstf_gpu_softmax_rows(float *scores, int64_t n_heads, int64_t n_tok, int64_t n_kv, int64_t pos0,
-                                  float scale, int fused, void *stream);
+                                  float scale, int fused, int window, void *stream);
 /* out[t, h, :] = sum_j p[h, t, j] v_cache[j, kvh, :] (bf16 out, token
  * stride out_stride). */
 nstf_status nstf_gpu_attn_pv(const float *p, const uint16_t *v_cache, uint16_t *out, int64_t out_stride,
@@ -336,6 +377,19 @@ nstf_status nstf_gpu_add(float *x, const float *y, int64_t n, void *stream);
 /* y[t, c] = silu(h[t, c]) * h[t, ffn + c]: h [n_tok, 2 ffn] bf16 holds each
  * token's gate then up (one GEMM over the adjacent matrices), y [n_tok, ffn]. */
 nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int64_t n_tok, int64_t ffn, void *stream);
+/* x[t, i] = bf16(x[t, i] + b[i]) for i < width: a projection's bias, in
+ * place on bf16 rows of token stride `stride` (elements), b fp32 (bias.cu). */
+nstf_status nstf_gpu_bias(uint16_t *x, int64_t stride, const float *b, int64_t n_tok, int64_t width,
+                          void *stream);
+/* Per-head RMSNorm in place (head_norm.cu), fp32 math on bf16 rows:
+ * q [n_tok, n_heads, head_dim] (token stride q_stride), k likewise with
+ * n_kv_heads (k may be NULL with n_kv_heads 0); each head row
+ * x = bf16(x * rsqrt(mean(x^2) + eps) * w), w = wq or wk [head_dim] fp32.
+ * head_dim even, <= 512. */
+nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride, const float *wq,
+                               const float *wk, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
+                               float eps, void *stream);
+
 /* The workspace a low-rank matmul may use for its GEMM path: a bf16
  * buffer of wtmp_elems elements for a dequantized factor, row ids
  * 0..n_rowids-1 for the dequantizing gather, and the token count up to
@@ -360,6 +414,116 @@ int nstf_gpu_matmul_lr_kernels(nstf_type wt, int64_t n, int64_t n_in, int64_t n_
 void nstf_gpu_range_push(const char *name);
 void nstf_gpu_range_pop(void);
 int nstf_gpu_have_ranges(void);
+
+
+/* ==========================================================================
+ * Training (gemm_bwd.cu, attn_bwd.cu, flash_attn.cu, rmsnorm_bwd.cu, rope.cu,
+ * swiglu_bwd.cu, get_rows_bwd.cu, cross_entropy.cu, optim.cu): the backward
+ * of every op, the fused loss and the optimizer step, with the contracts of
+ * ops/backward.h and ops/optim.h: parameter gradients (fp32) are added
+ * into, activation gradients written. Kernels that need room beyond their
+ * operands take device scratch sized by their *_scratch_bytes function.
+ * ========================================================================== */
+
+/* C[M, N] (+)= A B with bf16 operands, fp32 accumulation, on the matrix
+ * units, any operand orientation:
+ *   a_km 0: A [M, K] (row stride lda); 1: A stored transposed, [K, M]
+ *   b_kn 0: B stored transposed, [N, K] (the nn.Linear weight layout, as
+ *           nstf_gpu_gemm_bf16); 1: B [K, N]
+ * c [M, N] F32 or BF16 with row stride ldc; acc: C += A B (C read first),
+ * else C = A B. The contiguous extent of each operand (K for A and B^T, M
+ * for A^T, N for B) and lda, ldb are multiples of 8, a and b 16-byte
+ * aligned; M, N, K are otherwise free (edges masked). */
+nstf_status nstf_gpu_gemm_ex(const uint16_t *a, int64_t lda, int a_km, const uint16_t *b, int64_t ldb,
+                             int b_kn, void *c, nstf_type c_type, int64_t ldc, int64_t m, int64_t n,
+                             int64_t k, int acc, void *stream);
+/* dx [n_tok, n_in] (+= when acc) = dy [n_tok, n_out] W [n_out, n_in]: W bf16
+ * dense, dy bf16 with token stride dy_stride, dx F32 or BF16 with token
+ * stride dx_stride. */
+nstf_status nstf_gpu_matmul_bwd_x(const uint16_t *w, const uint16_t *dy, int64_t dy_stride, void *dx,
+                                  nstf_type dx_type, int64_t dx_stride, int64_t n_tok, int64_t n_in,
+                                  int64_t n_out, int acc, void *stream);
+/* dW [n_out, n_in] (fp32, dense) += dy^T x: x [n_tok, n_in], dy [n_tok, n_out]
+ * bf16 with token strides. */
+nstf_status nstf_gpu_matmul_bwd_w(const uint16_t *x, int64_t x_stride, const uint16_t *dy,
+                                  int64_t dy_stride, float *dw, int64_t n_tok, int64_t n_in,
+                                  int64_t n_out, void *stream);
+
+/* nstf_gpu_flash_attn that also writes lse [n_tok, n_heads] fp32, the
+ * natural log-sum-exp of each row's scaled scores (the training forward). */
+nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                    int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                    uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                    int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
+                                    int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
+                                    float scale, void *stream);
+/* Attention backward from the saved lse (nstf_ref_attention_bwd): q, out,
+ * dout, dq [n_tok, n_heads, head_dim]; k, v, dk, dv [pos0 + n_tok,
+ * n_kv_heads, head_dim]; all bf16 with token strides (multiples of 8,
+ * pointers 16-byte aligned); lse [n_tok, n_heads] fp32. head_dim 64 or 128.
+ * dq, dk, dv are written. Scratch: nstf_gpu_flash_attn_bwd_scratch_bytes. */
+size_t nstf_gpu_flash_attn_bwd_scratch_bytes(int64_t n_tok, int n_heads);
+nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                    int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                    const uint16_t *out, int64_t o_stride, const uint16_t *dout,
+                                    int64_t do_stride, const float *lse, uint16_t *dq, int64_t dq_stride,
+                                    uint16_t *dk, int64_t dk_stride, uint16_t *dv, int64_t dv_stride,
+                                    int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                                    int head_dim, float scale, void *scratch, size_t scratch_bytes,
+                                    void *stream);
+
+/* RMSNorm backward (nstf_ref_rmsnorm_bwd): x, dy, dx [n, dim] fp32, w [dim];
+ * dx += ...; dw [dim] += ... unless NULL (a frozen norm); dx_bf16 (may be
+ * NULL, token stride dxb_stride) receives dx after the add, rounded to bf16.
+ * Scratch (only with dw): nstf_gpu_rmsnorm_bwd_scratch_bytes. */
+size_t nstf_gpu_rmsnorm_bwd_scratch_bytes(int64_t n, int64_t dim);
+nstf_status nstf_gpu_rmsnorm_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw,
+                                 uint16_t *dx_bf16, int64_t dxb_stride, int64_t n, int64_t dim,
+                                 float eps, void *scratch, size_t scratch_bytes, void *stream);
+
+/* RoPE backward: the rotation by -theta, in place on the gradients dq, dk
+ * (nstf_gpu_rope_strided's arguments). */
+nstf_status nstf_gpu_rope_bwd(uint16_t *dq, int64_t q_stride, uint16_t *dk, int64_t k_stride,
+                              const int32_t *pos, int64_t n_tok, int n_heads, int n_kv_heads,
+                              int head_dim, float base, nstf_rope_mode mode, void *stream);
+
+/* SwiGLU backward, elementwise over rows of n_ff with their own token
+ * strides; bf16 in and out; outputs may alias inputs. */
+nstf_status nstf_gpu_swiglu_bwd(const uint16_t *gate, int64_t gate_stride, const uint16_t *up,
+                                int64_t up_stride, const uint16_t *dy, int64_t dy_stride,
+                                uint16_t *dgate, int64_t dgate_stride, uint16_t *dup,
+                                int64_t dup_stride, int64_t n, int64_t n_ff, void *stream);
+
+/* Embedding backward: dtable[ids[t], :] += dout[t, :] (fp32), repeated ids
+ * summed in token order (deterministic, no atomics). */
+nstf_status nstf_gpu_get_rows_bwd(const int32_t *ids, const float *dout, int64_t dout_stride,
+                                  float *dtable, int64_t n_tok, int64_t dim, void *stream);
+
+/* Cross-entropy fused with the logits and chunked over the vocabulary
+ * (nstf_ref_cross_entropy's contract): h [n_tok, dim] bf16 dense, w
+ * [n_vocab, dim] bf16, targets [n_tok] (device), n_norm > 0; lse [n_tok]
+ * (may be NULL); dh [n_tok, dim] fp32 written; dw [n_vocab, dim] fp32 +=
+ * (NULL: a frozen matrix); *loss (device double) written. n_vocab and dim
+ * multiples of 8. The chunk is the widest whose logits fit the scratch:
+ * nstf_gpu_cross_entropy_scratch_bytes(n_tok, chunk). */
+size_t nstf_gpu_cross_entropy_scratch_bytes(int64_t n_tok, int64_t chunk);
+nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
+                                   int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
+                                   double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab,
+                                   void *scratch, size_t scratch_bytes, void *stream);
+
+/* AdamW over the flat fp32 arrays (nstf_cpu_adamw's contract and order of
+ * operations); w_bf16 (may be NULL) receives the updated weights in bf16.
+ * The tensor table is host memory. */
+nstf_status nstf_gpu_adamw(const nstf_adamw_params *p, int64_t step, float grad_scale,
+                           const nstf_param_tensor *tensors, int n_tensors, float *w, const float *grad,
+                           float *m, float *v, uint16_t *w_bf16, void *stream);
+/* Sum of squares of each tensor's gradient (double, fixed order) into sq
+ * [n_tensors] (host memory: the call waits for it). Scratch:
+ * nstf_gpu_grad_norm_scratch_bytes. */
+size_t nstf_gpu_grad_norm_scratch_bytes(const nstf_param_tensor *tensors, int n_tensors);
+nstf_status nstf_gpu_grad_norm(const nstf_param_tensor *tensors, int n_tensors, const float *grad,
+                               double *sq, void *scratch, size_t scratch_bytes, void *stream);
 
 #ifdef __cplusplus
 }

@@ -187,6 +187,26 @@ NSTF_DEV void nstf_mma_load_b_kn(nstf_mma_b &b, const unsigned short *p, int ld)
 #endif
 }
 
+/* A tile stored k-major: A^T[k][m] at p (an operand read transposed, as
+ * dY in dW = dY^T X). The same fragment as nstf_mma_load_a. NVIDIA:
+ * ldmatrix.trans of the four 8x8 pieces (k rows 0-7 / 8-15 x m 0-7 / 8-15);
+ * AMD: A and B fragments share one lane layout, so this is load_b_kn's. */
+NSTF_DEV void nstf_mma_load_a_km(nstf_mma_a &a, const unsigned short *p, int ld) {
+    int l = nstf_lane();
+#if defined(NSTF_MMA_NV)
+    int q = l >> 3;
+    const unsigned short *s = p + ((l & 7) + 8 * (q >> 1)) * ld + 8 * (q & 1);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a.x[0]), "=r"(a.x[1]), "=r"(a.x[2]), "=r"(a.x[3])
+                 : "r"(nstf_smem_addr(s)));
+#else
+    (void)l;
+    nstf_mma_b b;
+    nstf_mma_load_b_kn(b, p, ld);
+    a.x = b.x;
+#endif
+}
+
 NSTF_DEV void nstf_mma_zero(nstf_mma_c &c) {
 #if defined(NSTF_MMA_NV)
     for (int i = 0; i < 8; i++) c.x[i] = 0.0f;

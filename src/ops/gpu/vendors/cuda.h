@@ -70,6 +70,8 @@
 #define nstf_fast_sinf(x) __sinf(x)  /* accurate to ~2^-21 abs on [-pi, pi] */
 #define nstf_fast_cosf(x) __cosf(x)
 #define nstf_fast_rsqrtf(x) rsqrtf(x)
+#define nstf_fast_log2f(x) __log2f(x) /* lg2.approx: 2^-22 relative */
+#define nstf_sqrtf(x) sqrtf(x)       /* correctly rounded */
 
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return __half2float(__ushort_as_half(h));

@@ -134,6 +134,8 @@ static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
 #define nstf_fast_sinf(x) __builtin_sinf(x)
 #define nstf_fast_cosf(x) __builtin_cosf(x)
 #define nstf_fast_rsqrtf(x) (1.0f / __builtin_sqrtf(x))
+#define nstf_fast_log2f(x) __builtin_log2f(x) /* v_log_f32 */
+#define nstf_sqrtf(x) __builtin_sqrtf(x)
 
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return (float)__builtin_bit_cast(_Float16, h);

@@ -1,0 +1,32 @@
+/* trainer.h — what a trainer holds (internal): the public face is
+ * include/nstf_train.h. Shared by trainer.c (open, the step loop,
+ * evaluation), checkpoint.c (save, resume) and train_export.c (GGUF). */
+#ifndef NSTF_MODEL_TRAINER_H
+#define NSTF_MODEL_TRAINER_H
+
+#include "io/tokenizer.h"
+#include "io/tokshard.h"
+#include "model/train.h"
+#include "nstf_train.h"
+
+struct nstf_trainer {
+    nstf_train_params p;    /* strings point into the copies below */
+    char *strs;             /* the params' strings, one block */
+    nstf_llama *model;
+    nstf_tokenizer *tok;
+    nstf_backend *be;
+    nstf_train *tr;
+    nstf_data *data, *eval;
+    int32_t *batch;          /* [grad_accum][batch][seq + 1] host */
+    int64_t step, tokens;    /* steps done, tokens trained on */
+    double last_loss;
+    nstf_lr_schedule sched;
+    nstf_adamw_params opt;
+    double peak_flops;       /* the device's dense bf16 rate (0: unknown) */
+    char desc[512];
+};
+
+/* The fingerprint of the model and training shape a checkpoint is for. */
+uint64_t nstf_trainer_fingerprint(const nstf_trainer *t);
+
+#endif

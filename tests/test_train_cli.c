@@ -1,0 +1,336 @@
+/* test_train_cli.c — `nstf train` and `nstf tokenize` as a user runs them,
+ * on the CPU, on a tiny random model (`nstf gen-model --shape tiny`, its
+ * byte-level tokenizer) and small texts made here. Checks:
+ *  - overfitting one sequence drives the loss below 0.1 (the JSONL log's
+ *    last loss);
+ *  - N steps equal N/2 steps + --resume + N/2 steps bit for bit: the two
+ *    runs' final checkpoints (weights, both moments, step, data position)
+ *    and exported models are byte-identical (the CPU backend is
+ *    deterministic);
+ *  - a run killed (SIGKILL) while it writes a checkpoint leaves the
+ *    previous checkpoint byte-identical and resumable; so does a full disk
+ *    (a file-size limit: the write fails with EFBIG), with a one-line error;
+ *  - token shards from `nstf tokenize` train like the text they came from;
+ *    LoRA trains (the loss falls), exports a merged model that `nstf run`
+ *    generates from, and its adapters as a llama.cpp adapter GGUF;
+ *  - from scratch with --shape; the memory plan (--plan) and a run that
+ *    does not fit refused with the numbers;
+ *  - bad input, each one clear line and a non-zero exit: an empty or too
+ *    short data file, shards of another vocabulary, a NaN learning rate, a
+ *    NaN/Inf loss mid-run (the step and the tensor named, the last
+ *    checkpoint kept), a --resume folder of another model or shape (or
+ *    data order: another --seed), an unknown recompute mode, a GPU asked
+ *    of a CPU build. */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "io/gguf.h"
+#include "io/tokshard.h"
+#include "test_util.h"
+
+#include "cli_run.h"
+
+static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", g_dir, name); }
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* The whole file, NUL-terminated (NULL when missing); *n its size. */
+static unsigned char *slurp(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)*n + 1);
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+static bool same_file(const char *a, const char *b) {
+    long na, nb;
+    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    const bool same = x && y && na == nb && memcmp(x, y, (size_t)na) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* The "loss" of the last JSON line of a log (NAN if none). */
+static double last_loss(const char *log) {
+    long n;
+    char *s = (char *)slurp(log, &n);
+    double v = NAN;
+    if (!s) return v;
+    for (char *p = s; (p = strstr(p, "\"loss\": ")); p++) v = strtod(p + 8, NULL);
+    free(s);
+    return v;
+}
+
+static double first_loss(const char *log) {
+    long n;
+    char *s = (char *)slurp(log, &n);
+    double v = NAN;
+    if (!s) return v;
+    char *p = strstr(s, "\"loss\": ");
+    if (p) v = strtod(p + 8, NULL);
+    free(s);
+    return v;
+}
+
+/* Run nstf with args in a child whose environment adds env (may be NULL)
+ * and whose file size is limited to fsize bytes (0: none; SIGXFSZ ignored,
+ * so a write past it fails with EFBIG); when kill_on names a file, the
+ * child is killed with SIGKILL as soon as that file exists. Returns the
+ * exit status, -SIGKILL when killed, -1 on other deaths; stderr in g_err. */
+static int run_child(const char *const *args, const char *env, rlim_t fsize, const char *kill_on) {
+    char err_path[300];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+        int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0) dup2(nul, 1);
+        if (env) putenv((char *)env);
+        if (fsize) {
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {fsize, fsize};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
+        char *argv[64];
+        int n = 0;
+        argv[n++] = (char *)NSTF_BIN;
+        for (; args[n - 1] && n < 63; n++) argv[n] = (char *)args[n - 1];
+        argv[n] = NULL;
+        execv(NSTF_BIN, argv);
+        _exit(127);
+    }
+    int status = 0;
+    bool killed = false;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid) break;
+        if (kill_on && !killed && access(kill_on, F_OK) == 0) {
+            kill(pid, SIGKILL);
+            killed = true;
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    long n;
+    char *e = (char *)slurp(err_path, &n);
+    snprintf(g_err, sizeof g_err, "%s", e ? e : "");
+    free(e);
+    if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGKILL ? -SIGKILL : -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/nstf_test_train_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char tiny[300], tiny2[300], text[300], one[300], empty[300], shortt[300], log[300], shards[300], badshard[300];
+    path_in(tiny, sizeof tiny, "tiny.gguf");
+    path_in(tiny2, sizeof tiny2, "tiny2.gguf");
+    path_in(text, sizeof text, "text.txt");
+    path_in(one, sizeof one, "one.txt");
+    path_in(empty, sizeof empty, "empty.txt");
+    path_in(shortt, sizeof shortt, "short.txt");
+    path_in(log, sizeof log, "log.jsonl");
+    path_in(shards, sizeof shards, "shards");
+    path_in(badshard, sizeof badshard, "bad.tok");
+    int rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f32", "-o", tiny, NULL});
+    CHECK(rc == 0, "gen-model: %s", g_err);
+    rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f32", "--seed", "2", "-o", tiny2, NULL});
+    CHECK(rc == 0, "gen-model: %s", g_err);
+    {
+        static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+                                      "seven", "wise", "owls", "watch", "from", "an", "old", "oak", "tree"};
+        FILE *f = fopen(text, "wb");
+        test_rng r = {42};
+        for (int i = 0; f && i < 300; i++) {
+            for (int w = 0; w < 10; w++) fprintf(f, "%s%s", w ? " " : "", words[rng_next(&r) % 19]);
+            fputs(".\n", f);
+        }
+        if (f) fclose(f);
+    }
+    write_text(one, "the wise owls watch the old oak tree......"); /* 42 bytes + EOS: one window of 32 */
+    write_text(empty, "");
+    write_text(shortt, "too short");
+#define TRAIN(...) ((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "-q", __VA_ARGS__, NULL})
+
+    /* overfitting one sequence */
+    rc = run(TRAIN("--data", one, "--batch", "1", "--seq", "32", "--steps", "150", "--lr", "1e-2", "--warmup", "0",
+                   "--min-lr", "1e-2", "--wd", "0", "--log", log));
+    double l0 = first_loss(log), l1 = last_loss(log);
+    CHECK(rc == 0 && l1 < 0.1, "overfitting one sequence: exit %d, loss %.4f -> %.4f (want < 0.1): %s", rc, l0, l1, g_err);
+    printf("  overfit one sequence: loss %.4f -> %.4f in 150 steps\n", l0, l1);
+
+    /* N steps == N/2 + resume + N/2, bitwise */
+    char ca[300], cb[300], fa[340], fb[340], oa[300], ob[300];
+    path_in(ca, sizeof ca, "ckA");
+    path_in(cb, sizeof cb, "ckB");
+    path_in(oa, sizeof oa, "outA.gguf");
+    path_in(ob, sizeof ob, "outB.gguf");
+    snprintf(fa, sizeof fa, "%s/checkpoint.nstf", ca);
+    snprintf(fb, sizeof fb, "%s/checkpoint.nstf", cb);
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "8", "--lr", "3e-3", "--ckpt-dir", ca,
+                   "--out", oa));
+    CHECK(rc == 0, "8 steps: exit %d: %s", rc, g_err);
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "8", "--lr", "3e-3", "--ckpt-dir", cb,
+                   "--stop-at", "4"));
+    CHECK(rc == 0, "4 of 8 steps: exit %d: %s", rc, g_err);
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "8", "--lr", "3e-3", "--resume", cb,
+                   "--out", ob));
+    CHECK(rc == 0, "resume, 4 more: exit %d: %s", rc, g_err);
+    CHECK(same_file(fa, fb), "8 steps and 4 + resume + 4 left different checkpoints");
+    CHECK(same_file(oa, ob), "8 steps and 4 + resume + 4 exported different models");
+    printf("  8 steps == 4 + resume + 4: checkpoints and exports byte-identical\n");
+
+    /* SIGKILL while a checkpoint is written: the previous one survives */
+    char cc[300], fc[340], tmpc[340], saved[300];
+    path_in(cc, sizeof cc, "ckC");
+    snprintf(fc, sizeof fc, "%s/checkpoint.nstf", cc);
+    snprintf(tmpc, sizeof tmpc, "%s/checkpoint.nstf.tmp", cc);
+    path_in(saved, sizeof saved, "saved.nstf");
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--ckpt-dir", cc, "--stop-at", "1"));
+    CHECK(rc == 0, "1 step: exit %d: %s", rc, g_err);
+    {
+        long n;
+        unsigned char *b = slurp(fc, &n);
+        FILE *f = fopen(saved, "wb");
+        if (f && b) fwrite(b, 1, (size_t)n, f);
+        if (f) fclose(f);
+        free(b);
+    }
+    rc = run_child(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--resume", cc),
+                   "NSTF_CKPT_STALL_MS=30000", 0, tmpc);
+    CHECK(rc == -SIGKILL, "the run with a stalled checkpoint write: status %d (want SIGKILL): %s", rc, g_err);
+    CHECK(same_file(fc, saved), "SIGKILL during a checkpoint write changed the previous checkpoint");
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "2", "--resume", cc));
+    CHECK(rc == 0, "resume after the kill: exit %d: %s", rc, g_err);
+    printf("  SIGKILL during a checkpoint write: the previous checkpoint intact and resumable\n");
+
+    /* a full disk (a file-size limit) while checkpointing */
+    unlink(fc);
+    rename(saved, fc);
+    {
+        long n;
+        free(slurp(fc, &n));
+        rc = run_child(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--resume", cc), NULL,
+                       (rlim_t)(n / 2), NULL);
+    }
+    CHECK(rc == 1 && count_lines(g_err) == 1 && strstr(g_err, "not written") && strstr(g_err, "is kept"),
+          "full disk: exit %d: %s", rc, g_err);
+    CHECK(access(tmpc, F_OK) != 0, "full disk: the temporary file was left behind");
+    printf("  full disk during a checkpoint write: %s", g_err);
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "2", "--resume", cc));
+    CHECK(rc == 0, "resume after the full disk: exit %d: %s", rc, g_err);
+
+    /* token shards */
+    rc = run((const char *const[]){"tokenize", "-m", tiny, text, "-o", shards, NULL});
+    CHECK(rc == 0, "tokenize: exit %d: %s", rc, g_err);
+    rc = run(TRAIN("--data", shards, "--batch", "2", "--seq", "32", "--steps", "3", "--log", log));
+    CHECK(rc == 0, "train on shards: exit %d: %s", rc, g_err);
+
+    /* LoRA: the loss falls, the merged model generates, the adapters export */
+    char merged[300], adapters[300];
+    path_in(merged, sizeof merged, "merged.gguf");
+    path_in(adapters, sizeof adapters, "adapters.gguf");
+    unlink(log);
+    rc = run(TRAIN("--data", text, "--batch", "4", "--seq", "32", "--steps", "30", "--lr", "1e-2", "--lora", "4",
+                   "--log", log, "--out", merged, "--lora-out", adapters));
+    l0 = first_loss(log), l1 = last_loss(log);
+    /* a random tiny model's frozen embedding (N(0, 0.02)) bounds its logits, so
+     * the adapters move the loss by tenths here (test_train_torch checks
+     * their gradients against torch) */
+    CHECK(rc == 0 && l1 < l0 - 0.2, "LoRA: exit %d, loss %.4f -> %.4f: %s", rc, l0, l1, g_err);
+    printf("  LoRA rank 4: loss %.4f -> %.4f in 30 steps\n", l0, l1);
+    rc = run((const char *const[]){"run", "-m", merged, "-p", "the wise", "-n", "8", "--temp", "0", "-t", "2", NULL});
+    CHECK(rc == 0 && strstr(g_err, "tokens/s"), "run on the merged model: exit %d: %s", rc, g_err);
+    nstf_gguf *ad = NULL;
+    CHECK(nstf_gguf_open(adapters, &ad) == NSTF_OK, "adapters: %s", nstf_last_error());
+    if (ad) {
+        const nstf_gguf_tensor *a = nstf_gguf_find_tensor(ad, "blk.1.ffn_down.weight.lora_a"),
+                               *b = nstf_gguf_find_tensor(ad, "blk.1.ffn_down.weight.lora_b");
+        nstf_gguf_str ty = {0, NULL};
+        CHECK(a && b && a->ne[0] == 192 && a->ne[1] == 4 && b->ne[0] == 4 && b->ne[1] == 64 &&
+                  nstf_gguf_get_str(ad, "adapter.type", &ty) == NSTF_OK && nstf_gguf_str_eq(ty, "lora"),
+              "adapter GGUF: tensors or metadata not as llama.cpp expects");
+        nstf_gguf_close(ad);
+    }
+
+    /* from scratch */
+    char cs[300];
+    path_in(cs, sizeof cs, "ckS");
+    rc = run((const char *const[]){"train", "--shape", "tiny", "--data", text, "--batch", "2", "--seq", "32", "--steps",
+                                   "3", "--ckpt-dir", cs, "--device", "cpu", "-q", NULL});
+    CHECK(rc == 0, "--shape tiny: exit %d: %s", rc, g_err);
+
+    /* the memory plan */
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--plan"));
+    CHECK(rc == 0 && strstr(g_out, "memory plan") && strstr(g_out, "activations") && strstr(g_out, "fits"),
+          "--plan: exit %d: %s%s", rc, g_out, g_err);
+    rc = run(TRAIN("--data", text, "--batch", "200000", "--seq", "2048", "--plan"));
+    CHECK(rc == 1 && strstr(g_out, "DOES NOT FIT") && strstr(g_err, "does not fit"), "--plan too big: exit %d: %s",
+          rc, g_err);
+    expect_error("a run that does not fit", "training needs",
+                 TRAIN("--data", text, "--batch", "200000", "--seq", "2048"));
+
+    /* bad input */
+    {
+        int32_t toks[100];
+        for (int i = 0; i < 100; i++) toks[i] = i;
+        CHECK(nstf_tokshard_write(badshard, toks, 100, 500) == NSTF_OK, "%s", nstf_last_error());
+    }
+    char cd[300];
+    path_in(cd, sizeof cd, "ckD");
+    expect_error("empty data", "is empty", TRAIN("--data", empty));
+    expect_error("too-short data", "needs at least 65", TRAIN("--data", shortt, "--seq", "64"));
+    expect_error("shards of another vocabulary", "vocabulary has 500 tokens but the model's has 384",
+                 TRAIN("--data", badshard));
+    expect_error("NaN learning rate", "--lr expects a number", TRAIN("--data", text, "--lr", "nan"));
+    expect_error("unknown recompute mode", "use none, attn or full", TRAIN("--data", text, "--recompute", "half"));
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--lr", "1e30", "--ckpt-dir", cd,
+                   "--ckpt-every", "1"));
+    CHECK(rc == 1 && count_lines(g_err) == 1 && strstr(g_err, "step 2") && strstr(g_err, "not finite") &&
+              strstr(g_err, "weight") && strstr(g_err, "last checkpoint (step 1)"),
+          "NaN loss mid-run: exit %d: %s", rc, g_err);
+    expect_error("resume with another training shape", "another model or training shape",
+                 TRAIN("--data", text, "--batch", "2", "--seq", "32", "--lora", "4", "--resume", ca));
+    char cl[300];
+    path_in(cl, sizeof cl, "ckL");
+    rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "1", "--lora", "4", "--ckpt-dir", cl));
+    CHECK(rc == 0, "LoRA checkpoint: exit %d: %s", rc, g_err);
+    expect_error("resume LoRA on another base", "another model",
+                 ((const char *const[]){"train", "-m", tiny2, "--device", "cpu", "-q", "--data", text, "--batch", "2",
+                                        "--seq", "32", "--lora", "4", "--resume", cl, NULL}));
+    expect_error("resume with another seed", "give --seed 1",
+                 TRAIN("--data", text, "--batch", "2", "--seq", "32", "--seed", "9", "--resume", ca));
+    expect_error("resume from a missing folder", "--resume",
+                 TRAIN("--data", text, "--batch", "2", "--seq", "32", "--resume", "/nonexistent/ck"));
+#if !defined(NSTF_HAVE_CUDA) && !defined(NSTF_HAVE_HIP)
+    expect_error("a GPU of a CPU build", "gpu", TRAIN("--data", text, "--device", "gpu"));
+#endif
+    expect_error("no model", "give one of -m", ((const char *const[]){"train", "--data", text, NULL}));
+
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    return test_finish("test_train_cli");
+}
