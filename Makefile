@@ -54,6 +54,7 @@ test-gpu: cuda
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
+	./build-cuda/tests/test_conv_gpu
 	./build-cuda/tests/test_levels_gpu
 	./build-cuda/tests/test_determinism_gpu
 	./build-cuda/tests/test_e2e_gpu

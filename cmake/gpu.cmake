@@ -82,8 +82,9 @@ if(NSTF_CUDA)
     set_tests_properties(test_ops_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
   endif()
 
-  # GEMM / attention (contiguous and paged) tests and their benchmarks (cuBLAS in the GEMM bench only).
-  foreach(t test_gemm_gpu test_attention_gpu test_paged_attn_gpu)
+  # GEMM / attention (contiguous and paged) / conv2d-ladder tests and the GEMM /
+  # attention benchmarks (cuBLAS in the GEMM bench only).
+  foreach(t test_gemm_gpu test_attention_gpu test_paged_attn_gpu test_conv_gpu)
     add_executable(${t} ${PROJECT_SOURCE_DIR}/tests/${t}.cu)
     set_property(TARGET ${t} PROPERTY COMPILE_OPTIONS ${NSTF_CUDA_OPTIONS})
     target_link_libraries(${t} PRIVATE nstf_internal ${NSTF_GPU_LINK})

@@ -99,6 +99,47 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
                                   int n_predict, bool ignore_eos, nstf_piece_fn cb, void *user,
                                   nstf_gen_stats *stats);
 
+/* ---- tokens, logits and the model's facts (what a binding needs) ---------- */
+
+typedef struct nstf_model_info {
+    int n_vocab;         /* rows of the logits */
+    int n_ctx;           /* the session's context (KV cache positions) */
+    int n_ctx_train;     /* context the model was trained for */
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim;
+    int32_t bos, eos;    /* token ids; -1 when the model has none */
+    bool add_bos;        /* whether the model's tokenizer adds BOS to a prompt */
+    const char *backend; /* "CPU", "CUDA" or "HIP" */
+    const char *device;  /* one line describing the device */
+} nstf_model_info;
+
+/* The model's shape and where it runs. Strings are owned by the session. */
+nstf_status nstf_session_info(const nstf_session *s, nstf_model_info *out);
+
+/* Encode `len` bytes of UTF-8 text into token ids, as generation encodes a
+ * prompt. add_bos: 1 yes, 0 no, -1 as the model's tokenizer wants (the
+ * prompt of nstf_session_generate). parse_special: control tokens written
+ * in the text ("<|im_start|>") become their ids. *n_ids is set to the
+ * number of ids the text encodes to; at most `cap` are written to ids, and
+ * when cap is smaller the call fails with NSTF_ERR_RANGE (call again with
+ * *n_ids). Invalid UTF-8 is NSTF_ERR_INVALID_ARG naming the byte offset. */
+nstf_status nstf_session_tokenize(nstf_session *s, const char *text, size_t len, int add_bos,
+                                  bool parse_special, int32_t *ids, int64_t cap, int64_t *n_ids);
+
+/* The text of n ids (their pieces concatenated; a SentencePiece model drops
+ * the space its dummy prefix put before the first word). *len is set to the
+ * byte length; at most `cap` bytes are written to buf (no NUL), and when
+ * cap is smaller the call fails with NSTF_ERR_RANGE (call again with *len).
+ * An id outside [0, n_vocab) is NSTF_ERR_RANGE. */
+nstf_status nstf_session_detokenize(nstf_session *s, const int32_t *ids, int64_t n, char *buf,
+                                    size_t cap, size_t *len);
+
+/* Teacher-forced evaluation of n tokens at positions 0..n-1 (the KV cache is
+ * overwritten from position 0). With all_logits, logits [n, n_vocab] of
+ * every position are written (logits[t] predicts token t+1); otherwise
+ * [n_vocab] of the last one. 1 <= n <= n_ctx; every id in [0, n_vocab). */
+nstf_status nstf_session_eval(nstf_session *s, const int32_t *tokens, int64_t n, bool all_logits,
+                              float *logits);
+
 /* A seed from the clock and process id, for when none is given. */
 uint64_t nstf_time_seed(void);
 

@@ -39,8 +39,8 @@ nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n,
 const float *nstf_session_logits(const nstf_session *s);
 /* The model's tokens for text (malloc'd *ids), with BOS first when the
  * model adds one; parse_special: special-token text becomes those tokens. */
-nstf_status nstf_session_tokenize(nstf_session *s, const char *text, size_t len, bool parse_special, int32_t **ids,
-                                  int64_t *n);
+nstf_status nstf_session_tokenize_alloc(nstf_session *s, const char *text, size_t len, bool parse_special,
+                                        int32_t **ids, int64_t *n);
 
 /* ---- perplexity (src/model/perplexity.c) ------------------------------------ *
  * llama.cpp's llama-perplexity on the session's model: windows of n_ctx
@@ -114,6 +114,44 @@ int nstf_cpu_count(void);
 const char *nstf_gpu_runtime(void);
 int nstf_gpu_count(void);
 nstf_status nstf_gpu_describe(int dev, char *buf, size_t cap);
+
+/* ---- convolution (the conv2d ladder: kernels, benchmark, PyTorch ops) ------- */
+
+/* Memory layout of a conv2d's input and output, and of its filter:
+ *   NCHW: x [n][c][h][w], y [n][k][p][q], w [k][c/groups][r][s] (PyTorch's)
+ *   NHWC: x [n][h][w][c], y [n][p][q][k], w [k][r][s][c/groups] (channels_last) */
+typedef enum nstf_conv_layout {
+    NSTF_CONV_NCHW = 0,
+    NSTF_CONV_NHWC = 1,
+} nstf_conv_layout;
+
+/* y = conv2d(x, w) + bias, PyTorch's F.conv2d(x, w, bias, stride, padding,
+ * dilation, groups): output p = (h + 2 pad_h - dil_h (r - 1) - 1) / stride_h
+ * + 1 rows, q likewise. */
+typedef struct nstf_conv2d_desc {
+    int64_t n, c, h, w; /* input: batch, channels, height, width */
+    int64_t k, r, s;    /* output channels, filter height and width */
+    int stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+    int groups;         /* divides c and k */
+    nstf_conv_layout layout;
+} nstf_conv2d_desc;
+
+/* Checks the descriptor (positive sizes, strides and dilations; padding >= 0;
+ * groups dividing c and k; a non-empty output; every element count below
+ * 2^62) and gives the output height and width. */
+nstf_status nstf_conv2d_out_size(const nstf_conv2d_desc *d, int64_t *p, int64_t *q);
+
+/* Multiply-adds x 2 of one forward (the FLOPs of a TFLOP/s figure). */
+double nstf_conv2d_flops(const nstf_conv2d_desc *d);
+
+/* The GPU ladder (levels 0 .. nstf_conv2d_levels()-1, see gpu_api.h's
+ * nstf_gpu_conv2d) on random bf16 data on the current device: ms per call
+ * (mean of `reps` timed back to back with GPU events after one warm-up
+ * call), y of y_type F32 or BF16. NSTF_ERR_UNSUPPORTED without a GPU
+ * backend or device, or when the level does not take the shape. */
+int nstf_conv2d_levels(void);
+const char *nstf_conv2d_level_name(int level);
+nstf_status nstf_conv2d_bench(const nstf_conv2d_desc *d, int level, int y_bf16, int reps, double *ms);
 
 #ifdef __cplusplus
 }

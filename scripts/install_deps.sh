@@ -1,7 +1,11 @@
 #!/bin/sh
 # install_deps.sh — Debian packages the build needs.
-#   install_deps.sh        the CPU build and tests (what `make deps` runs), and the
-#                          openai Python client for test_serve
+#   install_deps.sh        the CPU build and tests (what `make deps` runs; with
+#                          pytest and numpy for the Python suites, and the
+#                          openai Python client for test_serve)
+#   install_deps.sh torch  only torch and transformers from PyPI, for the
+#                          suite of the PyTorch ops (test_python_torch, which
+#                          is skipped without torch; large: a separate step)
 #   install_deps.sh amd    also the AMD toolchains of `make amd`: Debian's hipcc
 #                          (ROCm 5.2, clang 15) and clang-19; and, where nvcc is
 #                          present, cuobjdump + nvdisasm from their PyPI wheels
@@ -16,7 +20,12 @@ want_amd=0
 case "${1:-}" in
     "") ;;
     amd) want_amd=1 ;;
-    *) echo "install_deps.sh: unknown step '$1' (want nothing or 'amd')" >&2; exit 2 ;;
+    torch)
+        for m in torch transformers; do
+            python3 -c "import $m" >/dev/null 2>&1 || python3 -m pip install -q "$m"
+        done
+        exit 0 ;;
+    *) echo "install_deps.sh: unknown step '$1' (want nothing, 'torch' or 'amd')" >&2; exit 2 ;;
 esac
 need=""
 pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev liblapacke-dev python3 python3-pip clang libclang-rt-dev"
@@ -41,6 +50,20 @@ if command -v python3 >/dev/null 2>&1 && ! python3 -c "import openai" >/dev/null
     python3 -m pip install --quiet --disable-pip-version-check openai 2>/dev/null ||
         python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages openai ||
         echo "install_deps.sh: could not install the openai package; test_serve will be skipped" >&2
+fi
+# The Python suites (python/tests, run by make test): pytest and numpy, from
+# PyPI for the python3 on PATH, or Debian's packages where pip may not
+# install into it (an externally managed system Python).
+py_need=""
+for m in pytest numpy; do
+    python3 -c "import $m" >/dev/null 2>&1 || py_need="$py_need $m"
+done
+if [ -n "$py_need" ] && ! python3 -m pip install -q $py_need; then
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    debs=""
+    for m in $py_need; do debs="$debs python3-$m"; done
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $debs
 fi
 [ $want_amd = 1 ] || exit 0
 

@@ -119,7 +119,7 @@ static void test_mechanics(int32_t **tok_out, int64_t *n_out) {
     for (int i = 0; i < 5; i++) strcat(text, k_text);
     int32_t *tok = NULL;
     int64_t n = 0;
-    CHECK(nstf_session_tokenize(s, text, strlen(text), false, &tok, &n) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_session_tokenize_alloc(s, text, strlen(text), false, &tok, &n) == NSTF_OK, "%s", nstf_last_error());
     CHECK(n >= 600, "%lld tokens", (long long)n);
     n = 600 + 17; /* 19 windows of 32 and a rest that is dropped */
     const int n_ctx = 32;
@@ -249,7 +249,7 @@ static int32_t *reference_tokens(nstf_session *s, int64_t *n) {
     if (t) fclose(t);
     int32_t *tok = NULL;
     *n = 0;
-    CHECK(nstf_session_tokenize(s, text, len, false, &tok, n) == NSTF_OK, "%s", nstf_last_error());
+    CHECK(nstf_session_tokenize_alloc(s, text, len, false, &tok, n) == NSTF_OK, "%s", nstf_last_error());
     return tok;
 }
 
@@ -360,7 +360,7 @@ static void test_cli(void) {
         int64_t n = 0;
         nstf_ppl_params p = {64, 16, -1, NULL, NULL, NULL, NULL};
         nstf_ppl_result r;
-        CHECK(nstf_session_tokenize(s, buf, strlen(buf), false, &tok, &n) == NSTF_OK &&
+        CHECK(nstf_session_tokenize_alloc(s, buf, strlen(buf), false, &tok, &n) == NSTF_OK &&
                   nstf_perplexity(s, tok, n, &p, &r) == NSTF_OK,
               "%s", nstf_last_error());
         CHECK(fabs(ppl - r.ppl) <= 0.00005 * r.ppl + 0.00005, "CLI %.4f, library %.6f", ppl, r.ppl);

@@ -173,7 +173,7 @@ int cmd_perplexity(int argc, char **argv) {
             nstf_session_close(s);
             return 1;
         }
-        st = nstf_session_tokenize(s, text, len, false, &ids, &n_ids);
+        st = nstf_session_tokenize_alloc(s, text, len, false, &ids, &n_ids);
         free(text);
         if (st == NSTF_OK)
             fprintf(stderr, "perplexity: %s: %lld tokens, %lld windows of %d, batch %d, %s\n", text_path,

@@ -15,6 +15,7 @@ int cmd_isa(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_bench_conv(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
@@ -39,7 +40,8 @@ static void usage(FILE *f) {
             "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
             "  train     train or fine-tune (full or LoRA) on the CPU or a GPU (nstf train --help)\n"
             "  tokenize  text files to token shards for nstf train (nstf tokenize --help)\n"
-            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check\n"
+            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check;\n"
+            "            nstf bench conv: the conv2d kernel ladder against cuDNN (nstf bench conv --help)\n"
             "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
             "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
             "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
@@ -56,6 +58,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "conv")) return cmd_bench_conv(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
     if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);

@@ -14,8 +14,8 @@ int nstf_session_n_batch(const nstf_session *s) { return s->n_batch; }
 const char *nstf_session_path(const nstf_session *s) { return s->model->file->path; }
 const float *nstf_session_logits(const nstf_session *s) { return s->logits; }
 
-nstf_status nstf_session_tokenize(nstf_session *s, const char *text, size_t len, bool parse_special, int32_t **ids,
-                                  int64_t *n) {
+nstf_status nstf_session_tokenize_alloc(nstf_session *s, const char *text, size_t len, bool parse_special,
+                                        int32_t **ids, int64_t *n) {
     return nstf_tokenizer_encode(s->tok, text, len, nstf_tokenizer_wants_bos(s->tok), parse_special, ids, n);
 }
 

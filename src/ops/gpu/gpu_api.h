@@ -30,6 +30,7 @@ extern "C" {
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "nstf_tools.h"
 #include "ops/ops.h"
 #include "ops/optim.h"
 
@@ -416,7 +417,7 @@ void nstf_gpu_range_pop(void);
 int nstf_gpu_have_ranges(void);
 
 
-/* ==========================================================================
+/* ===================================================================
  * Training (gemm_bwd.cu, attn_bwd.cu, flash_attn.cu, rmsnorm_bwd.cu, rope.cu,
  * swiglu_bwd.cu, get_rows_bwd.cu, cross_entropy.cu, optim.cu): the backward
  * of every op, the fused loss and the optimizer step, with the contracts of
@@ -524,6 +525,37 @@ nstf_status nstf_gpu_adamw(const nstf_adamw_params *p, int64_t step, float grad_
 size_t nstf_gpu_grad_norm_scratch_bytes(const nstf_param_tensor *tensors, int n_tensors);
 nstf_status nstf_gpu_grad_norm(const nstf_param_tensor *tensors, int n_tensors, const float *grad,
                                double *sq, void *scratch, size_t scratch_bytes, void *stream);
+=======
+/* ==========================================================================
+ * conv2d forward: the convolution ladder (conv.cu, conv_tiled.cu,
+ * conv_igemm.cu). Not a row of the model's op table: kernels for the conv
+ * benchmark (nstf bench conv) and the PyTorch ops.
+ * ========================================================================== */
+
+/* y = conv2d(x, w) + bias for the descriptor d (nstf_tools.h: layout NCHW or
+ * NHWC, stride, padding, dilation, groups). x and w bf16 (w [k][c/g][r][s]
+ * for NCHW, [k][r][s][c/g] for NHWC), bias fp32 [k] or NULL, y of y_type F32
+ * or BF16; every level accumulates in fp32. Levels:
+ *   0  direct: one thread per output, 64-thread groups (grid-stride)
+ *   1  direct, 256-thread groups
+ *   2  shared-memory tiles: a 256-thread group computes a 32x32 tile of
+ *      positions for 8 output channels (2x2 positions x 8 channels per
+ *      thread), the input patch and the filters staged by chunks of channels
+ *   3  level 2 with 16-byte global loads, 16-byte shared reads of the
+ *      filters and (NHWC) 8-channel stores
+ *   4  implicit GEMM on the matrix units (mma.h): M = n p q positions,
+ *      N = k/groups, K = (c/groups) r s; A gathered from x on the fly
+ *      (16-byte cp.async pieces in NHWC when c/groups % 8 == 0), zero-filled
+ *      padding
+ * level -1: the fastest level (4). Pointers 2-byte aligned (bf16); vector
+ * paths are taken where the pointers are 16-byte aligned. */
+nstf_status nstf_gpu_conv2d(const nstf_conv2d_desc *d, int level, const uint16_t *x, const uint16_t *w,
+                            const float *bias, void *y, nstf_type y_type, void *stream);
+/* NSTF_OK when `level` takes the descriptor, else NSTF_ERR_UNSUPPORTED with
+ * the reason (levels 2-3: the input patch of one channel must fit shared
+ * memory; grids: n, groups within the launch limits). Needs a device (the
+ * current one's limits) only for level 4. */
+nstf_status nstf_gpu_conv2d_supported(const nstf_conv2d_desc *d, int level);
 
 #ifdef __cplusplus
 }
