@@ -55,19 +55,57 @@ typedef struct nstf_session nstf_session;
 typedef struct nstf_session_params {
     int n_ctx;          /* KV cache positions; 0 = min(trained context, 4096) */
     int n_batch;        /* most prompt tokens per forward; default 512 */
-    int n_threads;      /* CPU threads; 0 = every core */
+    int n_threads;      /* CPU threads; 0 = the physical cores */
     const char *device; /* "cpu", "gpu" or "auto" (default: GPU if present) */
     bool verbose;       /* log model and device details to stderr */
     bool precise;       /* CPU: fp32 activations in every matmul (slower; matches
-                           fp32 references to rounding) instead of 8-bit blocks */
+                           fp32 references to rounding); same as cpu_act_bits 32 */
     bool deterministic; /* CPU: bitwise-identical results for any thread count
                            (and run to run); slightly slower decode */
+    int cpu_act_bits;   /* CPU: activations of quantized matmuls. 0 = 16 (the
+                           default: 8-bit blocks plus their 8-bit rounding
+                           residual, as close to fp32 as --precise in the
+                           logits); 8 = one 8-bit block (fastest; llama.cpp's
+                           accuracy); 32 = fp32 (as precise) */
+    const char *chat_template; /* NULL: the model's own (ChatML when it has
+                           none); or one of NSTF_CHAT_TEMPLATE_NAMES */
     int n_gpu_layers;   /* on a GPU: how many layers run there; 0 (default) or
                            >= the layer count: all of the model; N between:
                            the embedding and layers 0..N-1 on the GPU, the rest
                            and the output head on the CPU (llama.cpp's -ngl;
                            its -ngl 0 is device "cpu") */
 } nstf_session_params;
+
+/* Why generation stopped. */
+typedef enum nstf_stop {
+    NSTF_STOP_NONE = 0,
+    NSTF_STOP_N_PREDICT = 1,    /* n_predict tokens were generated */
+    NSTF_STOP_EOG = 2,          /* an end-of-generation token was sampled */
+    NSTF_STOP_STRING = 3,       /* the output ended with one of the stop strings */
+    NSTF_STOP_CONTEXT_FULL = 4, /* the KV cache is full and context_shift is off */
+    NSTF_STOP_CALLBACK = 5,     /* the piece callback returned false */
+    NSTF_STOP_INTERRUPTED = 6,  /* *interrupt became non-zero */
+} nstf_stop;
+
+/* Generation controls other than sampling (llama.cpp's meanings). */
+typedef struct nstf_gen_params {
+    int n_predict;              /* tokens to generate: >= 0; -1 no limit (until an
+                                   end of generation, or the context is full
+                                   without context_shift); -2 until the context is
+                                   full. Default 128. */
+    bool ignore_eos;            /* keep going past end-of-generation tokens */
+    bool context_shift;         /* when the context is full: keep the first
+                                   n_keep tokens, drop the oldest half of the rest,
+                                   re-evaluate the kept tail at its new positions
+                                   and go on (llama.cpp's context shift) */
+    int n_keep;                 /* tokens a shift keeps at the start; -1 = the
+                                   whole first prompt. Default 0. */
+    const char *const *stop;    /* stop strings (reverse prompts): stop once the
+                                   generated text ends with one; n_stop of them */
+    int n_stop;
+    const volatile int *interrupt; /* when non-NULL and non-zero: stop at the next
+                                   forward pass (a signal handler may set it) */
+} nstf_gen_params;
 
 typedef struct nstf_gen_stats {
     int64_t n_prompt;   /* prompt tokens evaluated */
@@ -76,6 +114,9 @@ typedef struct nstf_gen_stats {
     double prompt_ms;   /* wall time of prompt processing */
     double gen_ms;      /* wall time of generation (sampling + the n_decode passes) */
     double load_ms;     /* model load time */
+    nstf_stop stop;     /* why generation stopped */
+    int64_t n_shifts;   /* context shifts (each re-evaluates the kept tail) */
+    int64_t n_past;     /* tokens in the KV cache afterwards */
 } nstf_gen_stats;
 
 /* Called with each generated token's bytes (possibly a partial UTF-8
@@ -84,6 +125,7 @@ typedef bool (*nstf_piece_fn)(void *user, int32_t token, const char *piece, size
 
 nstf_sampler_params nstf_sampler_default_params(void);
 nstf_session_params nstf_session_default_params(void);
+nstf_gen_params nstf_gen_default_params(void);
 
 /* Load a GGUF model and prepare a session (KV cache, threads). */
 nstf_status nstf_session_open(const char *model_path, const nstf_session_params *p,
@@ -139,6 +181,59 @@ nstf_status nstf_session_detokenize(nstf_session *s, const int32_t *ids, int64_t
  * [n_vocab] of the last one. 1 <= n <= n_ctx; every id in [0, n_vocab). */
 nstf_status nstf_session_eval(nstf_session *s, const int32_t *tokens, int64_t n, bool all_logits,
                               float *logits);
+
+/* The same with every control: special set parses special tokens written
+ * in a raw prompt (<|im_start|>, ...) as those tokens (a chat prompt's
+ * template tokens always are; the user's text is taken as text either
+ * way only in the sense that the template wraps it). The prompt must be
+ * valid UTF-8; an error names the offset of the first bad byte in it. A
+ * stop other than an error is reported in stats->stop, not as a failure. */
+nstf_status nstf_session_complete(nstf_session *s, const char *prompt, bool chat, const char *system,
+                                  bool special, const nstf_sampler_params *sp, const nstf_gen_params *gp,
+                                  nstf_piece_fn cb, void *user, nstf_gen_stats *stats);
+
+/* The chat templates by name (--chat-template; nstf_session_params.chat_template). */
+#define NSTF_CHAT_TEMPLATE_NAMES "chatml, llama3, llama2, mistral-v1, mistral-v3, mistral-v3-tekken or mistral-v7"
+bool nstf_chat_template_known(const char *name);
+
+/* The chat template a chat prompt is rendered with: one of
+ * NSTF_CHAT_TEMPLATE_NAMES; *from_model (may be NULL) says whether the model's file names
+ * it (false: the session's chat_template, or ChatML by default for a
+ * model without one). NULL when the model's template is not one of those
+ * (rendering a chat then fails with a message). */
+const char *nstf_session_chat_template(const nstf_session *s, bool *from_model);
+
+/* ---- conversations --------------------------------------------------------- */
+
+/* A multi-turn chat on a session: the history stays in the KV cache, so a
+ * turn evaluates only its new tokens (the end of the previous answer's
+ * turn, the user's message, the assistant header) before generating. The
+ * sampler (its generator and repetition window) runs on across turns. */
+typedef struct nstf_conv nstf_conv;
+
+/* system: the system message (NULL: the template's default). */
+nstf_status nstf_conv_open(nstf_session *s, const char *system, const nstf_sampler_params *sp,
+                           nstf_conv **out);
+void nstf_conv_close(nstf_conv *c);
+/* One user turn; the answer is streamed through cb and kept in the
+ * history (also when stopped early: by n_predict, a stop string, the
+ * callback or an interrupt). */
+nstf_status nstf_conv_turn(nstf_conv *c, const char *user_text, const nstf_gen_params *gp, nstf_piece_fn cb,
+                           void *user, nstf_gen_stats *stats);
+/* Forget every turn (the system message stays). */
+void nstf_conv_clear(nstf_conv *c);
+/* Replace the system message (NULL: the template's default) and forget
+ * the turns. */
+nstf_status nstf_conv_set_system(nstf_conv *c, const char *system);
+/* Messages so far (the system message not counted), and tokens in the
+ * KV cache. */
+int nstf_conv_n_messages(const nstf_conv *c);
+int nstf_conv_n_past(const nstf_conv *c);
+/* The conversation as JSON ({"system": ..., "messages": [{"role", "content"}]})
+ * to path, and back: load replaces the conversation (its tokens are
+ * evaluated at the next turn). */
+nstf_status nstf_conv_save(const nstf_conv *c, const char *path);
+nstf_status nstf_conv_load(nstf_conv *c, const char *path);
 
 /* A seed from the clock and process id, for when none is given. */
 uint64_t nstf_time_seed(void);

@@ -76,6 +76,14 @@ typedef struct nstf_ppl_result {
 nstf_status nstf_perplexity(nstf_session *s, const int32_t *tokens, int64_t n_tokens, const nstf_ppl_params *p,
                             nstf_ppl_result *r);
 
+/* The token ids nstf_session_complete evaluates for this prompt (*ids is
+ * malloc'd), and the bytes of one token (nstf_tokenizer_piece's contract). */
+nstf_status nstf_session_prompt_tokens(nstf_session *s, const char *prompt, bool chat, const char *system,
+                                       bool special, int32_t **ids, int64_t *n_ids);
+int64_t nstf_session_token_piece(const nstf_session *s, int32_t id, char *buf, size_t cap);
+/* The element type of the KV cache ("f32" on the CPU, "bf16" on a GPU). */
+const char *nstf_session_kv_type(const nstf_session *s);
+
 /* ---- the backend ------------------------------------------------------------ */
 
 /* "CPU", "CUDA" or "HIP"; the device's one-line description; whether the
@@ -106,8 +114,10 @@ void nstf_session_mem_get(const nstf_session *s, nstf_session_mem *out);
 
 /* ---- devices ------------------------------------------------------------------ */
 
-/* Processor cores available to this process. */
+/* Processors this process may run on, and the physical cores among them
+ * (the default thread count). */
 int nstf_cpu_count(void);
+int nstf_cpu_physical_count(void);
 
 /* The GPU runtime this build has ("CUDA", "HIP"; NULL: none), the visible
  * GPUs, and one line describing GPU dev. */

@@ -1,6 +1,7 @@
 /* cli_run.h — run the built nstf binary the way a user does (posix_spawn,
  * no shell quoting), capturing stdout and stderr through files in the
- * test's temporary folder g_dir, and expect_error() for bad input. Shared
+ * test's temporary folder g_dir, with stdin from g_stdin (a file) or empty,
+ * and expect_error() for bad input. Shared
  * by the CLI-level tests. */
 #ifndef NSTF_TEST_CLI_RUN_H
 #define NSTF_TEST_CLI_RUN_H
@@ -18,6 +19,7 @@ extern char **environ;
 #define NSTF_BIN NSTF_BUILD_DIR "/nstf"
 
 static char g_dir[256];
+static const char *g_stdin; /* a file run() feeds as stdin (NULL: /dev/null) */
 static char g_err[16384], g_out[1 << 18];
 
 /* Run nstf with args (NULL-terminated); capture stdout/stderr into g_out
@@ -28,6 +30,8 @@ static int run(const char *const *args) {
     snprintf(err_path, sizeof err_path, "%s/stderr", g_dir);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
+    /* stdin: empty, as a user's closed pipe (a prompt may come from stdin) */
+    posix_spawn_file_actions_addopen(&fa, 0, g_stdin ? g_stdin : "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     char *argv[64];

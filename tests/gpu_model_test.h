@@ -41,7 +41,7 @@ static inline nstf_status place_model(const nstf_llama *m, bool gpu, bool precis
     if (gpu) {
         st = nstf_backend_gpu_create(0, &p->be);
     } else {
-        const nstf_cpu_params cp = {0, precise, false};
+        const nstf_cpu_params cp = {0, precise, false, 0};
         st = nstf_backend_cpu_create(&cp, &p->be);
     }
     if (st == NSTF_OK) st = nstf_llama_run_create(m, p->be, n_ctx, n_batch, 1, &p->run);

@@ -13,9 +13,12 @@
  *  - CPU, precise (fp32 activations): NMSE <= 1e-7 against the fp64
  *    reference for every op; adds and argmax exact, gathers within 1e-12
  *    (a dequantization may round once more on one side).
- *  - CPU, default (int8 activation blocks in matmuls of quantized weights):
- *    as precise, except those matmuls: NMSE <= 1e-4 (test_matmul_cpu.c
- *    derives that bound).
+ *  - CPU, default (16-bit activations in matmuls of quantized weights: an
+ *    8-bit block plus its 8-bit rounding residual): as precise, the fp32
+ *    bound included.
+ *  - CPU, 8-bit activations (one int8 block): as precise, except the
+ *    matmuls of quantized weights: NMSE <= 1e-4 (test_matmul_cpu.c derives
+ *    that bound).
  *  - GPU (test_backend_ops_gpu: this file built with TEST_BACKEND_GPU in a
  *    GPU build; skipped, exit 77, without a device), at
  *    every execution level: inputs the op reads as bf16 are bf16 numbers,
@@ -58,7 +61,7 @@ typedef struct dbuf {
 
 static nstf_backend *g_be;
 static const char *g_name;
-static bool g_precise;
+static bool g_precise; /* CPU activations of 16 bits or more: matmuls held to the fp32 bound */
 
 static dbuf up(const void *host, size_t bytes) {
     dbuf b = {NULL, bytes};
@@ -862,11 +865,15 @@ int main(void) {
     nstf_backend_free(g_be);
     return test_finish("test_backend_ops_gpu");
 #else
-    for (int precise = 1; precise >= 0; precise--) {
-        const nstf_cpu_params cp = {2, precise != 0, false};
+    /* fp32 activations (precise), the default (16-bit: two 8-bit blocks, held
+     * to the fp32 bound), one 8-bit block */
+    static const int bits[3] = {32, 16, 8};
+    static const char *const names[3] = {"cpu-precise", "cpu", "cpu-act8"};
+    for (int m = 0; m < 3; m++) {
+        const nstf_cpu_params cp = {2, false, false, bits[m]};
         CHECK(nstf_backend_cpu_create(&cp, &g_be) == NSTF_OK, "%s", nstf_last_error());
-        g_precise = precise != 0;
-        if (g_be) run_all(precise ? "cpu-precise" : "cpu");
+        g_precise = bits[m] > 8;
+        if (g_be) run_all(names[m]);
         nstf_backend_free(g_be);
     }
     return test_finish("test_backend_ops");

@@ -145,7 +145,7 @@ int main(void) {
     const int nv = m->cfg.n_vocab;
     for (int precise = 0; precise < 2; precise++) {
         nstf_backend *be;
-        const nstf_cpu_params cp = {2, precise != 0, false};
+        const nstf_cpu_params cp = {2, precise != 0, false, 0};
         CHECK(nstf_backend_cpu_create(&cp, &be) == NSTF_OK, "%s", nstf_last_error());
         nstf_llama_run *multi = NULL, *single = NULL;
         CHECK(nstf_llama_run_create(m, be, 64, 32, N_SEQ, &multi) == NSTF_OK, "%s", nstf_last_error());

@@ -123,6 +123,12 @@ int main(void) {
     CHECK(rc == 1 && strstr(g_err, "only one level"), "--level 2 on the CPU: exit %d: %s", rc, g_err);
     rc = run((const char *const[]){"bench", "-m", tiny, "-o", "xml", NULL});
     CHECK(rc == 2, "bad -o: exit %d", rc);
+    rc = run((const char *const[]){"bench", "-m", tiny, "--act-bits", "12", NULL});
+    CHECK(rc == 2 && strstr(g_err, "nstf bench: --act-bits '12': use 8, 16 or 32"), "bad --act-bits: exit %d: %s", rc,
+          g_err);
+    rc = run((const char *const[]){"bench", "-m", tiny, "-p", "8", "-n", "2", "-r", "1", "-t", "1", "--act-bits", "8",
+                                   "-o", "csv", NULL});
+    CHECK(rc == 0 && strstr(g_out, "build_commit"), "--act-bits 8: exit %d: %s", rc, g_err);
 
     rc = run((const char *const[]){"profile", "-m", tiny, "-p", "8", "-n", "2", "-t", "1", "--trace", trace, "--svg", svg,
                                    "--roofline-cache", cache, NULL});

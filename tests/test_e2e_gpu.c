@@ -26,9 +26,10 @@
  * context far too large for the device fails with NSTF_ERR_OOM and a
  * message, not a crash. The same gates hold for a model split between the
  * GPU (embedding and the first half of the layers) and the CPU (the rest
- * and the output head), the partial offload of -ngl, and for a continuous
- * batch of 4 sequences over a paged KV cache (prefill chunks beside decode
- * tokens, selected logits rows: nstf serve's forward). Exit 77 (skipped)
+ * and the output head), the partial offload of -ngl (against the CPU and
+ * against the whole model on the GPU), and for a continuous batch of 4
+ * sequences over a paged KV cache (prefill chunks beside decode tokens,
+ * selected logits rows: nstf serve's forward). Exit 77 (skipped)
  * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -268,6 +269,9 @@ static void run_model(const char *path, bool real) {
     }
     if (s != NSTF_OK) { printf("  GPU decode: %s  FAIL\n", nstf_last_error()); g_fail++; goto done; }
     compare("decode", lc, lg, N_TOK, nv);
+    float *lgf = malloc((size_t)N_TOK * nv * sizeof(float)); /* the whole model's GPU decode logits */
+    CHECK(lgf != NULL, "out of host memory");
+    if (lgf) memcpy(lgf, lg, (size_t)N_TOK * nv * sizeof(float));
     printf("  decode steps from a graph: %d/%d; device argmax vs host argmax of the GPU logits: %d mismatches  %s\n",
            graphs, N_TOK, dev_mismatch, dev_mismatch == 0 && graphs >= N_TOK - 1 ? "ok" : "FAIL");
     if (dev_mismatch || graphs < N_TOK - 1) g_fail++;
@@ -279,7 +283,7 @@ static void run_model(const char *path, bool real) {
         const int L = m->cfg.n_layers, half = L / 2;
         nstf_backend *gb = NULL, *cb = NULL;
         nstf_llama_run *s1 = NULL, *s2 = NULL;
-        const nstf_cpu_params cp = {0, true, false};
+        const nstf_cpu_params cp = {0, true, false, 32};
         nstf_status ss = nstf_backend_gpu_create(0, &gb);
         if (ss == NSTF_OK) ss = nstf_llama_run_create_stage(m, gb, N_TOK + N_GEN, N_TOK, 1, 0, half, true, false, &s1);
         if (ss == NSTF_OK) ss = nstf_backend_cpu_create(&cp, &cb);
@@ -292,6 +296,9 @@ static void run_model(const char *path, bool real) {
             for (int t = 0; ss == NSTF_OK && t < N_TOK; t++)
                 ss = nstf_llama_forward_seq(s1, &ids[t], 1, t, false, lg + (int64_t)t * nv, NULL);
             if (ss == NSTF_OK) compare("split dec", lc, lg, N_TOK, nv);
+            /* and against the whole model on the GPU (the same gates: the
+             * split is closer to either side than they are to each other) */
+            if (ss == NSTF_OK && lgf) compare("split vs GPU", lgf, lg, N_TOK, nv);
         }
         if (ss != NSTF_OK) {
             printf("  split: %s  FAIL\n", nstf_last_error());
@@ -301,6 +308,7 @@ static void run_model(const char *path, bool real) {
         nstf_llama_run_free(s1);
         nstf_backend_free(cb);
         nstf_backend_free(gb);
+        free(lgf);
     }
 
     continuous_batch(m, ids, &cpu);

@@ -176,7 +176,7 @@ int main(void) {
     CHECK(api && gpu_ops && cases && grad_cases, "cannot read the sources under %s", NSTF_SOURCE_DIR);
     if (!api || !gpu_ops || !cases || !grad_cases) return test_finish("test_op_table");
     nstf_backend *cpu = NULL;
-    const nstf_cpu_params cp = {1, false, false};
+    const nstf_cpu_params cp = {1, false, false, 0};
     CHECK(nstf_backend_cpu_create(&cp, &cpu) == NSTF_OK, "%s", nstf_last_error());
     const nstf_backend_vt *gpu = nstf_backend_gpu_table();
     static const unsigned char wdata[32 * 34];

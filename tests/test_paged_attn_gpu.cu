@@ -221,13 +221,13 @@ int main(void) {
     const std::vector<seq_spec> mixed = {{0, 6}, {37, 1}, {1, 3}, {260, 1}, {37, 1}, {130, 40}};
     for (int hd : hds)
         for (int g : groups)
-            for (int bs : bss) run_case({mixed, 2, g, hd, bs, 1}, seed++);
+            for (int bs : bss) run_case({mixed, 2, g, hd, bs, 1, 0}, seed++);
     /* a decode batch of 64 sequences, 1..1000 cached positions each */
     std::vector<seq_spec> decode;
     test_rng r = {77};
     for (int i = 0; i < 64; i++) decode.push_back({1 + (int64_t)(rng_next(&r) % 1000), 1});
-    run_case({decode, 8, 4, 64, 16, -1}, seed++);
-    run_case({decode, 2, 8, 128, 16, -1}, seed++);
+    run_case({decode, 8, 4, 64, 16, -1, 0}, seed++);
+    run_case({decode, 2, 8, 128, 16, -1, 0}, seed++);
     /* sliding windows (Mistral): shorter than some histories, longer than others */
     run_case({mixed, 2, 3, 64, 16, 1, 50}, seed++);
     run_case({decode, 2, 4, 64, 16, -1, 100}, seed++);

@@ -75,7 +75,7 @@ static void drain(nstf_engine_req *r, answer *a) {
     nstf_engine_req_release(r);
 }
 
-static nstf_engine_req *submit(nstf_engine *e, const char *prompt, const nstf_gen_params *gp) {
+static nstf_engine_req *submit(nstf_engine *e, const char *prompt, const nstf_serve_gen_params *gp) {
     int32_t *ids = NULL;
     int64_t n = 0;
     const nstf_chat_msg m = {"user", prompt};
@@ -87,8 +87,8 @@ static nstf_engine_req *submit(nstf_engine *e, const char *prompt, const nstf_ge
     return r;
 }
 
-static nstf_gen_params greedy(int max_tokens) {
-    return (nstf_gen_params){.temperature = 0, .top_p = 1, .max_tokens = max_tokens, .logprobs = -1};
+static nstf_serve_gen_params greedy(int max_tokens) {
+    return (nstf_serve_gen_params){.temperature = 0, .top_p = 1, .max_tokens = max_tokens, .logprobs = -1};
 }
 
 static nstf_engine *open_engine(int n_seq, int n_ctx, int n_batch, int max_queue) {
@@ -108,7 +108,7 @@ static nstf_engine *open_engine(int n_seq, int n_ctx, int n_batch, int max_queue
 /* All prompts at once; every answer against the reference. */
 static void batch_equals_alone(nstf_engine *e, char ref[N_PROMPTS][4096], const char *what) {
     nstf_engine_req *r[N_PROMPTS];
-    const nstf_gen_params gp = greedy(N_GEN);
+    const nstf_serve_gen_params gp = greedy(N_GEN);
     for (int i = 0; i < N_PROMPTS; i++) r[i] = submit(e, k_prompts[i], &gp);
     int same = 0;
     for (int i = 0; i < N_PROMPTS; i++) {
@@ -164,7 +164,7 @@ int main(void) {
         const size_t at = L / 2;
         memcpy(stop, want + at, L - at < 3 ? L - at : 3);
         want[strstr(want, stop) - want] = 0;
-        nstf_gen_params gp = greedy(N_GEN);
+        nstf_serve_gen_params gp = greedy(N_GEN);
         gp.stop[0] = "no such text anywhere";
         gp.stop[1] = stop;
         gp.n_stop = 2;
@@ -188,7 +188,7 @@ int main(void) {
         nstf_engine_stats st0, st1;
         nstf_engine_stats_get(e, &st0);
         answer a;
-        const nstf_gen_params gp = greedy(N_GEN);
+        const nstf_serve_gen_params gp = greedy(N_GEN);
         drain(submit(e, k_prompts[3], &gp), &a);
         nstf_engine_stats_get(e, &st1);
         CHECK(a.n_cached > 0 && st1.prompt_cached - st0.prompt_cached == a.n_cached,
@@ -199,7 +199,7 @@ int main(void) {
 
     /* cancel: blocks and slot come back */
     {
-        nstf_gen_params gp = greedy(400);
+        nstf_serve_gen_params gp = greedy(400);
         nstf_engine_req *r = submit(e, k_prompts[3], &gp);
         nstf_gen_chunk c;
         CHECK(r && nstf_engine_req_read(r, 60000, &c), "no output before the cancel");
@@ -221,7 +221,7 @@ int main(void) {
     {
         int32_t *ids = calloc(2000, sizeof *ids);
         nstf_engine_req *r = NULL;
-        nstf_gen_params gp = greedy(1);
+        nstf_serve_gen_params gp = greedy(1);
         CHECK(nstf_engine_submit(e, &gp, ids, 2000, &r) == NSTF_ENGINE_TOO_LONG && !r, "a 2000-token prompt accepted");
         gp = greedy(1000);
         CHECK(nstf_engine_submit(e, &gp, ids, 100, &r) == NSTF_ENGINE_TOO_LONG && !r,
@@ -246,7 +246,7 @@ int main(void) {
     CHECK(st.preempted > 0, "a pool of 12 blocks for 6 requests of 4 blocks preempted nothing");
     CHECK(st.rejected_full == 0, "the queue refused");
     {
-        const nstf_gen_params gp = greedy(8);
+        const nstf_serve_gen_params gp = greedy(8);
         nstf_engine_req *r[7] = {0};
         int full = 0;
         int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -258,7 +258,7 @@ int main(void) {
     }
     CHECK(nstf_engine_drain(e, 10), "drain");
     nstf_engine_req *late = NULL;
-    const nstf_gen_params gp = greedy(1);
+    const nstf_serve_gen_params gp = greedy(1);
     int32_t one = 1;
     CHECK(nstf_engine_submit(e, &gp, &one, 1, &late) == NSTF_ENGINE_DRAINING && !late, "accepted while draining");
     nstf_engine_free(e);

@@ -4,7 +4,8 @@
  * residual stream handed over through the host. Here both stages are CPU
  * backends, so the split must give bitwise the logits of the whole model on
  * one backend: teacher-forced prefill (every row) and 8 decode steps, for
- * k = 1, half and L-1, in the default and precise modes. Also: stage
+ * k = 1, half and L-1, with 8-bit, 16-bit (the default) and fp32
+ * activations. Also: stage
  * bounds that make no sense are refused. On a GPU machine test_e2e_gpu
  * compares a GPU/CPU split with the CPU and the GPU.
  * Uses the real SmolLM2 model (exit 77 when it has not been fetched). */
@@ -49,8 +50,9 @@ int main(void) {
     for (int i = 0; i < N_PROMPT + N_DEC; i++) ids[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
     const size_t n = (size_t)(N_PROMPT + N_DEC) * nv;
     float *whole = malloc(n * sizeof(float)), *split = malloc(n * sizeof(float));
-    for (int precise = 0; precise < 2; precise++) {
-        const nstf_cpu_params cp = {2, precise != 0, false};
+    static const int k_bits[3] = {8, 16, 32};
+    for (int bi = 0; bi < 3; bi++) {
+        const nstf_cpu_params cp = {2, false, false, k_bits[bi]};
         nstf_backend *a = NULL, *b = NULL;
         CHECK(nstf_backend_cpu_create(&cp, &a) == NSTF_OK && nstf_backend_cpu_create(&cp, &b) == NSTF_OK, "%s",
               nstf_last_error());
@@ -72,8 +74,8 @@ int main(void) {
             CHECK(logits_of(s1, ids, nv, split) == NSTF_OK, "%s", nstf_last_error());
             int64_t diff = 0;
             for (size_t j = 0; j < n; j++) diff += memcmp(&split[j], &whole[j], sizeof(float)) != 0;
-            printf("%s: layers 0-%d | %d-%d: %lld of %zu logits differ from the whole model (0 allowed)\n",
-                   precise ? "precise" : "default", ks[i] - 1, ks[i], L - 1, (long long)diff, n);
+            printf("%d-bit activations: layers 0-%d | %d-%d: %lld of %zu logits differ from the whole model (0 allowed)\n",
+                   k_bits[bi], ks[i] - 1, ks[i], L - 1, (long long)diff, n);
             CHECK(diff == 0, "split at %d differs from the whole model", ks[i]);
             nstf_llama_run_free(s1);
             nstf_llama_run_free(s2);

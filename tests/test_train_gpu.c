@@ -43,7 +43,7 @@ static bool one_step(const nstf_llama *m, bool on_gpu, nstf_recompute mode, int 
                      step_out *o) {
     const train_shape sh = {2, 64, rank, rank ? 0x7fu : 0u, mode};
     memset(o, 0, sizeof *o);
-    const nstf_cpu_params cp = {0, true, true};
+    const nstf_cpu_params cp = {0, true, true, 32};
     nstf_status st = on_gpu ? nstf_backend_gpu_create(0, &o->be) : nstf_backend_cpu_create(&cp, &o->be);
     CHECK(st == NSTF_OK, "backend: %s", nstf_last_error());
     if (st != NSTF_OK) return false;

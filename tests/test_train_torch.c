@@ -139,7 +139,7 @@ int main(void) {
     CHECK(nstf_gguf_get_arr(ref, "nstf.ref.tokens", NSTF_GGUF_INT32, &tk) == NSTF_OK && tk->arr_n == 34, "tokens");
     const double want_loss = kv_double(ref, "nstf.ref.loss"), want_norm = kv_double(ref, "nstf.ref.grad_norm");
     nstf_backend *be = NULL;
-    const nstf_cpu_params cp = {2, true, true};
+    const nstf_cpu_params cp = {2, true, true, 32};
     CHECK(nstf_backend_cpu_create(&cp, &be) == NSTF_OK, "%s", nstf_last_error());
     if (!m || !tk || !be) return test_finish("test_train_torch");
     int32_t tokens[34];

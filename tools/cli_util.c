@@ -1,25 +1,55 @@
-/* cli_util.c — strict number parsing for the CLI. */
+/* cli_util.c — the nstf commands' shared pieces: error prefix, strict
+ * number parsing, --flag=value, "did you mean", threads, progress bar,
+ * Ctrl-C. */
+#define _GNU_SOURCE
 #include "cli_util.h"
 
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nstf.h"
+#include "nstf_tools.h"
+
+const char *cli_cmd = "";
+
+void cli_err(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nstf%s%s: ", *cli_cmd ? " " : "", cli_cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void cli_lib_err(void) { cli_err("%s", nstf_last_error()); }
 
 bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out) {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (!*s || *end || errno) {
-        fprintf(stderr, "nstf: %s expects an integer, got '%s'\n", flag, s);
+        cli_err("%s expects an integer, got '%s'", flag, s);
         return false;
     }
     if (v < min || v > max) {
-        fprintf(stderr, "nstf: %s %ld is out of range (%ld..%ld)\n", flag, v, min, max);
+        cli_err("%s %ld is out of range (%ld..%ld)", flag, v, min, max);
         return false;
     }
     *out = (int)v;
+    return true;
+}
+
+bool cli_parse_act_bits(const char *flag, const char *s, int *out) {
+    if (strcmp(s, "8") && strcmp(s, "16") && strcmp(s, "32")) {
+        cli_err("%s '%s': use 8, 16 or 32", flag, s);
+        return false;
+    }
+    *out = atoi(s);
     return true;
 }
 
@@ -30,7 +60,7 @@ bool cli_parse_u64(const char *flag, const char *s, uint64_t *out) {
     /* Digits only: strtoull would skip blanks and negate after a '-', so
      * " -1" would come back as 2^64 - 1. */
     if (*s < '0' || *s > '9' || *end || errno) {
-        fprintf(stderr, "nstf: %s expects a non-negative integer, got '%s'\n", flag, s);
+        cli_err("%s expects a non-negative integer, got '%s'", flag, s);
         return false;
     }
     *out = v;
@@ -49,11 +79,11 @@ bool cli_parse_double(const char *flag, const char *s, double min, double max, d
     errno = 0;
     double v = strtod(s, &end);
     if (!*s || *end || errno || !isfinite(v)) {
-        fprintf(stderr, "nstf: %s expects a number, got '%s'\n", flag, s);
+        cli_err("%s expects a number, got '%s'", flag, s);
         return false;
     }
     if (v < min || v > max) {
-        fprintf(stderr, "nstf: %s %g is out of range (%g..%g)\n", flag, v, min, max);
+        cli_err("%s %g is out of range (%g..%g)", flag, v, min, max);
         return false;
     }
     *out = v;
@@ -62,7 +92,7 @@ bool cli_parse_double(const char *flag, const char *s, double min, double max, d
 
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
-        fprintf(stderr, "nstf: %s needs a value (see --help)\n", argv[*i]);
+        cli_err("%s needs a value (see nstf help %s)", argv[*i], *cli_cmd ? cli_cmd : "");
         return NULL;
     }
     return argv[++*i];
@@ -73,7 +103,7 @@ const char *cli_value(int argc, char **argv, int *i) {
 char *cli_read_file(const char *path, const char *what) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "nstf: cannot open %s '%s': %s\n", what, path, strerror(errno));
+        cli_err("cannot open %s '%s': %s", what, path, strerror(errno));
         return NULL;
     }
     size_t cap = 4096, len = 0;
@@ -89,19 +119,238 @@ char *cli_read_file(const char *path, const char *what) {
         }
     }
     if (buf && ferror(f)) {
-        fprintf(stderr, "nstf: error reading %s '%s': %s\n", what, path, strerror(errno));
+        cli_err("error reading %s '%s': %s", what, path, strerror(errno));
         free(buf);
         buf = NULL;
     } else if (!buf) {
-        fprintf(stderr, "nstf: out of memory reading '%s'\n", path);
+        cli_err("out of memory reading '%s'", path);
     } else {
         buf[len] = 0;
         if (strlen(buf) != len) {
-            fprintf(stderr, "nstf: %s '%s' contains NUL bytes\n", what, path);
+            cli_err("%s '%s' contains NUL bytes", what, path);
             free(buf);
             buf = NULL;
         }
     }
     fclose(f);
     return buf;
+}
+
+/* ---- flags named by a command's help ----------------------------------------- */
+
+/* The help text (malloc'd), or NULL. */
+static char *usage_text(cli_usage_fn usage) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    usage(f);
+    fclose(f);
+    return buf;
+}
+
+/* Calls fn(flag, n, user) for every "-x" / "--xyz" word of the help text;
+ * fn returns false to stop. */
+static void each_flag(const char *text, bool (*fn)(const char *flag, size_t n, void *user), void *user) {
+    for (const char *p = text; p && *p; p++) {
+        if (*p != '-' || (p > text && !strchr(" \t\n,(|[", p[-1]))) continue;
+        const char *q = p + (p[1] == '-' ? 2 : 1);
+        if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z'))) continue;
+        while ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '-') q++;
+        if (!fn(p, (size_t)(q - p), user)) return;
+        p = q - 1;
+    }
+}
+
+typedef struct {
+    const char *name;
+    size_t n;
+    bool found;
+} find_ctx;
+
+static bool find_fn(const char *flag, size_t n, void *user) {
+    find_ctx *c = user;
+    if (n == c->n && !strncmp(flag, c->name, n)) c->found = true;
+    return !c->found;
+}
+
+/* The expanded argv and its flag names (one block), freed at exit. */
+static char **g_args, *g_names;
+
+static void free_expanded(void) {
+    free(g_args);
+    free(g_names);
+    g_args = NULL;
+    g_names = NULL;
+}
+
+void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage) {
+    int extra = 0;
+    size_t name_bytes = 0;
+    for (int i = 1; i < *argc; i++)
+        if (!strncmp((*argv)[i], "--", 2) && strchr((*argv)[i], '=') != NULL) {
+            extra++;
+            name_bytes += strlen((*argv)[i]) + 1;
+        }
+    if (!extra || g_args) return; /* once per process */
+    char *text = usage_text(usage);
+    char **out = malloc((size_t)(*argc + extra + 1) * sizeof *out);
+    char *names = malloc(name_bytes), *np = names;
+    if (!text || !out || !names) {
+        free(text);
+        free(out);
+        free(names);
+        return;
+    }
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        char *a = (*argv)[i], *eq = i > 0 && !strncmp(a, "--", 2) ? strchr(a, '=') : NULL;
+        find_ctx c = {a, eq ? (size_t)(eq - a) : 0, false};
+        if (eq) each_flag(text, find_fn, &c);
+        /* a value that looks like --flag=x after a flag is left alone: it is
+         * that flag's value (-p --x=y) only if the flag before takes one,
+         * which the help cannot tell; flags named by the help win */
+        if (c.found) {
+            memcpy(np, a, c.n);
+            np[c.n] = 0;
+            out[n++] = np;
+            np += c.n + 1;
+            out[n++] = eq + 1;
+        } else {
+            out[n++] = a;
+        }
+    }
+    out[n] = NULL;
+    free(text);
+    g_args = out;
+    g_names = names;
+    atexit(free_expanded);
+    *argc = n;
+    *argv = out;
+}
+
+static size_t edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    size_t row[64];
+    if (na >= 63 || nb >= 63) return 99;
+    for (size_t j = 0; j <= nb; j++) row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[nb];
+}
+
+typedef struct {
+    const char *arg;
+    size_t n, best_d;
+    char best[64];
+} near_ctx;
+
+static bool near_fn(const char *flag, size_t n, void *user) {
+    near_ctx *c = user;
+    size_t d = edit_distance(c->arg, c->n, flag, n);
+    /* a prefix of a long flag counts as close: --ctx for --ctx-size */
+    if (c->n >= 4 && n > c->n && !strncmp(flag, c->arg, c->n)) d = 1;
+    if (d < c->best_d && n < sizeof c->best) {
+        c->best_d = d;
+        memcpy(c->best, flag, n);
+        c->best[n] = 0;
+    }
+    return true;
+}
+
+int cli_unknown_option(const char *arg, cli_usage_fn usage) {
+    char *text = usage_text(usage);
+    const char *eq = strchr(arg, '=');
+    near_ctx c = {arg, eq ? (size_t)(eq - arg) : strlen(arg), 99, ""};
+    each_flag(text, near_fn, &c);
+    free(text);
+    const size_t limit = c.n <= 4 ? 1 : c.n / 3 + 1;
+    if (c.best[0] && c.best_d <= limit)
+        cli_err("unknown option '%s' (did you mean %s? see nstf help %s)", arg, c.best, cli_cmd);
+    else
+        cli_err("unknown option '%s' (see nstf help %s)", arg, cli_cmd);
+    return 2;
+}
+
+/* ---- threads ------------------------------------------------------------------- */
+
+int cli_default_threads(void) { return nstf_cpu_physical_count(); }
+
+void cli_check_threads(int n) {
+    const int cpus = nstf_cpu_count(), cores = nstf_cpu_physical_count();
+    if (n > cpus)
+        fprintf(stderr,
+                "nstf %s: warning: %d threads on %d processor%s (%d physical core%s): threads will wait for each "
+                "other; -t %d is usually fastest\n",
+                cli_cmd, n, cpus, cpus == 1 ? "" : "s", cores, cores == 1 ? "" : "s", cores);
+}
+
+/* ---- progress bar ------------------------------------------------------------------ */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_progress_init(cli_progress *p, const char *label, const char *unit, double scale) {
+    *p = (cli_progress){label, unit, scale, now_s(), 0, isatty(fileno(stderr)) != 0, false};
+}
+
+void cli_progress_cb(void *user, uint64_t done, uint64_t total) {
+    cli_progress *p = user;
+    if (!p->tty) return;
+    const double t = now_s();
+    if (done < total && t - p->last < 0.1) return;
+    p->last = t;
+    const double frac = total ? (double)done / (double)total : 1.0, el = t - p->t0;
+    const double rate = el > 0 ? (double)done * p->scale / el : 0.0, eta = frac > 0 ? el * (1.0 - frac) / frac : 0.0;
+    char fill[31];
+    const int w = 30, k = (int)(frac * w);
+    for (int i = 0; i < w; i++) fill[i] = i < k ? '=' : i == k ? '>' : ' ';
+    fill[w] = 0;
+    fprintf(stderr, "\r%s [%s] %3.0f%% %8.1f %s/s ETA %d:%02d ", p->label, fill, 100 * frac, rate, p->unit,
+            (int)eta / 60, (int)eta % 60);
+    fflush(stderr);
+    p->drawn = true;
+}
+
+void cli_progress_end(cli_progress *p) {
+    if (p->drawn) fputc('\n', stderr);
+    p->drawn = false;
+}
+
+/* ---- Ctrl-C ---------------------------------------------------------------------------- */
+
+_Static_assert(sizeof(sig_atomic_t) == sizeof(int), "the library's stop flag is an int");
+
+volatile sig_atomic_t cli_sigint;
+static bool g_quit_on_second;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (cli_sigint && g_quit_on_second) {
+        static const char msg[] = "\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(130);
+    }
+    cli_sigint = cli_sigint + 1;
+}
+
+void cli_sigint_install(bool quit_on_second) {
+    g_quit_on_second = quit_on_second;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
 }

@@ -1,18 +1,69 @@
-/* cli_util.h — strict parsing of command-line numbers for the nstf tools.
- * Each parser prints one clear line on failure and returns false. */
+/* cli_util.h — what every nstf command shares: one error prefix
+ * ("nstf COMMAND: ..."), strict parsing of numbers, --flag=value, unknown
+ * options with a "did you mean" hint, a progress bar for terminals, and
+ * Ctrl-C. Each parser prints one clear line on failure and returns false;
+ * a command then exits with 2 (bad argument). */
 #ifndef NSTF_TOOLS_CLI_UTIL_H
 #define NSTF_TOOLS_CLI_UTIL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+
+/* The running command ("run", "bench", ...), set by the dispatcher; errors
+ * say "nstf <cmd>: ...". */
+extern const char *cli_cmd;
+/* One line on stderr: "nstf <cmd>: <message>". */
+void cli_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same, from the library's last error. */
+void cli_lib_err(void);
 
 bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out);
 bool cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out);
 bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out);
+/* --act-bits: 8, 16 or 32 (CPU activations of quantized matmuls). */
+bool cli_parse_act_bits(const char *flag, const char *s, int *out);
 /* The value after a flag, or an error if it is missing. */
 const char *cli_value(int argc, char **argv, int *i);
 /* A text file read whole (free it); NULL with a message on stderr naming what. */
 char *cli_read_file(const char *path, const char *what);
+
+/* A command's help text, written by its usage function. */
+typedef void (*cli_usage_fn)(FILE *f);
+/* Split every "--flag=value" whose flag the command's help names into
+ * "--flag" "value" (argv is replaced by a copy that lives until exit;
+ * once per process). */
+void cli_expand_args(int *argc, char ***argv, cli_usage_fn usage);
+/* "unknown option 'X'", with the closest flag of the help when one is
+ * close ("did you mean --ctx-size?"). Returns 2, the exit code. */
+int cli_unknown_option(const char *arg, cli_usage_fn usage);
+
+/* Threads: the physical cores, and a warning on stderr when n is more
+ * than the processors this process may run on. */
+int cli_default_threads(void);
+void cli_check_threads(int n);
+
+/* A progress bar on stderr with rate and ETA, drawn only when stderr is a
+ * terminal (at most 10 times a second). cli_progress_cb has the shape of
+ * a library progress callback: (user, done, total). */
+typedef struct cli_progress {
+    const char *label; /* "writing" */
+    const char *unit;  /* "MiB" */
+    double scale;      /* units per count: 1.0 / (1 << 20) for bytes as MiB */
+    double t0, last;
+    bool tty, drawn;
+} cli_progress;
+void cli_progress_init(cli_progress *p, const char *label, const char *unit, double scale);
+void cli_progress_cb(void *user, uint64_t done, uint64_t total);
+/* Ends the bar's line (when one was drawn). */
+void cli_progress_end(cli_progress *p);
+
+/* Ctrl-C: the handler counts presses in cli_sigint (the library's stop
+ * flag); with quit_on_second, a second press ends the process at once
+ * (exit status 130). */
+extern volatile sig_atomic_t cli_sigint;
+void cli_sigint_install(bool quit_on_second);
 
 #endif

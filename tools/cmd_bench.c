@@ -26,12 +26,13 @@ static void bench_usage(FILE *f) {
             "  -n, --n-gen N[,N]         generation tests: generate N tokens (default 128; 0 = none)\n"
             "  -d, --n-depth D[,D]       tokens already in the KV cache before each test (default 0)\n"
             "  -b, --batch-size N[,N]    prompt tokens per forward pass (default 512)\n"
-            "  -t, --threads N[,N]       CPU threads (default: all cores)\n"
+            "  -t, --threads N[,N]       CPU threads (default: the physical cores)\n"
             "  -r, --repetitions N       timed runs per test (default 5)\n"
             "      --no-warmup           skip the untimed warm-up run\n"
             "      --tg-argmax           tg: bring back only the greedy token computed on the device\n"
             "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
+            "      --act-bits N          CPU activations of quantized matmuls: 16 (default), 8 or 32\n"
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
             "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
@@ -55,20 +56,20 @@ static bool parse_list(const char *flag, const char *s, long min, long max, int_
     out->n = 0;
     char buf[512];
     if (strlen(s) >= sizeof buf) {
-        fprintf(stderr, "nstf: %s list is too long\n", flag);
+        cli_err("%s list is too long", flag);
         return false;
     }
     strcpy(buf, s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         if (out->n == MAX_LIST) {
-            fprintf(stderr, "nstf: %s takes at most %d values\n", flag, MAX_LIST);
+            cli_err("%s takes at most %d values", flag, MAX_LIST);
             return false;
         }
         if (!cli_parse_int(flag, tok, min, max, &out->v[out->n])) return false;
         out->n++;
     }
     if (out->n == 0) {
-        fprintf(stderr, "nstf: %s needs at least one value\n", flag);
+        cli_err("%s needs at least one value", flag);
         return false;
     }
     return true;
@@ -86,15 +87,16 @@ int cmd_bench(int argc, char **argv) {
     char *models[MAX_LIST];
     int n_models = 0;
     int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
-    int reps = 5, level = 0;
+    int reps = 5, level = 0, act_bits = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
     const char *device = "auto", *baseline = NULL;
     double tolerance = 0.05;
     nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
-    threads.v[0] = nstf_cpu_count();
+    threads.v[0] = nstf_cpu_physical_count();
     static char model_buf[4096];
     size_t model_used = 0;
 
+    cli_expand_args(&argc, &argv, bench_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
@@ -105,7 +107,7 @@ int cmd_bench(int argc, char **argv) {
             VAL();
             size_t len = strlen(v);
             if (model_used + len + 1 > sizeof model_buf) {
-                fprintf(stderr, "nstf: -m: model list is too long\n");
+                cli_err("-m: model list is too long");
                 return 2;
             }
             char *copy = model_buf + model_used;
@@ -113,7 +115,7 @@ int cmd_bench(int argc, char **argv) {
             model_used += len + 1;
             for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
                 if (n_models == MAX_LIST) {
-                    fprintf(stderr, "nstf: -m: at most %d models\n", MAX_LIST);
+                    cli_err("-m: at most %d models", MAX_LIST);
                     return 2;
                 }
                 models[n_models++] = tok;
@@ -141,10 +143,13 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             VAL();
             device = v;
+        } else if (!strcmp(a, "--act-bits")) {
+            VAL();
+            if (!cli_parse_act_bits(a, v, &act_bits)) return 2;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             VAL();
             if (!nstf_bench_format_parse(v, &fmt)) {
-                fprintf(stderr, "nstf: -o '%s': use md, csv, json or jsonl\n", v);
+                cli_err("-o '%s': use md, csv, json or jsonl", v);
                 return 2;
             }
         } else if (!strcmp(a, "--baseline")) {
@@ -153,7 +158,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--tolerance")) {
             VAL();
             if (!nstf_parse_tolerance(v, &tolerance)) {
-                fprintf(stderr, "nstf: --tolerance '%s': give a percentage such as 5%%\n", v);
+                cli_err("--tolerance '%s': give a percentage such as 5%%", v);
                 return 2;
             }
         } else if (!strcmp(a, "--level")) {
@@ -167,13 +172,12 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             verbose = true;
         } else {
-            fprintf(stderr, "nstf: bench: unknown option '%s' (see nstf bench --help)\n", a);
-            return 2;
+            return cli_unknown_option(a, bench_usage);
         }
 #undef VAL
     }
     if (n_models == 0) {
-        fprintf(stderr, "nstf: bench: no model given (-m MODEL)\n");
+        cli_err("no model given (-m MODEL)");
         return 2;
     }
     if (levels && strcmp(device, "gpu") == 0) { /* the GPU level matrix, one model after another */
@@ -183,7 +187,7 @@ int cmd_bench(int argc, char **argv) {
     }
     nstf_baseline base = {0};
     if (baseline && nstf_baseline_load(baseline, &base) != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        cli_lib_err();
         return 1;
     }
     int max_p = 0, max_n = 0, max_d = 0, max_reps = reps;
@@ -199,7 +203,7 @@ int cmd_bench(int argc, char **argv) {
     done_test *done = NULL;
     int n_done = 0;
     if (!samples) {
-        fprintf(stderr, "nstf: out of memory\n");
+        cli_err("out of memory");
         return 1;
     }
     uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -214,23 +218,20 @@ int cmd_bench(int argc, char **argv) {
                 sp.n_batch = n_batch.v[bi];
                 sp.n_threads = threads.v[ti];
                 sp.device = device;
+                sp.cpu_act_bits = act_bits;
                 nstf_session *s = NULL;
                 if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
-                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    cli_lib_err();
                     rc = 1;
                     break;
                 }
                 if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr, true);
-                nstf_mem_report mem;
-                if (verbose) {
-                    nstf_mem_report_session(s, &mem);
-                    nstf_mem_report_print(stderr, &mem);
-                }
+                if (verbose) nstf_mem_report_print_session(stderr, s);
                 if (levels && mi == 0 && ti == 0 && bi == 0 && nstf_bench_n_levels(s) == 1)
                     fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
                                     "levels L1-L3 are GPU execution strategies\n", nstf_bench_backend(s));
                 if (level_set && nstf_bench_set_level(s, level) != NSTF_OK) {
-                    fprintf(stderr, "nstf: %s\n", nstf_last_error());
+                    cli_lib_err();
                     nstf_session_close(s);
                     rc = 1;
                     break;
@@ -248,9 +249,9 @@ int cmd_bench(int argc, char **argv) {
                         if (t.n_prompt == 0 && t.n_gen == 0) continue;
                         char name[64];
                         nstf_bench_test_name(t.n_prompt, t.n_gen, t.n_depth, name, sizeof name);
-                        if (verbose) fprintf(stderr, "nstf: bench %s: %s, %d threads\n", models[mi], name, threads.v[ti]);
+                        if (verbose) cli_err("%s: %s, %d threads", models[mi], name, threads.v[ti]);
                         if (nstf_bench_run(s, &t, &rng, samples) != NSTF_OK) {
-                            fprintf(stderr, "nstf: %s: %s\n", name, nstf_last_error());
+                            cli_err("%s: %s", name, nstf_last_error());
                             rc = 1;
                             break;
                         }
@@ -272,7 +273,7 @@ int cmd_bench(int argc, char **argv) {
                         nstf_bench_result_stats(&r, NULL, &ts);
                         done_test *nd = realloc(done, (size_t)(n_done + 1) * sizeof *nd);
                         if (!nd) {
-                            fprintf(stderr, "nstf: out of memory\n");
+                            cli_err("out of memory");
                             rc = 1;
                             break;
                         }
@@ -286,8 +287,7 @@ int cmd_bench(int argc, char **argv) {
                     }
                 }
                 if (ti == threads.n - 1 && bi == n_batch.n - 1) { /* memory at exit of this model */
-                    nstf_mem_report_session(s, &mem);
-                    nstf_mem_report_print(stderr, &mem);
+                    nstf_mem_report_print_session(stderr, s);
                 }
                 nstf_session_close(s);
             }
@@ -305,7 +305,7 @@ int cmd_bench(int argc, char **argv) {
             n_reg += c == NSTF_COMPARE_REGRESSED;
         }
         if (n_reg) {
-            fprintf(stderr, "nstf: bench: %d test%s slower than the baseline beyond %g%%\n", n_reg,
+            cli_err("%d test%s slower than the baseline beyond %g%%", n_reg,
                     n_reg > 1 ? "s" : "", 100.0 * tolerance);
             rc = 3;
         }

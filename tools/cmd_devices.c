@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli_util.h"
 #include "core/switches.h"
 #include "nstf.h"
 #include "nstf_tools.h"
@@ -29,7 +30,7 @@ static int list_devices(void) {
     for (int d = 0; d < n; d++) {
         char line[320];
         if (nstf_gpu_describe(d, line, sizeof line) != NSTF_OK) {
-            fprintf(stderr, "nstf: GPU %d: %s\n", d, nstf_last_error());
+            cli_err("GPU %d: %s", d, nstf_last_error());
             rc = 1;
             continue;
         }
@@ -72,19 +73,24 @@ static void list_switches(void) {
                cell[i][2], width[3], cell[i][3], width[4], cell[i][4], cell[i][5]);
 }
 
+static void devices_usage(FILE *f) {
+    fprintf(f, "usage: nstf devices [--verbose]\n\nLists the GPUs this build of nstf can run on.\n"
+               "  -v, --verbose   also list the environment switches (value, default, source)\n");
+}
+
 int cmd_devices(int argc, char **argv) {
     int verbose = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: nstf devices [--verbose]\n\nLists the GPUs this build of nstf can run on.\n"
-                   "  -v, --verbose   also list the environment switches (value, default, source)\n");
+            devices_usage(stdout);
             return 0;
         }
         if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose")) {
             verbose = 1;
             continue;
         }
-        fprintf(stderr, "nstf devices: unknown option '%s'\n", argv[i]);
+        if (argv[i][0] == '-') return cli_unknown_option(argv[i], devices_usage);
+        cli_err("takes no arguments ('%s')", argv[i]);
         return 2;
     }
     const int rc = list_devices();

@@ -30,6 +30,8 @@ static const shape k_shapes[] = {
 };
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static cli_progress g_bar;  /* weights drawn so far, on a terminal */
+static uint64_t g_done, g_total;
 static float gauss(void) { /* xorshift64* + Box-Muller */
     g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
     uint64_t a = g_rng * 2685821657736338717ull;
@@ -59,6 +61,8 @@ static nstf_status add_random(nstf_gguf_writer *w, const char *name, nstf_type t
     nstf_status s = nstf_gguf_writer_add_tensor(w, name, type, n_out ? 2 : 1, ne, data);
     nstf_free(data);
     nstf_free(row);
+    g_done += (uint64_t)n_in * (uint64_t)rows;
+    cli_progress_cb(&g_bar, g_done, g_total);
     return s;
 }
 
@@ -111,11 +115,22 @@ static nstf_status add_tokenizer(nstf_gguf_writer *w, int vocab) {
     return s;
 }
 
+/* Parameters of the shape: the progress bar's total. */
+static uint64_t n_params(const shape *sh) {
+    const uint64_t d = (uint64_t)sh->dim, kv = (uint64_t)sh->n_kv * (d / (uint64_t)sh->n_heads), f = (uint64_t)sh->ffn,
+                   v = (uint64_t)sh->vocab;
+    const uint64_t layer = 2 * d + d * d * 2 + 2 * d * kv + 3 * d * f;
+    return v * d * (sh->tied ? 1 : 2) + (uint64_t)sh->n_layers * layer + d;
+}
+
 /* norm_std: the spread of the norm weights around 1 (0: exactly 1, the
  * initialization of a model trained from scratch) */
 static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64_t seed, float norm_std) {
     g_rng ^= seed * 0x2545f4914f6cdd1dull;
     if (!g_rng) g_rng = 1;
+    cli_progress_init(&g_bar, "drawing weights", "M", 1e-6);
+    g_done = 0;
+    g_total = n_params(sh);
     nstf_gguf_writer *w;
     NSTF_TRY(nstf_gguf_writer_create(&w));
     const int hd = sh->dim / sh->n_heads, kv = sh->n_kv * hd;
@@ -150,6 +165,8 @@ static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64
     }
     if (s == NSTF_OK) s = add_random(w, "output_norm.weight", NSTF_TYPE_F32, sh->dim, 0, norm_std, 1.0f);
     if (s == NSTF_OK && !sh->tied) s = add_random(w, "output.weight", type, sh->dim, sh->vocab, 0.02f, 0.0f);
+    cli_progress_end(&g_bar);
+    if (s == NSTF_OK && g_bar.tty) fprintf(stderr, "nstf %s: writing %s\n", cli_cmd, path);
     if (s == NSTF_OK) s = nstf_gguf_writer_write(w, path, 0);
     nstf_gguf_writer_free(w);
     return s;
@@ -162,43 +179,51 @@ nstf_status gen_model_file(const char *shape_name, nstf_type type, const char *p
                           shape_name);
 }
 
+static void gen_usage(FILE *f) {
+    fprintf(f, "usage: nstf gen-model --shape SHAPE [--type TYPE] [--seed N] -o FILE\n"
+               "  writes a Llama GGUF with random weights (N(0, 0.02)) and a byte-level tokenizer\n"
+               "  (a progress bar with rate and ETA on a terminal)\n"
+               "  SHAPE: tiny | smollm2-135m | llama32-1b | llama3-8b\n"
+               "  TYPE:  f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 (default bf16; norms stay f32)\n"
+               "  -o, --output FILE   where to write it\n");
+}
+
 int cmd_gen_model(int argc, char **argv) {
     const char *shape_name = NULL, *out = NULL, *type_name = "bf16";
     uint64_t seed = 1;
+    cli_expand_args(&argc, &argv, gen_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: nstf gen-model --shape SHAPE [--type TYPE] [--seed N] -o FILE\n"
-                   "  writes a Llama GGUF with random weights (N(0, 0.02)) and a byte-level tokenizer\n"
-                   "  SHAPE: tiny | smollm2-135m | llama32-1b | llama3-8b\n"
-                   "  TYPE:  f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 (default bf16; norms stay f32)\n");
+            gen_usage(stdout);
             return 0;
         }
+        if (strcmp(a, "--shape") && strcmp(a, "--type") && strcmp(a, "-o") && strcmp(a, "--output") && strcmp(a, "--seed"))
+            return cli_unknown_option(a, gen_usage);
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--shape")) shape_name = v;
         else if (!strcmp(a, "--type")) type_name = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
-        else if (!strcmp(a, "--seed")) { if (!cli_parse_u64(a, v, &seed)) return 2; }
-        else { fprintf(stderr, "nstf gen-model: unknown option '%s'\n", a); return 2; }
+        else if (!cli_parse_u64(a, v, &seed)) return 2;
     }
     if (!shape_name || !out) {
-        fprintf(stderr, "nstf gen-model: --shape and -o are required (see --help)\n");
+        cli_err("--shape and -o are required (see --help)");
         return 2;
     }
     const shape *sh = NULL;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(k_shapes[i].name, shape_name)) sh = &k_shapes[i];
     if (!sh) {
-        fprintf(stderr, "nstf gen-model: unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b)\n", shape_name);
+        cli_err("unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b)", shape_name);
         return 2;
     }
     nstf_type type;
     if (!nstf_type_from_name(type_name, &type) || !nstf_type_can_quantize(type)) {
-        fprintf(stderr, "nstf gen-model: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1)\n", type_name);
+        cli_err("unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1)", type_name);
         return 2;
     }
     if (gen(sh, type, out, seed, 0.1f) != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        cli_lib_err();
         return 1;
     }
     return 0;

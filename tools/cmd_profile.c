@@ -27,7 +27,7 @@ static void profile_usage(FILE *f) {
             "  -p, --n-prompt N          prompt tokens profiled as one prefill (default 128; 0 = none)\n"
             "  -n, --n-gen N             decode steps profiled after the prompt (default 32; 0 = none)\n"
             "  -b, --batch-size N        prompt tokens per forward pass (default 512)\n"
-            "  -t, --threads N           CPU threads (default: all cores)\n"
+            "  -t, --threads N           CPU threads (default: the physical cores)\n"
             "      --device DEV          cpu, gpu or auto (default auto); gpu: per-kernel times from events\n"
             "      --trace FILE          write a Chrome/Perfetto trace (JSON) of every op call\n"
             "      --svg FILE            write the roofline chart with one dot per op\n"
@@ -101,6 +101,7 @@ int cmd_profile(int argc, char **argv) {
     const char *model = NULL, *trace_path = NULL, *svg_path = NULL, *cache = NULL, *device = "auto";
     int n_prompt = 128, n_gen = 32, n_batch = 512, n_threads = 0;
     bool verbose = false, remeasure = false;
+    cli_expand_args(&argc, &argv, profile_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
@@ -139,17 +140,16 @@ int cmd_profile(int argc, char **argv) {
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
             verbose = true;
         } else {
-            fprintf(stderr, "nstf: profile: unknown option '%s' (see nstf profile --help)\n", a);
-            return 2;
+            return cli_unknown_option(a, profile_usage);
         }
 #undef VAL
     }
     if (!model) {
-        fprintf(stderr, "nstf: profile: no model given (-m MODEL)\n");
+        cli_err("no model given (-m MODEL)");
         return 2;
     }
     if (n_prompt == 0 && n_gen == 0) {
-        fprintf(stderr, "nstf: profile: nothing to run (-p 0 and -n 0)\n");
+        cli_err("nothing to run (-p 0 and -n 0)");
         return 2;
     }
     nstf_session_params sp = nstf_session_default_params();
@@ -159,15 +159,11 @@ int cmd_profile(int argc, char **argv) {
     sp.device = device;
     nstf_session *s = NULL;
     if (nstf_session_open(model, &sp, &s) != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        cli_lib_err();
         return 1;
     }
     nstf_weights_touch(s, stderr, true);
-    nstf_mem_report mem;
-    if (verbose) {
-        nstf_mem_report_session(s, &mem);
-        nstf_mem_report_print(stderr, &mem);
-    }
+    if (verbose) nstf_mem_report_print_session(stderr, s);
 
     /* ceilings: from the cache, or measured now (and cached) */
     char cache_buf[1024];
@@ -178,7 +174,7 @@ int cmd_profile(int argc, char **argv) {
     const bool gpu = nstf_session_on_gpu(s);
     nstf_roofline rl;
     if (nstf_roofline_for_session(s, cache, remeasure, stderr, &rl) != NSTF_OK) {
-        fprintf(stderr, "nstf: profile: %s\n", nstf_last_error());
+        cli_err("%s", nstf_last_error());
         nstf_session_close(s);
         return 1;
     }
@@ -195,7 +191,7 @@ int cmd_profile(int argc, char **argv) {
     int rc = 0;
     nstf_trace *trace = NULL;
     if (trace_path && nstf_trace_create(&trace) != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        cli_lib_err();
         nstf_session_close(s);
         return 1;
     }
@@ -204,7 +200,7 @@ int cmd_profile(int argc, char **argv) {
     nstf_roofline_point *pts = calloc(2 * NSTF_PROF_MAX_SITES, sizeof *pts);
     int n_pts = 0;
     if (!toks || !prof || !pts) {
-        fprintf(stderr, "nstf: out of memory\n");
+        cli_err("out of memory");
         rc = 1;
     }
     uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -248,27 +244,26 @@ int cmd_profile(int argc, char **argv) {
         }
     }
     nstf_prof_detach(prof);
-    if (rc == 1 && toks && prof && pts) fprintf(stderr, "nstf: %s\n", nstf_last_error());
+    if (rc == 1 && toks && prof && pts) cli_lib_err();
     if (rc == 0 && trace) {
         if (nstf_trace_save(trace, trace_path) != NSTF_OK) {
-            fprintf(stderr, "nstf: %s\n", nstf_last_error());
+            cli_lib_err();
             rc = 1;
         } else {
-            fprintf(stderr, "nstf: trace of %lld spans written to %s\n", (long long)nstf_trace_n_spans(trace),
+            cli_err("trace of %lld spans written to %s", (long long)nstf_trace_n_spans(trace),
                     trace_path);
         }
     }
     if (rc == 0 && svg_path) {
         const char *names[2] = {n_prompt > 0 ? "prefill" : NULL, n_gen > 0 ? "decode" : NULL};
         if (nstf_roofline_svg(svg_path, &rl, pts, n_pts, names) != NSTF_OK) {
-            fprintf(stderr, "nstf: %s\n", nstf_last_error());
+            cli_lib_err();
             rc = 1;
         } else {
-            fprintf(stderr, "nstf: roofline chart written to %s\n", svg_path);
+            cli_err("roofline chart written to %s", svg_path);
         }
     }
-    nstf_mem_report_session(s, &mem);
-    nstf_mem_report_print(stderr, &mem);
+    nstf_mem_report_print_session(stderr, s);
     fflush(stdout);
     nstf_trace_free(trace);
     free(toks);

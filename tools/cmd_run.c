@@ -1,163 +1,452 @@
-/* cmd_run.c — `nstf run`: load a model, generate, report speed. Flags
- * follow llama.cpp's llama-cli where they exist. */
+/* cmd_run.c — `nstf run` (load a model, stream a completion, report speed)
+ * and `nstf chat` (the conversation loop of chat.c) with the options they
+ * share. Flags follow llama.cpp's llama-cli where they mean something
+ * here, long and short forms, --flag=value included. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_util.h"
 #include "nstf.h"
+#include "nstf_tools.h"
 #include "prof/memory.h"
+#include "run_opts.h"
 
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
+
+static void usage_common(FILE *f) {
+    fprintf(f,
+            "model and device:\n"
+            "  -m, --model FILE          GGUF model or HF model folder (Llama family)\n"
+            "  -c, --ctx-size N          context size in tokens (default: min(trained, 4096))\n"
+            "  -b, --batch-size N        prompt tokens per forward pass (default 512)\n"
+            "  -t, --threads N           CPU threads (default: the physical cores)\n"
+            "      --device DEV          cpu, gpu or auto (default auto: the GPU when present)\n"
+            "  -ngl, --n-gpu-layers N    layers on the GPU: 0 = none (CPU), -1 or >= the layer count =\n"
+            "                            all (the default), N between: the first N there, the rest and\n"
+            "                            the output on the CPU (--gpu-layers too; -v shows the split)\n"
+            "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
+            "  -ctk, --cache-type-k T    KV cache type: f32 on the CPU, bf16 on a GPU (the only ones)\n"
+            "  -ctv, --cache-type-v T    the same for V\n"
+            "      --act-bits N          CPU activations of quantized matmuls: 16 (default: as close to\n"
+            "                            fp32 as --precise, docs/PERFORMANCE.md), 8 (fastest; llama.cpp's\n"
+            "                            accuracy) or 32\n"
+            "      --precise             CPU: fp32 activations in every matmul (--act-bits 32)\n"
+            "      --deterministic       bitwise-identical output for any thread count and run\n"
+            "\n"
+            "generation:\n"
+            "  -n, --n-predict N         tokens to generate (default %s; -1 = until the model ends,\n"
+            "                            -2 = until the context is full; --predict too)\n"
+            "      --temp T              temperature; 0 = greedy (default 0.8)\n"
+            "      --top-k K             keep the K most likely tokens; 0 = off (default 40)\n"
+            "      --top-p P             nucleus sampling; 1.0 = off (default 0.95)\n"
+            "      --min-p P             drop tokens below P x the best; 0 = off (default 0.05)\n"
+            "      --repeat-penalty R    penalty for recent tokens; 1.0 = off (default 1.0)\n"
+            "      --repeat-last-n N     tokens the penalty looks back over (default 64)\n"
+            "  -s, --seed N              random seed; -1 = from the clock (default)\n"
+            "  -r, --reverse-prompt S    stop when the output ends with S (repeatable)\n"
+            "      --ignore-eos          keep generating past end-of-generation tokens\n"
+            "      --context-shift       when the context is full, drop the oldest half of the tokens after\n"
+            "                            the first --keep and go on (default: stop, saying so)\n"
+            "      --no-context-shift    the default\n"
+            "      --keep N              tokens a context shift keeps at the start (-1 = the whole prompt)\n"
+            "  -sys, --system-prompt S   system message (--system too; default: the template's own)\n"
+            "      --chat-template NAME  chatml, llama3, llama2, mistral-v1, mistral-v3, mistral-v3-tekken or mistral-v7\n"
+            "                            (default: the model's; ChatML without one)\n"
+            "  -v, --verbose             model, device, template and memory details\n"
+            "  -h, --help                this text\n",
+            "128");
+}
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: nstf run -m MODEL (-p PROMPT | -f FILE) [options]\n"
+            "usage: nstf run -m MODEL [-p PROMPT | -f FILE] [options]\n"
             "\n"
-            "  -m, --model FILE        GGUF model (Llama family; F32/F16/BF16/Q8_0/Q4_0/Q4_1)\n"
-            "  -p, --prompt TEXT       prompt text\n"
-            "  -f, --file FILE         read the prompt from FILE\n"
-            "  -n, --n-predict N       tokens to generate (default 128)\n"
-            "  -c, --ctx-size N        context size in tokens (default: min(trained, 4096))\n"
-            "  -b, --batch-size N      prompt tokens per forward pass (default 512)\n"
-            "  -t, --threads N         CPU threads (default: all cores)\n"
-            "      --temp T            temperature; 0 = greedy (default 0.8)\n"
-            "      --top-k K           keep the K most likely tokens; 0 = off (default 40)\n"
-            "      --top-p P           nucleus sampling; 1.0 = off (default 0.95)\n"
-            "      --min-p P           drop tokens below P x the best; 0 = off (default 0.05)\n"
-            "      --repeat-penalty R  penalty for recent tokens; 1.0 = off (default 1.0)\n"
-            "      --repeat-last-n N   tokens the penalty looks back over (default 64)\n"
-            "  -s, --seed N            random seed (default: from the clock)\n"
-            "      --chat              treat the prompt as one user turn in the model's chat template\n"
-            "      --system TEXT       system message for --chat (default: the template's own)\n"
-            "      --stream            print tokens as they are generated\n"
-            "      --ignore-eos        keep generating past end-of-generation tokens\n"
-            "      --device DEV        cpu, gpu or auto (default auto: GPU when present)\n"
-            "      --deterministic     bitwise-identical output for any thread count and run\n"
-            "      --precise           CPU: keep activations in fp32 in every matmul (slower;\n"
-            "                          default quantizes them to 8-bit blocks, as llama.cpp does)\n"
-            "  -v, --verbose           print model and device details\n"
-            "  -h, --help              this text\n"
+            "Streams the completion of PROMPT (or FILE; -f - or a pipe: stdin) to stdout; the speed\n"
+            "line goes to stderr. Ctrl-C stops and prints the speed of what was done.\n"
             "\n"
-            "The generated text goes to stdout; the speed line goes to stderr.\n");
+            "prompt:\n"
+            "  -p, --prompt TEXT         prompt text\n"
+            "  -f, --file FILE           read the prompt from FILE (- = stdin)\n"
+            "      --chat                the prompt is one user turn in the model's chat template\n"
+            "  -sp, --special            special tokens written in the prompt (<|im_start|>...) are those\n"
+            "                            tokens, not text\n"
+            "  -i, --interactive         converse (nstf chat); the prompt is the first turn\n"
+            "  -cnv, --conversation      the same; -no-cnv, --no-conversation: the default\n"
+            "      --display-prompt      echo the prompt before the output (--no-display-prompt: the default)\n"
+            "      --verbose-prompt      print the prompt's tokens to stderr before generating\n"
+            "      --stream              accepted: the output is always streamed\n"
+            "\n");
+    usage_common(f);
 }
 
-typedef struct {
-    bool stream;
-    char *buf;
-    size_t len, cap;
-    bool oom;
-} out_state;
+static void chat_usage(FILE *f) {
+    fprintf(f,
+            "usage: nstf chat -m MODEL [options]\n"
+            "\n"
+            "A conversation: each line you type is a user turn, the answer is streamed and the history\n"
+            "stays in the KV cache (each turn evaluates only its new tokens). On a terminal: line\n"
+            "editing and history (libedit), Ctrl-C stops an answer (at the prompt, or twice: quits),\n"
+            "Ctrl-D quits. From a pipe: one turn per line until end of input, each answer printed.\n"
+            "A line ending in \\ continues on the next one.\n"
+            "\n"
+            "commands: /clear  /save FILE  /load FILE  /system TEXT (empty: the default)  /help  /exit\n"
+            "\n"
+            "  -p, --prompt TEXT         a first user turn\n"
+            "\n");
+    usage_common(f);
+}
+
+/* ---- reading prompts ---------------------------------------------------------------- */
+
+static char *read_stream(FILE *f, const char *name) {
+    size_t cap = 4096, len = 0, n;
+    char *buf = malloc(cap);
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf && ferror(f)) {
+        cli_err("error reading %s: %s", name, strerror(errno));
+        free(buf);
+        return NULL;
+    }
+    if (!buf) {
+        cli_err("out of memory reading %s", name);
+        return NULL;
+    }
+    buf[len] = 0;
+    if (strlen(buf) != len) {
+        cli_err("%s contains NUL bytes", name);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static char *read_prompt_file(const char *path) {
+    if (!strcmp(path, "-")) return read_stream(stdin, "the prompt on stdin");
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cli_err("cannot open prompt file '%s': %s", path, strerror(errno));
+        return NULL;
+    }
+    char name[320];
+    snprintf(name, sizeof name, "prompt file '%s'", path);
+    char *s = read_stream(f, name);
+    fclose(f);
+    return s;
+}
+
+/* ---- options ------------------------------------------------------------------------- */
+
+static bool is(const char *a, const char *x, const char *y, const char *z) {
+    return !strcmp(a, x) || (y && !strcmp(a, y)) || (z && !strcmp(a, z));
+}
+
+static const char *const k_cache_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
+
+/* Parses argv into o; returns -1 to go on, else the exit status. */
+static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn usage) {
+    memset(o, 0, sizeof *o);
+    o->sp = nstf_session_default_params();
+    o->smp = nstf_sampler_default_params();
+    o->gp = nstf_gen_default_params();
+    o->gp.stop = o->stop;
+    o->n_gpu_layers = -2;
+    o->interactive = chat_cmd;
+    cli_expand_args(&argc, &argv, usage);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+#define VAL()                                             \
+    do {                                                  \
+        if (!(v = cli_value(argc, argv, &i))) return 2;   \
+    } while (0)
+#define INT(lo, hi, dst)                                                   \
+    do {                                                                   \
+        VAL();                                                             \
+        if (!cli_parse_int(a, v, lo, hi, dst)) return 2;                   \
+    } while (0)
+#define FLT(lo, hi, dst)                                                   \
+    do {                                                                   \
+        VAL();                                                             \
+        if (!cli_parse_float(a, v, lo, hi, dst)) return 2;                 \
+    } while (0)
+        if (is(a, "-h", "--help", NULL)) {
+            usage(stdout);
+            return 0;
+        } else if (is(a, "-m", "--model", NULL)) { VAL(); o->model = v; }
+        else if (is(a, "-p", "--prompt", NULL)) { VAL(); o->prompt = v; }
+        else if (is(a, "-f", "--file", NULL)) { VAL(); o->prompt_file = v; }
+        else if (is(a, "-n", "--n-predict", "--predict")) INT(-2, 1 << 30, &o->gp.n_predict);
+        else if (is(a, "-c", "--ctx-size", NULL)) INT(1, 1 << 24, &o->sp.n_ctx);
+        else if (is(a, "-b", "--batch-size", NULL)) INT(1, 1 << 16, &o->sp.n_batch);
+        else if (is(a, "-t", "--threads", NULL)) INT(1, 1024, &o->sp.n_threads);
+        else if (is(a, "--temp", "--temperature", NULL)) FLT(0, 1e6, &o->smp.temp);
+        else if (is(a, "--top-k", NULL, NULL)) INT(0, 1 << 30, &o->smp.top_k);
+        else if (is(a, "--top-p", NULL, NULL)) FLT(1e-9, 1, &o->smp.top_p);
+        else if (is(a, "--min-p", NULL, NULL)) FLT(0, 1, &o->smp.min_p);
+        else if (is(a, "--repeat-penalty", NULL, NULL)) FLT(1e-6, 1e6, &o->smp.repeat_penalty);
+        else if (is(a, "--repeat-last-n", NULL, NULL)) INT(0, 1 << 20, &o->smp.repeat_last_n);
+        else if (is(a, "-s", "--seed", NULL)) {
+            VAL();
+            if (!strcmp(v, "-1")) o->seed_set = false; /* llama.cpp: -1 = random */
+            else if (!cli_parse_u64(a, v, &o->smp.seed)) return 2;
+            else o->seed_set = true;
+        } else if (is(a, "--chat", NULL, NULL)) o->chat = true;
+        else if (is(a, "-sys", "--system-prompt", "--system")) { VAL(); o->system = v; }
+        else if (is(a, "--chat-template", NULL, NULL)) {
+            VAL();
+            if (!nstf_chat_template_known(v)) {
+                cli_err("--chat-template '%s': use %s", v, NSTF_CHAT_TEMPLATE_NAMES);
+                return 2;
+            }
+            o->sp.chat_template = v;
+        } else if (is(a, "-i", "--interactive", "-if") || is(a, "--interactive-first", "-cnv", "--conversation"))
+            o->interactive = true;
+        else if (is(a, "-no-cnv", "--no-conversation", NULL)) {
+            if (chat_cmd) {
+                cli_err("%s: nstf chat is a conversation (use nstf run)", a);
+                return 2;
+            }
+        } else if (is(a, "-r", "--reverse-prompt", NULL)) {
+            VAL();
+            if (o->gp.n_stop == RUN_MAX_STOP) {
+                cli_err("at most %d reverse prompts (-r)", RUN_MAX_STOP);
+                return 2;
+            }
+            if (!*v) {
+                cli_err("%s: the reverse prompt is empty", a);
+                return 2;
+            }
+            o->stop[o->gp.n_stop++] = v;
+        } else if (is(a, "-sp", "--special", NULL)) o->special = true;
+        else if (is(a, "--ignore-eos", NULL, NULL)) o->gp.ignore_eos = true;
+        else if (is(a, "--context-shift", NULL, NULL)) o->gp.context_shift = true;
+        else if (is(a, "--no-context-shift", NULL, NULL)) o->gp.context_shift = false;
+        else if (is(a, "--keep", NULL, NULL)) INT(-1, 1 << 24, &o->gp.n_keep);
+        else if (is(a, "--verbose-prompt", NULL, NULL)) o->verbose_prompt = true;
+        else if (is(a, "--display-prompt", NULL, NULL)) o->display_prompt = true;
+        else if (is(a, "--no-display-prompt", NULL, NULL)) o->display_prompt = false;
+        else if (is(a, "--stream", NULL, NULL)) {
+        } else if (is(a, "--device", NULL, NULL)) { VAL(); o->sp.device = v; }
+        else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) INT(-1, 1 << 20, &o->n_gpu_layers);
+        else if (is(a, "-fa", "--flash-attn", NULL)) {
+            /* llama.cpp takes -fa alone (older) or -fa on|off|auto */
+            if (i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "auto"))) i++;
+            else if (i + 1 < argc && !strcmp(argv[i + 1], "off")) {
+                cli_err("-fa off: attention here is always flash attention (the results are the same)");
+                return 2;
+            }
+        } else if (is(a, "-ctk", "--cache-type-k", NULL) || is(a, "-ctv", "--cache-type-v", NULL)) {
+            VAL();
+            bool known = false;
+            for (size_t k = 0; k < sizeof k_cache_types / sizeof *k_cache_types; k++) known |= !strcmp(v, k_cache_types[k]);
+            if (!known) {
+                cli_err("%s '%s': not a cache type (f32 on the CPU, bf16 on a GPU)", a, v);
+                return 2;
+            }
+            if (is(a, "-ctk", "--cache-type-k", NULL)) o->cache_k = v;
+            else o->cache_v = v;
+        } else if (is(a, "--act-bits", NULL, NULL)) {
+            VAL();
+            if (!cli_parse_act_bits(a, v, &o->sp.cpu_act_bits)) return 2;
+        } else if (is(a, "--precise", NULL, NULL)) o->sp.precise = true;
+        else if (is(a, "--deterministic", NULL, NULL)) o->sp.deterministic = true;
+        else if (is(a, "-v", "--verbose", NULL)) o->sp.verbose = true;
+        else return cli_unknown_option(a, usage);
+#undef FLT
+#undef INT
+#undef VAL
+    }
+    if (!o->model || !*o->model) {
+        cli_err("no model given (-m FILE)");
+        return 2;
+    }
+    if (o->prompt && o->prompt_file) {
+        cli_err("give -p or -f, not both");
+        return 2;
+    }
+    if (o->chat && o->interactive) o->chat = false; /* a conversation renders every turn */
+    if (o->system && !o->chat && !o->interactive) {
+        cli_err("%s needs --chat or a conversation (-cnv, nstf chat)", "--system-prompt");
+        return 2;
+    }
+    if (o->sp.precise && o->sp.cpu_act_bits && o->sp.cpu_act_bits != 32) {
+        cli_err("--precise is --act-bits 32; not both with --act-bits %d", o->sp.cpu_act_bits);
+        return 2;
+    }
+    if (o->n_gpu_layers != -2) {
+        const bool explicit_dev = strcmp(o->sp.device, "auto") != 0;
+        if (o->n_gpu_layers == 0) {
+            if (explicit_dev && strcmp(o->sp.device, "cpu")) {
+                cli_err("-ngl 0 puts every layer on the CPU, but --device %s", o->sp.device);
+                return 2;
+            }
+            o->sp.device = "cpu";
+        } else if (explicit_dev && !strcmp(o->sp.device, "cpu")) {
+            cli_err("-ngl %d puts layers on a GPU, but --device cpu", o->n_gpu_layers);
+            return 2;
+        } else {
+            o->sp.n_gpu_layers = o->n_gpu_layers > 0 ? o->n_gpu_layers : 0; /* -1: all (0 in the session) */
+        }
+    }
+    if (o->sp.n_threads) cli_check_threads(o->sp.n_threads);
+    if (!o->seed_set) o->smp.seed = (uint64_t)nstf_time_seed();
+    return -1;
+}
+
+static int check_cache_types(const run_opts *o, nstf_session *s) {
+    const char *have = nstf_session_kv_type(s);
+    const char *asked[2] = {o->cache_k, o->cache_v}, *flag[2] = {"-ctk", "-ctv"};
+    for (int i = 0; i < 2; i++)
+        if (asked[i] && strcmp(asked[i], have)) {
+            cli_err("%s %s: the %s backend keeps the KV cache in %s (%s %s, or leave it out)", flag[i], asked[i],
+                    nstf_session_backend_name(s), have, flag[i], have);
+            return 2;
+        }
+    return -1;
+}
+
+/* The chat template in use: with -v, and always when the model has none. */
+static void say_template(const run_opts *o, nstf_session *s) {
+    bool from_model = false;
+    const char *t = nstf_session_chat_template(s, &from_model);
+    if (!t) return; /* rendering will fail with the reason */
+    if (o->sp.chat_template) {
+        if (o->sp.verbose) fprintf(stderr, "nstf %s: chat template: %s (--chat-template)\n", cli_cmd, t);
+    } else if (!from_model) {
+        fprintf(stderr, "nstf %s: the model has no chat template; using %s (choose with --chat-template)\n", cli_cmd, t);
+    } else if (o->sp.verbose) {
+        fprintf(stderr, "nstf %s: chat template: %s (the model's)\n", cli_cmd, t);
+    }
+}
+
+void run_print_speed(const nstf_gen_stats *gs) {
+    fprintf(stderr,
+            "nstf %s: prompt %lld tokens in %.1f ms (%.1f tokens/s); generation %lld tokens, %lld decode steps in %.1f "
+            "ms (%.1f tokens/s)\n",
+            cli_cmd, (long long)gs->n_prompt, gs->prompt_ms, gs->prompt_ms > 0 ? gs->n_prompt * 1e3 / gs->prompt_ms : 0.0,
+            (long long)gs->n_gen, (long long)gs->n_decode, gs->gen_ms,
+            gs->gen_ms > 0 && gs->n_decode > 0 ? gs->n_decode * 1e3 / gs->gen_ms : 0.0);
+}
 
 static bool on_piece(void *user, int32_t token, const char *piece, size_t len) {
     (void)token;
-    out_state *o = user;
-    if (o->stream) {
-        fwrite(piece, 1, len, stdout);
-        fflush(stdout);
-        return true;
-    }
-    if (o->len + len + 1 > o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 4096;
-        while (cap < o->len + len + 1) cap *= 2;
-        char *nb = realloc(o->buf, cap);
-        if (!nb) {
-            o->oom = true;
-            return false;
-        }
-        o->buf = nb;
-        o->cap = cap;
-    }
-    memcpy(o->buf + o->len, piece, len);
-    o->len += len;
+    *(size_t *)user += len;
+    fwrite(piece, 1, len, stdout);
+    fflush(stdout);
     return true;
 }
 
-int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
-    int n_predict = 128;
-    bool chat = false, ignore_eos = false, seed_set = false;
-    out_state o = {0};
-    nstf_session_params sp = nstf_session_default_params();
-    nstf_sampler_params smp = nstf_sampler_default_params();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { run_usage(stdout); return 0; }
-        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VAL(); model = v; }
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { VAL(); prompt = v; }
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { VAL(); prompt_file = v; }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) { VAL(); if (!cli_parse_int(a, v, 1, 1 << 24, &n_predict)) return 2; }
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { VAL(); if (!cli_parse_int(a, v, 1, 1 << 24, &sp.n_ctx)) return 2; }
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) { VAL(); if (!cli_parse_int(a, v, 1, 1 << 16, &sp.n_batch)) return 2; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { VAL(); if (!cli_parse_int(a, v, 1, 1024, &sp.n_threads)) return 2; }
-        else if (!strcmp(a, "--temp")) { VAL(); if (!cli_parse_float(a, v, 0, 1e6, &smp.temp)) return 2; }
-        else if (!strcmp(a, "--top-k")) { VAL(); if (!cli_parse_int(a, v, 0, 1 << 30, &smp.top_k)) return 2; }
-        else if (!strcmp(a, "--top-p")) { VAL(); if (!cli_parse_float(a, v, 1e-9, 1, &smp.top_p)) return 2; }
-        else if (!strcmp(a, "--min-p")) { VAL(); if (!cli_parse_float(a, v, 0, 1, &smp.min_p)) return 2; }
-        else if (!strcmp(a, "--repeat-penalty")) { VAL(); if (!cli_parse_float(a, v, 1e-6, 1e6, &smp.repeat_penalty)) return 2; }
-        else if (!strcmp(a, "--repeat-last-n")) { VAL(); if (!cli_parse_int(a, v, 0, 1 << 20, &smp.repeat_last_n)) return 2; }
-        else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { VAL(); if (!cli_parse_u64(a, v, &smp.seed)) return 2; seed_set = true; }
-        else if (!strcmp(a, "--chat")) chat = true;
-        else if (!strcmp(a, "--system")) { VAL(); system = v; }
-        else if (!strcmp(a, "--stream")) o.stream = true;
-        else if (!strcmp(a, "--ignore-eos")) ignore_eos = true;
-        else if (!strcmp(a, "--device")) { VAL(); sp.device = v; }
-        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) sp.verbose = true;
-        else if (!strcmp(a, "--precise")) sp.precise = true;
-        else if (!strcmp(a, "--deterministic")) sp.deterministic = true;
-        else { fprintf(stderr, "nstf run: unknown option '%s' (see nstf run --help)\n", a); return 2; }
-#undef VAL
+static void print_prompt_tokens(nstf_session *s, const run_opts *o, const char *prompt) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (nstf_session_prompt_tokens(s, prompt, o->chat, o->system, o->special, &ids, &n) != NSTF_OK) return;
+    fprintf(stderr, "nstf %s: prompt: %lld tokens\n", cli_cmd, (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        char piece[64];
+        int64_t k = nstf_session_token_piece(s, ids[i], piece, sizeof piece - 1);
+        piece[k < 0 ? 0 : k < (int64_t)sizeof piece - 1 ? k : (int64_t)sizeof piece - 1] = 0;
+        for (char *c = piece; *c; c++)
+            if (*c == '\n') *c = ' ';
+        fprintf(stderr, "%6d -> '%s'\n", ids[i], piece);
     }
-    if (!model) { fprintf(stderr, "nstf run: no model given (-m FILE)\n"); return 2; }
-    if (prompt && prompt_file) { fprintf(stderr, "nstf run: give -p or -f, not both\n"); return 2; }
-    if (!prompt && !prompt_file) { fprintf(stderr, "nstf run: no prompt given (-p TEXT or -f FILE)\n"); return 2; }
-    if (system && !chat) { fprintf(stderr, "nstf run: --system needs --chat\n"); return 2; }
-    char *file_prompt = NULL;
-    if (prompt_file && !(prompt = file_prompt = cli_read_file(prompt_file, "prompt file"))) return 1;
-    if (!seed_set) smp.seed = (uint64_t)nstf_time_seed();
+    free(ids);
+}
 
+/* Open the session (and check what depends on it); NULL with *rc set. */
+static nstf_session *open_session(const run_opts *o, int *rc) {
     nstf_session *s = NULL;
-    nstf_status st = nstf_session_open(model, &sp, &s);
-    if (st != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
-        free(file_prompt);
-        return 1;
+    if (nstf_session_open(o->model, &o->sp, &s) != NSTF_OK) {
+        cli_lib_err();
+        *rc = 1;
+        return NULL;
     }
+    if ((*rc = check_cache_types(o, s)) >= 0) {
+        nstf_session_close(s);
+        return NULL;
+    }
+    *rc = 0;
+    if (o->n_gpu_layers > 0 && !nstf_session_on_gpu(s))
+        fprintf(stderr, "nstf %s: warning: -ngl %d: no GPU in use (%s); running on the CPU\n", cli_cmd,
+                o->n_gpu_layers, nstf_gpu_runtime() ? "no device answered" : "this build has no GPU backend");
     /* weights paged in with a progress bar on a terminal (a line with -v) */
-    nstf_weights_touch(s, stderr, sp.verbose);
-    nstf_mem_report mem;
-    if (sp.verbose) {
-        nstf_mem_report_session(s, &mem);
-        nstf_mem_report_print(stderr, &mem);
-        fprintf(stderr, "nstf: seed %llu\n", (unsigned long long)smp.seed);
+    nstf_weights_touch(s, stderr, o->sp.verbose);
+    if (o->sp.verbose) {
+        nstf_mem_report_print_session(stderr, s);
+        fprintf(stderr, "nstf %s: seed %llu, %d threads\n", cli_cmd, (unsigned long long)o->smp.seed,
+                nstf_session_threads(s));
     }
-    nstf_gen_stats gs;
-    st = nstf_session_generate(s, prompt, chat, system, &smp, n_predict, ignore_eos, on_piece, &o, &gs);
-    if (!o.stream && o.buf) fwrite(o.buf, 1, o.len, stdout);
-    if (o.len || o.stream) fputc('\n', stdout);
-    fflush(stdout);
-    int rc = 0;
-    if (st != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
-        rc = 1;
-    } else if (o.oom) {
-        fprintf(stderr, "nstf: out of memory holding the generated text\n");
-        rc = 1;
+    if (o->chat || o->interactive) say_template(o, s);
+    return s;
+}
+
+static int run_main(int argc, char **argv, bool chat_cmd) {
+    run_opts o;
+    int rc = parse(argc, argv, &o, chat_cmd, chat_cmd ? chat_usage : run_usage);
+    if (rc >= 0) return rc;
+    char *owned = NULL;
+    if (o.prompt_file && !(o.prompt = owned = read_prompt_file(o.prompt_file))) return 1;
+    if (!o.interactive && !o.prompt) {
+        /* a prompt piped on stdin */
+        if (!isatty(STDIN_FILENO) && !(o.prompt = owned = read_stream(stdin, "the prompt on stdin"))) return 1;
+        if (!o.prompt || !*o.prompt) {
+            cli_err("no prompt given (-p TEXT, -f FILE, or text on stdin)");
+            free(owned);
+            return 2;
+        }
+    }
+    cli_sigint_install(true); /* a Ctrl-C while loading stops before the first token */
+    nstf_session *s = open_session(&o, &rc);
+    if (!s) {
+        free(owned);
+        return rc;
+    }
+    if (o.interactive) {
+        rc = cli_sigint ? 130 : chat_loop(s, &o);
     } else {
-        fprintf(stderr,
-                "nstf: prompt %lld tokens in %.1f ms (%.1f tokens/s); generation %lld tokens, %lld decode steps in "
-                "%.1f ms (%.1f tokens/s)\n",
-                (long long)gs.n_prompt, gs.prompt_ms, gs.prompt_ms > 0 ? gs.n_prompt * 1e3 / gs.prompt_ms : 0.0,
-                (long long)gs.n_gen, (long long)gs.n_decode, gs.gen_ms,
-                gs.gen_ms > 0 && gs.n_decode > 0 ? gs.n_decode * 1e3 / gs.gen_ms : 0.0);
+        o.gp.interrupt = (const volatile int *)&cli_sigint;
+        if (o.verbose_prompt) print_prompt_tokens(s, &o, o.prompt);
+        if (o.display_prompt) {
+            fputs(o.prompt, stdout);
+            fflush(stdout);
+        }
+        nstf_gen_stats gs;
+        size_t printed = o.display_prompt ? strlen(o.prompt) : 0;
+        nstf_status st =
+            nstf_session_complete(s, o.prompt, o.chat, o.system, o.special, &o.smp, &o.gp, on_piece, &printed, &gs);
+        if (printed) fputc('\n', stdout);
+        fflush(stdout);
+        if (st != NSTF_OK) {
+            cli_lib_err();
+            rc = 1;
+        } else {
+            if (gs.stop == NSTF_STOP_CONTEXT_FULL)
+                cli_err("the context is full (%lld tokens): generation stopped; raise -c, or use --context-shift to "
+                        "go on",
+                        (long long)gs.n_past);
+            run_print_speed(&gs);
+            if (gs.stop == NSTF_STOP_INTERRUPTED) rc = 130;
+        }
+        if (o.sp.verbose) nstf_mem_report_print_session(stderr, s);
     }
-    if (sp.verbose) {
-        nstf_mem_report_session(s, &mem);
-        nstf_mem_report_print(stderr, &mem);
-    }
-    free(o.buf);
-    free(file_prompt);
+    free(owned);
     nstf_session_close(s);
     return rc;
 }
+
+int cmd_run(int argc, char **argv) { return run_main(argc, argv, false); }
+int cmd_chat(int argc, char **argv) { return run_main(argc, argv, true); }

@@ -1,11 +1,15 @@
-/* nstf.c — the nstf command line: `nstf run`, `nstf inspect`, ...
- * Every failure is one line on stderr and a non-zero exit. */
+/* nstf.c — the nstf command line: `nstf run`, `nstf chat`, `nstf inspect`, ...
+ * Every failure is one line on stderr, "nstf COMMAND: ...", and a non-zero
+ * exit: 2 for a bad argument, 1 for anything else. `nstf -m MODEL ...`
+ * runs `nstf run`, as llama.cpp's llama-cli takes its flags directly. */
 #include <stdio.h>
 #include <string.h>
 
+#include "cli_util.h"
 #include "nstf.h"
 
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
@@ -22,31 +26,50 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_lowrank(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *what;
+} k_cmds[] = {
+    {"run", cmd_run, "generate text from a GGUF model or an HF model folder"},
+    {"chat", cmd_chat, "talk with a model, turn after turn (history kept in the KV cache)"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server with continuous batching"},
+    {"inspect", cmd_inspect, "print a GGUF file's metadata and tensor table"},
+    {"convert", cmd_convert, "write an HF model folder as a GGUF file"},
+    {"quantize", cmd_quantize, "convert a GGUF's weights to another type or mix"},
+    {"perplexity", cmd_perplexity, "perplexity and KL divergence on a text, as llama-perplexity"},
+    {"lowrank", cmd_lowrank, "factor a model's matrices into low-rank pairs (SVD, activation-aware)"},
+    {"analyze", cmd_analyze, "per-matrix sensitivity: KL and perplexity under each candidate type / rank"},
+    {"gen-model", cmd_gen_model, "write a Llama GGUF with random weights at a real shape"},
+    {"train", cmd_train, "train or fine-tune (full or LoRA) on the CPU or a GPU"},
+    {"tokenize", cmd_tokenize, "text files to token shards for nstf train"},
+    {"bench", cmd_bench, "llama-bench compatible throughput (pp512/tg128) and regression check;\n"
+                         "            nstf bench conv: the conv2d kernel ladder against cuDNN"},
+    {"profile", cmd_profile, "per-op time, FLOPs, bytes and roofline placement; Chrome trace"},
+    {"devices", cmd_devices, "list the GPUs this build can run on (--verbose: and the environment switches)"},
+    {"isa", cmd_isa, "GPU machine-code report and gates of the AMD/CUDA build"},
+};
+#define N_CMDS (sizeof k_cmds / sizeof k_cmds[0])
+
 static void usage(FILE *f) {
     fprintf(f,
-            "nstf %s — run Llama-family models on CPU (CUDA and HIP backends in progress)\n"
+            "nstf %s — run Llama-family models on the CPU, CUDA and HIP GPUs\n"
             "\n"
-            "usage: nstf <command> [options]\n"
+            "usage: nstf <command> [options]     (nstf -m MODEL ... is nstf run -m MODEL ...)\n"
             "\n"
-            "commands:\n"
-            "  run       generate text from a GGUF model or an HF model folder (nstf run --help)\n"
-            "  serve     an OpenAI-compatible HTTP server with continuous batching (nstf serve --help)\n"
-            "  inspect   print a GGUF file's metadata and tensor table (nstf inspect --help)\n"
-            "  convert   write an HF model folder as a GGUF file (nstf convert --help)\n"
-            "  perplexity  perplexity and KL divergence on a text, as llama-perplexity (nstf perplexity --help)\n"
-            "  quantize  convert a GGUF's weights to another type or mix (nstf quantize --help)\n"
-            "  lowrank   factor a model's matrices into low-rank pairs (SVD, activation-aware) (--help)\n"
-            "  analyze   per-matrix sensitivity: KL and perplexity under each candidate type / rank\n"
-            "  gen-model write a Llama GGUF with random weights at a real shape (nstf gen-model --help)\n"
-            "  train     train or fine-tune (full or LoRA) on the CPU or a GPU (nstf train --help)\n"
-            "  tokenize  text files to token shards for nstf train (nstf tokenize --help)\n"
-            "  bench     llama-bench compatible throughput (pp512/tg128) and regression check;\n"
-            "            nstf bench conv: the conv2d kernel ladder against cuDNN (nstf bench conv --help)\n"
-            "  profile   per-op time, FLOPs, bytes and roofline placement; Chrome trace\n"
-            "  devices   list the GPUs this build can run on (--verbose: and the environment switches)\n"
-            "  isa       GPU machine-code report and gates of the AMD/CUDA build (nstf isa --help)\n"
-            "  help      this text\n",
+            "commands:\n",
             NSTF_VERSION_STRING);
+    for (size_t i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s%s\n", k_cmds[i].name, k_cmds[i].what);
+    fprintf(f, "  help      this text; nstf help COMMAND: that command's options\n");
+}
+
+static int dispatch(const char *name, int argc, char **argv) {
+    for (size_t i = 0; i < N_CMDS; i++)
+        if (!strcmp(name, k_cmds[i].name)) {
+            cli_cmd = k_cmds[i].name;
+            return k_cmds[i].fn(argc, argv);
+        }
+    return -1;
 }
 
 int main(int argc, char **argv) {
@@ -55,23 +78,24 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
-    if (!strcmp(cmd, "gen-model")) return cmd_gen_model(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "conv")) return cmd_bench_conv(argc - 2, argv + 2);
-    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "profile")) return cmd_profile(argc - 1, argv + 1);
-    if (!strcmp(cmd, "devices")) return cmd_devices(argc - 1, argv + 1);
-    if (!strcmp(cmd, "isa")) return cmd_isa(argc - 1, argv + 1);
-    if (!strcmp(cmd, "convert")) return cmd_convert(argc - 1, argv + 1);
-    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
-    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
-    if (!strcmp(cmd, "train")) return cmd_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
-    if (!strcmp(cmd, "lowrank")) return cmd_lowrank(argc - 1, argv + 1);
-    if (!strcmp(cmd, "analyze")) return cmd_analyze(argc - 1, argv + 1);
+    if (cmd[0] == '-' && strcmp(cmd, "-h") && strcmp(cmd, "--help") && strcmp(cmd, "--version")) {
+        argv[0] = (char *)"run"; /* flags first: nstf run */
+        return dispatch("run", argc, argv);
+    }
+    if (!strcmp(cmd, "bench") && argc > 2 && !strcmp(argv[2], "conv")) {
+        cli_cmd = "bench conv";
+        return cmd_bench_conv(argc - 2, argv + 2);
+    }
+    int rc = dispatch(cmd, argc - 1, argv + 1);
+    if (rc >= 0) return rc;
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        if (argc > 2) {
+            char *help[] = {argv[2], (char *)"--help", NULL};
+            rc = dispatch(argv[2], 2, help);
+            if (rc >= 0) return rc;
+            fprintf(stderr, "nstf help: unknown command '%s' (try nstf help)\n", argv[2]);
+            return 2;
+        }
         usage(stdout);
         return 0;
     }
@@ -79,6 +103,6 @@ int main(int argc, char **argv) {
         printf("nstf %s\n", NSTF_VERSION_STRING);
         return 0;
     }
-    fprintf(stderr, "nstf: unknown command '%s' (try nstf --help)\n", cmd);
+    fprintf(stderr, "nstf: unknown command '%s' (try nstf help)\n", cmd);
     return 2;
 }

@@ -51,6 +51,8 @@ class SessionParams(ctypes.Structure):
         ("verbose", c_bool),
         ("precise", c_bool),
         ("deterministic", c_bool),
+        ("cpu_act_bits", c_int),
+        ("chat_template", c_char_p),
         ("n_gpu_layers", c_int),
     ]
 
@@ -64,6 +66,9 @@ class GenStats(ctypes.Structure):
         ("prompt_ms", c_double),
         ("gen_ms", c_double),
         ("load_ms", c_double),
+        ("stop", c_int),
+        ("n_shifts", c_int64),
+        ("n_past", c_int64),
     ]
 
 

@@ -17,6 +17,7 @@ C_TYPES = {
     "float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "bool": ctypes.c_bool,
     "int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "uint64_t": ctypes.c_uint64,
     "const char *": ctypes.c_char_p, "char *": ctypes.c_char_p,
+    "nstf_stop": ctypes.c_int,  # an enum
 }
 
 MIRRORS = {

@@ -168,7 +168,8 @@ struct nstf_backend {
     nstf_type act_type;  /* activations between ops (F32 CPU, BF16 GPU) */
     nstf_type kv_type;   /* KV cache */
     bool host_memory;    /* its memory is host memory: weights are used in place */
-    bool int8_act;       /* quantized matmuls run on 8-bit activation blocks */
+    bool int8_act;       /* quantized matmuls run on 8-bit activation blocks (one
+                            block, or two: the CPU's 16-bit default) */
     char device[320];    /* one line: "cpu", "GPU 0: NVIDIA H100 ..." */
     const nstf_backend_hooks *hooks; /* NULL: none */
 };
@@ -188,9 +189,12 @@ static inline void nstf_backend_free(nstf_backend *be) {
 /* ---- the backends ---------------------------------------------------------- */
 
 typedef struct nstf_cpu_params {
-    int n_threads;      /* 0: every core */
-    bool precise;       /* fp32 activations in every matmul */
+    int n_threads;      /* 0: every physical core */
+    bool precise;       /* fp32 activations in every matmul (act_bits 32) */
     bool deterministic; /* results independent of the thread count */
+    int act_bits;       /* activations of quantized matmuls: 16 (0: the default;
+                           8-bit blocks plus their 8-bit residual), 8 (one
+                           8-bit block) or 32 (fp32, as precise) */
 } nstf_cpu_params;
 
 nstf_status nstf_backend_cpu_create(const nstf_cpu_params *p, nstf_backend **out);

@@ -65,13 +65,14 @@ static void cpu_mem(const nstf_backend *be, nstf_backend_mem *out) {
     const cpu_backend *c = (const cpu_backend *)be;
     memset(out, 0, sizeof *out);
     nstf_host_mem_info(&out->total, &out->free);
-    out->workspace = c->cpu.scratch_bytes;
+    out->workspace = c->cpu.scratch_bytes + c->cpu.a16_bytes;
 }
 
 static void cpu_destroy(nstf_backend *be) {
     cpu_backend *c = cpu_of(be);
     nstf_cpu_release(&c->cpu);
     nstf_free(c->tscratch);
+    nstf_cpu_release_a16(&c->cpu);
     nstf_pool_free(c->pool);
     nstf_free(c->marks);
     nstf_free(c);
@@ -84,18 +85,32 @@ static int widest(const nstf_backend_plan *p) {
     return p->n_heads * p->head_dim > w ? p->n_heads * p->head_dim : w;
 }
 
+/* 16-bit activations: the stacked rows and outputs of a batch of layer
+ * matmuls, and at least one row of the logits */
+static uint64_t a16_floats(const nstf_backend_plan *p) {
+    const uint64_t layers = 4 * (uint64_t)p->n_batch * (uint64_t)widest(p),
+                   logits = 2 * ((uint64_t)p->dim + (uint64_t)p->n_vocab);
+    return layers > logits ? layers : logits;
+}
+
 static nstf_status cpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64_t *ws) {
-    (void)be;
-    /* the matmul's quantized activations: one int8 block (34 bytes) per 32 */
+    const bool a16 = cpu_of(be)->cpu.a16;
+    /* the matmul's quantized activations: one int8 block (34 bytes) per 32,
+     * of twice the rows with 16-bit activations, and their fp32 rows */
     uint64_t n = 0;
-    if (!nstf_mul_ok((uint64_t)(p->n_batch > 0 ? p->n_batch : 1), (uint64_t)widest(p), &n))
+    if (!nstf_mul_ok((uint64_t)(p->n_batch > 0 ? p->n_batch : 1) * (a16 ? 2 : 1), (uint64_t)widest(p), &n) ||
+        n > (UINT64_MAX - 64) / 34 || a16_floats(p) > UINT64_MAX / 8)
         return nstf_set_error(NSTF_ERR_RANGE, "CPU scratch for batch %d overflows", p->n_batch);
-    *ws = n / 32 * 34 + 64;
+    *ws = n / 32 * 34 + 64 + (a16 ? a16_floats(p) * sizeof(float) : 0);
     return NSTF_OK;
 }
 
 static nstf_status cpu_prepare(nstf_backend *be, const nstf_backend_plan *p) {
-    return nstf_cpu_reserve(&cpu_of(be)->cpu, p->n_batch, widest(p));
+    nstf_cpu *cpu = &cpu_of(be)->cpu;
+    NSTF_TRY(nstf_cpu_reserve(cpu, p->n_batch, widest(p)));
+    if (!cpu->a16) return NSTF_OK;
+    NSTF_TRY(nstf_cpu_reserve_a16(cpu, p->n_batch, widest(p), widest(p)));
+    return nstf_cpu_reserve_a16(cpu, 1, p->dim, p->n_vocab);
 }
 
 static void cpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int64_t n, void *buf, nstf_view *out) {
@@ -176,6 +191,9 @@ static nstf_status op_matmul(nstf_backend *be, const nstf_op_args *a) {
         if (cpu->precise)
             nstf_cpu_matmul_precise(cpu, w->type, w->data, a->matmul.x.data, a->matmul.out[i].data, a->matmul.n, w->n_in,
                                     w->n_out);
+        else if (cpu->a16)
+            nstf_cpu_matmul_a16(cpu, w->type, w->data, a->matmul.x.data, a->matmul.out[i].data, a->matmul.n, w->n_in,
+                                w->n_out);
         else
             nstf_cpu_matmul(cpu, w->type, w->data, a->matmul.x.data, a->matmul.out[i].data, a->matmul.n, w->n_in,
                             w->n_out);
@@ -530,21 +548,25 @@ nstf_status nstf_backend_cpu_create(const nstf_cpu_params *p, nstf_backend **out
     nstf_cpu_params d = {0};
     if (!p) p = &d;
     if (p->n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p->n_threads);
+    const int bits = p->precise ? 32 : p->act_bits ? p->act_bits : 16;
+    if (bits != 8 && bits != 16 && bits != 32)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "CPU activation precision of %d bits (use 8, 16 or 32)", p->act_bits);
     cpu_backend *c = nstf_calloc(1, sizeof *c, "CPU backend");
     if (!c) return NSTF_ERR_OOM;
     c->base.vt = &k_cpu_vt;
     c->base.act_type = NSTF_TYPE_F32;
     c->base.kv_type = NSTF_TYPE_F32;
     c->base.host_memory = true;
-    c->base.int8_act = !p->precise;
+    c->base.int8_act = bits < 32;
     snprintf(c->base.device, sizeof c->base.device, "cpu");
-    nstf_status st = nstf_pool_create(p->n_threads ? p->n_threads : nstf_cpu_count(), &c->pool);
+    nstf_status st = nstf_pool_create(p->n_threads ? p->n_threads : nstf_cpu_physical_count(), &c->pool);
     if (st != NSTF_OK) {
         nstf_free(c);
         return st;
     }
     c->cpu.pool = c->pool;
-    c->cpu.precise = p->precise;
+    c->cpu.precise = bits == 32;
+    c->cpu.a16 = bits == 16;
     c->cpu.deterministic = p->deterministic;
     *out = &c->base;
     return NSTF_OK;

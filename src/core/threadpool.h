@@ -1,8 +1,10 @@
 /* threadpool.h — a fixed pool of worker threads for data-parallel ops.
  *
  * nstf_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once for every
- * ith in [0, nth) — the calling thread runs ith = 0 — and returns when all
- * have finished. Workers spin briefly on an atomic generation counter
+ * ith in [0, nth), on whichever threads of the pool (the caller's
+ * included) claim each part first, and returns when all have finished:
+ * fn must not assume which thread runs a part, nor that parts run at the
+ * same time. Workers spin briefly on an atomic generation counter
  * before sleeping on a condition variable, because a decode step issues a
  * few hundred short parallel regions and a futex wake per region would
  * cost more than the work. A pool of 1 runs fn inline. */
@@ -20,8 +22,11 @@ void nstf_pool_free(nstf_pool *pool);
 int nstf_pool_size(const nstf_pool *pool);
 void nstf_pool_run(nstf_pool *pool, nstf_pool_fn fn, void *ctx);
 
-/* Number of online CPU cores (>= 1). */
+/* Processors this process may run on (its affinity mask; >= 1). */
 int nstf_cpu_count(void);
+/* Physical cores among them (SMT siblings counted once; the processor
+ * count where sysfs has no topology). The default thread count. */
+int nstf_cpu_physical_count(void);
 
 /* Split [0, n) into nth near-equal chunks aligned to `align`; chunk ith is
  * [*lo, *hi). */

@@ -22,7 +22,10 @@
  * ChatML's default system message: SmolLM2 writes it when messages[0] is
  * not a system message, Qwen2.5 in the else of "== 'system'"; Qwen3 has
  * none. No template at all renders plain ChatML. The rendered text has no
- * BOS. */
+ * BOS.
+ * nstf_chat_family names the family a template is recognised as, and
+ * nstf_chat_family_template gives a template string that renders as a
+ * named family (--chat-template). */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +225,43 @@ static nstf_status render_mistral(sbuf *b, mistral_kind k, const nstf_chat_msg *
     return NSTF_OK;
 }
 
+const char *nstf_chat_family(const char *tmpl) {
+    if (!tmpl || strstr(tmpl, "<|im_start|>")) return "chatml";
+    if (strstr(tmpl, "<|start_header_id|>")) return "llama3";
+    if (strstr(tmpl, "[INST]")) {
+        /* llama.cpp's Mistral detection */
+        if (strstr(tmpl, "[SYSTEM_PROMPT]")) return "mistral-v7";
+        if (strstr(tmpl, "' [INST] ' + system_message") || strstr(tmpl, "[AVAILABLE_TOOLS]"))
+            return strstr(tmpl, " [INST]")       ? "mistral-v1"
+                   : strstr(tmpl, "\"[INST]\"") ? "mistral-v3-tekken"
+                                                : "mistral-v3";
+        return "llama2";
+    }
+    return NULL;
+}
+
+const char *nstf_chat_family_template(const char *name) {
+    if (!name) return NULL;
+    if (!strcmp(name, "chatml")) return "<|im_start|>";
+    if (!strcmp(name, "llama3")) return "<|start_header_id|>";
+    if (!strcmp(name, "llama2")) return "[INST] <<SYS>> content.strip()";
+    if (!strcmp(name, "mistral-v1")) return "' [INST] ' + system_message";
+    if (!strcmp(name, "mistral-v3")) return "[INST][AVAILABLE_TOOLS]";
+    if (!strcmp(name, "mistral-v3-tekken")) return "\"[INST]\"[AVAILABLE_TOOLS]";
+    if (!strcmp(name, "mistral-v7")) return "[INST][SYSTEM_PROMPT]";
+    return NULL;
+}
+
+char *nstf_chat_template_of(const nstf_gguf *g) {
+    const nstf_gguf_kv *kv = g ? nstf_gguf_find_kv(g, "tokenizer.chat_template") : NULL;
+    if (!kv || kv->type != NSTF_GGUF_STRING) return NULL;
+    char *tmpl = malloc((size_t)kv->val.str.len + 1);
+    if (!tmpl) return NULL;
+    memcpy(tmpl, kv->val.str.ptr, (size_t)kv->val.str.len);
+    tmpl[kv->val.str.len] = 0;
+    return tmpl;
+}
+
 nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
                                       bool add_generation_prompt, char **out) {
     if (!out || n_msgs < 0 || (n_msgs > 0 && !msgs))
@@ -233,16 +273,19 @@ nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msg
                                   msgs[i].role ? "content" : "role");
     sbuf b = {0};
     sb_add(&b, "", 0);
-    if (!tmpl || strstr(tmpl, "<|im_start|>"))
+    const char *family = nstf_chat_family(tmpl);
+    if (family && !strcmp(family, "chatml"))
         render_chatml(&b, tmpl, msgs, n_msgs, add_generation_prompt);
-    else if (strstr(tmpl, "<|start_header_id|>"))
+    else if (family && !strcmp(family, "llama3"))
         render_llama3(&b, msgs, n_msgs, add_generation_prompt);
-    else if (strstr(tmpl, "[INST]") && strstr(tmpl, "[SYSTEM_PROMPT]"))
-        render_mistral(&b, MISTRAL_V7, msgs, n_msgs);
-    else if (strstr(tmpl, "[INST]") && (strstr(tmpl, "' [INST] ' + system_message") || strstr(tmpl, "[AVAILABLE_TOOLS]")))
-        render_mistral(&b, strstr(tmpl, " [INST]") ? MISTRAL_V1 : strstr(tmpl, "\"[INST]\"") ? MISTRAL_V3_TEKKEN : MISTRAL_V3,
+    else if (family && !strncmp(family, "mistral-", 8))
+        render_mistral(&b,
+                       !strcmp(family, "mistral-v7")          ? MISTRAL_V7
+                       : !strcmp(family, "mistral-v1")        ? MISTRAL_V1
+                       : !strcmp(family, "mistral-v3-tekken") ? MISTRAL_V3_TEKKEN
+                                                              : MISTRAL_V3,
                        msgs, n_msgs);
-    else if (strstr(tmpl, "[INST]"))
+    else if (family)
         render_llama2(&b, tmpl, msgs, n_msgs);
     else {
         free(b.p);
@@ -266,11 +309,8 @@ nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int 
     if (kv->type != NSTF_GGUF_STRING)
         return nstf_set_error(NSTF_ERR_FORMAT, "%s: tokenizer.chat_template is not a string",
                               g->path ? g->path : "gguf");
-    /* the gguf string is not NUL-terminated */
-    char *tmpl = malloc((size_t)kv->val.str.len + 1);
+    char *tmpl = nstf_chat_template_of(g);
     if (!tmpl) return nstf_set_error(NSTF_ERR_OOM, "nstf_chat_render: out of memory");
-    memcpy(tmpl, kv->val.str.ptr, (size_t)kv->val.str.len);
-    tmpl[kv->val.str.len] = 0;
     nstf_status s = nstf_chat_render_template(tmpl, msgs, n_msgs, add_generation_prompt, out);
     free(tmpl);
     return s;

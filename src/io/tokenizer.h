@@ -72,5 +72,14 @@ nstf_status nstf_chat_render(const nstf_gguf *g, const nstf_chat_msg *msgs, int 
  * none (plain ChatML without a default system message). */
 nstf_status nstf_chat_render_template(const char *tmpl, const nstf_chat_msg *msgs, int n_msgs,
                                       bool add_generation_prompt, char **out);
+/* The family a template renders as: "chatml" (also for NULL: no template),
+ * "llama3", "llama2"; NULL when it is none of those. */
+const char *nstf_chat_family(const char *tmpl);
+/* A template string that renders as family name ("chatml", "llama3",
+ * "llama2"; static), or NULL for another name. */
+const char *nstf_chat_family_template(const char *name);
+/* The file's tokenizer.chat_template as a malloc'd string, or NULL (none,
+ * not a string, or out of memory). */
+char *nstf_chat_template_of(const nstf_gguf *g);
 
 #endif

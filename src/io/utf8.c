@@ -2,6 +2,8 @@
 #include "io/utf8.h"
 
 int64_t nstf_utf8_check(const uint8_t *s, size_t n, const char **why) {
+    const char *unused;
+    if (!why) why = &unused;
     size_t i = 0;
     while (i < n) {
         uint8_t c = s[i];

@@ -7,8 +7,8 @@
 #include <stdint.h>
 
 /* Returns the offset of the first invalid byte, or -1 if `s` is valid UTF-8
- * (no overlong forms, no surrogates, nothing above U+10FFFF); *why then
- * says what is wrong ("truncated sequence", "overlong encoding", ...). */
+ * (no overlong forms, no surrogates, nothing above U+10FFFF); *why (may be
+ * NULL) then says what is wrong ("truncated sequence", "overlong encoding", ...). */
 int64_t nstf_utf8_check(const uint8_t *s, size_t n, const char **why);
 
 #endif

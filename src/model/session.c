@@ -10,6 +10,7 @@
 
 #include "core/mem.h"
 #include "io/hf_model.h"
+#include "io/utf8.h"
 
 uint64_t nstf_time_seed(void) {
     struct timespec ts;
@@ -54,7 +55,7 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
     if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, ngl, true, ngl == L, &s->run);
     if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
-        const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic};
+        const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic, p->cpu_act_bits};
         st = nstf_backend_cpu_create(&cp, &s->be_cpu);
         if (st == NSTF_OK) st = run_create(s, s->be_cpu, n_ctx, ngl, L, false, true, &s->run_cpu);
         if (st == NSTF_OK) s->run->next = s->run_cpu;
@@ -69,6 +70,23 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
     }
+    return NSTF_OK;
+}
+
+/* The chat template: the one named (a family's plain form), else the
+ * model's, else plain ChatML. */
+static nstf_status pick_template(nstf_session *s, const char *name) {
+    if (name) {
+        const char *t = nstf_chat_family_template(name);
+        if (!t)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown chat template '%s' (%s)", name, NSTF_CHAT_TEMPLATE_NAMES);
+        if (!(s->tmpl = strdup(t))) return nstf_set_error(NSTF_ERR_OOM, "out of memory");
+        s->tmpl_family = nstf_chat_family(t);
+        return NSTF_OK;
+    }
+    s->tmpl = nstf_chat_template_of(s->model->file);
+    s->tmpl_from_model = s->tmpl != NULL;
+    s->tmpl_family = nstf_chat_family(s->tmpl);
     return NSTF_OK;
 }
 
@@ -120,7 +138,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
         s->params.n_ctx = n_ctx;
         st = open_gpu(s, n_ctx);
         if (st == NSTF_OK && !s->run) {
-            const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic};
+            const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic, p.cpu_act_bits};
             st = nstf_backend_cpu_create(&cp, &s->be);
             if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, s->model->cfg.n_layers, true, true, &s->run);
         }
@@ -129,8 +147,10 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
         s->n_ctx = s->run->s.n_ctx;
         s->n_batch = s->run->s.n_batch;
         s->logits = nstf_alloc((size_t)s->model->cfg.n_vocab * sizeof(float), "logits");
-        if (!s->logits) st = NSTF_ERR_OOM;
+        s->hist = nstf_alloc((size_t)s->n_ctx * sizeof(int32_t), "token history");
+        if (!s->logits || !s->hist) st = NSTF_ERR_OOM;
     }
+    if (st == NSTF_OK) st = pick_template(s, p.chat_template);
     if (st != NSTF_OK) {
         nstf_session_close(s);
         return st;
@@ -165,6 +185,8 @@ void nstf_session_close(nstf_session *s) {
     nstf_llama_run_free(s->run);
     nstf_backend_free(s->be);
     nstf_free(s->logits);
+    nstf_free(s->hist);
+    free(s->tmpl);
     nstf_tokenizer_free(s->tok);
     nstf_llama_free(s->model);
     nstf_free(s);
@@ -200,32 +222,255 @@ nstf_status nstf_session_eval_all(nstf_session *s, const int32_t *tokens, int n,
     return NSTF_OK;
 }
 
-nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat, const char *system,
-                                  const nstf_sampler_params *sp, int n_predict, bool ignore_eos,
-                                  nstf_piece_fn cb, void *user, nstf_gen_stats *stats) {
-    nstf_gen_stats st = {0};
-    st.load_ms = s->load_ms;
+
+/* ---- the token history and generation ----------------------------------------
+ * s->hist[0 .. n_past) are the tokens whose keys and values the cache holds
+ * at positions 0 .. n_past - 1 (sequence 0). Everything below appends to it
+ * or cuts it; nstf_session_forward / prefill called directly (benchmarks)
+ * leave it alone. */
+
+nstf_gen_params nstf_gen_default_params(void) {
+    nstf_gen_params g = {.n_predict = 128, .n_keep = 0};
+    return g;
+}
+
+static bool interrupted(const nstf_gen_params *gp) { return gp && gp->interrupt && *gp->interrupt; }
+
+bool nstf_text_add(nstf_text *t, const char *p, size_t n) {
+    if (t->oom) return false;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *q = realloc(t->p, cap);
+        if (!q) {
+            t->oom = true;
+            return false;
+        }
+        t->p = q;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, p, n);
+    t->len += n;
+    t->p[t->len] = 0;
+    return true;
+}
+
+void nstf_session_rewind(nstf_session *s, int n_past) {
+    if (n_past < s->n_past) s->n_past = n_past < 0 ? 0 : n_past;
+}
+
+/* Evaluate n tokens after the history in chunks of n_batch (the last
+ * token's logits, or its greedy token on a GPU session, come back). Stops
+ * between chunks when interrupted (*stopped set; the history holds what
+ * was evaluated). Room must have been made. */
+static nstf_status eval(nstf_session *s, const int32_t *ids, int64_t n, const nstf_gen_params *gp, bool *stopped) {
+    for (int64_t i = 0; i < n; i += s->n_batch) {
+        if (interrupted(gp)) {
+            *stopped = true;
+            return NSTF_OK;
+        }
+        const int chunk = n - i < s->n_batch ? (int)(n - i) : s->n_batch;
+        const bool last = i + chunk >= n;
+        NSTF_TRY(nstf_session_forward(s, ids + i, chunk, s->n_past, false, last && !s->dev_greedy ? s->logits : NULL,
+                                      last && s->dev_greedy ? &s->next : NULL));
+        memcpy(s->hist + s->n_past, ids + i, (size_t)chunk * sizeof(int32_t));
+        s->n_past += chunk;
+    }
+    return NSTF_OK;
+}
+
+/* llama.cpp's context shift: keep hist[0, n_keep), drop the oldest half of
+ * the rest, and evaluate the kept tail again at its new positions (RoPE is
+ * applied to the cached keys, so moving them would need a re-rotation;
+ * evaluating again is exact). False when nothing can be dropped. */
+static nstf_status shift(nstf_session *s, const nstf_gen_params *gp, nstf_gen_stats *st, bool *shifted, bool *stopped) {
+    const int keep = s->n_keep < s->n_past ? s->n_keep : s->n_past, n_left = s->n_past - keep, n_discard = n_left / 2;
+    *shifted = n_discard > 0;
+    if (!*shifted) return NSTF_OK;
+    const int n_tail = n_left - n_discard;
+    memmove(s->hist + keep, s->hist + keep + n_discard, (size_t)n_tail * sizeof(int32_t));
+    s->n_past = keep;
+    st->n_shifts++;
+    if (s->params.verbose)
+        fprintf(stderr, "nstf: context shift: kept %d + %d tokens, dropped %d\n", keep, n_tail, n_discard);
+    /* the tail is evaluated from a copy: eval writes into hist */
+    int32_t *tail = nstf_alloc((size_t)(n_tail > 0 ? n_tail : 1) * sizeof(int32_t), "context shift");
+    if (!tail) return NSTF_ERR_OOM;
+    memcpy(tail, s->hist + keep, (size_t)n_tail * sizeof(int32_t));
+    nstf_status r = eval(s, tail, n_tail, gp, stopped);
+    nstf_free(tail);
+    return r;
+}
+
+nstf_status nstf_session_append(nstf_session *s, const int32_t *ids, int64_t n, const nstf_gen_params *gp,
+                                nstf_gen_stats *st, bool *stopped) {
+    *stopped = false;
+    if (n <= 0) return NSTF_OK;
+    while (s->n_past + n > s->n_ctx) {
+        bool shifted = false;
+        if (gp && gp->context_shift && n <= s->n_ctx - s->n_keep - 1) NSTF_TRY(shift(s, gp, st, &shifted, stopped));
+        if (*stopped) return NSTF_OK;
+        if (!shifted && !s->n_past)
+            return nstf_set_error(NSTF_ERR_RANGE,
+                                  "the prompt is %lld tokens but the context holds %d; raise -c or shorten the prompt",
+                                  (long long)n, s->n_ctx);
+        if (!shifted)
+            return nstf_set_error(NSTF_ERR_RANGE, "%lld more tokens do not fit the context (%d of %d in use); raise -c%s",
+                                  (long long)n, s->n_past, s->n_ctx,
+                                  gp && gp->context_shift ? "" : " or use --context-shift");
+    }
+    return eval(s, ids, n, gp, stopped);
+}
+
+nstf_status nstf_session_tokenize_text(nstf_session *s, const char *text, size_t len, bool add_bos, bool special,
+                                       int32_t **ids, int64_t *n) {
+    return nstf_tokenizer_encode(s->tok, text, len, add_bos && nstf_tokenizer_wants_bos(s->tok), special, ids, n);
+}
+
+/* The user's text must be UTF-8: say where it is not, in its own offsets. */
+nstf_status nstf_session_check_text(const char *what, const char *text) {
+    const char *why = "";
+    int64_t bad = nstf_utf8_check((const uint8_t *)text, strlen(text), &why);
+    if (bad < 0) return NSTF_OK;
+    return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not valid UTF-8: byte 0x%02X at offset %lld (%s)", what,
+                          (unsigned)(uint8_t)text[bad], (long long)bad, why);
+}
+
+static bool ends_with_stop(const nstf_text *t, const nstf_gen_params *gp) {
+    for (int i = 0; gp && i < gp->n_stop; i++) {
+        const size_t k = gp->stop[i] ? strlen(gp->stop[i]) : 0;
+        if (k && t->len >= k && !memcmp(t->p + t->len - k, gp->stop[i], k)) return true;
+    }
+    return false;
+}
+
+nstf_status nstf_session_gen_loop(nstf_session *s, nstf_sampler *smp, const nstf_gen_params *gp, nstf_piece_fn cb,
+                                  void *user, nstf_gen_stats *st, nstf_text *emitted, nstf_text *evaluated) {
+    const double t0 = nstf_time_ms();
+    const int64_t limit = gp->n_predict >= 0 ? gp->n_predict : INT64_MAX;
+    char piece[256];
+    nstf_status r = NSTF_OK;
+    st->stop = NSTF_STOP_NONE;
+    while (st->n_gen < limit) {
+        if (interrupted(gp)) {
+            st->stop = NSTF_STOP_INTERRUPTED;
+            break;
+        }
+        const int32_t tok = s->dev_greedy ? s->next : nstf_sampler_sample(smp, s->logits);
+        nstf_sampler_accept(smp, tok);
+        st->n_gen++;
+        if (!gp->ignore_eos && nstf_tokenizer_is_eog(s->tok, tok)) {
+            st->stop = NSTF_STOP_EOG;
+            break;
+        }
+        int64_t len = nstf_tokenizer_piece(s->tok, tok, piece, sizeof piece);
+        if (len < 0) len = 0;
+        if (len > (int64_t)sizeof piece) len = sizeof piece;
+        if (emitted && !nstf_text_add(emitted, piece, (size_t)len)) {
+            r = nstf_set_error(NSTF_ERR_OOM, "out of memory holding the generated text");
+            break;
+        }
+        if (cb && !cb(user, tok, piece, (size_t)len)) {
+            st->stop = NSTF_STOP_CALLBACK;
+            break;
+        }
+        if (emitted && ends_with_stop(emitted, gp)) {
+            st->stop = NSTF_STOP_STRING;
+            break;
+        }
+        if (st->n_gen >= limit) break;
+        if (s->n_past >= s->n_ctx) {
+            bool shifted = false, stopped = false;
+            if (gp->context_shift && gp->n_predict != -2) r = shift(s, gp, st, &shifted, &stopped);
+            if (r != NSTF_OK) break;
+            if (stopped) {
+                st->stop = NSTF_STOP_INTERRUPTED;
+                break;
+            }
+            if (!shifted) {
+                st->stop = NSTF_STOP_CONTEXT_FULL;
+                break;
+            }
+        }
+        r = nstf_session_forward(s, &tok, 1, s->n_past, false, s->dev_greedy ? NULL : s->logits,
+                                 s->dev_greedy ? &s->next : NULL);
+        if (r != NSTF_OK) break;
+        s->hist[s->n_past++] = tok;
+        st->n_decode++;
+        if (evaluated && !nstf_text_add(evaluated, piece, (size_t)len)) {
+            r = nstf_set_error(NSTF_ERR_OOM, "out of memory holding the conversation");
+            break;
+        }
+    }
+    if (r == NSTF_OK && st->stop == NSTF_STOP_NONE) st->stop = NSTF_STOP_N_PREDICT;
+    st->gen_ms += nstf_time_ms() - t0;
+    st->n_past = s->n_past;
+    return r;
+}
+
+nstf_status nstf_session_begin_gen(nstf_session *s, const nstf_sampler_params *sp) {
+    /* greedy without penalties on a GPU: the argmax runs on the device and
+     * only the token comes back (the same first-maximum rule as the sampler) */
+    s->dev_greedy = !s->be->host_memory && sp->temp <= 0.0f && sp->repeat_penalty == 1.0f;
+    return NSTF_OK;
+}
+
+/* A chat of one user turn (with the system message) or the raw prompt, as
+ * the text to tokenize. *text is malloc'd (chat) or NULL (raw: use prompt). */
+nstf_status nstf_session_render(nstf_session *s, const nstf_chat_msg *msgs, int n, bool gen, char **out) {
+    if (!s->tmpl_family)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "the model's chat template is not one this engine renders (ChatML, Llama-3, Llama-2); "
+                              "choose one with --chat-template");
+    return nstf_chat_render_template(s->tmpl, msgs, n, gen, out);
+}
+
+bool nstf_chat_template_known(const char *name) { return nstf_chat_family_template(name) != NULL; }
+
+const char *nstf_session_chat_template(const nstf_session *s, bool *from_model) {
+    if (from_model) *from_model = s->tmpl_from_model;
+    return s->tmpl_family;
+}
+
+nstf_status nstf_session_prompt_tokens(nstf_session *s, const char *prompt, bool chat, const char *system,
+                                       bool special, int32_t **ids, int64_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
     if (!prompt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no prompt given");
-    if (n_predict < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "-n %d must be >= 0", n_predict);
-    nstf_sampler_params spp = sp ? *sp : nstf_sampler_default_params();
+    NSTF_TRY(nstf_session_check_text("the prompt", prompt));
+    if (system) NSTF_TRY(nstf_session_check_text("the system message", system));
     char *text = NULL;
     if (chat) {
         nstf_chat_msg msgs[2];
         int nm = 0;
         if (system) msgs[nm++] = (nstf_chat_msg){"system", system};
         msgs[nm++] = (nstf_chat_msg){"user", prompt};
-        NSTF_TRY(nstf_chat_render(s->model->file, msgs, nm, true, &text));
+        NSTF_TRY(nstf_session_render(s, msgs, nm, true, &text));
     }
     const char *in = chat ? text : prompt;
+    nstf_status r = nstf_session_tokenize_text(s, in, strlen(in), true, chat || special, ids, n_ids);
+    free(text);
+    if (r == NSTF_OK && *n_ids == 0) {
+        free(*ids);
+        *ids = NULL;
+        r = nstf_set_error(NSTF_ERR_INVALID_ARG, "the prompt is empty and the model adds no BOS token");
+    }
+    return r;
+}
+
+nstf_status nstf_session_complete(nstf_session *s, const char *prompt, bool chat, const char *system, bool special,
+                                  const nstf_sampler_params *sp, const nstf_gen_params *gpp, nstf_piece_fn cb,
+                                  void *user, nstf_gen_stats *stats) {
+    nstf_gen_stats st = {0};
+    st.load_ms = s->load_ms;
+    if (stats) *stats = st;
+    const nstf_gen_params gp = gpp ? *gpp : nstf_gen_default_params();
+    if (gp.n_predict < -2) return nstf_set_error(NSTF_ERR_INVALID_ARG, "-n %d: use a count >= 0, -1 or -2", gp.n_predict);
+    if (gp.n_keep < -1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--keep %d: use a count >= 0 or -1", gp.n_keep);
+    nstf_sampler_params spp = sp ? *sp : nstf_sampler_default_params();
     int32_t *ids = NULL;
     int64_t n_ids = 0;
-    nstf_status r = nstf_tokenizer_encode(s->tok, in, strlen(in), nstf_tokenizer_wants_bos(s->tok), chat, &ids, &n_ids);
-    free(text);
-    if (r != NSTF_OK) return r;
-    if (n_ids == 0) {
-        free(ids);
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "the prompt is empty and the model adds no BOS token");
-    }
+    NSTF_TRY(nstf_session_prompt_tokens(s, prompt, chat, system, special, &ids, &n_ids));
     if (n_ids >= s->n_ctx) {
         nstf_status e = nstf_set_error(NSTF_ERR_RANGE,
                                        "the prompt is %lld tokens but the context holds %d; raise -c or shorten the prompt",
@@ -234,42 +479,38 @@ nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat
         return e;
     }
     nstf_sampler smp;
-    r = nstf_sampler_init(&smp, &spp, s->model->cfg.n_vocab);
+    nstf_status r = nstf_sampler_init(&smp, &spp, s->model->cfg.n_vocab);
     if (r != NSTF_OK) {
         free(ids);
         return r;
     }
     for (int64_t i = 0; i < n_ids; i++) nstf_sampler_accept(&smp, ids[i]);
-
-    /* greedy without penalties on a GPU: the argmax runs on the device and
-     * only the token comes back (the same first-maximum rule as the sampler) */
-    const bool dev_greedy = !s->be->host_memory && spp.temp <= 0.0f && spp.repeat_penalty == 1.0f;
-    int32_t next = 0;
-    double t0 = nstf_time_ms();
-    r = prefill(s, ids, (int)n_ids, 0, dev_greedy ? &next : NULL);
-    double t1 = nstf_time_ms();
+    nstf_session_begin_gen(s, &spp);
+    s->n_past = 0;
+    s->n_keep = gp.n_keep < 0 || gp.n_keep >= n_ids ? (int)n_ids
+                                                     : gp.n_keep + (n_ids && ids[0] == nstf_tokenizer_bos(s->tok));
+    const double t0 = nstf_time_ms();
+    bool stopped = false;
+    r = nstf_session_append(s, ids, n_ids, &gp, &st, &stopped);
+    st.prompt_ms = nstf_time_ms() - t0;
     st.n_prompt = n_ids;
-    st.prompt_ms = t1 - t0;
-    int pos = (int)n_ids;
-    char piece[256];
-    while (r == NSTF_OK && st.n_gen < n_predict) {
-        int32_t tok = dev_greedy ? next : nstf_sampler_sample(&smp, s->logits);
-        nstf_sampler_accept(&smp, tok);
-        st.n_gen++;
-        if (!ignore_eos && nstf_tokenizer_is_eog(s->tok, tok)) break;
-        int64_t len = nstf_tokenizer_piece(s->tok, tok, piece, sizeof piece);
-        if (len < 0) len = 0;
-        if (len > (int64_t)sizeof piece) len = sizeof piece;
-        if (cb && !cb(user, tok, piece, (size_t)len)) break;
-        if (st.n_gen >= n_predict) break;
-        if (pos >= s->n_ctx) break; /* context full: stop, as llama.cpp does without shifting */
-        r = nstf_session_forward(s, &tok, 1, pos, false, dev_greedy ? NULL : s->logits, dev_greedy ? &next : NULL);
-        pos++;
-        st.n_decode++;
-    }
-    st.gen_ms = nstf_time_ms() - t1;
-    nstf_sampler_free(&smp);
     free(ids);
+    nstf_text out = {0};
+    if (r == NSTF_OK && stopped) st.stop = NSTF_STOP_INTERRUPTED;
+    else if (r == NSTF_OK) r = nstf_session_gen_loop(s, &smp, &gp, cb, user, &st, gp.n_stop ? &out : NULL, NULL);
+    free(out.p);
+    nstf_sampler_free(&smp);
+    st.n_past = s->n_past;
     if (stats) *stats = st;
     return r;
+}
+
+nstf_status nstf_session_generate(nstf_session *s, const char *prompt, bool chat, const char *system,
+                                  const nstf_sampler_params *sp, int n_predict, bool ignore_eos,
+                                  nstf_piece_fn cb, void *user, nstf_gen_stats *stats) {
+    if (n_predict < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "-n %d must be >= 0", n_predict);
+    nstf_gen_params gp = nstf_gen_default_params();
+    gp.n_predict = n_predict;
+    gp.ignore_eos = ignore_eos;
+    return nstf_session_complete(s, prompt, chat, system, false, sp, &gp, cb, user, stats);
 }

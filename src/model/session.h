@@ -30,6 +30,14 @@ struct nstf_session {
     float *logits;      /* [n_vocab] host copy of the last token's logits */
     int n_ctx, n_batch; /* of the run */
     double load_ms;
+    int32_t *hist;      /* [n_ctx] the tokens the KV cache holds, positions 0 .. n_past-1 */
+    int n_past;
+    int n_keep;         /* tokens a context shift keeps at the start */
+    bool dev_greedy;    /* generation takes the backend's greedy token (next) */
+    int32_t next;
+    char *tmpl;         /* the chat template string (NULL: none, plain ChatML) */
+    const char *tmpl_family; /* "chatml", "llama3", "llama2"; NULL: not renderable */
+    bool tmpl_from_model;
 };
 
 /* nstf_session_open with the run shaped for serving several sequences
@@ -37,5 +45,38 @@ struct nstf_session {
  * the open (gpu) or leaves it to the CPU (auto), as any other failure. */
 nstf_status nstf_session_open_shaped(const char *model_path, const nstf_session_params *p,
                                      const nstf_session_shape *shape, nstf_session **out);
+
+/* ---- generation pieces shared by session.c and conv.c ---- */
+
+/* A growable NUL-terminated byte string. */
+typedef struct nstf_text {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} nstf_text;
+bool nstf_text_add(nstf_text *t, const char *p, size_t n);
+
+/* The text must be valid UTF-8; the error names `what` and the offset. */
+nstf_status nstf_session_check_text(const char *what, const char *text);
+/* Tokenize with the model's BOS rule (add_bos: where the model wants one). */
+nstf_status nstf_session_tokenize_text(nstf_session *s, const char *text, size_t len, bool add_bos, bool special,
+                                       int32_t **ids, int64_t *n);
+/* Render messages with the session's chat template. */
+nstf_status nstf_session_render(nstf_session *s, const nstf_chat_msg *msgs, int n, bool gen, char **out);
+/* Forget the history after n_past tokens. */
+void nstf_session_rewind(nstf_session *s, int n_past);
+/* Evaluate n tokens after the history, shifting the context first when
+ * gp allows and they do not fit; *stopped when interrupted (the history
+ * then holds what was evaluated). */
+nstf_status nstf_session_append(nstf_session *s, const int32_t *ids, int64_t n, const nstf_gen_params *gp,
+                                nstf_gen_stats *st, bool *stopped);
+/* Before a generation loop: whether it takes the backend's greedy token. */
+nstf_status nstf_session_begin_gen(nstf_session *s, const nstf_sampler_params *sp);
+/* Generate from the logits of the last evaluation: sample, stream, append
+ * each token but the last to the history. emitted (may be NULL) receives
+ * every piece passed to cb, evaluated (may be NULL) those of the tokens
+ * appended to the history. Adds to st. */
+nstf_status nstf_session_gen_loop(nstf_session *s, nstf_sampler *smp, const nstf_gen_params *gp, nstf_piece_fn cb,
+                                  void *user, nstf_gen_stats *st, nstf_text *emitted, nstf_text *evaluated);
 
 #endif

@@ -113,7 +113,7 @@ static nstf_status open_backend(const nstf_train_params *p, nstf_backend **be) {
         nstf_status st = nstf_backend_gpu_create(0, be);
         if (st == NSTF_OK || gpu) return st;
     }
-    const nstf_cpu_params cp = {p->n_threads, true, true};
+    const nstf_cpu_params cp = {p->n_threads, true, true, 32}; /* training: fp32 activations */
     return nstf_backend_cpu_create(&cp, be);
 }
 

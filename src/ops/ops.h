@@ -441,11 +441,14 @@ void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_typ
 typedef struct nstf_cpu {
     nstf_pool *pool;      /* not owned */
     bool precise;         /* model matmuls use nstf_cpu_matmul_precise */
+    bool a16;             /* model matmuls use nstf_cpu_matmul_a16 */
     bool deterministic;   /* results independent of the thread count: no op
                              changes its summation order with the pool size
                              (attention does not split a row's keys) */
     void *scratch;        /* owned; e.g. quantized activations for matmul */
     size_t scratch_bytes;
+    void *a16_rows;       /* owned; rows of nstf_cpu_matmul_a16 */
+    size_t a16_bytes;
 } nstf_cpu;
 
 /* Make sure the scratch arena holds what nstf_cpu_matmul needs for
@@ -461,6 +464,24 @@ void nstf_cpu_rmsnorm(nstf_cpu *cpu, const float *x, const float *w, float *y, i
 void nstf_cpu_add(nstf_cpu *cpu, const float *a, const float *b, float *y, int64_t n);
 void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,
                      int64_t n_tok, int64_t n_in, int64_t n_out);
+/* The part of x[n_in] (one row) that nstf_cpu_matmul's 8-bit activation
+ * blocks lose for weights of wtype: r = x - d q per block, with the
+ * kernel's own quantizer. False (r untouched) when that kernel keeps x in
+ * fp32 (float weights) or n_in is not a whole number of blocks; x = NULL
+ * only asks. */
+bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_in);
+/* Same contract as nstf_cpu_matmul, with activations carried to ~16 bits:
+ * every row is evaluated as its 8-bit blocks plus their 8-bit rounding
+ * residual in one kernel call over the interleaved rows (matmul_a16.c).
+ * Needs nstf_cpu_reserve_a16 for the shape; otherwise it runs
+ * nstf_cpu_matmul. Allocates nothing. */
+void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,
+                         int64_t n_tok, int64_t n_in, int64_t n_out);
+/* Room for nstf_cpu_matmul_a16 on n_tok rows of n_in -> n_out at once
+ * (grows, never shrinks; also reserves the 8-bit kernel's arena for 2 n_tok
+ * rows). */
+nstf_status nstf_cpu_reserve_a16(nstf_cpu *cpu, int64_t n_tok, int64_t n_in, int64_t n_out);
+void nstf_cpu_release_a16(nstf_cpu *cpu);
 /* Same contract as nstf_cpu_matmul, but activations stay fp32 (quantized
  * weights are dequantized on the fly): comparable with an fp32 reference to
  * rounding. Chunks of 1024 values: n_in must be a multiple of 32 for the

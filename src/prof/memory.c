@@ -7,10 +7,8 @@
 #include "model/session.h"
 #include "prof/timer.h"
 
-void nstf_mem_report_session(const nstf_session *s, nstf_mem_report *out) {
+static void stage_report(const nstf_backend *be, const nstf_llama_run *r, nstf_mem_report *out) {
     memset(out, 0, sizeof *out);
-    const nstf_backend *be = s->be;
-    const nstf_llama_run *r = s->run;
     nstf_backend_mem mem;
     be->vt->mem(be, &mem);
     out->device = be->host_memory ? "cpu" : "gpu";
@@ -19,6 +17,19 @@ void nstf_mem_report_session(const nstf_session *s, nstf_mem_report *out) {
     out->weights = r->wbytes;
     out->kv_cache = r->s.kv_bytes;
     out->compute = (r->s.block_bytes > r->s.kv_bytes ? r->s.block_bytes - r->s.kv_bytes : 0) + mem.workspace;
+}
+
+int nstf_mem_report_session(const nstf_session *s, nstf_mem_report out[NSTF_MEM_MAX_DEVICES]) {
+    stage_report(s->be, s->run, &out[0]);
+    if (!s->run_cpu) return 1;
+    stage_report(s->be_cpu, s->run_cpu, &out[1]);
+    return 2;
+}
+
+void nstf_mem_report_print_session(FILE *f, const nstf_session *s) {
+    nstf_mem_report r[NSTF_MEM_MAX_DEVICES];
+    const int n = nstf_mem_report_session(s, r);
+    for (int i = 0; i < n; i++) nstf_mem_report_print(f, &r[i]);
 }
 
 void nstf_mem_report_print(FILE *f, const nstf_mem_report *r) {

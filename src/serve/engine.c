@@ -28,7 +28,7 @@ enum { REQ_WAITING, REQ_RUNNING, REQ_DONE };
 struct nstf_engine_req {
     nstf_engine *e;
     int refs;                        /* the engine's and the reader's */
-    nstf_gen_params gp;              /* gp.stop point into stop_copy */
+    nstf_serve_gen_params gp;              /* gp.stop point into stop_copy */
     char *stop_copy[NSTF_MAX_STOP];
     int64_t n_prompt;
     double t_submit, t_first, t_last; /* ms, monotonic */
@@ -218,7 +218,7 @@ static int64_t utf8_tail(const char *t, int64_t n) {
 }
 
 /* The longest end of t that is the beginning of a stop string. */
-static int64_t stop_tail(const char *t, int64_t n, const nstf_gen_params *gp) {
+static int64_t stop_tail(const char *t, int64_t n, const nstf_serve_gen_params *gp) {
     int64_t hold = 0;
     for (int i = 0; i < gp->n_stop; i++) {
         const int64_t len = (int64_t)strlen(gp->stop[i]);
@@ -232,7 +232,7 @@ static int64_t stop_tail(const char *t, int64_t n, const nstf_gen_params *gp) {
 }
 
 /* The first stop string found in t[from..n), as its offset; -1: none. */
-static int64_t stop_find(const char *t, int64_t n, int64_t from, const nstf_gen_params *gp) {
+static int64_t stop_find(const char *t, int64_t n, int64_t from, const nstf_serve_gen_params *gp) {
     int64_t best = -1;
     for (int i = 0; i < gp->n_stop; i++) {
         const int64_t len = (int64_t)strlen(gp->stop[i]);
@@ -633,7 +633,7 @@ nstf_status nstf_engine_tokenize(const nstf_engine *e, const char *text, bool ch
     return st;
 }
 
-nstf_engine_code nstf_engine_submit(nstf_engine *e, const nstf_gen_params *gp, const int32_t *prompt, int64_t n,
+nstf_engine_code nstf_engine_submit(nstf_engine *e, const nstf_serve_gen_params *gp, const int32_t *prompt, int64_t n,
                                     nstf_engine_req **out) {
     *out = NULL;
     if (n < 1 || n + gp->max_tokens - 1 > e->seq_ctx || gp->max_tokens < 1) return NSTF_ENGINE_TOO_LONG;

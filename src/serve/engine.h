@@ -51,7 +51,7 @@ typedef struct nstf_engine_params {
 #define NSTF_MAX_STOP 4
 #define NSTF_MAX_TOP_LOGPROBS 20
 
-typedef struct nstf_gen_params {
+typedef struct nstf_serve_gen_params {
     float temperature;  /* 0: greedy */
     float top_p;        /* (0, 1] */
     uint64_t seed;
@@ -61,7 +61,7 @@ typedef struct nstf_gen_params {
     int logprobs;       /* -1: none; else report each token's log-probability and this many alternatives */
     double timeout_s;   /* 0: none */
     bool ignore_eos;    /* generate past end-of-generation tokens (benchmarks) */
-} nstf_gen_params;
+} nstf_serve_gen_params;
 
 /* One generated token with its log-probability under the model (the
  * log-softmax of its logits, before temperature or truncation) and its
@@ -134,7 +134,7 @@ int64_t nstf_engine_piece(const nstf_engine *e, int32_t id, char *buf, size_t ca
 
 /* Queue a request for prompt[0..n) (copied). NSTF_ENGINE_OK gives *out,
  * which the caller reads and releases. */
-nstf_engine_code nstf_engine_submit(nstf_engine *e, const nstf_gen_params *gp, const int32_t *prompt, int64_t n,
+nstf_engine_code nstf_engine_submit(nstf_engine *e, const nstf_serve_gen_params *gp, const int32_t *prompt, int64_t n,
                                     nstf_engine_req **out);
 /* Wait up to timeout_ms for output and take what is new; false when
  * nothing came (chunk then holds nothing to free). */

@@ -252,7 +252,7 @@ static bool start(nstf_server *s, const nstf_api_req *ar, nstf_engine_req **out,
         ok = false;
     }
     if (max < 0) max = ctx - n < s->p.max_tokens ? ctx - n : s->p.max_tokens;
-    nstf_gen_params gp = {.temperature = ar->top_p == 0 ? 0 : ar->temperature, .top_p = ar->top_p > 0 ? ar->top_p : 1,
+    nstf_serve_gen_params gp = {.temperature = ar->top_p == 0 ? 0 : ar->temperature, .top_p = ar->top_p > 0 ? ar->top_p : 1,
                           .seed = ar->has_seed ? ar->seed : nstf_time_seed() ^ atomic_fetch_add(&s->next_id, 1),
                           .max_tokens = (int)max, .n_stop = ar->n_stop, .logprobs = ar->logprobs,
                           .timeout_s = s->p.timeout_s, .ignore_eos = ar->ignore_eos};

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cli_util.h"
 #include "isa.h"
 
 static void isa_usage(FILE *f) {
@@ -41,6 +42,7 @@ int cmd_isa(int argc, char **argv) {
     bool json = false, verbose = false;
     char *match[32], *tgt[16];
     int n_match = 0, n_tgt = 0;
+    cli_expand_args(&argc, &argv, isa_usage);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -52,7 +54,7 @@ int cmd_isa(int argc, char **argv) {
             verbose = true;
         } else if (!strcmp(a, "--dir") || !strcmp(a, "--check") || !strcmp(a, "--match") || !strcmp(a, "--target")) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "nstf isa: %s needs a value\n", a);
+                cli_err("%s needs a value", a);
                 return 2;
             }
             const char *v = argv[++i];
@@ -60,20 +62,19 @@ int cmd_isa(int argc, char **argv) {
             else if (!strcmp(a, "--check")) gates = v;
             else if (!strcmp(a, "--match")) {
                 if (n_match == 32) {
-                    fprintf(stderr, "nstf isa: at most 32 --match\n");
+                    cli_err("at most 32 --match");
                     return 2;
                 }
                 match[n_match++] = argv[i];
             } else {
                 if (n_tgt == 16) {
-                    fprintf(stderr, "nstf isa: at most 16 --target\n");
+                    cli_err("at most 16 --target");
                     return 2;
                 }
                 tgt[n_tgt++] = argv[i];
             }
         } else {
-            fprintf(stderr, "nstf isa: unknown option '%s' (nstf isa --help)\n", a);
-            return 2;
+            return cli_unknown_option(a, isa_usage);
         }
     }
     isa_set s = {0};

@@ -169,6 +169,31 @@ static void quantize_x_row(const float *x, int8_t *q, float *d, float *s, int32_
     }
 }
 
+bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_in) {
+    if (!nstf_type_is_quantized(wtype) || n_in < 0) return false;
+    if (nstf_mmk_type(wtype)) { /* q8k blocks of 256, the super-block kernels' quantizer */
+        if (n_in % NSTF_QK_K != 0) return false;
+        for (int64_t b = 0; x && b < n_in / NSTF_QK_K; b++) {
+            int8_t q[NSTF_QK_K];
+            float d;
+            int16_t bsums[NSTF_QK_K / 16];
+            const nstf_q8k one = {q, &d, bsums, 1};
+            nstf_mmk_quantize_row(x + b * NSTF_QK_K, &one, 0);
+            for (int j = 0; j < NSTF_QK_K; j++) r[b * NSTF_QK_K + j] = x[b * NSTF_QK_K + j] - d * (float)q[j];
+        }
+        return true;
+    }
+    if (n_in % QK != 0) return false;
+    for (int64_t b = 0; x && b < n_in / QK; b++) {
+        int8_t q[QK];
+        float d, s;
+        int32_t sum;
+        quantize_x_row(x + b * QK, q, &d, &s, &sum, 1);
+        for (int j = 0; j < QK; j++) r[b * QK + j] = x[b * QK + j] - d * (float)q[j];
+    }
+    return true;
+}
+
 /* ---- tiles ----------------------------------------------------------------
  * A tile computes y[t0 + t, r0 + r] for r < rm <= RM, t < rn <= RN. */
 
@@ -315,13 +340,14 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
 #pragma GCC unroll 4
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
 
-    /* Decode (RN == 1) streams weights from DRAM: prefetch the next 8 rows
-     * (the next tile) at the pace this tile consumes its own, 8 blocks per
-     * step, so the memory system runs ahead of the arithmetic. */
+    /* Decode (RN == 1, or 2: a token's 16-bit activation rows, matmul_a16.c)
+     * streams weights from DRAM: prefetch the next 8 rows (the next tile)
+     * at the pace this tile consumes its own, 8 blocks per step, so the
+     * memory system runs ahead of the arithmetic. */
     const uint8_t *pf = w + 8 * row_bytes;
     for (int64_t b = 0; b < nb; b++) {
         const uint64_t off = (uint64_t)b * bbytes;
-        if (RN == 1) {
+        if (RN <= 2) {
 #pragma GCC unroll 6
             for (int k = 0; k < 8 * bbytes; k += 64) _mm_prefetch((const char *)pf + k, _MM_HINT_T0);
             pf += 8 * bbytes;

@@ -11,6 +11,11 @@ void nstf_cpu_matmul_lr(nstf_cpu *cpu, nstf_type ta, const void *a, nstf_type tb
         nstf_cpu_matmul_precise(cpu, tb, b, tmp, y, n_tok, rank, n_out);
         return;
     }
+    if (cpu && cpu->a16) { /* the default 16-bit activations, as the dense matmul */
+        nstf_cpu_matmul_a16(cpu, ta, a, x, tmp, n_tok, n_in, rank);
+        nstf_cpu_matmul_a16(cpu, tb, b, tmp, y, n_tok, rank, n_out);
+        return;
+    }
     nstf_cpu_matmul(cpu, ta, a, x, tmp, n_tok, n_in, rank);
     nstf_cpu_matmul(cpu, tb, b, tmp, y, n_tok, rank, n_out);
 }

@@ -417,7 +417,7 @@ void nstf_gpu_range_pop(void);
 int nstf_gpu_have_ranges(void);
 
 
-/* ===================================================================
+/* ==========================================================================
  * Training (gemm_bwd.cu, attn_bwd.cu, flash_attn.cu, rmsnorm_bwd.cu, rope.cu,
  * swiglu_bwd.cu, get_rows_bwd.cu, cross_entropy.cu, optim.cu): the backward
  * of every op, the fused loss and the optimizer step, with the contracts of
@@ -525,7 +525,7 @@ nstf_status nstf_gpu_adamw(const nstf_adamw_params *p, int64_t step, float grad_
 size_t nstf_gpu_grad_norm_scratch_bytes(const nstf_param_tensor *tensors, int n_tensors);
 nstf_status nstf_gpu_grad_norm(const nstf_param_tensor *tensors, int n_tensors, const float *grad,
                                double *sq, void *scratch, size_t scratch_bytes, void *stream);
-=======
+
 /* ==========================================================================
  * conv2d forward: the convolution ladder (conv.cu, conv_tiled.cu,
  * conv_igemm.cu). Not a row of the model's op table: kernels for the conv
