@@ -11,7 +11,8 @@
 #                          present, cuobjdump + nvdisasm from their PyPI wheels
 #                          into build-amd/tools (SASS counts for `nstf isa`).
 # libmicrohttpd-dev is the HTTP server of `nstf serve`; libedit-dev: line
-# editing and history in `nstf chat`.
+# editing and history in `nstf chat`; liblapacke-dev: the SVD of the
+# low-rank decomposition (src/opt/lowrank.c).
 # clang + libclang-rt-dev are for `make fuzz`: libFuzzer's runtime
 # (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-dev, which tracks the
 # default clang (libclang-rt-14-dev for Debian 12's clang 14).
@@ -28,7 +29,7 @@ case "${1:-}" in
     *) echo "install_deps.sh: unknown step '$1' (want nothing, 'torch' or 'amd')" >&2; exit 2 ;;
 esac
 need=""
-pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev libedit-dev python3 python3-pip clang libclang-rt-dev"
+pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev libedit-dev liblapacke-dev python3 python3-pip clang libclang-rt-dev"
 [ $want_amd = 0 ] || pkgs="$pkgs hipcc clang-19"
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"

@@ -251,7 +251,7 @@ static void matmul_bwd_x_case(test_rng *r, nstf_type t, nstf_type xt, bool acc) 
     for (int64_t i = 0; i < n * n_in; i++) dx16[i] = nstf_f32_to_bf16(dx0[i]);
     dbuf dw = up(w, wb), ddy = up(hdy, act_bytes(n * n_out));
     dbuf ddx = xb ? up(dx16, (size_t)(n * n_in) * 2) : up(dx0, (size_t)(n * n_in) * 4);
-    nstf_matrix m = {dw.d, t, n_in, n_out};
+    nstf_matrix m = {dw.d, t, n_in, n_out, NULL};
     nstf_op_args a = {.op = NSTF_OP_MATMUL_BWD_X, .label = "matmul_bwd_x"};
     a.matmul_bwd_x.w = &m;
     a.matmul_bwd_x.dy = (nstf_view){ddy.d, g_be->act_type, n_out};
@@ -344,7 +344,7 @@ static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {
     dbuf dh = up(hh, act_bytes(n * dim)), dw = up(hw, act_bytes(n_vocab * dim));
     dbuf dt = up(tg, sizeof tg), dgw = up(dw0, (size_t)(n_vocab * dim) * 4), dgh = up(NULL, (size_t)(n * dim) * 4);
     dbuf dl = up(NULL, (size_t)n * 4), dloss = up(NULL, 8);
-    nstf_matrix m = {dw.d, wt, dim, n_vocab};
+    nstf_matrix m = {dw.d, wt, dim, n_vocab, NULL};
     nstf_op_args a = {.op = NSTF_OP_CROSS_ENTROPY, .label = "cross_entropy"};
     a.cross_entropy.h = (nstf_view){dh.d, g_be->act_type, dim};
     a.cross_entropy.w = &m;

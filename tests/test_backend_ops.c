@@ -223,7 +223,7 @@ static void case_get_rows(test_rng *r) {
         for (int i = 0; i < n; i++)
             for (int j = 0; j < dim; j++) ref[i * dim + j] = deq[ids[i] * dim + j];
         dbuf dw = up(w, wb), di = up(ids, sizeof ids), dout = up(NULL, (size_t)(n * dim) * 4);
-        nstf_matrix m = {dw.d, t, dim, rows};
+        nstf_matrix m = {dw.d, t, dim, rows, NULL};
         nstf_op_args a = {.op = NSTF_OP_GET_ROWS, .label = "get_rows"};
         a.get_rows.table = &m;
         a.get_rows.ids = di.d;
@@ -317,7 +317,7 @@ static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
     nstf_matrix m[3];
     const nstf_matrix *mp[3];
     for (int i = 0, o = 0; i < n_w; o += (int)wb[i], i++) {
-        m[i] = (nstf_matrix){(char *)dw.d + o, t, n_in, n_out[i]};
+        m[i] = (nstf_matrix){(char *)dw.d + o, t, n_in, n_out[i], NULL};
         mp[i] = &m[i];
     }
     nstf_op_args a = {.op = NSTF_OP_MATMUL, .label = "matmul"};
@@ -754,12 +754,84 @@ static void case_head_norm(test_rng *r) {
 /* the training rows: the gradient mode */
 #include "backend_ops_grad.h"
 
+/* Low-rank factors A [rank, n_in], B [n_out, rank] of one type over x
+ * [n, n_in]; the fp64 reference is (x A^T) B^T without rounding between.
+ * Tolerances: fp32 paths as a matmul (1e-7); the int8 path runs two int8
+ * matmuls of 1e-4 each, the second on an intermediate that already holds
+ * the first one's error: 2e-4. bf16: the naive result rounds x A^T to
+ * bf16 (as the kernel's intermediate is stored) and both products as the
+ * matmul case does. */
+static void matmul_lr_case(test_rng *r, nstf_type t, int64_t n, int64_t rank) {
+    const int64_t n_in = 160, n_out = 72;
+    float *xv = malloc((size_t)(n * n_in) * 4), *da = malloc((size_t)(rank * n_in) * 4),
+          *db = malloc((size_t)(n_out * rank) * 4);
+    void *hx = act_make(r, xv, n * n_in, 1.0f);
+    size_t ab, bb;
+    void *wa = matrix_make(r, t, n_in, rank, da, &ab), *wb = matrix_make(r, t, rank, n_out, db, &bb);
+    dbuf dwa = up(wa, ab), dwb = up(wb, bb), dx = up(hx, act_bytes(n * n_in)), dt = up(NULL, act_bytes(n * rank)),
+         dy = up(NULL, act_bytes(n * n_out));
+    const nstf_matrix ma = {dwa.d, t, n_in, rank, NULL}, mb = {dwb.d, t, rank, n_out, NULL};
+    nstf_op_args a = {.op = NSTF_OP_MATMUL_LR, .label = "matmul_lr"};
+    a.matmul_lr.a = &ma;
+    a.matmul_lr.b = &mb;
+    a.matmul_lr.x = (nstf_view){dx.d, g_be->act_type, n_in};
+    a.matmul_lr.tmp = (nstf_view){dt.d, g_be->act_type, rank};
+    a.matmul_lr.out = (nstf_view){dy.d, g_be->act_type, n_out};
+    a.matmul_lr.n = n;
+    run_op(&a, (int)n, 0);
+    void *hy = malloc(act_bytes(n * n_out));
+    float *got = malloc((size_t)(n * n_out) * 4), *naive = malloc((size_t)(n * n_out) * 4),
+          *tn = malloc((size_t)rank * 4);
+    double *ref = malloc((size_t)(n * n_out) * 8), *tr = malloc((size_t)rank * 8);
+    down(dy, hy, "matmul_lr out");
+    down(dt, NULL, "matmul_lr tmp");
+    act_read(hy, got, n * n_out);
+    for (int64_t tk = 0; tk < n; tk++) {
+        for (int64_t k = 0; k < rank; k++) {
+            double s = 0, sn = 0;
+            for (int64_t i = 0; i < n_in; i++) {
+                s += (double)da[k * n_in + i] * xv[tk * n_in + i];
+                sn += (double)nstf_bf16_to_f32(nstf_f32_to_bf16(da[k * n_in + i])) * xv[tk * n_in + i];
+            }
+            tr[k] = s;
+            tn[k] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)sn));
+        }
+        for (int64_t o = 0; o < n_out; o++) {
+            double s = 0, sn = 0;
+            for (int64_t k = 0; k < rank; k++) {
+                s += (double)db[o * rank + k] * tr[k];
+                sn += (double)nstf_bf16_to_f32(nstf_f32_to_bf16(db[o * rank + k])) * tn[k];
+            }
+            ref[tk * n_out + o] = s;
+            naive[tk * n_out + o] = nstf_bf16_to_f32(nstf_f32_to_bf16((float)sn));
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "matmul_lr %s, rank %lld, %lld tokens", nstf_type_name(t), (long long)rank,
+             (long long)n);
+    const bool int8 = !g_precise && g_be->int8_act && nstf_type_block_elems(t) > 1;
+    judge_naive(what, got, ref, act_bf16() ? naive : NULL, n * n_out, int8 ? 2e-4 : 1e-7);
+    drop(dwa), drop(dwb), drop(dx), drop(dt), drop(dy);
+    free(xv), free(da), free(db), free(hx), free(wa), free(wb), free(hy), free(got), free(naive), free(tn), free(ref);
+    free(tr);
+}
+
+static void case_matmul_lr(test_rng *r) {
+    static const nstf_type types[] = {NSTF_TYPE_F32, NSTF_TYPE_F16, NSTF_TYPE_BF16, NSTF_TYPE_Q8_0};
+    for (int ti = 0; ti < 4; ti++) {
+        /* rank: a multiple of 32 for a quantized B's rows, else ragged */
+        const int64_t rank = nstf_type_block_elems(types[ti]) > 1 ? 64 : 37;
+        matmul_lr_case(r, types[ti], 3, rank);
+        matmul_lr_case(r, types[ti], 20, rank);
+    }
+}
+
 /* ---- the backends --------------------------------------------------------------------- */
 
 static void run_all(const char *name) {
     g_name = name;
     /* a plan that sizes the backend's workspace for these cases */
-    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 256, 152}; /* the largest matmul case: 256 x (72 + 40 + 40) */
+    nstf_matrix big = {NULL, NSTF_TYPE_Q4_1, 256, 152, NULL}; /* the largest matmul case: 256 x (72 + 40 + 40) */
     nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
                            .n_vocab = 49157, .n_ctx = 320, .n_batch = 64, .n_seq = 2, .rope_base = 10000.0f,
                            .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,

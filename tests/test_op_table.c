@@ -162,6 +162,9 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
         else a.grad_norm.tensors = t, a.grad_norm.n_tensors = 2, a.grad_norm.grad = f;
         break;
     }
+    case NSTF_OP_MATMUL_LR:
+        a.matmul_lr.a = a.matmul_lr.b = w, a.matmul_lr.x = a.matmul_lr.tmp = a.matmul_lr.out = v, a.matmul_lr.n = 2;
+        break;
     case NSTF_OP_N: break;
     }
     return a;
@@ -177,7 +180,7 @@ int main(void) {
     CHECK(nstf_backend_cpu_create(&cp, &cpu) == NSTF_OK, "%s", nstf_last_error());
     const nstf_backend_vt *gpu = nstf_backend_gpu_table();
     static const unsigned char wdata[32 * 34];
-    const nstf_matrix w = {wdata, NSTF_TYPE_Q8_0, 32, 32};
+    const nstf_matrix w = {wdata, NSTF_TYPE_Q8_0, 32, 32, NULL};
     printf("%-10s %-20s %-26s %-26s %s\n", "op", "reference", "cpu", "gpu", "pieces");
     for (int i = 0; i < NSTF_OP_N; i++) {
         const nstf_op op = (nstf_op)i;

@@ -98,6 +98,44 @@ const char *cli_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+/* The whole text file at path, NUL-terminated (malloc), or NULL with a
+ * line on stderr naming `what`. */
+char *cli_read_file(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cli_err("cannot open %s '%s': %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (buf && ferror(f)) {
+        cli_err("error reading %s '%s': %s", what, path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    } else if (!buf) {
+        cli_err("out of memory reading '%s'", path);
+    } else {
+        buf[len] = 0;
+        if (strlen(buf) != len) {
+            cli_err("%s '%s' contains NUL bytes", what, path);
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
 /* ---- flags named by a command's help ----------------------------------------- */
 
 /* The help text (malloc'd), or NULL. */

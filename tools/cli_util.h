@@ -27,6 +27,8 @@ bool cli_parse_double(const char *flag, const char *s, double min, double max, d
 bool cli_parse_act_bits(const char *flag, const char *s, int *out);
 /* The value after a flag, or an error if it is missing. */
 const char *cli_value(int argc, char **argv, int *i);
+/* A text file read whole (free it); NULL with a message on stderr naming what. */
+char *cli_read_file(const char *path, const char *what);
 
 /* A command's help text, written by its usage function. */
 typedef void (*cli_usage_fn)(FILE *f);

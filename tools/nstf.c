@@ -23,6 +23,8 @@ int cmd_bench_conv(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_lowrank(int argc, char **argv);
+int cmd_analyze(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -36,6 +38,8 @@ static const struct {
     {"convert", cmd_convert, "write an HF model folder as a GGUF file"},
     {"quantize", cmd_quantize, "convert a GGUF's weights to another type or mix"},
     {"perplexity", cmd_perplexity, "perplexity and KL divergence on a text, as llama-perplexity"},
+    {"lowrank", cmd_lowrank, "factor a model's matrices into low-rank pairs (SVD, activation-aware)"},
+    {"analyze", cmd_analyze, "per-matrix sensitivity: KL and perplexity under each candidate type / rank"},
     {"gen-model", cmd_gen_model, "write a Llama GGUF with random weights at a real shape"},
     {"train", cmd_train, "train or fine-tune (full or LoRA) on the CPU or a GPU"},
     {"tokenize", cmd_tokenize, "text files to token shards for nstf train"},

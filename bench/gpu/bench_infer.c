@@ -114,7 +114,7 @@ static void *random_matrix(nstf_type t, int64_t n_in, int64_t n_out) {
 }
 
 static nstf_matrix mat(const void *d, nstf_type t, int64_t n_in, int64_t n_out) {
-    nstf_matrix m = {d, t, n_in, n_out};
+    nstf_matrix m = {d, t, n_in, n_out, NULL};
     return m;
 }
 

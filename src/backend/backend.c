@@ -8,9 +8,10 @@
 #include "core/mem.h"
 
 bool nstf_matrix_group_span(const nstf_matrix *const *w, int n_w, nstf_matrix *span) {
-    if (n_w < 1) return false;
+    if (n_w < 1 || w[0]->factors) return false;
     *span = *w[0];
     for (int i = 1; i < n_w; i++) {
+        if (w[i]->factors) return false;
         uint64_t rb = 0, bytes = 0;
         const nstf_matrix *prev = w[i - 1];
         if (w[i]->type != w[0]->type || w[i]->n_in != w[0]->n_in || !nstf_type_row_bytes(prev->type, prev->n_in, &rb) ||

@@ -424,6 +424,15 @@ static nstf_status op_grad_norm(nstf_backend *be, const nstf_op_args *a) {
                               a->grad_norm.sq, a->grad_norm.norm);
 }
 
+static nstf_status op_matmul_lr(nstf_backend *be, const nstf_op_args *a) {
+    const nstf_matrix *fa = a->matmul_lr.a, *fb = a->matmul_lr.b;
+    if (!dense(a->matmul_lr.x, fa->n_in) || !dense(a->matmul_lr.tmp, fa->n_out) || !dense(a->matmul_lr.out, fb->n_out))
+        return layout_error(a);
+    nstf_cpu_matmul_lr(&cpu_of(be)->cpu, fa->type, fa->data, fb->type, fb->data, a->matmul_lr.x.data,
+                       a->matmul_lr.tmp.data, a->matmul_lr.out.data, a->matmul_lr.n, fa->n_in, fa->n_out, fb->n_out);
+    return NSTF_OK;
+}
+
 /* Counts ops (the CPU's "kernels") and dispatches. */
 #define COUNTED(name)                                                          \
     static nstf_status counted_##name(nstf_backend *be, const nstf_op_args *a) { \
@@ -450,6 +459,7 @@ COUNTED(matmul_bwd_w)
 COUNTED(cross_entropy)
 COUNTED(adamw)
 COUNTED(grad_norm)
+COUNTED(matmul_lr)
 
 /* ---- options, marks ---------------------------------------------------------------------- */
 

@@ -510,4 +510,22 @@ nstf_status nstf_gpu_op_grad_norm(nstf_backend *be, const nstf_op_args *a) {
     return st;
 }
 
+/* A matrix stored as low-rank factors: two matmuls through a bf16
+ * intermediate (ops/gpu/matmul_lr.cu), the GEMM path on the workspace
+ * that prefill's dequantization uses. */
+nstf_status nstf_gpu_op_matmul_lr(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    const nstf_matrix *fa = a->matmul_lr.a, *fb = a->matmul_lr.b;
+    const int64_t n = a->matmul_lr.n;
+    if (a->matmul_lr.tmp.stride != fa->n_out || (n > 1 && a->matmul_lr.out.stride != fb->n_out))
+        return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: %s: low-rank matmul rows are not dense",
+                              a->label ? a->label : "matmul_lr");
+    const nstf_gpu_lr_ws ws = {g->wtmp, g->wtmp_elems, g->rowids, g->n_rowids, GEMV_MAX_TOK};
+    g->n_kernels += nstf_gpu_matmul_lr_kernels(fa->type, n, fa->n_in, fa->n_out, &ws) +
+                    nstf_gpu_matmul_lr_kernels(fb->type, n, fb->n_in, fb->n_out, &ws);
+    return nstf_gpu_matmul_lr(fa->type, fa->data, fb->type, fb->data, a->matmul_lr.x.data, a->matmul_lr.tmp.data,
+                              a->matmul_lr.out.data, a->matmul_lr.out.type, n, fa->n_in, fa->n_out, fb->n_out, &ws,
+                              g->stream);
+}
+
 #endif /* NSTF_HAVE_CUDA || NSTF_HAVE_HIP */

@@ -16,8 +16,10 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/mem.h"
 #include "io/mapfile.h"
@@ -1168,5 +1170,19 @@ nstf_status nstf_gguf_writer_write(nstf_gguf_writer *w, const char *path, uint32
     if (st == NSTF_OK) st = emit_data(w, alignment, &s);
     if (fclose(f) != 0 && st == NSTF_OK)
         st = nstf_set_error(NSTF_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    return st;
+}
+
+nstf_status nstf_gguf_writer_write_replace(nstf_gguf_writer *w, const char *path, uint32_t alignment) {
+    if (!w || !path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gguf writer: write: NULL argument");
+    const size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return nstf_set_error(NSTF_ERR_OOM, "out of memory");
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    nstf_status st = nstf_gguf_writer_write(w, tmp, alignment);
+    if (st == NSTF_OK && rename(tmp, path) != 0)
+        st = nstf_set_error(NSTF_ERR_IO, "%s: cannot rename the finished file into place: %s", path, strerror(errno));
+    if (st != NSTF_OK) remove(tmp);
+    free(tmp);
     return st;
 }

@@ -171,6 +171,9 @@ nstf_status nstf_gguf_writer_add_tensor_fill(nstf_gguf_writer *w, const char *na
  * power of two). general.alignment is written when it is not 32. Every
  * tensor's data is padded to the alignment, the last one included. */
 nstf_status nstf_gguf_writer_write(nstf_gguf_writer *w, const char *path, uint32_t alignment);
+/* The same through a temporary file beside path (path.tmp.PID), renamed
+ * over path only when complete (removed on failure). */
+nstf_status nstf_gguf_writer_write_replace(nstf_gguf_writer *w, const char *path, uint32_t alignment);
 /* The same image in memory: free *out with nstf_free; *size is its length. */
 nstf_status nstf_gguf_writer_write_memory(nstf_gguf_writer *w, uint32_t alignment, void **out,
                                           uint64_t *size);

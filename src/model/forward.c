@@ -22,7 +22,13 @@
  * these same ops: the QKV bias and Qwen3's per-head q/k norm (matmul
  * fusion flags; unfused, the BIAS and HEAD_NORM ops before RoPE), RoPE
  * frequency factors (Llama 3.x) and the sliding window (Mistral) of the
- * attention. A Llama without them issues exactly the ops it always did. */
+ * attention. A Llama without them issues exactly the ops it always did.
+ *
+ * A matrix stored as low-rank factors (nstf_matrix.factors) runs as the
+ * MATMUL_LR op, unfused, its intermediate x A^T [n, rank] in a run-state
+ * buffer that is free at that point of the layer: att for Q/K/V, xb for
+ * O and down, hs for gate/up (each holds n_batch rows of at least
+ * min(n_in, n_out) >= rank values; the loader checks rank <= both). */
 #include <math.h>
 #include <string.h>
 
@@ -44,12 +50,48 @@ static nstf_view act_rows(const fwd *f, void *p, int64_t stride) { return (nstf_
 
 static nstf_status run(fwd *f, const nstf_op_args *a) { return nstf_backend_op(f->be, a); }
 
+static bool has_factors(const nstf_op_args *a) {
+    for (int i = 0; i < a->matmul.n_w; i++)
+        if (a->matmul.w[i]->factors) return true;
+    return false;
+}
+
+/* The plain matmul of a group (no fusion flags): one op, or where some of
+ * its matrices are low-rank, one op per matrix (MATMUL_LR for those, its
+ * intermediate in lr_tmp). */
+static nstf_status matmul_store(fwd *f, const nstf_op_args *mm, void *lr_tmp) {
+    if (!has_factors(mm)) return run(f, mm);
+    for (int i = 0; i < mm->matmul.n_w; i++) {
+        const nstf_matrix *w = mm->matmul.w[i];
+        if (!w->factors) {
+            nstf_op_args one = *mm;
+            one.matmul.n_w = 1;
+            one.matmul.w[0] = w;
+            one.matmul.out[0] = mm->matmul.out[i];
+            NSTF_TRY(run(f, &one));
+            continue;
+        }
+        if (!lr_tmp)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "%s: a low-rank matrix here is not supported", mm->label);
+        nstf_op_args lr = {.op = NSTF_OP_MATMUL_LR, .label = mm->label, .layer = mm->layer, .block = mm->block};
+        lr.matmul_lr.a = &w->factors[0];
+        lr.matmul_lr.b = &w->factors[1];
+        lr.matmul_lr.x = mm->matmul.x;
+        lr.matmul_lr.tmp = act_rows(f, lr_tmp, w->factors[0].n_out);
+        lr.matmul_lr.out = mm->matmul.out[i];
+        lr.matmul_lr.n = mm->matmul.n;
+        NSTF_TRY(run(f, &lr));
+    }
+    return NSTF_OK;
+}
+
 /* A matmul op with its fusion flags: one op where the backend fuses it,
- * else the ops it stands for. a->matmul.out holds the group's views. */
-static nstf_status matmul(fwd *f, nstf_op_args *a) {
+ * else the ops it stands for. a->matmul.out holds the group's views;
+ * lr_tmp is the scratch of its low-rank matrices (see the top). */
+static nstf_status matmul(fwd *f, nstf_op_args *a, void *lr_tmp) {
     const nstf_llama_state *s = &f->r->s;
     const int64_t n = a->matmul.n, n_in = a->matmul.w[0]->n_in;
-    if (f->be->vt->can_fuse(f->be, a)) {
+    if (!has_factors(a) && f->be->vt->can_fuse(f->be, a)) {
         if (a->matmul.norm_x && f->pending) { /* a fused norm reads x: add the carried output first */
             nstf_op_args add = {.op = NSTF_OP_ADD, .label = "add", .layer = a->layer, .block = a->block};
             add.add.x = (float *)a->matmul.norm_x;
@@ -79,7 +121,7 @@ static nstf_status matmul(fwd *f, nstf_op_args *a) {
         f->pending = NULL;
         mm.matmul.x = norm.rmsnorm.y;
     }
-    NSTF_TRY(run(f, &mm));
+    NSTF_TRY(matmul_store(f, &mm, lr_tmp));
     for (int i = 0; i < a->matmul.n_w; i++) {
         if (!a->matmul.bias[i]) continue;
         nstf_op_args b = {.op = NSTF_OP_BIAS, .label = "bias", .layer = a->layer, .block = a->block};
@@ -182,7 +224,7 @@ static nstf_status layers(fwd *f) {
         qkv.matmul.bias[2] = L->bv;
         qkv.matmul.q_norm = L->q_norm;
         qkv.matmul.k_norm = L->k_norm;
-        NSTF_TRY(matmul(f, &qkv));
+        NSTF_TRY(matmul(f, &qkv, s->att));
 
         nstf_op_args at = {.op = NSTF_OP_ATTENTION, .label = "attention", .layer = l, .block = NSTF_BLOCK_ATTN};
         at.attention.q = qkv.matmul.out[0];
@@ -217,7 +259,7 @@ static nstf_status layers(fwd *f) {
         o.matmul.x = act_rows(f, s->att, qd);
         o.matmul.epi = NSTF_MM_ACCUM;
         o.matmul.res = s->x;
-        NSTF_TRY(matmul(f, &o));
+        NSTF_TRY(matmul(f, &o, s->xb));
 
         /* feed-forward block */
         nstf_op_args gu = mm_args("gate_up_proj", l, NSTF_BLOCK_FFN, n);
@@ -227,7 +269,7 @@ static nstf_status layers(fwd *f) {
         gu.matmul.eps = c->norm_eps;
         gu.matmul.epi = NSTF_MM_SWIGLU;
         gu.matmul.act = act_rows(f, s->hs, c->ffn_dim);
-        NSTF_TRY(matmul(f, &gu));
+        NSTF_TRY(matmul(f, &gu, s->hs));
 
         nstf_op_args d = mm_args("down_proj", l, NSTF_BLOCK_FFN, n);
         group(f, &d, &L->w_down, NULL, NULL, s->y);
@@ -235,7 +277,7 @@ static nstf_status layers(fwd *f) {
         d.matmul.x = gu.matmul.act;
         d.matmul.epi = NSTF_MM_ACCUM;
         d.matmul.res = s->x;
-        NSTF_TRY(matmul(f, &d));
+        NSTF_TRY(matmul(f, &d, s->xb));
     }
 
     if (!f->r->output) { /* a stage before the last: hand over x whole */
@@ -262,7 +304,7 @@ static nstf_status layers(fwd *f) {
             NSTF_TRY(run(f, &add));
             f->pending = NULL;
         }
-        const nstf_matrix xs = {s->x, NSTF_TYPE_F32, dim, n};
+        const nstf_matrix xs = {s->x, NSTF_TYPE_F32, dim, n, NULL};
         nstf_op_args g = {.op = NSTF_OP_GET_ROWS, .label = "logits_rows", .layer = -1};
         g.get_rows.table = &xs;
         g.get_rows.ids = f->io.rows;
@@ -279,7 +321,7 @@ static nstf_status layers(fwd *f) {
     lg.matmul.norm_w = w->out_norm;
     lg.matmul.eps = c->norm_eps;
     lg.matmul.epi = NSTF_MM_STORE;
-    NSTF_TRY(matmul(f, &lg));
+    NSTF_TRY(matmul(f, &lg, NULL));
 
     if (f->b->argmax) {
         nstf_op_args am = {.op = NSTF_OP_ARGMAX, .label = "argmax", .layer = -1};

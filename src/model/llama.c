@@ -148,6 +148,34 @@ static nstf_status get_matrix(const nstf_gguf *g, const char *name, int64_t n_in
     m->type = t->type;
     m->n_in = n_in;
     m->n_out = n_out;
+    m->factors = NULL;
+    return NSTF_OK;
+}
+
+/* A layer matrix NAME.weight, or its low-rank form (docs/OPTIMIZE.md):
+ * NAME.lr_a.weight [rank, n_in] and NAME.lr_b.weight [n_out, rank] in
+ * place of it, 1 <= rank <= min(n_in, n_out) (the forward's scratch rule),
+ * each of a type the matmul takes; fac receives the pair. */
+static nstf_status get_layer_matrix(const nstf_gguf *g, const char *name, int64_t n_in, int64_t n_out,
+                                    nstf_matrix *m, nstf_matrix *fac) {
+    char an[128], bn[128];
+    const size_t len = strlen(name), base = len > 7 ? len - 7 : 0; /* without ".weight" */
+    snprintf(an, sizeof an, "%.*s.lr_a.weight", (int)base, name);
+    snprintf(bn, sizeof bn, "%.*s.lr_b.weight", (int)base, name);
+    const nstf_gguf_tensor *ta = nstf_gguf_find_tensor(g, an), *tb = nstf_gguf_find_tensor(g, bn);
+    if (!ta && !tb) return get_matrix(g, name, n_in, n_out, m);
+    if (nstf_gguf_find_tensor(g, name))
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: '%s' is there both whole and as low-rank factors", g->path, name);
+    if (!ta || !tb || ta->n_dims != 2 || tb->n_dims != 2)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: low-rank '%s' needs both %s and %s as matrices", g->path, name, an,
+                              bn);
+    const int64_t rank = ta->ne[1], lim = n_in < n_out ? n_in : n_out;
+    if (rank < 1 || rank > lim)
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: '%s' has rank %lld (must be 1..%lld)", g->path, an,
+                              (long long)rank, (long long)lim);
+    NSTF_TRY(get_matrix(g, an, n_in, rank, &fac[0]));
+    NSTF_TRY(get_matrix(g, bn, rank, n_out, &fac[1]));
+    *m = (nstf_matrix){NULL, fac[0].type, n_in, n_out, fac};
     return NSTF_OK;
 }
 
@@ -225,12 +253,14 @@ nstf_status nstf_llama_load(nstf_gguf *g, nstf_llama **out) {
         m->w.norm_floats = per_layer * (uint64_t)c->n_layers + (uint64_t)c->dim + (factors ? (uint64_t)half : 0);
         m->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *m->w.layers, "layer table");
         m->w.norms = nstf_calloc((size_t)m->w.norm_floats, sizeof(float), "norm weights");
-        if (!m->w.layers || !m->w.norms) s = NSTF_ERR_OOM;
+        m->w.factors = nstf_calloc((size_t)c->n_layers * 14, sizeof *m->w.factors, "low-rank factor table");
+        if (!m->w.layers || !m->w.norms || !m->w.factors) s = NSTF_ERR_OOM;
     }
     if (s == NSTF_OK) s = get_matrix(g, "token_embd.weight", c->dim, c->n_vocab, &m->w.tok_embd);
     for (int l = 0; s == NSTF_OK && l < c->n_layers; l++) {
         nstf_llama_layer *L = &m->w.layers[l];
         float *v = m->w.norms + (size_t)per_layer * (size_t)l; /* this layer's vectors */
+        nstf_matrix *fac = m->w.factors + (size_t)14 * l; /* room for a pair per matrix */
         char nm[96];
 #define NAME(x) (snprintf(nm, sizeof nm, "blk.%d." x, l), nm)
 #define VEC(field, x, len)                                    \
@@ -251,13 +281,13 @@ nstf_status nstf_llama_load(nstf_gguf *g, nstf_llama **out) {
             VEC(k_norm, "attn_k_norm.weight", c->head_dim);
         }
 #undef VEC
-        if (s == NSTF_OK) s = get_matrix(g, NAME("attn_q.weight"), c->dim, q_dim, &L->wq);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("attn_k.weight"), c->dim, kv_dim, &L->wk);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("attn_v.weight"), c->dim, kv_dim, &L->wv);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("attn_output.weight"), q_dim, c->dim, &L->wo);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, &L->w_gate);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("ffn_up.weight"), c->dim, c->ffn_dim, &L->w_up);
-        if (s == NSTF_OK) s = get_matrix(g, NAME("ffn_down.weight"), c->ffn_dim, c->dim, &L->w_down);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_q.weight"), c->dim, q_dim, &L->wq, fac + 0);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_k.weight"), c->dim, kv_dim, &L->wk, fac + 2);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_v.weight"), c->dim, kv_dim, &L->wv, fac + 4);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("attn_output.weight"), q_dim, c->dim, &L->wo, fac + 6);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_gate.weight"), c->dim, c->ffn_dim, &L->w_gate, fac + 8);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_up.weight"), c->dim, c->ffn_dim, &L->w_up, fac + 10);
+        if (s == NSTF_OK) s = get_layer_matrix(g, NAME("ffn_down.weight"), c->ffn_dim, c->dim, &L->w_down, fac + 12);
 #undef NAME
     }
     float *tail = m->w.norms + (size_t)per_layer * (size_t)c->n_layers;
@@ -301,6 +331,7 @@ void nstf_llama_free(nstf_llama *m) {
     if (!m) return;
     nstf_free(m->w.layers);
     nstf_free(m->w.norms);
+    nstf_free(m->w.factors);
     nstf_gguf_close(m->file);
     nstf_free(m);
 }

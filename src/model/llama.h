@@ -63,6 +63,8 @@ typedef struct nstf_llama_weights {
                                   rope_freqs.weight, times the linear scaling factor) */
     float *norms;            /* owned: every fp32 vector (norms, biases, factors), carved by a size table */
     uint64_t norm_floats;    /* floats in norms */
+    nstf_matrix *factors;    /* owned: [n_layers][7][2] the low-rank factor pairs of the layer
+                                matrices that have them (nstf_matrix.factors points here) */
 } nstf_llama_weights;
 
 typedef struct nstf_llama {

@@ -37,6 +37,8 @@ typedef struct placer {
     char *base; /* NULL: sizes only */
     carve cv;
     nstf_status st;
+    const nstf_matrix *src_fac; /* the model's low-rank factor table */
+    nstf_matrix *dst_fac;       /* the run's, same slots */
 } placer;
 
 static void put(placer *p, uint64_t off, const void *src, uint64_t bytes) {
@@ -51,7 +53,29 @@ static void view(placer *p, nstf_matrix *dst, const nstf_matrix *src, uint64_t o
 
 /* Matrices that share a type are placed back to back (Q|K|V, gate|up), so
  * a backend can run each group as one matmul (nstf_matrix_group_span). */
+static void put_group(placer *p, const nstf_matrix *const *src, nstf_matrix *const *dst, int n);
+
+/* A low-rank matrix: its two factors, each placed on its own, in the
+ * run's factor slot of the same index as the model's. */
+static void put_factors(placer *p, const nstf_matrix *src, nstf_matrix *dst) {
+    const ptrdiff_t slot = src->factors - p->src_fac;
+    const nstf_matrix *fa = &src->factors[0], *fb = &src->factors[1];
+    nstf_matrix *da = p->dst_fac + slot, *db = da + 1;
+    put_group(p, &fa, &da, 1);
+    put_group(p, &fb, &db, 1);
+    if (p->base) *dst = (nstf_matrix){NULL, src->type, src->n_in, src->n_out, da};
+}
+
 static void put_group(placer *p, const nstf_matrix *const *src, nstf_matrix *const *dst, int n) {
+    bool lowrank = false;
+    for (int i = 0; i < n; i++) lowrank = lowrank || src[i]->factors;
+    if (lowrank) {
+        for (int i = 0; i < n; i++) {
+            if (src[i]->factors) put_factors(p, src[i], dst[i]);
+            else put_group(p, &src[i], &dst[i], 1);
+        }
+        return;
+    }
     uint64_t b[NSTF_MM_MAX_GROUP];
     bool adjacent = true;
     for (int i = 0; i < n; i++) {
@@ -134,6 +158,8 @@ static nstf_status weights_place(placer *p, const nstf_llama *m, const nstf_llam
 
 /* Whether put_group places these matrices back to back. */
 static bool placed_adjacent(const nstf_matrix *const *w, int n) {
+    for (int i = 0; i < n; i++)
+        if (w[i]->factors) return false;
     for (int i = 1; i < n; i++) {
         uint64_t b;
         if (w[i]->type != w[0]->type || !mat_bytes(w[i - 1], &b) || b % 16 != 0) return false;
@@ -148,6 +174,8 @@ static bool placed_adjacent(const nstf_matrix *const *w, int n) {
 static int matmuls(const nstf_llama_weights *w, int l0, int l1, nstf_matrix *out, int cap, bool as_placed) {
     int n = 0;
 #define ADD(m) do { if (n < cap) out[n] = (m); n++; } while (0)
+    /* a low-rank matrix is its two factors' matmuls */
+#define ADD_ONE(m) do { if ((m)->factors) { ADD((m)->factors[0]); ADD((m)->factors[1]); } else ADD(*(m)); } while (0)
     for (int l = l0; l < l1; l++) {
         const nstf_llama_layer *L = &w->layers[l];
         const nstf_matrix *g[2][3] = {{&L->wq, &L->wk, &L->wv}, {&L->w_gate, &L->w_up, NULL}};
@@ -158,10 +186,11 @@ static int matmuls(const nstf_llama_weights *w, int l0, int l1, nstf_matrix *out
             if (one && as_placed)
                 for (int i = 1; i < gn; i++) span.n_out += g[k][i]->n_out;
             if (one) ADD(span);
-            else for (int i = 0; i < gn; i++) ADD(*g[k][i]);
-            ADD(k ? L->w_down : L->wo);
+            else for (int i = 0; i < gn; i++) ADD_ONE(g[k][i]);
+            ADD_ONE(k ? &L->w_down : &L->wo);
         }
     }
+#undef ADD_ONE
 #undef ADD
     return n;
 }
@@ -230,6 +259,7 @@ void nstf_llama_run_free(nstf_llama_run *r) {
         if (r->wblock) r->be->vt->free(r->be, r->wblock);
     }
     if (r->w.layers != r->m->w.layers) nstf_free(r->w.layers);
+    if (r->w.factors != r->m->w.factors) nstf_free(r->w.factors);
     nstf_free(r->xfer);
     nstf_free(r);
 }
@@ -288,7 +318,7 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
 
     /* plan: weights, run state, workspace */
     nstf_status st = NSTF_OK;
-    placer p = {be, NULL, {0, true}, NSTF_OK};
+    placer p = {be, NULL, {0, true}, NSTF_OK, NULL, NULL};
     if (be->host_memory) {
         r->w = m->w;
         const nstf_gguf *g = m->file;
@@ -296,13 +326,16 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
         r->wbytes += m->w.norm_floats * sizeof(float); /* fp32 norms, biases, factors */
     } else {
         r->w.layers = nstf_calloc((size_t)c->n_layers, sizeof *r->w.layers, "layer table");
-        if (!r->w.layers) st = NSTF_ERR_OOM;
+        r->w.factors = nstf_calloc((size_t)c->n_layers * 14, sizeof *r->w.factors, "low-rank factor table");
+        if (!r->w.layers || !r->w.factors) st = NSTF_ERR_OOM;
+        p.src_fac = m->w.factors;
+        p.dst_fac = r->w.factors;
         if (st == NSTF_OK) st = weights_place(&p, m, r, &r->w, &r->wbytes);
     }
     uint64_t sbytes = 0, ws = 0;
     if (st == NSTF_OK) st = state_plan(&r->s, c, l1 - l0, be, NULL, &sbytes);
     nstf_matrix *mats = NULL;
-    const int n_mats = 7 * c->n_layers; /* every matrix on its own: the most there can be */
+    const int n_mats = 14 * c->n_layers; /* every matrix on its own, or as two factors: the most there can be */
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                             n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0,
                             embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32,
@@ -339,7 +372,7 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
     /* allocate and upload */
     if (st == NSTF_OK && !be->host_memory) st = be->vt->alloc(be, r->wbytes, &r->wblock);
     if (st == NSTF_OK && !be->host_memory) {
-        p = (placer){be, r->wblock, {0, true}, NSTF_OK};
+        p = (placer){be, r->wblock, {0, true}, NSTF_OK, m->w.factors, r->w.factors};
         st = weights_place(&p, m, r, &r->w, &r->wbytes);
     }
     if (st == NSTF_OK) st = be->vt->alloc(be, sbytes, &r->s.block);

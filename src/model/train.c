@@ -300,6 +300,9 @@ static nstf_status train_init(nstf_train *t, const nstf_llama *m, const nstf_bac
         const nstf_llama_layer *L = &m->w.layers[l];
         if (L->bq || L->bk || L->bv) missing = "QKV biases (Qwen2)";
         else if (L->q_norm || L->k_norm) missing = "per-head q/k norms (Qwen3)";
+        else if (L->wq.factors || L->wk.factors || L->wv.factors || L->wo.factors || L->w_gate.factors ||
+                 L->w_up.factors || L->w_down.factors)
+            missing = "low-rank factorized matrices (nstf lowrank)";
     }
     if (missing)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
@@ -433,7 +436,7 @@ static nstf_matrix cview(const nstf_train *t, const char *name, int64_t rows, in
     const int64_t off = i >= 0 ? t->ptab[i].offset : 0;
     const nstf_type ty = t->wc ? t->be->act_type : NSTF_TYPE_F32;
     const void *d = t->wc ? (const void *)((const char *)t->wc + (uint64_t)off * esize(ty)) : (const void *)(t->w + off);
-    nstf_matrix m = {d, ty, cols, rows};
+    nstf_matrix m = {d, ty, cols, rows, NULL};
     return m;
 }
 
@@ -492,7 +495,7 @@ static void views(nstf_train *t) {
         return;
     }
     const int ie = ptab_find(t, "token_embd.weight");
-    t->tok_embd = (nstf_matrix){t->w + t->ptab[ie].offset, NSTF_TYPE_F32, c->dim, c->n_vocab};
+    t->tok_embd = (nstf_matrix){t->w + t->ptab[ie].offset, NSTF_TYPE_F32, c->dim, c->n_vocab, NULL};
     t->g_tok_embd = t->g + t->ptab[ie].offset;
     const char *out = c->tied_output ? "token_embd.weight" : "output.weight";
     t->ce_w = cview(t, out, c->n_vocab, c->dim);
@@ -531,7 +534,7 @@ static nstf_status frozen_output(nstf_train *t) {
     if (st == NSTF_OK) st = be->vt->sync(be);
     if (d_ids) be->vt->free(be, d_ids);
     nstf_free(ids);
-    t->ce_w = (nstf_matrix){t->ce_copy, want, dim, V};
+    t->ce_w = (nstf_matrix){t->ce_copy, want, dim, V, NULL};
     return st;
 }
 

@@ -74,6 +74,16 @@ nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n) {
     return c;
 }
 
+nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int64_t n_in, int64_t rank,
+                                 int64_t n_out, bool int8_act) {
+    /* the intermediate [n_tok, rank] is written once and read once */
+    nstf_op_cost c = nstf_cost_matmul(ta, n_tok, n_in, rank, int8_act), d = nstf_cost_matmul(tb, n_tok, rank, n_out, int8_act);
+    c.flops += d.flops;
+    c.bytes += d.bytes;
+    c.int8 = c.int8 || d.int8;
+    return c;
+}
+
 nstf_op_cost nstf_cost_bias(int64_t n) {
     /* one add per element; x read and written, b read once per row (cached) */
     nstf_op_cost c = {(double)n, 8.0 * n, false};
@@ -260,6 +270,16 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
             c.flops = 2.0 * p;
             c.bytes = 4.0 * p;
         }
+        break;
+    }
+    case NSTF_OP_MATMUL_LR: {
+        const nstf_matrix *fa = a->matmul_lr.a, *fb = a->matmul_lr.b;
+        const int64_t n = a->matmul_lr.n;
+        c = nstf_cost_matmul_lr(fa->type, fb->type, n, fa->n_in, fa->n_out, fb->n_out, int8_act);
+        /* activations at the views' element sizes, not fp32 */
+        const double sx = esize(a->matmul_lr.x.type) - 4.0, st = esize(a->matmul_lr.tmp.type) - 4.0,
+                     sy = esize(a->matmul_lr.out.type) - 4.0;
+        c.bytes += (double)n * ((double)fa->n_in * sx + 2.0 * (double)fa->n_out * st + (double)fb->n_out * sy);
         break;
     }
     case NSTF_OP_N: break;

@@ -55,6 +55,8 @@
     X(BIAS, bias, nstf_ref_bias, nstf_cpu_bias, nstf_gpu_bias, "x[t,:] += b (a projection's bias)") \
     X(HEAD_NORM, head_norm, nstf_ref_head_norm, nstf_cpu_head_norm, nstf_gpu_head_norm,            \
       "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")          \
+    X(MATMUL_LR, matmul_lr, nstf_ref_matmul_lr, nstf_cpu_matmul_lr, nstf_gpu_matmul_lr,            \
+      "y = (x A^T) B^T: a matrix stored as low-rank factors A [r, n_in], B [n_out, r]")            \
     /* training: the backward of every op, the fused loss, the optimizer (ops/backward.h,        \
      * ops/optim.h; parameter gradients are added into, activation gradients written) */         \
     X(GET_ROWS_BWD, get_rows_bwd, nstf_ref_get_rows_bwd, nstf_cpu_get_rows_bwd, nstf_gpu_get_rows_bwd, \
@@ -77,7 +79,7 @@
       "AdamW step over the flat fp32 parameters (and their compute copy)")                          \
     X(GRAD_NORM, grad_norm, nstf_ref_grad_norm, nstf_cpu_grad_norm, nstf_gpu_grad_norm,            \
       "sum of squares of each parameter tensor's gradient; a NaN/Inf names its tensor")
-#define NSTF_OP_COUNT 20
+#define NSTF_OP_COUNT 21
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -105,11 +107,15 @@ typedef enum nstf_rope_mode {
  * for profiles, and the op's own member of the union (named like the op).
  * Pointers are in the memory of the backend that runs the op. */
 
-/* A weight matrix [n_out, n_in] in its stored type (one row per output). */
+/* A weight matrix [n_out, n_in] in its stored type (one row per output).
+ * factors: NULL, or the matrix's low-rank form W ~ B A (opt/lowrank.h):
+ * factors[0] = A [rank, n_in], factors[1] = B [n_out, rank]; data is then
+ * NULL and the forward runs the MATMUL_LR op for it. */
 typedef struct nstf_matrix {
     const void *data;
     nstf_type type;
     int64_t n_in, n_out;
+    const struct nstf_matrix *factors;
 } nstf_matrix;
 
 /* Rows of activations: row t starts at data + t * stride elements of
@@ -232,6 +238,13 @@ typedef struct nstf_op_args {
             int32_t *out; /* [n_rows] */
             int64_t n_rows, n;
         } argmax;
+        struct {
+            const nstf_matrix *a, *b; /* A [rank, n_in], B [n_out, rank] */
+            nstf_view x;              /* [n, n_in] */
+            nstf_view tmp;            /* [n, rank] scratch: x A^T (dense rows) */
+            nstf_view out;            /* [n, n_out] */
+            int64_t n;
+        } matmul_lr;
         struct {
             nstf_view x;     /* [n, width], in place */
             const float *b;  /* [width] fp32 */
@@ -361,6 +374,9 @@ nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim);
 /* The backward ops' rows (training) take their own cost entries. */
 nstf_op_cost nstf_cost_attention_bwd(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
 nstf_op_cost nstf_cost_cross_entropy(int64_t n_tok, int64_t dim, int64_t n_vocab, bool dw);
+/* Two matmuls through the rank-r intermediate. */
+nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int64_t n_in, int64_t rank,
+                                 int64_t n_out, bool int8_act);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 
@@ -411,6 +427,14 @@ void nstf_ref_bias(float *x /* [n_tok, width] */, const float *b /* [width] */, 
  * torch: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w  (Qwen3's q_norm / k_norm) */
 void nstf_ref_head_norm(float *x /* [n_rows, head_dim] */, const float *w /* [head_dim] */,
                         int64_t n_rows, int head_dim, float eps);
+
+/* y = (x A^T) B^T: tmp = x A^T as nstf_ref_matmul (double sums, rounded
+ * to float once), then y = tmp B^T the same way.
+ * torch: F.linear(F.linear(x, A), B) */
+void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_type tb,
+                        const void *b /* [n_out, rank] */, const float *x /* [n_tok, n_in] */,
+                        float *tmp /* [n_tok, rank] */, float *y /* [n_tok, n_out] */, int64_t n_tok,
+                        int64_t n_in, int64_t rank, int64_t n_out);
 
 /* ---- fast CPU paths ------------------------------------------------------ */
 
@@ -487,5 +511,9 @@ void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
 void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width);
 void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps);
+/* Two nstf_cpu_matmul calls (precise ones when cpu->precise) through tmp
+ * [n_tok, rank]. */
+void nstf_cpu_matmul_lr(nstf_cpu *cpu, nstf_type ta, const void *a, nstf_type tb, const void *b, const float *x,
+                        float *tmp, float *y, int64_t n_tok, int64_t n_in, int64_t rank, int64_t n_out);
 
 #endif

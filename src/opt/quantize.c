@@ -3,12 +3,10 @@
  * GGUF through a temporary file renamed into place. */
 #include "opt/quantize.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <unistd.h>
 
 #include "core/mem.h"
 #include "core/threadpool.h"
@@ -194,18 +192,7 @@ nstf_status nstf_quantize_file(const char *in_path, const char *out_path, const 
     if (st == NSTF_OK) st = nstf_gguf_writer_create(&w);
     if (st == NSTF_OK) st = build(g, p, pool, w);
     /* a temporary file in OUT's folder, renamed over OUT once complete */
-    char *tmp = NULL;
-    size_t n = strlen(out_path) + 32;
-    if (st == NSTF_OK && !(tmp = malloc(n))) st = nstf_set_error(NSTF_ERR_OOM, "out of memory");
-    if (st == NSTF_OK) {
-        snprintf(tmp, n, "%s.tmp.%ld", out_path, (long)getpid());
-        st = nstf_gguf_writer_write(w, tmp, (uint32_t)g->alignment);
-        if (st == NSTF_OK && rename(tmp, out_path) != 0)
-            st = nstf_set_error(NSTF_ERR_IO, "%s: cannot rename the finished file into place: %s", out_path,
-                                strerror(errno));
-        if (st != NSTF_OK) remove(tmp);
-    }
-    free(tmp);
+    if (st == NSTF_OK) st = nstf_gguf_writer_write_replace(w, out_path, (uint32_t)g->alignment);
     nstf_gguf_writer_free(w);
     nstf_pool_free(pool);
     nstf_gguf_close(g);

@@ -71,6 +71,16 @@ void nstf_ref_matmul(nstf_type wtype, const void *w /* [n_out, n_in] */,
     }
 }
 
+/* y = (x A^T) B^T through tmp = x A^T (rounded to float, as a backend
+ * holds it);  torch: F.linear(F.linear(x, A), B) */
+void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_type tb,
+                        const void *b /* [n_out, rank] */, const float *x /* [n_tok, n_in] */,
+                        float *tmp /* [n_tok, rank] */, float *y /* [n_tok, n_out] */, int64_t n_tok,
+                        int64_t n_in, int64_t rank, int64_t n_out) {
+    nstf_ref_matmul(ta, a, x, tmp, n_tok, n_in, rank);
+    nstf_ref_matmul(tb, b, tmp, y, n_tok, rank, n_out);
+}
+
 /* In-place rotary embedding; theta_i = pos * base^(-2i/head_dim), i < head_dim/2.
  *   NORM: (x[2i], x[2i+1])          rotated by theta_i  (ggml rope mode 0)
  *   NEOX: (x[i], x[i + head_dim/2]) rotated by theta_i  (ggml rope mode 2;

@@ -391,6 +391,26 @@ nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64
                                const float *wk, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
                                float eps, void *stream);
 
+/* The workspace a low-rank matmul may use for its GEMM path: a bf16
+ * buffer of wtmp_elems elements for a dequantized factor, row ids
+ * 0..n_rowids-1 for the dequantizing gather, and the token count up to
+ * which the GEMV runs instead. */
+typedef struct nstf_gpu_lr_ws {
+    uint16_t *wtmp;
+    uint64_t wtmp_elems;
+    const int32_t *rowids;
+    int64_t n_rowids;
+    int64_t gemv_max_tok;
+} nstf_gpu_lr_ws;
+/* y [n, n_out] (y_type F32 or BF16) = (x [n, n_in] A^T) B^T for a matrix
+ * stored as factors A [rank, n_in] (type ta) and B [n_out, rank] (tb), any
+ * GEMV type: two matmul launches through tmp [n, rank] bf16 (not fused;
+ * matmul_lr.cu). */
+nstf_status nstf_gpu_matmul_lr(nstf_type ta, const void *a, nstf_type tb, const void *b, const uint16_t *x,
+                               uint16_t *tmp, void *y, nstf_type y_type, int64_t n, int64_t n_in, int64_t rank,
+                               int64_t n_out, const nstf_gpu_lr_ws *ws, void *stream);
+/* Kernels one factor's stage launches (for the backend's kernel count). */
+int nstf_gpu_matmul_lr_kernels(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out, const nstf_gpu_lr_ws *ws);
 /* Named ranges for Nsight Systems (NVTX) around layers and ops. */
 void nstf_gpu_range_push(const char *name);
 void nstf_gpu_range_pop(void);
