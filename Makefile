@@ -54,11 +54,13 @@ test-gpu: cuda
 	./build-cuda/tests/test_ops_gpu
 	./build-cuda/tests/test_gemm_gpu
 	./build-cuda/tests/test_attention_gpu
+	./build-cuda/tests/test_paged_attn_gpu
 	./build-cuda/tests/test_conv_gpu
 	./build-cuda/tests/test_levels_gpu
 	./build-cuda/tests/test_determinism_gpu
 	./build-cuda/tests/test_e2e_gpu
 	./build-cuda/tests/test_train_gpu
+	./build-cuda/tests/test_lowrank_gpu
 
 # libFuzzer targets (fuzz/Makefile, clang + ASan/UBSan, apart from the gcc
 # build): each runs FUZZ_SECONDS; a crash fails and lands in fuzz/findings/.
