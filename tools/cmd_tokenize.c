@@ -79,6 +79,8 @@ int cmd_tokenize(int argc, char **argv) {
     int32_t *buf = NULL;
     int64_t n = 0, cap = 0, total = 0;
     int idx = 0, rc = 0;
+    cli_progress bar;
+    cli_progress_init(&bar, "tokenizing", "files", 1.0);
     for (int f = 0; rc == 0 && f < n_files; f++) {
         int32_t *ids = NULL;
         int64_t k = 0;
@@ -100,7 +102,9 @@ int cmd_tokenize(int argc, char **argv) {
         }
         total += k;
         free(ids);
+        cli_progress_cb(&bar, (uint64_t)f + 1, (uint64_t)n_files);
     }
+    cli_progress_end(&bar);
     if (rc == 0 && n > 0) rc = flush_shard(dir, &idx, buf, &n, vocab);
     if (rc == 0) fprintf(stderr, "nstf tokenize: %d files, %lld tokens, %d shards in %s\n", n_files, (long long)total, idx, dir);
     free(buf);
