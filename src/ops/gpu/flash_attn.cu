@@ -34,11 +34,15 @@ template <int HD> static constexpr size_t fa_smem_bytes() {
            sizeof(u16);
 }
 
-template <int HD>
+/* WIN: the sliding-window instance. Without it the window is a compile-time
+ * 0, so the common instance spends no registers on it (the head-128 one on
+ * RDNA3 spills once the window's bounds are live). */
+template <int HD, bool WIN>
 __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
     flash_attn_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                       const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride,
-                      float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window) {
+                      float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window_arg) {
+    const int window = WIN ? window_arg : 0;
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
@@ -138,17 +142,25 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     const size_t smem = fa_smem_bytes<HD>();
     static bool attr_set = false;
     if (!attr_set) {
-        void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
-                    float *, int64_t, int64_t, int, int, float, int) = flash_attn_kernel<HD>;
-        GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        void (*kfn[2])(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
+                       float *, int64_t, int64_t, int, int, float, int) = {flash_attn_kernel<HD, false>,
+                                                                           flash_attn_kernel<HD, true>};
+        for (int i = 0; i < 2; i++)
+            GPU_CHECK(gpuFuncSetAttribute((const void *)kfn[i], gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
     const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
     if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
     dim3 grid((unsigned)n_qt, (unsigned)n_heads);
-    flash_attn_kernel<HD><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out,
-                                                                out_stride, lse, n_tok, pos0, n_heads, n_kv,
-                                                                scale * 1.4426950408889634f, window);
+    const float sl2 = scale * 1.4426950408889634f;
+    if (window > 0)
+        flash_attn_kernel<HD, true><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc,
+                                                                          out, out_stride, lse, n_tok, pos0, n_heads,
+                                                                          n_kv, sl2, window);
+    else
+        flash_attn_kernel<HD, false><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc,
+                                                                           vc, out, out_stride, lse, n_tok, pos0,
+                                                                           n_heads, n_kv, sl2, 0);
     GPU_LAUNCH_CHECK(stream);
     return NSTF_OK;
 }
