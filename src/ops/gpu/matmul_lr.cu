@@ -11,7 +11,9 @@
 /* One factor: y [n, n_out] = x [n, n_in] W^T. */
 static nstf_status lr_stage(nstf_type wt, const void *w, const uint16_t *x, void *y, nstf_type yt, int64_t n,
                             int64_t n_in, int64_t n_out, const nstf_gpu_lr_ws *ws, void *stream) {
-    if (n <= ws->gemv_max_tok) return nstf_gpu_gemv(wt, w, x, y, yt, n, n_in, n_out, stream);
+    /* the GEMM moves rows in 16-byte pieces: a rank that is not a multiple
+     * of 8 (either factor's row) goes through the GEMV, 8 tokens at a time */
+    if (n <= ws->gemv_max_tok || n_in % 8 || n_out % 8) return nstf_gpu_gemv(wt, w, x, y, yt, n, n_in, n_out, stream);
     const uint16_t *wb = (const uint16_t *)w;
     if (wt != NSTF_TYPE_BF16) {
         if (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems || n_out > ws->n_rowids)
@@ -25,7 +27,7 @@ static nstf_status lr_stage(nstf_type wt, const void *w, const uint16_t *x, void
 
 extern "C" int nstf_gpu_matmul_lr_kernels(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out,
                                           const nstf_gpu_lr_ws *ws) {
-    if (n <= ws->gemv_max_tok || wt == NSTF_TYPE_BF16) return 1;
+    if (n <= ws->gemv_max_tok || n_in % 8 || n_out % 8 || wt == NSTF_TYPE_BF16) return 1;
     return (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems || n_out > ws->n_rowids) ? 1 : 2;
 }
 
