@@ -140,11 +140,12 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const size_t smem = fa_smem_bytes<HD>();
+    /* [0] the common instance, [1] the sliding-window one */
+    void (*const kfn[2])(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *,
+                         int64_t, float *, int64_t, int64_t, int, int, float, int) = {flash_attn_kernel<HD, false>,
+                                                                                      flash_attn_kernel<HD, true>};
     static bool attr_set = false;
     if (!attr_set) {
-        void (*kfn[2])(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *, int64_t,
-                       float *, int64_t, int64_t, int, int, float, int) = {flash_attn_kernel<HD, false>,
-                                                                           flash_attn_kernel<HD, true>};
         for (int i = 0; i < 2; i++)
             GPU_CHECK(gpuFuncSetAttribute((const void *)kfn[i], gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
@@ -152,15 +153,9 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
     if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
     dim3 grid((unsigned)n_qt, (unsigned)n_heads);
-    const float sl2 = scale * 1.4426950408889634f;
-    if (window > 0)
-        flash_attn_kernel<HD, true><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc,
-                                                                          out, out_stride, lse, n_tok, pos0, n_heads,
-                                                                          n_kv, sl2, window);
-    else
-        flash_attn_kernel<HD, false><<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc,
-                                                                           vc, out, out_stride, lse, n_tok, pos0,
-                                                                           n_heads, n_kv, sl2, 0);
+    kfn[window > 0]<<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out, out_stride,
+                                                         lse, n_tok, pos0, n_heads, n_kv, scale * 1.4426950408889634f,
+                                                         window);
     GPU_LAUNCH_CHECK(stream);
     return NSTF_OK;
 }
