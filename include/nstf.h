@@ -84,7 +84,9 @@ typedef struct nstf_session_params {
      *   sparse_topk, sparse_window (positions), sparse_block (positions per
      *                   block, 4..64): 0 = the plan's value, else 16, 64, 16 */
     int sparse_attn;
-    int sparse_topk, sparse_window, sparse_block;
+    int sparse_topk;
+    int sparse_window;
+    int sparse_block;
 } nstf_session_params;
 
 /* Why generation stopped. */
