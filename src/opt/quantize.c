@@ -18,6 +18,7 @@ static const nstf_quant_target k_targets[] = {
     {"Q4_1", NSTF_TYPE_Q4_1, NSTF_QMIX_PLAIN, 3},  {"Q5_0", NSTF_TYPE_Q5_0, NSTF_QMIX_PLAIN, 8},
     {"Q5_1", NSTF_TYPE_Q5_1, NSTF_QMIX_PLAIN, 9},  {"Q4_K", NSTF_TYPE_Q4_K, NSTF_QMIX_PLAIN, 14},
     {"Q5_K", NSTF_TYPE_Q5_K, NSTF_QMIX_PLAIN, 16}, {"Q6_K", NSTF_TYPE_Q6_K, NSTF_QMIX_PLAIN, 18},
+    {"Q2_K", NSTF_TYPE_Q2_K, NSTF_QMIX_PLAIN, 10},  {"Q3_K", NSTF_TYPE_Q3_K, NSTF_QMIX_PLAIN, 11},
     {"Q4_K_M", NSTF_TYPE_Q4_K, NSTF_QMIX_Q4_K_M, 15},
     {"Q5_K_M", NSTF_TYPE_Q5_K, NSTF_QMIX_Q5_K_M, 17},
 };
@@ -33,7 +34,7 @@ bool nstf_quant_target_parse(const char *name, nstf_quant_target *out) {
 }
 
 const char *nstf_quant_target_list(void) {
-    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M";
+    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M";
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -70,7 +71,10 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
         t = NSTF_TYPE_Q6_K;
     }
     if (nstf_type_block_elems(t) == NSTF_QK_K && ne0 % NSTF_QK_K != 0) /* llama.cpp's fallbacks */
-        t = t == NSTF_TYPE_Q4_K ? NSTF_TYPE_Q5_0 : t == NSTF_TYPE_Q5_K ? NSTF_TYPE_Q5_1 : NSTF_TYPE_Q8_0;
+        t = t == NSTF_TYPE_Q4_K                          ? NSTF_TYPE_Q5_0
+            : t == NSTF_TYPE_Q5_K                        ? NSTF_TYPE_Q5_1
+            : t == NSTF_TYPE_Q2_K || t == NSTF_TYPE_Q3_K ? NSTF_TYPE_Q4_0
+                                                         : NSTF_TYPE_Q8_0;
     return t;
 }
 

@@ -1,8 +1,8 @@
 /* quantize.h — re-encode a GGUF model's weights to another tensor type
  * (`nstf quantize`).
  *
- * Targets: the plain types F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K and the mixes Q4_K_M / Q5_K_M. Which tensor gets which type
+ * Targets: the plain types F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K and the mixes Q4_K_M / Q5_K_M. Which tensor gets which type
  * follows llama.cpp's rules (llama_tensor_get_type, no importance matrix):
  *   - only matrices are quantized (names ending in "weight", >= 2 dims);
  *     vectors (norms) keep their type;
@@ -13,7 +13,9 @@
  *     use_more_bits (the first and last eighth of the layers and every
  *     third one in between) get Q6_K; the rest Q4_K / Q5_K;
  *   - a super-block type on rows that are not a multiple of 256 falls back
- *     as llama.cpp's does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0.
+ *     as llama.cpp's does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0;
+ *     Q2_K, Q3_K -> Q4_0 (llama.cpp's fallback before IQ4_NL; it now
+ *     takes IQ4_NL, which has no quantizer here).
  * Every other key/value is copied; general.file_type is set to llama.cpp's
  * ftype id and general.quantization_version to 2.
  *
