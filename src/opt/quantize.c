@@ -108,23 +108,63 @@ static nstf_status name_of(const nstf_gguf_tensor *t, char *buf, size_t cap) {
     return NSTF_OK;
 }
 
-static nstf_status build(nstf_gguf *g, const nstf_quant_params *p, nstf_pool *pool, nstf_gguf_writer *w) {
-    const nstf_quant_target *tg = &p->target;
-    int n_layers = 0;
-    bool has_output = nstf_gguf_find_tensor(g, "output.weight") != NULL;
+/* The type tensor t (named name) gets: its override, else the rule. */
+static nstf_type type_for(const nstf_quant_params *p, const nstf_gguf_tensor *t, const char *name, bool has_output,
+                          int n_layers) {
+    for (int i = 0; i < p->n_overrides; i++)
+        if (!strcmp(p->overrides[i].name, name)) return p->overrides[i].type;
+    return nstf_quant_tensor_type(&p->target, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+}
+
+/* Layers (1 + the largest blk.N), whether output.weight exists, bytes. */
+static nstf_status model_shape(const nstf_gguf *g, int *n_layers, bool *has_output, uint64_t *total) {
     char name[512];
-    uint64_t total = 0, done = 0;
+    *n_layers = 0;
+    *total = 0;
+    *has_output = nstf_gguf_find_tensor(g, "output.weight") != NULL;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        if (layer_of(name) + 1 > n_layers) n_layers = layer_of(name) + 1;
-        total += t->n_bytes;
+        if (layer_of(name) + 1 > *n_layers) *n_layers = layer_of(name) + 1;
+        *total += t->n_bytes;
     }
+    return NSTF_OK;
+}
+
+nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params *p, uint64_t *bytes,
+                                     uint64_t *n_elems) {
+    int n_layers;
+    bool has_output;
+    uint64_t total;
+    char name[512];
+    NSTF_TRY(model_shape(g, &n_layers, &has_output, &total));
+    *bytes = *n_elems = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        const nstf_type to = type_for(p, t, name, has_output, n_layers);
+        uint64_t rb, b;
+        if (!nstf_type_row_bytes(to, t->ne[0], &rb) || !nstf_mul_ok(rb, t->n_elems / (uint64_t)t->ne[0], &b))
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor '%s': %s does not divide its rows of %lld", name,
+                                  nstf_type_name(to), (long long)t->ne[0]);
+        *bytes += b;
+        *n_elems += t->n_elems;
+    }
+    return NSTF_OK;
+}
+
+static nstf_status build(nstf_gguf *g, const nstf_quant_params *p, nstf_pool *pool, nstf_gguf_writer *w) {
+    const nstf_quant_target *tg = &p->target;
+    int n_layers;
+    bool has_output;
+    char name[512];
+    uint64_t total, done = 0;
+    NSTF_TRY(model_shape(g, &n_layers, &has_output, &total));
     /* refuse requantization before any work */
     for (uint64_t i = 0; i < g->n_tensors && !p->allow_requantize; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        nstf_type to = nstf_quant_tensor_type(tg, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+        nstf_type to = type_for(p, t, name, has_output, n_layers);
         if (to != t->type && nstf_type_is_quantized(t->type))
             return nstf_set_error(NSTF_ERR_INVALID_ARG,
                                   "%s: tensor '%s' is already quantized (%s); requantizing compounds the "
@@ -141,12 +181,13 @@ static nstf_status build(nstf_gguf *g, const nstf_quant_params *p, nstf_pool *po
     }
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.file_type", tg->ftype));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    if (p->add_keys) NSTF_TRY(p->add_keys(p->add_keys_user, w));
 
     nstf_status st = NSTF_OK;
     for (uint64_t i = 0; i < g->n_tensors && st == NSTF_OK; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        nstf_type to = nstf_quant_tensor_type(tg, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+        nstf_type to = type_for(p, t, name, has_output, n_layers);
         if (to == t->type) {
             st = nstf_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
             done += t->n_bytes;

@@ -31,6 +31,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "io/gguf.h"
 
 typedef enum nstf_qmix {
     NSTF_QMIX_PLAIN = 0, /* one type for every matrix (plus the output rule) */
@@ -54,8 +55,21 @@ const char *nstf_quant_target_list(void);
  * the input bytes done and the total. */
 typedef void (*nstf_quant_progress_fn)(void *user, uint64_t done, uint64_t total);
 
+/* A tensor given its own type (adaptive precision, adaptive.h): it
+ * replaces the target's rule for that tensor; a matrix's own type copies
+ * it unchanged. */
+typedef struct nstf_quant_override {
+    const char *name;
+    nstf_type type;
+} nstf_quant_override;
+
 typedef struct nstf_quant_params {
-    nstf_quant_target target;
+    nstf_quant_target target;          /* the rule for every tensor not overridden */
+    const nstf_quant_override *overrides; /* [n_overrides], or NULL */
+    int n_overrides;
+    /* extra keys written after the input's (nstf.* metadata), or NULL */
+    nstf_status (*add_keys)(void *user, nstf_gguf_writer *w);
+    void *add_keys_user;
     bool allow_requantize;
     int n_threads;                   /* >= 1 */
     nstf_quant_progress_fn progress; /* optional */
@@ -70,5 +84,10 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
 
 nstf_status nstf_quantize_file(const char *in_path, const char *out_path,
                                const nstf_quant_params *p);
+
+/* Bytes of tensor data nstf_quantize_file would write for the open input
+ * g (overrides included), and the elements of all its tensors. */
+nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params *p, uint64_t *bytes,
+                                     uint64_t *n_elems);
 
 #endif
