@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli_run.h"
+#include "opt_test.h"
 #include "core/mem.h"
 #include "io/gguf.h"
 #include "nstf_tools.h"
@@ -46,30 +47,6 @@ static double number_after(const char *s, const char *key) {
     return p ? strtod(p + strlen(key), NULL) : NAN;
 }
 
-/* perplexity of `model` over the first n tokens of text, as the final
- * check computes it */
-static double reload_ppl(const char *model, const char *text, int n_tok) {
-    nstf_session_params sp = nstf_session_default_params();
-    sp.device = "cpu";
-    sp.n_threads = 2;
-    nstf_session *s;
-    if (nstf_session_open(model, &sp, &s) != NSTF_OK) return NAN;
-    int32_t *ids = NULL;
-    int n = 0;
-    double ppl = NAN;
-    if (nstf_eval_tokenize(s, text, n_tok, &ids, &n) == NSTF_OK) {
-        float *lp = malloc((size_t)n * (size_t)nstf_session_n_vocab(s) * 4);
-        nstf_eval_score sc;
-        if (lp && nstf_eval_logprobs(s, ids, n, lp) == NSTF_OK) {
-            nstf_eval_scores(lp, NULL, ids, n, nstf_session_n_vocab(s), 0, &sc);
-            ppl = sc.ppl;
-        }
-        free(lp);
-    }
-    nstf_free(ids);
-    nstf_session_close(s);
-    return ppl;
-}
 
 static bool same_file(const char *a, const char *b) {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
@@ -98,12 +75,10 @@ int main(void) {
     path_in(sens, sizeof sens, "sens.tsv");
     /* a calibration text: varied words, so the byte tokenizer sees many ids */
     static char text[8192];
-    size_t k = 0;
-    test_rng r = {99};
     static const char *const words[] = {"the", "model", "weights", "of", "a", "layer", "quantized", "to", "four",
                                         "bits", "keep", "most", "accuracy", "when", "chosen", "per", "matrix",
                                         "sensitivity", "budget", "size"};
-    while (k < 3000) k += (size_t)snprintf(text + k, sizeof text - k, "%s ", words[rng_next(&r) % 20]);
+    opt_test_text(text, sizeof text, 3000, 99, words, 20);
     FILE *f = fopen(calib, "w");
     fputs(text, f);
     fclose(f);
@@ -134,7 +109,7 @@ int main(void) {
     CHECK(n_types >= 2, "a mix: %d matrix types", n_types);
     const char *check_line = strstr(g_out, "final check");
     const double printed_ppl = check_line ? number_after(check_line, "perplexity ") : NAN;
-    const double again = reload_ppl(out, text, 200);
+    const double again = opt_test_reload_ppl(out, text, 200);
     CHECK(fabs(printed_ppl - again) <= 5e-7 * (1 + 1e-9), "printed perplexity %.6f = reloaded %.9f (to the 6 "
           "decimals printed)", printed_ppl, again);
     printf("target-bpw 6: %llu of %llu bytes, %d types, perplexity %.4f\n", (unsigned long long)bytes,

@@ -53,20 +53,6 @@ static void usage(FILE *f) {
             k_default_types);
 }
 
-static bool parse_types(const char *list, nstf_type *out, int *n, int cap) {
-    *n = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= cap || !nstf_type_from_name(t, &out[*n]) || !nstf_type_can_quantize(out[*n])) {
-            cli_err("--types: '%s' is not a type with a quantizer (%d at most)", t, cap);
-            return false;
-        }
-        (*n)++;
-    }
-    return *n > 0;
-}
-
 static bool parse_size(const char *s, uint64_t *out) {
     char *end;
     double v = strtod(s, &end);
@@ -212,7 +198,7 @@ int cmd_quantize_auto(int argc, char **argv) {
     nstf_session_params sp = nstf_session_default_params();
     sp.device = "cpu";
     sp.n_threads = cli_default_threads();
-    if (!parse_types(k_default_types, types, &n_types, 16)) return 2;
+    if (!cli_parse_types("--types", k_default_types, types, &n_types, 16, true)) return 2;
     nstf_quant_target_parse("Q4_K_M", &p.rest);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -223,7 +209,7 @@ int cmd_quantize_auto(int argc, char **argv) {
         else if (!strcmp(a, "--calib-tokens")) { VAL(); if (!cli_parse_int(a, v, 2, 1 << 20, &calib_tokens)) return 2; }
         else if (!strcmp(a, "--eval")) { VAL(); eval = v; }
         else if (!strcmp(a, "--eval-tokens")) { VAL(); if (!cli_parse_int(a, v, 2, 1 << 20, &eval_tokens)) return 2; }
-        else if (!strcmp(a, "--types")) { VAL(); if (!parse_types(v, types, &n_types, 16)) return 2; }
+        else if (!strcmp(a, "--types")) { VAL(); if (!cli_parse_types(a, v, types, &n_types, 16, true)) return 2; }
         else if (!strcmp(a, "--rest")) {
             VAL();
             if (!nstf_quant_target_parse(v, &p.rest)) { cli_err("--rest: unknown target '%s' (%s)", v, nstf_quant_target_list()); return 2; }
@@ -231,15 +217,7 @@ int cmd_quantize_auto(int argc, char **argv) {
         else if (!strcmp(a, "--target-size")) { VAL(); if (!parse_size(v, &p.target_bytes)) return 2; }
         else if (!strcmp(a, "--target-bpw")) { VAL(); if (!cli_parse_float(a, v, 0.5, 64, &f)) return 2; p.target_bpw = f; }
         else if (!strcmp(a, "--budget-kl")) { VAL(); if (!cli_parse_float(a, v, 1e-9, 100, &f)) return 2; p.budget_kl = f; }
-        else if (!strcmp(a, "--budget-ppl")) {
-            VAL();
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", v);
-            size_t k = strlen(buf);
-            if (k && buf[k - 1] == '%') buf[k - 1] = 0;
-            if (!cli_parse_float(a, buf, 1e-6, 1e6, &f)) return 2;
-            p.budget_ppl = f / 100.0;
-        }
+        else if (!strcmp(a, "--budget-ppl")) { VAL(); if (!cli_parse_percent(a, v, 1e-6, 1e6, &p.budget_ppl)) return 2; }
         else if (!strcmp(a, "--sensitivity")) { VAL(); sens_in = v; }
         else if (!strcmp(a, "--save-sensitivity")) { VAL(); sens_out = v; }
         else if (!strcmp(a, "--dry-run")) dry = true;

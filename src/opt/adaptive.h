@@ -45,6 +45,10 @@ typedef struct nstf_adaptive_params {
     double target_bpw;         /* bits per weight over all tensors, */
     double budget_kl;          /* summed KL (nats per token), */
     double budget_ppl;         /* perplexity change (fraction) measured on the text */
+    /* low-rank candidates (the planner, plan.h): the sensitivity table's
+     * "rank r" rows become candidates of 2 r (n_in + n_out) bytes (F16
+     * factors), applied through lr; NULL: types only */
+    struct nstf_lowrank *lr;
     /* progress: stage ("sensitivity", "perplexity budget"), done / total, what */
     void (*progress)(void *user, const char *stage, int done, int total, const char *what);
     void *progress_user;
@@ -52,7 +56,8 @@ typedef struct nstf_adaptive_params {
 
 typedef struct nstf_adaptive_entry {
     char name[64];    /* blk.N.attn_q.weight */
-    nstf_type type;   /* chosen */
+    nstf_type type;   /* chosen (rank > 0: the input's, unused) */
+    int64_t rank;     /* > 0: factorized at this rank, F16 factors (the planner) */
     nstf_type own;    /* the input's */
     uint64_t bytes;   /* of the chosen type */
     double kl;        /* its measured sensitivity (0 for its own type) */
@@ -67,6 +72,8 @@ typedef struct nstf_adaptive_plan {
     double kl_sum;          /* predicted: the sum of the chosen KLs */
     double budget_kl;       /* the KL budget used (perplexity budget: the one found) */
     int n_measured;         /* mixes measured for a perplexity budget */
+    nstf_type embd_type;    /* token_embd.weight by the rest rule (in-memory mixes apply it too) */
+    nstf_type output_type;  /* output.weight by the rest rule (an untied output) */
     nstf_eval_score measured; /* perplexity budget: the chosen mix on the text */
 } nstf_adaptive_plan;
 
@@ -78,13 +85,17 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
 void nstf_adaptive_plan_free(nstf_adaptive_plan *plan);
 
 /* The plan's mix built in memory (the session's layer matrices swapped,
- * restored before returning) and scored over ids against ref (log-probs
- * [n, n_vocab] of the unmodified model; NULL: no KL / top-1). */
-nstf_status nstf_adaptive_plan_eval(nstf_session *s, const nstf_adaptive_plan *plan, const int32_t *ids, int n,
-                                    const float *ref, nstf_eval_score *out);
+ * factorized entries through lr; restored before returning) and scored
+ * over ids against ref (log-probs [n, n_vocab] of the unmodified model;
+ * NULL: no KL / top-1). forward_ms (may be NULL): the time of the
+ * evaluation forward alone. */
+nstf_status nstf_adaptive_plan_eval(nstf_session *s, const nstf_adaptive_plan *plan, struct nstf_lowrank *lr,
+                                    const int32_t *ids, int n, const float *ref, nstf_eval_score *out,
+                                    double *forward_ms);
 
-/* The overrides nstf_quantize_file takes for the plan: [plan->n], pointing
- * into the plan's names (valid while the plan lives). */
+/* The overrides nstf_quantize_file takes for the plan's dense matrices:
+ * [plan->n] (factorized entries keep their own type: the planner writes
+ * them), pointing into the plan's names (valid while the plan lives). */
 nstf_quant_override *nstf_adaptive_overrides(const nstf_adaptive_plan *plan);
 
 #endif
