@@ -8,7 +8,8 @@
  *    what reloading the file and evaluating it gives (to the 6 decimals
  *    printed);
  *  - the sensitivity table saved by --save-sensitivity and read back by
- *    --sensitivity gives the same plan (the same file bytes);
+ *    --sensitivity gives the same plan (the same file bytes), and with
+ *    --types Q8_0 only Q8_0 (or the own F16) is chosen from it;
  *  - accuracy budgets: --budget-kl X prints a summed KL <= X; --budget-ppl
  *    P% with the evaluation text equal to the calibration tokens gives a
  *    final-check perplexity change <= P% (the file is the mix measured in
@@ -131,6 +132,12 @@ int main(void) {
           (unsigned long long)bytes2, rc, g_err);
     CHECK(number_after(g_out, "summed KL ") <= kl_6, "a larger budget: summed KL %g <= %g",
           number_after(g_out, "summed KL "), kl_6);
+
+    /* a saved table holds more types than asked for: only the asked ones are chosen */
+    rc = run((const char *const[]){"quantize", model, out2, "auto", "--calib", calib, "--sensitivity", sens,
+                                    "--types", "Q8_0", "--target-bpw", "6", "-t", "2", NULL});
+    tensor_bytes(out2, &n_types);
+    CHECK(rc == 0 && n_types <= 2, "--types Q8_0 with a fuller table: %d matrix types (F16, Q8_0 at most)", n_types);
 
     /* KL budget */
     rc = run((const char *const[]){"quantize", model, out2, "auto", "--calib", calib, "--sensitivity", sens,

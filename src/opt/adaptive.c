@@ -109,6 +109,13 @@ typedef struct ctx {
     int n_mats, stride;
 } ctx;
 
+/* Whether t is one of the candidate types (a saved table may hold more). */
+static bool type_listed(const nstf_adaptive_params *p, nstf_type t) {
+    for (int i = 0; i < p->n_types; i++)
+        if (p->types[i] == t) return true;
+    return false;
+}
+
 static void sens_progress(void *user, int done, int total, const char *what) {
     const nstf_adaptive_params *p = user;
     p->progress(p->progress_user, "sensitivity", done, total, what);
@@ -254,7 +261,8 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
             if (p->lr && sscanf(w->candidate, "rank %lld", &rk) == 1 && rk > 0 &&
                 nstf_lowrank_find(p->lr, i / 7, i % 7) >= 0)
                 bytes = 2 * (uint64_t)rk * (uint64_t)(t->ne[0] + t->ne[1]); /* F16 factors */
-            else if (nstf_type_from_name(w->candidate, &ty) && ty != t->type && nstf_type_row_bytes(ty, t->ne[0], &rb))
+            else if (nstf_type_from_name(w->candidate, &ty) && ty != t->type && nstf_type_row_bytes(ty, t->ne[0], &rb) &&
+                     type_listed(p, ty))
                 bytes = rb * (t->n_elems / (uint64_t)t->ne[0]), rk = 0;
             else
                 continue;
