@@ -74,6 +74,19 @@ typedef struct nstf_session_params {
                            the embedding and layers 0..N-1 on the GPU, the rest
                            and the output head on the CPU (llama.cpp's -ngl;
                            its -ngl 0 is device "cpu") */
+    /* Sparse decode attention (Quest: each generated token attends to block
+     * 0, the recent window and the top-k blocks of the cache by an upper
+     * bound of their scores; prompts are still processed densely).
+     *   sparse_attn  0: as the model file's plan says (GGUF
+     *                   nstf.plan.attn_sparse, one flag per layer, with
+     *                   nstf.plan.sparse_topk / _block / _window), dense
+     *                   without one; 1: every layer sparse; -1: dense
+     *   sparse_topk, sparse_window (positions), sparse_block (positions per
+     *                   block, 4..64): 0 = the plan's value, else 16, 64, 16 */
+    int sparse_attn;
+    int sparse_topk;
+    int sparse_window;
+    int sparse_block;
 } nstf_session_params;
 
 /* Why generation stopped. */

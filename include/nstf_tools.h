@@ -83,6 +83,12 @@ nstf_status nstf_session_prompt_tokens(nstf_session *s, const char *prompt, bool
 int64_t nstf_session_token_piece(const nstf_session *s, int32_t id, char *buf, size_t cap);
 /* The element type of the KV cache ("f32" on the CPU, "bf16" on a GPU). */
 const char *nstf_session_kv_type(const nstf_session *s);
+/* Sparse decode attention of the session (nstf_session_params.sparse_*):
+ * the number of sparse layers (0: dense) and the parameters in use. */
+int nstf_session_sparse(const nstf_session *s, int *topk, int *block, int *window);
+/* Change top-k and window between forwards (a session that has sparse
+ * layers; top-k 0..1024, window 0..n_ctx). The statistics are kept. */
+nstf_status nstf_session_sparse_tune(nstf_session *s, int topk, int window);
 
 /* ---- the backend ------------------------------------------------------------ */
 

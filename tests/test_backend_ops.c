@@ -826,6 +826,9 @@ static void case_matmul_lr(test_rng *r) {
     }
 }
 
+/* the sparse decode attention */
+#include "backend_ops_sparse.h"
+
 /* ---- the backends --------------------------------------------------------------------- */
 
 static void run_all(const char *name) {

@@ -50,12 +50,18 @@
  * decode: real SmolLM2 Q4_1 mean KL 4.2e-4, max KL 3.3e-3, max centred
  * NMSE 1.42e-3, every top-1 flip at a near-tie; random Q4_1/BF16/Q8_0
  * models mean KL <= 1.1e-5, max KL <= 1.4e-5, max centred NMSE <= 1.2e-4.
- * Bounds: about 2x (NMSE), 3x (max KL) and 5x (mean KL) the real model's
- * worst; a bug that spoils even one position (a wrong RoPE angle, a stale
- * cache row: KL of order 0.1 there) fails KL_MAX. */
-#define KL_MEAN 2e-3
-#define KL_MAX 1e-2
-#define NMSE_MAX 3e-3
+ * Those 256 positions are one input; the continuous batch's sequences are
+ * others (ids from 50 s, positions 0..56), and on the H200 (2026-11-26)
+ * the plain GPU decode of sequence 1's ids alone reached mean KL 1.43e-3,
+ * max 8.35e-3 against the CPU, the batch 1.73e-3 / 1.08e-2 / NMSE 3.51e-3
+ * (the batch against that decode alone: 9.2e-4 / 4.2e-3, bf16 roundings
+ * in another order, GEMM and multi-token GEMV rows). Bounds: about 3x the
+ * worst of all of these; a bug that spoils even one position (a wrong RoPE
+ * angle, a stale cache row: KL of order 0.1 and more there) still fails
+ * KL_MAX. */
+#define KL_MEAN 5e-3
+#define KL_MAX 3e-2
+#define NMSE_MAX 1e-2
 #define TOP2_EPS 0.25f
 
 static int g_fail = 0;
@@ -145,7 +151,7 @@ static void compare(const char *what, const float *cpu, const float *gpu, int n_
 #define CB_SEQ 4
 #define CB_BLOCK 16
 #define CB_CHUNK 7
-static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cpu) {
+static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cpu, placed *gpu) {
     static const int len[CB_SEQ] = {40, 23, 57, 9}, join[CB_SEQ] = {0, 1, 3, 6};
     const int nv = m->cfg.n_vocab, ctx = 64, bps = ctx / CB_BLOCK;
     int total = 0, n_blocks = 0;
@@ -154,15 +160,19 @@ static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cp
         n_blocks += (len[s] + CB_BLOCK - 1) / CB_BLOCK;
     }
     float *lc = malloc((size_t)total * nv * sizeof(float)), *lg = malloc((size_t)total * nv * sizeof(float)),
-          *step = malloc((size_t)2 * CB_CHUNK * CB_SEQ * nv * sizeof(float));
+          *la = malloc((size_t)total * nv * sizeof(float)), *step = malloc((size_t)2 * CB_CHUNK * CB_SEQ * nv * sizeof(float));
     int32_t tbl[CB_SEQ * 4], perm[CB_SEQ * 4], off[CB_SEQ], done[CB_SEQ] = {0};
     nstf_backend *gb = NULL;
     nstf_llama_run *r = NULL;
-    nstf_status st = lc && lg && step ? NSTF_OK : NSTF_ERR_OOM;
-    /* the reference: each sequence alone on the CPU; sequence s reads ids from 50 s */
+    nstf_status st = lc && lg && la && step ? NSTF_OK : NSTF_ERR_OOM;
+    /* the reference: each sequence alone on the CPU; sequence s reads ids
+     * from 50 s. Also each alone on the GPU, decoded a token at a time on
+     * the contiguous cache: what the same ids give without the batch */
     for (int s = 0, o = 0; st == NSTF_OK && s < CB_SEQ; o += len[s], s++) {
         off[s] = o;
         st = nstf_llama_forward_seq(cpu->run, ids + 50 * s, len[s], 0, true, lc + (int64_t)o * nv, NULL);
+        for (int t = 0; st == NSTF_OK && t < len[s]; t++)
+            st = nstf_llama_forward_seq(gpu->run, ids + 50 * s + t, 1, t, false, la + (int64_t)(o + t) * nv, NULL);
     }
     test_rng rng = {0xcb5eedu};
     for (int i = 0; i < n_blocks; i++) perm[i] = i;
@@ -208,9 +218,13 @@ static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cp
         printf("  continuous batch: %d sequences, %d steps of %d..%d tokens, %d paged blocks of %d\n", CB_SEQ, steps,
                min_n, max_n, n_blocks, CB_BLOCK);
         for (int s = 0; s < CB_SEQ; s++) {
-            char what[16];
+            char what[32];
             snprintf(what, sizeof what, "cb seq %d", s);
             compare(what, lc + (int64_t)off[s] * nv, lg + (int64_t)off[s] * nv, len[s], nv);
+            snprintf(what, sizeof what, "alone %d", s);
+            compare(what, lc + (int64_t)off[s] * nv, la + (int64_t)off[s] * nv, len[s], nv);
+            snprintf(what, sizeof what, "cb vs alone %d", s);
+            compare(what, la + (int64_t)off[s] * nv, lg + (int64_t)off[s] * nv, len[s], nv);
         }
     } else {
         printf("  continuous batch: %s  FAIL\n", nstf_last_error());
@@ -220,6 +234,7 @@ static void continuous_batch(const nstf_llama *m, const int32_t *ids, placed *cp
     nstf_backend_free(gb);
     free(lc);
     free(lg);
+    free(la);
     free(step);
 }
 
@@ -311,7 +326,7 @@ static void run_model(const char *path, bool real) {
         free(lgf);
     }
 
-    continuous_batch(m, ids, &cpu);
+    continuous_batch(m, ids, &cpu, &g);
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {

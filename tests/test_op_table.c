@@ -14,7 +14,8 @@
  *  - the cost model has a case: nstf_op_cost_of gives finite FLOPs >= 0
  *    and bytes > 0 for a small instance of the op;
  *  - the op-comparison test has its case: tests/test_backend_ops.c (or
- *    backend_ops_grad.h, its gradient mode, which it includes) defines
+ *    backend_ops_grad.h, its gradient mode, or backend_ops_sparse.h, the
+ *    sparse attention's case, which it includes) defines
  *    case_<op> (the X-macro there also makes it a compile error).
  * Sources are read under NSTF_SOURCE_DIR. */
 #include <math.h>
@@ -165,6 +166,12 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
     case NSTF_OP_MATMUL_LR:
         a.matmul_lr.a = a.matmul_lr.b = w, a.matmul_lr.x = a.matmul_lr.tmp = a.matmul_lr.out = v, a.matmul_lr.n = 2;
         break;
+    case NSTF_OP_ATTN_SPARSE:
+        a.attn_sparse.q = a.attn_sparse.k = a.attn_sparse.v = a.attn_sparse.out = v;
+        a.attn_sparse.n = 1, a.attn_sparse.n_ctx = 64, a.attn_sparse.pos0 = 40;
+        a.attn_sparse.n_heads = a.attn_sparse.n_kv_heads = 1, a.attn_sparse.head_dim = 32, a.attn_sparse.scale = 0.2f;
+        a.attn_sparse.block = 8, a.attn_sparse.topk = 2, a.attn_sparse.window = 8;
+        break;
     case NSTF_OP_N: break;
     }
     return a;
@@ -172,9 +179,10 @@ static nstf_op_args instance(nstf_op op, const nstf_matrix *w) {
 
 int main(void) {
     char *api = slurp("src/ops/gpu/gpu_api.h"), *gpu_ops = slurp("src/backend/gpu_ops.c"),
-         *cases = slurp("tests/test_backend_ops.c"), *grad_cases = slurp("tests/backend_ops_grad.h");
-    CHECK(api && gpu_ops && cases && grad_cases, "cannot read the sources under %s", NSTF_SOURCE_DIR);
-    if (!api || !gpu_ops || !cases || !grad_cases) return test_finish("test_op_table");
+         *cases = slurp("tests/test_backend_ops.c"), *grad_cases = slurp("tests/backend_ops_grad.h"),
+         *sparse_cases = slurp("tests/backend_ops_sparse.h");
+    CHECK(api && gpu_ops && cases && grad_cases && sparse_cases, "cannot read the sources under %s", NSTF_SOURCE_DIR);
+    if (!api || !gpu_ops || !cases || !grad_cases || !sparse_cases) return test_finish("test_op_table");
     nstf_backend *cpu = NULL;
     const nstf_cpu_params cp = {1, false, false, 0};
     CHECK(nstf_backend_cpu_create(&cp, &cpu) == NSTF_OK, "%s", nstf_last_error());
@@ -203,11 +211,12 @@ int main(void) {
               "%s: cost model gives %g FLOPs, %g bytes", name, c.flops, c.bytes);
         char cn_case[64];
         snprintf(cn_case, sizeof cn_case, "case_%s", name);
-        CHECK(has_definition(cases, cn_case) || has_definition(grad_cases, cn_case),
-              "%s: no %s in tests/test_backend_ops.c (or backend_ops_grad.h)", name, cn_case);
+        CHECK(has_definition(cases, cn_case) || has_definition(grad_cases, cn_case) ||
+                  has_definition(sparse_cases, cn_case),
+              "%s: no %s in tests/test_backend_ops.c (or backend_ops_grad.h, backend_ops_sparse.h)", name, cn_case);
         printf("%-10s %-20s %-26s %-26s %s\n", name, rn, cn, gn, g_fails == before ? "all" : "MISSING");
     }
     nstf_backend_free(cpu);
-    free(api), free(gpu_ops), free(cases), free(grad_cases);
+    free(api), free(gpu_ops), free(cases), free(grad_cases), free(sparse_cases);
     return test_finish("test_op_table");
 }

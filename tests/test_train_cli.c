@@ -13,6 +13,10 @@
  *  - token shards from `nstf tokenize` train like the text they came from;
  *    LoRA trains (the loss falls), exports a merged model that `nstf run`
  *    generates from, and its adapters as a llama.cpp adapter GGUF;
+ *  - without a terminal, a plain line (step, loss, tokens/s, ETA) at the
+ *    first step, every --print-every steps (10 by default) and the last,
+ *    also in a resumed run, and no progress bar's carriage returns or
+ *    escape sequences;
  *  - from scratch with --shape; the memory plan (--plan) and a run that
  *    does not fit refused with the numbers;
  *  - bad input, each one clear line and a non-zero exit: an empty or too
@@ -66,6 +70,26 @@ static bool same_file(const char *a, const char *b) {
     const bool same = x && y && na == nb && memcmp(x, y, (size_t)na) == 0;
     free(x), free(y);
     return same;
+}
+
+/* The steps of the "step N/M ..." lines of stderr (g_err), as "1 3 6 7";
+ * false when a step line lacks its loss, tokens/s or ETA, or stderr holds a
+ * terminal's carriage return or escape sequence. */
+static bool step_lines(char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    bool ok = !strchr(g_err, '\r') && !strchr(g_err, '\x1b');
+    for (const char *p = g_err; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        long long step, last;
+        if (sscanf(p, "step %lld/%lld", &step, &last) != 2) continue;
+        const char *end = strchr(p, '\n');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        char line[256];
+        snprintf(line, sizeof line, "%.*s", (int)(n < 255 ? n : 255), p);
+        ok = ok && strstr(line, " loss ") && strstr(line, " tok/s") && strstr(line, " eta ");
+        k += (size_t)snprintf(buf + k, k < cap ? cap - k : 0, "%s%lld", k ? " " : "", step);
+    }
+    return ok;
 }
 
 /* The "loss" of the last JSON line of a log (NAN if none). */
@@ -201,6 +225,32 @@ int main(void) {
     CHECK(same_file(fa, fb), "8 steps and 4 + resume + 4 left different checkpoints");
     CHECK(same_file(oa, ob), "8 steps and 4 + resume + 4 exported different models");
     printf("  8 steps == 4 + resume + 4: checkpoints and exports byte-identical\n");
+
+    /* without a terminal: a plain line at the first step, every --print-every steps (10 by default) and the
+     * last; no progress bar */
+    {
+        char steps[128];
+        rc = run((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "--data", text, "--batch",
+                                       "2", "--seq", "32", "--steps", "7", "--print-every", "3", NULL});
+        bool ok = step_lines(steps, sizeof steps);
+        CHECK(rc == 0 && ok && !strcmp(steps, "1 3 6 7") && strstr(g_err, "nstf train: "),
+              "--print-every 3 of 7 steps: exit %d, step lines \"%s\" (want \"1 3 6 7\"): %s", rc, steps, g_err);
+        char cp[300];
+        path_in(cp, sizeof cp, "ckP");
+        rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "8", "--ckpt-dir", cp, "--stop-at", "4"));
+        CHECK(rc == 0, "4 of 8 steps: exit %d: %s", rc, g_err);
+        rc = run((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "--data", text, "--batch",
+                                       "2", "--seq", "32", "--steps", "8", "--resume", cp, NULL});
+        ok = step_lines(steps, sizeof steps);
+        CHECK(rc == 0 && ok && !strcmp(steps, "5 8"), "resumed at 4 of 8: step lines \"%s\" (want \"5 8\"): %s",
+              steps, g_err);
+        rc = run((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "--data", text, "--batch",
+                                       "2", "--seq", "32", "--steps", "21", "--lr", "3e-3", NULL});
+        ok = step_lines(steps, sizeof steps);
+        CHECK(rc == 0 && ok && !strcmp(steps, "1 10 20 21"), "21 steps: step lines \"%s\" (want \"1 10 20 21\"): %s",
+              steps, g_err);
+        printf("  without a terminal: step lines %s of 21 (every 10), no progress bar\n", steps);
+    }
 
     /* SIGKILL while a checkpoint is written: the previous one survives */
     char cc[300], fc[340], tmpc[340], saved[300];

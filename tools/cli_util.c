@@ -330,8 +330,9 @@ void cli_progress_init(cli_progress *p, const char *label, const char *unit, dou
     *p = (cli_progress){label, unit, scale, now_s(), 0, isatty(fileno(stderr)) != 0, false};
 }
 
-void cli_progress_cb(void *user, uint64_t done, uint64_t total) {
-    cli_progress *p = user;
+void cli_progress_cb(void *user, uint64_t done, uint64_t total) { cli_progress_show(user, done, total, NULL); }
+
+void cli_progress_show(cli_progress *p, uint64_t done, uint64_t total, const char *note) {
     if (!p->tty) return;
     const double t = now_s();
     if (done < total && t - p->last < 0.1) return;
@@ -342,8 +343,13 @@ void cli_progress_cb(void *user, uint64_t done, uint64_t total) {
     const int w = 30, k = (int)(frac * w);
     for (int i = 0; i < w; i++) fill[i] = i < k ? '=' : i == k ? '>' : ' ';
     fill[w] = 0;
-    fprintf(stderr, "\r%s [%s] %3.0f%% %8.1f %s/s ETA %d:%02d ", p->label, fill, 100 * frac, rate, p->unit,
-            (int)eta / 60, (int)eta % 60);
+    fprintf(stderr, "\r%s [%s] %3.0f%% ", p->label, fill, 100 * frac);
+    if (p->unit) fprintf(stderr, "%8.1f %s/s ", rate, p->unit);
+    if (note) fprintf(stderr, "%s ", note);
+    const int e = eta < 1e8 ? (int)eta : 99999999;
+    if (e >= 3600) fprintf(stderr, "ETA %d:%02d:%02d", e / 3600, e / 60 % 60, e % 60);
+    else fprintf(stderr, "ETA %d:%02d", e / 60, e % 60);
+    fputs("\x1b[K", stderr); /* erase what a longer line left */
     fflush(stderr);
     p->drawn = true;
 }

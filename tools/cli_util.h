@@ -54,8 +54,9 @@ int cli_default_threads(void);
 void cli_check_threads(int n);
 
 /* A progress bar on stderr with rate and ETA, drawn only when stderr is a
- * terminal (at most 10 times a second). cli_progress_cb has the shape of
- * a library progress callback: (user, done, total). */
+ * terminal (at most 10 times a second, and always at done == total).
+ * cli_progress_cb has the shape of a library progress callback: (user,
+ * done, total). */
 typedef struct cli_progress {
     const char *label; /* "writing" */
     const char *unit;  /* "MiB" */
@@ -65,6 +66,9 @@ typedef struct cli_progress {
 } cli_progress;
 void cli_progress_init(cli_progress *p, const char *label, const char *unit, double scale);
 void cli_progress_cb(void *user, uint64_t done, uint64_t total);
+/* The same bar with `note` (may be NULL) before the ETA, e.g. "step 40/100
+ * loss 2.3124 8211 tok/s"; a NULL unit leaves out the rate. */
+void cli_progress_show(cli_progress *p, uint64_t done, uint64_t total, const char *note);
 /* Ends the bar's line (when one was drawn). */
 void cli_progress_end(cli_progress *p);
 

@@ -38,8 +38,8 @@ static void usage(FILE *f) {
             "                        (default 0.3; 0: types only)\n"
             "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,Q4_0,Q3_K,Q2_K)\n"
             "      --rest TARGET     the rule of the tensors outside the layer matrices (default Q4_K_M)\n"
-            "      --allow-sparse    let layers take sparse attention (needs a sparse implementation to\n"
-            "                        measure: without one every layer stays dense, and the plan says so)\n"
+            "      --allow-sparse    let layers take sparse attention (not measured by the planner yet:\n"
+            "                        every layer stays dense, and the plan says so)\n"
             "  -t, --threads N       CPU threads (default: the physical cores)\n");
 }
 

@@ -1,6 +1,7 @@
 /* cmd_quantize.c — `nstf quantize IN OUT TYPE [--allow-requantize] [-t N]`:
- * the CLI over nstf_quantize_file (src/opt/quantize.h), with a progress bar
- * (bytes done, rate, ETA) on stderr when stderr is a terminal. */
+ * the CLI over nstf_quantize_file (src/opt/quantize.h; IN a GGUF file or an
+ * HF model folder), with a progress bar (bytes done, rate, ETA) on stderr
+ * when stderr is a terminal. */
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -13,7 +14,10 @@ int cmd_quantize(int argc, char **argv);
 int cmd_quantize_auto(int argc, char **argv);
 
 static void quantize_usage(FILE *f) {
-    fprintf(f, "usage: nstf quantize IN.gguf OUT.gguf TYPE [--allow-requantize] [-t N]\n"
+    fprintf(f, "usage: nstf quantize IN OUT.gguf TYPE [--allow-requantize] [-t N]\n"
+               "  IN: a GGUF file, or an HF model folder (config.json, model.safetensors or\n"
+               "  shards, tokenizer.json): quantized in one step, the same bytes as\n"
+               "  `nstf convert` then `nstf quantize`; tensors are streamed one at a time\n"
                "  TYPE: %s\n"
                "        or auto: a type per matrix under a budget (nstf quantize IN OUT auto --help)\n"
                "  Matrices are converted (llama.cpp's choice of type per tensor: the output\n"

@@ -36,6 +36,13 @@ static void usage_common(FILE *f) {
             "                            accuracy) or 32\n"
             "      --precise             CPU: fp32 activations in every matmul (--act-bits 32)\n"
             "      --deterministic       bitwise-identical output for any thread count and run\n"
+            "      --sparse-attn K[,W]   sparse decode attention in every layer: each generated token\n"
+            "                            attends to block 0, the last W positions (default 64) and the K\n"
+            "                            blocks of the cache with the largest score bound (Quest); the\n"
+            "                            prompt stays dense. Default: the model file's plan if it has\n"
+            "                            one (nstf.plan.attn_sparse), else dense\n"
+            "      --sparse-block N      positions per block of the sparse attention (4..64; default 16)\n"
+            "      --dense-attn          dense attention even where the model file plans sparse\n"
             "\n"
             "generation:\n"
             "  -n, --n-predict N         tokens to generate (default %s; -1 = until the model ends,\n"
@@ -265,6 +272,22 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
             if (!cli_parse_act_bits(a, v, &o->sp.cpu_act_bits)) return 2;
         } else if (is(a, "--precise", NULL, NULL)) o->sp.precise = true;
         else if (is(a, "--deterministic", NULL, NULL)) o->sp.deterministic = true;
+        else if (is(a, "--sparse-attn", NULL, NULL)) {
+            VAL();
+            char k[32];
+            const char *comma = strchr(v, ',');
+            const size_t kl = comma ? (size_t)(comma - v) : strlen(v);
+            if (kl == 0 || kl >= sizeof k) {
+                cli_err("%s '%s': expected K or K,W (top-k blocks, window positions)", a, v);
+                return 2;
+            }
+            memcpy(k, v, kl);
+            k[kl] = 0;
+            if (!cli_parse_int(a, k, 1, 1024, &o->sp.sparse_topk)) return 2;
+            if (comma && !cli_parse_int(a, comma + 1, 1, 1 << 24, &o->sp.sparse_window)) return 2;
+            o->sp.sparse_attn = 1;
+        } else if (is(a, "--sparse-block", NULL, NULL)) INT(4, 64, &o->sp.sparse_block);
+        else if (is(a, "--dense-attn", NULL, NULL)) o->sp.sparse_attn = -1;
         else if (is(a, "-v", "--verbose", NULL)) o->sp.verbose = true;
         else return cli_unknown_option(a, usage);
 #undef FLT

@@ -1,10 +1,12 @@
 /* cmd_train.c — `nstf train`: train a model from a GGUF base (full
  * fine-tune or LoRA) or from scratch at a named shape, on the CPU or a
- * GPU (include/nstf_train.h). One line per step on stderr (step, loss,
- * learning rate, gradient norm, tokens/s, MFU on a GPU, ETA), a JSON object
- * per step with --log, atomic checkpoints with --ckpt-dir, --resume,
- * evaluation, the memory plan (--plan), and the trained model exported as
- * a GGUF (--out) or, with LoRA, the adapters too (--lora-out). */
+ * GPU (include/nstf_train.h). On a terminal a progress bar on stderr
+ * (step, loss, tokens/s, ETA: cli_util's); elsewhere a line every
+ * --print-every steps (step, loss, learning rate, gradient norm, tokens/s,
+ * MFU on a GPU, ETA); a JSON object per step with --log, atomic
+ * checkpoints with --ckpt-dir, --resume, evaluation, the memory plan
+ * (--plan), and the trained model exported as a GGUF (--out) or, with
+ * LoRA, the adapters too (--lora-out). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,7 +44,9 @@ static void usage(void) {
            "  --stop-at K       stop after step K (the schedule still spans --steps; checkpointed with --ckpt-dir)\n"
            "  --eval-data FILE  evaluation data; --eval-every K steps, --eval-batches N (8)\n"
            "  --seed N          data order and LoRA initialization (default 1)\n"
-           "  -q                no per-step lines\n");
+           "  --print-every N   without a terminal: a line every N steps (default 10), and the\n"
+           "                    first and last; on a terminal a progress bar instead\n"
+           "  -q                no progress bar or step lines\n");
 }
 
 static void fmt_eta(double s, char *buf, size_t cap) {
@@ -52,7 +56,10 @@ static void fmt_eta(double s, char *buf, size_t cap) {
     else snprintf(buf, cap, "%.0fs", s);
 }
 
+static cli_progress g_bar; /* steps, on a terminal (tty stays false until the steps begin) */
+
 static int fail(nstf_trainer *t, FILE *log, const char *ckpt, int64_t saved) {
+    cli_progress_end(&g_bar); /* the error goes below the bar */
     if (ckpt && saved >= 0 && !strstr(nstf_last_error(), "is kept"))
         fprintf(stderr, "nstf: %s; the last checkpoint (step %lld) in %s is kept\n", nstf_last_error(), (long long)saved, ckpt);
     else fprintf(stderr, "nstf: %s\n", nstf_last_error());
@@ -65,7 +72,7 @@ int cmd_train(int argc, char **argv) {
     nstf_train_params p = nstf_train_default_params();
     const char *shape = NULL, *out = NULL, *out_type = NULL, *lora_out = NULL, *log_path = NULL, *ckpt = NULL,
                *resume = NULL;
-    int ckpt_every = 0, eval_every = 0;
+    int ckpt_every = 0, eval_every = 0, print_every = 10;
     uint64_t stop_at = 0;
     bool plan = false, quiet = false;
     for (int i = 1; i < argc; i++) {
@@ -102,6 +109,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--lora")) { if (!cli_parse_int(a, v, 1, 4096, &p.lora_rank)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_parse_int(a, v, 1, 4096, &p.n_threads)) return 2; }
         else if (!strcmp(a, "--ckpt-every")) { if (!cli_parse_int(a, v, 1, 1 << 30, &ckpt_every)) return 2; }
+        else if (!strcmp(a, "--print-every")) { if (!cli_parse_int(a, v, 1, 1 << 30, &print_every)) return 2; }
         else if (!strcmp(a, "--eval-every")) { if (!cli_parse_int(a, v, 1, 1 << 30, &eval_every)) return 2; }
         else if (!strcmp(a, "--eval-batches")) { if (!cli_parse_int(a, v, 1, 1 << 20, &iv)) return 2; p.eval_batches = iv; }
         else if (!strcmp(a, "--lr")) { if (!cli_parse_double(a, v, 1e-30, 1e30, &p.lr)) return 2; }
@@ -176,18 +184,25 @@ int cmd_train(int argc, char **argv) {
     clock_gettime(CLOCK_MONOTONIC, &ts0);
     const int64_t first = nstf_trainer_steps_done(t);
     const int64_t last = stop_at && (int64_t)stop_at < p.steps ? (int64_t)stop_at : p.steps;
+    cli_progress_init(&g_bar, "training", NULL, 1.0);
     while (nstf_trainer_steps_done(t) < last) {
         nstf_train_stats s;
         if (nstf_trainer_step(t, &s) != NSTF_OK) return fail(t, log, ckpt, saved);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        const double el = (double)(ts.tv_sec - ts0.tv_sec) + (double)(ts.tv_nsec - ts0.tv_nsec) * 1e-9;
-        char eta[32], mfu[32] = "";
-        fmt_eta(el / (double)(s.step - first) * (double)(last - s.step), eta, sizeof eta);
-        if (s.mfu >= 0) snprintf(mfu, sizeof mfu, "  mfu %5.1f%%", 100 * s.mfu);
-        if (!quiet)
+        if (!quiet && g_bar.tty) {
+            char note[96];
+            snprintf(note, sizeof note, "step %lld/%lld  loss %.4f  %.0f tok/s", (long long)s.step, (long long)last,
+                     s.loss, s.tokens_per_s);
+            cli_progress_show(&g_bar, (uint64_t)(s.step - first), (uint64_t)(last - first), note);
+        } else if (!quiet && (s.step == first + 1 || s.step % print_every == 0 || s.step == last)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            const double el = (double)(ts.tv_sec - ts0.tv_sec) + (double)(ts.tv_nsec - ts0.tv_nsec) * 1e-9;
+            char eta[32], mfu[32] = "";
+            fmt_eta(el / (double)(s.step - first) * (double)(last - s.step), eta, sizeof eta);
+            if (s.mfu >= 0) snprintf(mfu, sizeof mfu, "  mfu %5.1f%%", 100 * s.mfu);
             fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3e  gnorm %.3f  %.0f tok/s%s  eta %s\n", (long long)s.step,
                     (long long)last, s.loss, s.lr, s.grad_norm, s.tokens_per_s, mfu, eta);
+        }
         if (log) {
             fprintf(log,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %lld, "
@@ -200,6 +215,7 @@ int cmd_train(int argc, char **argv) {
         if (eval_every && s.step % eval_every == 0) {
             double el_loss = 0;
             if (nstf_trainer_eval(t, &el_loss) != NSTF_OK) return fail(t, log, ckpt, saved);
+            cli_progress_end(&g_bar); /* the bar stays above the eval line, drawn again below it */
             if (!quiet) fprintf(stderr, "step %lld  eval loss %.4f\n", (long long)s.step, el_loss);
             if (log) fprintf(log, "{\"step\": %lld, \"eval_loss\": %.9g}\n", (long long)s.step, el_loss), fflush(log);
         }
@@ -208,6 +224,7 @@ int cmd_train(int argc, char **argv) {
             saved = s.step;
         }
     }
+    cli_progress_end(&g_bar);
     if (out && nstf_trainer_export(t, out, out_type) != NSTF_OK) return fail(t, log, ckpt, saved);
     if (lora_out && nstf_trainer_export_lora(t, lora_out) != NSTF_OK) return fail(t, log, ckpt, saved);
     if (!quiet && out) fprintf(stderr, "nstf train: wrote %s\n", out);

@@ -54,6 +54,10 @@ class SessionParams(ctypes.Structure):
         ("cpu_act_bits", c_int),
         ("chat_template", c_char_p),
         ("n_gpu_layers", c_int),
+        ("sparse_attn", c_int),
+        ("sparse_topk", c_int),
+        ("sparse_window", c_int),
+        ("sparse_block", c_int),
     ]
 
 

@@ -69,7 +69,7 @@ class Model:
     (0: every core). The other keywords are nstf_session_params' fields."""
 
     def __init__(self, path, device="auto", n_ctx=0, threads=0, n_batch=512, precise=False, deterministic=False,
-                 n_gpu_layers=0, verbose=False):
+                 n_gpu_layers=0, verbose=False, sparse_attn=0, sparse_topk=0, sparse_window=0, sparse_block=0):
         self._lib = L.load()
         self._s = None
         self._lock = threading.Lock()
@@ -84,6 +84,10 @@ class Model:
         p.precise = bool(precise)
         p.deterministic = bool(deterministic)
         p.n_gpu_layers = int(n_gpu_layers)
+        p.sparse_attn = int(sparse_attn)
+        p.sparse_topk = int(sparse_topk)
+        p.sparse_window = int(sparse_window)
+        p.sparse_block = int(sparse_block)
         out = ctypes.c_void_p()
         _check(self._lib, self._lib.nstf_session_open(_text_bytes(str(path)), ctypes.byref(p), ctypes.byref(out)))
         self._s = out

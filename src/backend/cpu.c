@@ -214,6 +214,19 @@ static nstf_status op_rope(nstf_backend *be, const nstf_op_args *a) {
     return NSTF_OK;
 }
 
+/* Rows k[t], v[t] [n, kvd] into the cache at pos[t] of sequence seq[t]
+ * (through the block table of bs positions when blocks is given). */
+static void kv_write(const float *k, const float *v, float *kc, float *vc, const int32_t *pos, const int32_t *seq,
+                     const int32_t *blocks, int bs, int64_t n, int64_t n_ctx, int64_t kvd) {
+    const int64_t bps = blocks ? n_ctx / bs : 0; /* blocks per sequence */
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t s = seq ? seq[t] : 0;
+        const int64_t row = (blocks ? (int64_t)blocks[s * bps + pos[t] / bs] * bs + pos[t] % bs : s * n_ctx + pos[t]) * kvd;
+        memcpy(kc + row, k + t * kvd, (size_t)kvd * sizeof(float));
+        memcpy(vc + row, v + t * kvd, (size_t)kvd * sizeof(float));
+    }
+}
+
 /* The batch's K and V rows go into the cache of their sequence at their
  * positions (through the block table when the cache is paged); then each
  * run of one sequence at consecutive positions attends as one causal
@@ -232,14 +245,9 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
     if (!dense(a->attention.q, qd) || !dense(a->attention.k, kvd) || !dense(a->attention.v, kvd) ||
         !dense(a->attention.out, qd))
         return layout_error(a);
-    const float *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
+    const float *q = a->attention.q.data;
     float *kc = a->attention.k_cache, *vc = a->attention.v_cache, *out = a->attention.out.data;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t s = seq ? seq[t] : 0;
-        const int64_t row = (blocks ? (int64_t)blocks[s * bps + pos[t] / bs] * bs + pos[t] % bs : s * n_ctx + pos[t]) * kvd;
-        memcpy(kc + row, k + t * kvd, (size_t)kvd * sizeof(float));
-        memcpy(vc + row, v + t * kvd, (size_t)kvd * sizeof(float));
-    }
+    kv_write(a->attention.k.data, a->attention.v.data, kc, vc, pos, seq, blocks, bs, n, n_ctx, kvd);
     for (int64_t t0 = 0; t0 < n;) {
         const int32_t s = seq ? seq[t0] : 0;
         int64_t t1 = t0 + 1;
@@ -257,6 +265,52 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
             nstf_cpu_attention_sw(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, t1 - t0, pos[t0],
                                   a->attention.n_heads, a->attention.n_kv_heads, hd, a->attention.scale,
                                   a->attention.window);
+        t0 = t1;
+    }
+    return NSTF_OK;
+}
+
+/* Arguments the sparse attention needs that it cannot repair (every
+ * backend checks them the same way). */
+static nstf_status sparse_args_error(const nstf_op_args *a) {
+    const int B = a->attn_sparse.block;
+    if (B < NSTF_SPARSE_BLOCK_MIN || B > NSTF_SPARSE_BLOCK_MAX || a->attn_sparse.topk < 0 ||
+        a->attn_sparse.topk > NSTF_SPARSE_TOPK_MAX || a->attn_sparse.window < 0 || !a->attn_sparse.kmin ||
+        !a->attn_sparse.kmax || !a->attn_sparse.sel || !a->attn_sparse.work)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "sparse attention: block %d (%d..%d), top-k %d (0..%d), window %d, or a buffer missing", B,
+                              NSTF_SPARSE_BLOCK_MIN, NSTF_SPARSE_BLOCK_MAX, a->attn_sparse.topk, NSTF_SPARSE_TOPK_MAX,
+                              a->attn_sparse.window);
+    return NSTF_OK;
+}
+
+/* As op_attention over a contiguous cache; each run of one sequence at
+ * consecutive positions updates its blocks' statistics and attends (one
+ * token: sparsely). */
+static nstf_status op_attn_sparse(nstf_backend *be, const nstf_op_args *a) {
+    nstf_cpu *cpu = &cpu_of(be)->cpu;
+    NSTF_TRY(sparse_args_error(a));
+    const int hd = a->attn_sparse.head_dim, nkv = a->attn_sparse.n_kv_heads, nh = a->attn_sparse.n_heads,
+              B = a->attn_sparse.block;
+    const int64_t n = a->attn_sparse.n, n_ctx = a->attn_sparse.n_ctx, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd,
+                  nb = (n_ctx + B - 1) / B, ms = nstf_sparse_max_sel(a->attn_sparse.topk, B, a->attn_sparse.window);
+    const int32_t *pos = a->attn_sparse.pos, *seq = a->attn_sparse.seq;
+    if (!dense(a->attn_sparse.q, qd) || !dense(a->attn_sparse.k, kvd) || !dense(a->attn_sparse.v, kvd) ||
+        !dense(a->attn_sparse.out, qd))
+        return layout_error(a);
+    const float *q = a->attn_sparse.q.data;
+    float *kc = a->attn_sparse.k_cache, *vc = a->attn_sparse.v_cache, *out = a->attn_sparse.out.data;
+    kv_write(a->attn_sparse.k.data, a->attn_sparse.v.data, kc, vc, pos, seq, NULL, 1, n, n_ctx, kvd);
+    for (int64_t t0 = 0; t0 < n;) {
+        const int32_t s = seq ? seq[t0] : 0;
+        int64_t t1 = t0 + 1;
+        while (t1 < n && (seq ? seq[t1] : 0) == s && pos[t1] == pos[t1 - 1] + 1) t1++;
+        const int64_t base = (int64_t)s * n_ctx * kvd, sb = (int64_t)s * nb;
+        nstf_cpu_attn_sparse(cpu, q + t0 * qd, kc + base, vc + base, out + t0 * qd, a->attn_sparse.kmin + sb * kvd,
+                             a->attn_sparse.kmax + sb * kvd, a->attn_sparse.mass ? a->attn_sparse.mass + sb * nkv : NULL,
+                             a->attn_sparse.mass_decay, a->attn_sparse.sel + t0 * nkv * ms, a->attn_sparse.work,
+                             t1 - t0, pos[t0], nh, nkv, hd, a->attn_sparse.scale, B, a->attn_sparse.topk,
+                             a->attn_sparse.window);
         t0 = t1;
     }
     return NSTF_OK;
@@ -460,6 +514,7 @@ COUNTED(cross_entropy)
 COUNTED(adamw)
 COUNTED(grad_norm)
 COUNTED(matmul_lr)
+COUNTED(attn_sparse)
 
 /* ---- options, marks ---------------------------------------------------------------------- */
 

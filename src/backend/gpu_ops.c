@@ -270,6 +270,42 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                   a->attention.head_dim, a->attention.scale, a->attention.window, g->stream);
 }
 
+/* Sparse decode attention (one sequence, contiguous cache): a run of
+ * several tokens attends densely (the attention op) and then updates the
+ * block statistics; one token runs the sparse kernels (attn_sparse.cu). */
+nstf_status nstf_gpu_op_attn_sparse(nstf_backend *be, const nstf_op_args *a) {
+    gpu_backend *g = gpu_of(be);
+    if (a->attn_sparse.seq || a->attn_sparse.pos0 != g->pos0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "GPU backend: sparse attention runs one sequence at consecutive positions per forward");
+    if (a->attn_sparse.n > 1) {
+        nstf_op_args at = {.op = NSTF_OP_ATTENTION, .label = a->label, .layer = a->layer, .block = a->block};
+        at.attention.q = a->attn_sparse.q;
+        at.attention.k = a->attn_sparse.k;
+        at.attention.v = a->attn_sparse.v;
+        at.attention.k_cache = a->attn_sparse.k_cache;
+        at.attention.v_cache = a->attn_sparse.v_cache;
+        at.attention.out = a->attn_sparse.out;
+        at.attention.pos = a->attn_sparse.pos;
+        at.attention.n = a->attn_sparse.n;
+        at.attention.n_ctx = a->attn_sparse.n_ctx;
+        at.attention.pos0 = a->attn_sparse.pos0;
+        at.attention.n_heads = a->attn_sparse.n_heads;
+        at.attention.n_kv_heads = a->attn_sparse.n_kv_heads;
+        at.attention.head_dim = a->attn_sparse.head_dim;
+        at.attention.scale = a->attn_sparse.scale;
+        NSTF_TRY(nstf_gpu_op_attention(be, &at));
+    }
+    g->n_kernels += a->attn_sparse.n > 1 ? 1 : 5;
+    return nstf_gpu_attn_sparse(a->attn_sparse.q.data, a->attn_sparse.k.data, a->attn_sparse.v.data,
+                                a->attn_sparse.k_cache, a->attn_sparse.v_cache, a->attn_sparse.out.data,
+                                a->attn_sparse.pos, a->attn_sparse.n, a->attn_sparse.n_ctx, a->attn_sparse.n_heads,
+                                a->attn_sparse.n_kv_heads, a->attn_sparse.head_dim, a->attn_sparse.scale,
+                                a->attn_sparse.block, a->attn_sparse.topk, a->attn_sparse.window, a->attn_sparse.kmin,
+                                a->attn_sparse.kmax, a->attn_sparse.mass, a->attn_sparse.mass_decay,
+                                a->attn_sparse.sel, a->attn_sparse.work, g->stream);
+}
+
 /* One token or planes: elementwise; rows of gate | up (one GEMM): by rows. */
 nstf_status nstf_gpu_op_swiglu(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);

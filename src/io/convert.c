@@ -27,9 +27,8 @@ typedef struct {
 
 static bool is_float(nstf_type t) { return t == NSTF_TYPE_F32 || t == NSTF_TYPE_F16 || t == NSTF_TYPE_BF16; }
 
-/* The input row that output row r of a permuted Q/K matrix comes from:
- * HF's head layout [2][d/2] (rotate-half) read as [d/2][2] (pairs). */
-static uint64_t src_row(uint64_t r, uint32_t heads, uint64_t rows) {
+/* HF's head layout [2][d/2] (rotate-half) read as [d/2][2] (pairs). */
+uint64_t nstf_convert_src_row(uint64_t r, uint32_t heads, uint64_t rows) {
     if (!heads) return r;
     uint64_t d = rows / heads, h = r / d, j = r % d;
     return h * d + (j % 2) * (d / 2) + j / 2;
@@ -45,7 +44,7 @@ static nstf_status fill(void *ctx, uint64_t i, void *dst, uint64_t n_bytes) {
     if (!nstf_type_row_bytes(t->type, n, &in_row) || !nstf_type_row_bytes(to, n, &out_row) || out_row * rows != n_bytes)
         return nstf_set_error(NSTF_ERR_INTERNAL, "convert: tensor %llu: row sizes disagree", (ull)i);
     for (uint64_t r = 0; r < rows; r++) {
-        const uint8_t *s = (const uint8_t *)t->data + src_row(r, c->perm_heads[i], rows) * in_row;
+        const uint8_t *s = (const uint8_t *)t->data + nstf_convert_src_row(r, c->perm_heads[i], rows) * in_row;
         uint8_t *d = (uint8_t *)dst + r * out_row;
         if (to == t->type) {
             memcpy(d, s, (size_t)in_row);
@@ -73,10 +72,12 @@ static bool name_ends(nstf_gguf_str s, const char *suffix) {
     return s.len > k + 4 && memcmp(s.ptr, "blk.", 4) == 0 && memcmp(s.ptr + s.len - k, suffix, k) == 0;
 }
 
-/* Output types and permutations, the writer's key/values and tensors. */
-static nstf_status plan(conv *c, nstf_gguf_writer *w) {
-    const nstf_gguf *g = c->in;
-    const int out = c->p->out_type;
+bool nstf_convert_drops_kv(nstf_gguf_str key) {
+    return nstf_gguf_str_eq(key, NSTF_GGUF_KEY_ROPE_NEOX) || nstf_gguf_str_eq(key, "general.file_type") ||
+           nstf_gguf_str_eq(key, "general.alignment");
+}
+
+nstf_status nstf_convert_tensor_plan(const nstf_gguf *g, int out, nstf_type *type, uint32_t *perm_heads) {
     if (out >= 0 && !is_float((nstf_type)out))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "convert: output type %s is not F32, F16 or BF16",
                               nstf_type_name((uint32_t)out));
@@ -86,8 +87,6 @@ static nstf_status plan(conv *c, nstf_gguf_writer *w) {
         NSTF_TRY(nstf_gguf_get_u32(g, "llama.attention.head_count", &n_head));
         n_kv = nstf_gguf_get_u32_or(g, "llama.attention.head_count_kv", n_head);
     }
-    nstf_type embd = NSTF_TYPE_F32;
-    int64_t widest = 1;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         nstf_type to = t->n_dims == 1 && is_float(t->type) ? NSTF_TYPE_F32 : out >= 0 ? (nstf_type)out : t->type;
@@ -101,11 +100,24 @@ static nstf_status plan(conv *c, nstf_gguf_writer *w) {
         if (heads && (t->n_dims != 2 || rows % heads != 0 || (rows / heads) % 2 != 0))
             return nstf_set_error(NSTF_ERR_FORMAT, "convert: tensor '%.*s' of %llu rows cannot be split into %u heads",
                                   (int)t->name.len, t->name.ptr, (ull)rows, heads);
-        c->type[i] = to;
-        c->perm_heads[i] = heads;
+        type[i] = to;
+        perm_heads[i] = heads;
+    }
+    return NSTF_OK;
+}
+
+/* Output types and permutations, the writer's key/values and tensors. */
+static nstf_status plan(conv *c, nstf_gguf_writer *w) {
+    const nstf_gguf *g = c->in;
+    NSTF_TRY(nstf_convert_tensor_plan(g, c->p->out_type, c->type, c->perm_heads));
+    nstf_type embd = NSTF_TYPE_F32;
+    int64_t widest = 1;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        const nstf_type to = c->type[i];
         if (t->ne[0] > widest) widest = t->ne[0];
         if (nstf_gguf_str_eq(t->name, "token_embd.weight")) embd = to;
-        uint64_t bytes, row;
+        uint64_t bytes, row, rows = t->n_elems / (uint64_t)t->ne[0];
         if (!nstf_type_row_bytes(to, t->ne[0], &row) || !nstf_mul_ok(row, rows, &bytes) ||
             !nstf_add_ok(c->total, bytes, &c->total))
             return nstf_set_error(NSTF_ERR_FORMAT, "convert: tensor sizes overflow");
@@ -114,9 +126,7 @@ static nstf_status plan(conv *c, nstf_gguf_writer *w) {
     if (!c->row) return NSTF_ERR_OOM;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const nstf_gguf_kv *kv = &g->kv[i];
-        if (nstf_gguf_str_eq(kv->key, NSTF_GGUF_KEY_ROPE_NEOX) || nstf_gguf_str_eq(kv->key, "general.file_type") ||
-            nstf_gguf_str_eq(kv->key, "general.alignment"))
-            continue;
+        if (nstf_convert_drops_kv(kv->key)) continue;
         NSTF_TRY(nstf_gguf_writer_copy_kv(w, kv));
     }
     /* llama.cpp's LLAMA_FTYPE: ALL_F32 0, MOSTLY_F16 1, MOSTLY_BF16 32; a

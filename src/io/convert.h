@@ -16,6 +16,7 @@
 #ifndef NSTF_IO_CONVERT_H
 #define NSTF_IO_CONVERT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -30,5 +31,17 @@ typedef struct nstf_convert_params {
 } nstf_convert_params;
 
 nstf_status nstf_convert_to_gguf(const nstf_gguf *in, const char *out_path, const nstf_convert_params *p);
+
+/* ---- the pieces, for writers that convert on the way (nstf quantize) ---- */
+
+/* What convert makes of each tensor of `in` (out_type as above): its type
+ * (type[i]) and the heads its Q/K rows are permuted by (perm_heads[i], 0:
+ * rows as they are); both hold in->n_tensors entries. */
+nstf_status nstf_convert_tensor_plan(const nstf_gguf *in, int out_type, nstf_type *type, uint32_t *perm_heads);
+/* The input row that output row r (of `rows`) comes from in a tensor
+ * permuted by `heads` (r itself when heads is 0). */
+uint64_t nstf_convert_src_row(uint64_t r, uint32_t heads, uint64_t rows);
+/* The input key/values convert does not copy (it recomputes or drops them). */
+bool nstf_convert_drops_kv(nstf_gguf_str key);
 
 #endif

@@ -436,9 +436,13 @@ nstf_status nstf_hf_open(const char *dir, nstf_gguf **out) {
     return s;
 }
 
+bool nstf_model_path_is_folder(const char *path) {
+    struct stat sb;
+    return path && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 nstf_status nstf_model_file_open(const char *path, nstf_gguf **out) {
     if (!path || !out) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_model_file_open: NULL argument");
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return nstf_hf_open(path, out);
+    if (nstf_model_path_is_folder(path)) return nstf_hf_open(path, out);
     return nstf_gguf_open(path, out);
 }

@@ -30,6 +30,7 @@
 #ifndef NSTF_IO_HF_MODEL_H
 #define NSTF_IO_HF_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -44,6 +45,9 @@
  * directory) as a view. Either way the result is closed with
  * nstf_gguf_close. */
 nstf_status nstf_model_file_open(const char *path, nstf_gguf **out);
+/* Whether nstf_model_file_open takes `path` for an HF model folder (it is
+ * a directory). */
+bool nstf_model_path_is_folder(const char *path);
 
 /* An HF model folder as a GGUF view (see above). */
 nstf_status nstf_hf_open(const char *dir, nstf_gguf **out);

@@ -24,6 +24,11 @@
  * frequency factors (Llama 3.x) and the sliding window (Mistral) of the
  * attention. A Llama without them issues exactly the ops it always did.
  *
+ * A layer the run made sparse (nstf_llama_run_sparse_set) runs the
+ * ATTN_SPARSE op in place of ATTENTION: the same contract, plus the
+ * layer's block statistics; its one-token steps attend to the selected
+ * blocks only, its prefill densely.
+ *
  * A matrix stored as low-rank factors (nstf_matrix.factors) runs as the
  * MATMUL_LR op, unfused, its intermediate x A^T [n, rank] in a run-state
  * buffer that is free at that point of the layer: att for Q/K/V, xb for
@@ -185,6 +190,40 @@ static void group(fwd *f, nstf_op_args *a, const nstf_matrix *w0, const nstf_mat
     f->be->vt->place(f->be, a->matmul.w, a->matmul.n_w, a->matmul.n, buf, a->matmul.out);
 }
 
+/* A sparse layer's attention (model/llama.h: nstf_llama_sparse): the
+ * attention op's arguments plus the layer's block statistics. */
+static nstf_status sparse_attention(fwd *f, const nstf_op_args *at, int l) {
+    const nstf_llama_sparse *sp = &f->r->sparse;
+    const nstf_llama_state *s = &f->r->s;
+    const int64_t nb = (s->n_ctx + sp->block - 1) / sp->block, per = (int64_t)s->n_seq * nb, slot = sp->slot[l];
+    nstf_op_args a = {.op = NSTF_OP_ATTN_SPARSE, .label = "attn_sparse", .layer = l, .block = NSTF_BLOCK_ATTN};
+    a.attn_sparse.q = at->attention.q;
+    a.attn_sparse.k = at->attention.k;
+    a.attn_sparse.v = at->attention.v;
+    a.attn_sparse.k_cache = at->attention.k_cache;
+    a.attn_sparse.v_cache = at->attention.v_cache;
+    a.attn_sparse.out = at->attention.out;
+    a.attn_sparse.pos = at->attention.pos;
+    a.attn_sparse.seq = at->attention.seq;
+    a.attn_sparse.n = at->attention.n;
+    a.attn_sparse.n_ctx = at->attention.n_ctx;
+    a.attn_sparse.pos0 = at->attention.pos0;
+    a.attn_sparse.n_heads = at->attention.n_heads;
+    a.attn_sparse.n_kv_heads = at->attention.n_kv_heads;
+    a.attn_sparse.head_dim = at->attention.head_dim;
+    a.attn_sparse.scale = at->attention.scale;
+    a.attn_sparse.block = sp->block;
+    a.attn_sparse.topk = sp->topk;
+    a.attn_sparse.window = sp->window;
+    a.attn_sparse.kmin = sp->kmin + slot * per * f->c->n_kv_heads * f->c->head_dim;
+    a.attn_sparse.kmax = sp->kmax + slot * per * f->c->n_kv_heads * f->c->head_dim;
+    a.attn_sparse.mass = sp->mass + slot * per * f->c->n_kv_heads;
+    a.attn_sparse.mass_decay = sp->decay;
+    a.attn_sparse.sel = sp->sel;
+    a.attn_sparse.work = sp->work;
+    return run(f, &a);
+}
+
 static nstf_status layers(fwd *f) {
     const nstf_llama_config *c = f->c;
     const nstf_llama_weights *w = &f->r->w;
@@ -251,7 +290,8 @@ static nstf_status layers(fwd *f) {
                 run1 = f->b->pos[t] == f->b->pos[t - 1] + 1 && (!f->b->seq || f->b->seq[t] == f->b->seq[0]);
             if (run1) at.attention.pos0 = f->b->pos[0];
         }
-        NSTF_TRY(run(f, &at));
+        if (f->r->sparse.on && f->r->sparse.layer[l] && !f->io.blocks) NSTF_TRY(sparse_attention(f, &at, l));
+        else NSTF_TRY(run(f, &at));
 
         nstf_op_args o = mm_args("o_proj", l, NSTF_BLOCK_ATTN, n);
         group(f, &o, &L->wo, NULL, NULL, s->y);

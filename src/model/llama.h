@@ -103,6 +103,25 @@ typedef struct nstf_llama_state {
     uint64_t block_bytes, kv_bytes;
 } nstf_llama_state;
 
+/* Sparse decode attention of a run (ops.h, ATTN_SPARSE): which layers use
+ * it, its parameters, and its buffers in backend memory (one allocation).
+ * The statistics of each sparse layer of the run are [n_seq, nb, kv_dim]
+ * (nb = ceil(n_ctx / block)); sel and work are sized for any topk up to
+ * NSTF_SPARSE_TOPK_MAX and any window up to n_ctx, so both may change
+ * between forwards (nstf_llama_run_sparse_tune); the block may not. */
+typedef struct nstf_llama_sparse {
+    bool on;                /* some layer of the run is sparse */
+    uint8_t *layer;         /* host [n_layers of the model]: 1 = sparse (owned) */
+    int *slot;              /* host [n_layers]: the layer's statistics slot, -1 none (owned) */
+    int topk, block, window;
+    float decay;            /* attention-mass EMA factor */
+    float *kmin, *kmax;     /* [n_slots, n_seq, nb, kv_dim] */
+    float *mass;            /* [n_slots, n_seq, nb, n_kv_heads] */
+    int32_t *sel;           /* [n_batch, n_kv_heads, max_sel at the caps] */
+    float *work;
+    void *alloc;            /* the backend allocation the above are carved from */
+} nstf_llama_sparse;
+
 /* A model placed on a backend for running: all of it, or a stage of a
  * model split over backends (layers [l0, l1), with or without the
  * embedding and the output head). Stages chain through `next`: a forward
@@ -118,7 +137,18 @@ typedef struct nstf_llama_run {
     nstf_llama_state s;    /* the KV cache holds layers l0..l1-1 */
     struct nstf_llama_run *next; /* the next stage (not owned), or NULL */
     float *xfer;           /* host buffer [n_batch, dim] for x between stages (owned; stages with next) */
+    nstf_llama_sparse sparse; /* off unless nstf_llama_run_sparse_set */
 } nstf_llama_run;
+
+/* Sparse decode attention for the layers with layer[l] != 0 (layer: host
+ * [n_layers of the model]; the run uses those in [l0, l1)): allocate and
+ * zero their block statistics on the run's backend (a contiguous cache
+ * only: a paged run is refused). Call before the first forward: blocks
+ * already in the cache have no statistics. layer NULL or all 0 turns it
+ * off and frees the buffers. */
+nstf_status nstf_llama_run_sparse_set(nstf_llama_run *r, const uint8_t *layer, int topk, int block, int window);
+/* Change topk and window between forwards (within the caps). */
+nstf_status nstf_llama_run_sparse_tune(nstf_llama_run *r, int topk, int window);
 
 /* Place m on be for a KV cache of n_ctx positions in each of n_seq
  * sequences and forwards of up to n_batch tokens: plan the weights, the

@@ -253,6 +253,7 @@ static double gib(uint64_t b) { return (double)b / (1u << 30); }
 
 void nstf_llama_run_free(nstf_llama_run *r) {
     if (!r) return;
+    (void)nstf_llama_run_sparse_set(r, NULL, 0, 0, 0);
     if (r->be) {
         (void)r->be->vt->sync(r->be);
         if (r->s.block) r->be->vt->free(r->be, r->s.block);

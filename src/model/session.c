@@ -150,6 +150,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
         s->hist = nstf_alloc((size_t)s->n_ctx * sizeof(int32_t), "token history");
         if (!s->logits || !s->hist) st = NSTF_ERR_OOM;
     }
+    if (st == NSTF_OK) st = nstf_session_sparse_apply(s);
     if (st == NSTF_OK) st = pick_template(s, p.chat_template);
     if (st != NSTF_OK) {
         nstf_session_close(s);

@@ -46,6 +46,11 @@ struct nstf_session {
 nstf_status nstf_session_open_shaped(const char *model_path, const nstf_session_params *p,
                                      const nstf_session_shape *shape, nstf_session **out);
 
+/* Sparse decode attention per the parameters and the file's plan
+ * (session_sparse.c), on every stage of the run; called once the run is
+ * placed. */
+nstf_status nstf_session_sparse_apply(nstf_session *s);
+
 /* ---- generation pieces shared by session.c and conv.c ---- */
 
 /* A growable NUL-terminated byte string. */

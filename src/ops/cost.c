@@ -68,6 +68,27 @@ nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n
     return c;
 }
 
+nstf_op_cost nstf_cost_attn_sparse(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim, int topk,
+                                   int block, int window) {
+    const double kvd = (double)n_kv_heads * head_dim;
+    if (n_tok != 1) { /* dense, plus the statistics of the blocks written: read their rows, write min and max */
+        nstf_op_cost c = nstf_cost_attention(n_tok, pos0, n_heads, n_kv_heads, head_dim);
+        const double rows = (double)n_tok + 2.0 * block;
+        c.flops += 2.0 * rows * kvd;
+        c.bytes += 4.0 * rows * kvd + 8.0 * (rows / block + 1.0) * kvd;
+        return c;
+    }
+    const double keys = (double)nstf_sparse_keys(pos0, topk, block, window),
+                 nb = (double)((pos0 + block) / block);
+    nstf_op_cost c;
+    /* bounds: 2 products, a max and an add per channel, per query head and block */
+    c.flops = 4.0 * keys * n_heads * head_dim + 5.0 * keys * n_heads + 4.0 * nb * n_heads * head_dim;
+    /* q and out; the selected K and V rows; min and max of every block; the
+     * current block's rows for its statistics */
+    c.bytes = 8.0 * n_heads * head_dim + 8.0 * keys * kvd + 8.0 * nb * kvd + 4.0 * block * kvd;
+    c.int8 = false;
+    return c;
+}
 
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n) {
     nstf_op_cost c = {(double)n_rows * n, 4.0 * (double)n_rows * (n + 1), false};
@@ -280,6 +301,15 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         const double sx = esize(a->matmul_lr.x.type) - 4.0, st = esize(a->matmul_lr.tmp.type) - 4.0,
                      sy = esize(a->matmul_lr.out.type) - 4.0;
         c.bytes += (double)n * ((double)fa->n_in * sx + 2.0 * (double)fa->n_out * st + (double)fb->n_out * sy);
+        break;
+    }
+    case NSTF_OP_ATTN_SPARSE: {
+        const int64_t n = a->attn_sparse.n, pos0 = a->attn_sparse.pos0 > 0 ? a->attn_sparse.pos0 : 0;
+        const int nh = a->attn_sparse.n_heads, hd = a->attn_sparse.head_dim;
+        c = nstf_cost_attn_sparse(n, pos0, nh, a->attn_sparse.n_kv_heads, hd, a->attn_sparse.topk,
+                                  a->attn_sparse.block, a->attn_sparse.window);
+        /* q and out at the views' element size, not fp32 */
+        c.bytes += 2.0 * (double)n * nh * hd * (esize(a->attn_sparse.q.type) - 4.0);
         break;
     }
     case NSTF_OP_N: break;

@@ -57,6 +57,10 @@
       "per-head RMSNorm of q and k, in place: x[t,h,:] = x * rsqrt(mean(x^2) + eps) * w")          \
     X(MATMUL_LR, matmul_lr, nstf_ref_matmul_lr, nstf_cpu_matmul_lr, nstf_gpu_matmul_lr,            \
       "y = (x A^T) B^T: a matrix stored as low-rank factors A [r, n_in], B [n_out, r]")            \
+    X(ATTN_SPARSE, attn_sparse, nstf_ref_attn_sparse, nstf_cpu_attn_sparse, nstf_gpu_attn_sparse,  \
+      "block-sparse decode attention over the KV cache (Quest): per-block key min/max kept as "    \
+      "the cache is written, each one-token step attends to block 0, the recent window and the "   \
+      "top-k blocks by upper bound; runs of several tokens attend densely")                        \
     /* training: the backward of every op, the fused loss, the optimizer (ops/backward.h,        \
      * ops/optim.h; parameter gradients are added into, activation gradients written) */         \
     X(GET_ROWS_BWD, get_rows_bwd, nstf_ref_get_rows_bwd, nstf_cpu_get_rows_bwd, nstf_gpu_get_rows_bwd, \
@@ -79,7 +83,7 @@
       "AdamW step over the flat fp32 parameters (and their compute copy)")                          \
     X(GRAD_NORM, grad_norm, nstf_ref_grad_norm, nstf_cpu_grad_norm, nstf_gpu_grad_norm,            \
       "sum of squares of each parameter tensor's gradient; a NaN/Inf names its tensor")
-#define NSTF_OP_COUNT 21
+#define NSTF_OP_COUNT 22
 
 typedef enum nstf_op {
 #define NSTF_X(U, l, ref, cpu, gpu, d) NSTF_OP_##U,
@@ -229,6 +233,34 @@ typedef struct nstf_op_args {
             float *lse;             /* [n, n_heads] fp32 or NULL: each row's log-sum-exp of the
                                        scaled scores (the training forward saves it) */
         } attention;
+        /* The attention op's contract (the batch's k, v written into a
+         * contiguous cache, causal, GQA) for a layer that tracks its cache
+         * in blocks of `block` positions (see the sparse-attention section
+         * below for what is kept and how a step selects). */
+        struct {
+            nstf_view q, k, v;      /* this batch: as attention's */
+            void *k_cache, *v_cache; /* one layer: [n_seq, n_ctx, n_kv_heads * head_dim] */
+            nstf_view out;          /* [n, n_heads * head_dim] */
+            const int32_t *pos;     /* [n] */
+            const int32_t *seq;     /* [n] sequence slots, or NULL: all 0 */
+            int64_t n, n_ctx;
+            int64_t pos0;           /* host: as attention's (the cost model reads it) */
+            int n_heads, n_kv_heads, head_dim;
+            float scale;
+            int block;              /* positions per tracked block (NSTF_SPARSE_BLOCK_MIN..MAX) */
+            int topk;               /* blocks chosen by the bound besides block 0 and the window */
+            int window;             /* recent positions always attended (their whole blocks) */
+            float *kmin, *kmax;     /* [n_seq, n_blocks, n_kv_heads, head_dim] fp32: per-channel
+                                       min / max of the keys of each block (n_blocks =
+                                       ceil(n_ctx / block)) */
+            float *mass;            /* [n_seq, n_blocks, n_kv_heads] fp32 EMA of the attention
+                                       mass each block received, or NULL: not tracked */
+            float mass_decay;       /* EMA factor: mass = decay * mass + (1 - decay) * p */
+            int32_t *sel;           /* [n, n_kv_heads, nstf_sparse_max_sel()] the blocks each
+                                       one-token step attended, ascending, -1 after them */
+            float *work;            /* nstf_sparse_work_floats(1, ...) fp32 of scratch (the runs of
+                                       a batch use it in turn) */
+        } attn_sparse;
         struct {
             nstf_view gate, up, y; /* [n, n_ff] each */
             int64_t n, n_ff;
@@ -370,6 +402,10 @@ nstf_op_cost nstf_cost_attention(int64_t n_tok, int64_t pos0, int n_heads, int n
 nstf_op_cost nstf_cost_argmax(int64_t n_rows, int64_t n);
 nstf_op_cost nstf_cost_bias(int64_t n);
 nstf_op_cost nstf_cost_head_norm(int64_t n_rows, int64_t head_dim);
+/* ATTN_SPARSE: n_tok == 1: the bounds over the blocks before pos0 and the
+ * attention over the selected keys; else dense attention (+ the statistics). */
+nstf_op_cost nstf_cost_attn_sparse(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim, int topk,
+                                   int block, int window);
 
 /* The backward ops' rows (training) take their own cost entries. */
 nstf_op_cost nstf_cost_attention_bwd(int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim);
@@ -377,6 +413,48 @@ nstf_op_cost nstf_cost_cross_entropy(int64_t n_tok, int64_t dim, int64_t n_vocab
 /* Two matmuls through the rank-r intermediate. */
 nstf_op_cost nstf_cost_matmul_lr(nstf_type ta, nstf_type tb, int64_t n_tok, int64_t n_in, int64_t rank,
                                  int64_t n_out, bool int8_act);
+
+/* ---- sparse decode attention (ATTN_SPARSE) ---------------------------------
+ * Quest-style block sparsity for decode. The cache of a layer is seen in
+ * blocks of B positions; per block and kv head the op keeps the per-channel
+ * min and max of the keys (post-RoPE, as cached). Whenever the op writes
+ * rows into the cache it recomputes those of every block it touched from
+ * the block's rows up to the last written position (exact after rewinds
+ * and context shifts, which rewrite positions).
+ *
+ * A one-token step of a sequence at position p (n_keys = p + 1 keys,
+ * nb = ceil(n_keys / B) blocks) attends, per kv head, to:
+ *   - block 0 (the attention sink);
+ *   - the window: every block holding one of the last max(W, 1) positions
+ *     (so the current, partial block always);
+ *   - the topk other blocks of largest upper bound
+ *       u_b = max over the kv head's query heads h of
+ *             sum_c max(q_hc * kmin_bc, q_hc * kmax_bc)
+ *     (the bound of q_h . k over the block, Quest; the max over the group
+ *     because the kv head's selection serves every head of it); ties go
+ *     to the lower block; all of them when there are at most topk.
+ * and takes the exact softmax over the selected keys. Every kv head
+ * selects the same number of blocks. When the selection is every block
+ * the result is the dense attention's, bitwise on the CPU (the same sums
+ * in the same order). Runs of several tokens (prefill) attend densely.
+ *
+ * Attention mass (mass != NULL): after a one-token step, for every block b
+ * of the sequence, mass_b = d * mass_b + (1 - d) * p_b, where p_b is the
+ * softmax probability of the step's selected keys in block b, averaged over
+ * the kv head's query heads (0 for blocks not selected); a block's mass is
+ * set to 0 when its first row is written. Prefill updates no mass. */
+enum {
+    NSTF_SPARSE_BLOCK_MIN = 4,
+    NSTF_SPARSE_BLOCK_MAX = 64,
+    NSTF_SPARSE_TOPK_MAX = 1024, /* the CPU keeps its running top-k on the stack */
+};
+/* Selected blocks per kv head at most: block 0, topk, the window's. */
+int64_t nstf_sparse_max_sel(int topk, int block, int window);
+/* Scratch floats the op needs (any backend) for n tokens. */
+int64_t nstf_sparse_work_floats(int64_t n, int n_heads, int n_kv_heads, int head_dim, int64_t n_ctx, int topk,
+                                int block, int window);
+/* Positions a one-token step at position p attends to, per kv head. */
+int64_t nstf_sparse_keys(int64_t p, int topk, int block, int window);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 
@@ -435,6 +513,20 @@ void nstf_ref_matmul_lr(nstf_type ta, const void *a /* [rank, n_in] */, nstf_typ
                         const void *b /* [n_out, rank] */, const float *x /* [n_tok, n_in] */,
                         float *tmp /* [n_tok, rank] */, float *y /* [n_tok, n_out] */, int64_t n_tok,
                         int64_t n_in, int64_t rank, int64_t n_out);
+
+/* Sparse decode attention of one token at position n_keys - 1 over a
+ * contiguous cache of one sequence, in double: the block min / max from
+ * the keys, the bounds, the selection (above), the softmax over the
+ * selected keys. sel [n_kv_heads, max_sel]: the selected blocks,
+ * ascending, -1 after them. mass [nb, n_kv_heads] (or NULL): updated as
+ * the op does, from the exact probabilities.
+ * torch: F.scaled_dot_product_attention(q, k[idx], v[idx]) per kv head with
+ * idx the positions of its selected blocks. */
+void nstf_ref_attn_sparse(const float *q /* [n_heads, head_dim] */, const float *k /* [n_keys, n_kv_heads, head_dim] */,
+                          const float *v /* [n_keys, n_kv_heads, head_dim] */, float *out /* [n_heads, head_dim] */,
+                          int32_t *sel /* [n_kv_heads, max_sel] */, float *mass /* [nb, n_kv_heads] or NULL */,
+                          float mass_decay, int64_t n_keys, int n_heads, int n_kv_heads, int head_dim, float scale,
+                          int block, int topk, int window);
 
 /* ---- fast CPU paths ------------------------------------------------------ */
 
@@ -511,6 +603,17 @@ void nstf_cpu_swiglu(nstf_cpu *cpu, const float *gate, const float *up, float *y
 void nstf_cpu_argmax(nstf_cpu *cpu, const float *x, int32_t *out, int64_t n_rows, int64_t n);
 void nstf_cpu_bias(nstf_cpu *cpu, float *x, const float *b, int64_t n_tok, int64_t width);
 void nstf_cpu_head_norm(nstf_cpu *cpu, float *x, const float *w, int64_t n_rows, int head_dim, float eps);
+/* ATTN_SPARSE for n tokens of one sequence at positions pos0.. over its
+ * contiguous cache (k, v: [n_ctx, n_kv_heads, head_dim], the batch's rows
+ * already written) and its block statistics (kmin, kmax: [n_blocks,
+ * n_kv_heads, head_dim]; mass [n_blocks, n_kv_heads] or NULL): the
+ * statistics of the blocks of positions pos0..pos0+n-1 recomputed, then
+ * n == 1: the sparse step (sel [n_kv_heads, max_sel] written), n > 1:
+ * dense causal attention. work: nstf_sparse_work_floats(1, ...) floats. */
+void nstf_cpu_attn_sparse(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
+                          float *kmin, float *kmax, float *mass, float mass_decay, int32_t *sel, float *work,
+                          int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
+                          int block, int topk, int window);
 /* Two nstf_cpu_matmul calls (precise ones when cpu->precise) through tmp
  * [n_tok, rank]. */
 void nstf_cpu_matmul_lr(nstf_cpu *cpu, nstf_type ta, const void *a, nstf_type tb, const void *b, const float *x,

@@ -161,7 +161,7 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
     if (st == NSTF_OK && p->allow_sparse) {
         size_t k = strlen(out->note);
         snprintf(out->note + k, sizeof out->note - k,
-                 "sparse attention: no implementation in this build to measure, every layer dense");
+                 "sparse attention: not measured by the planner yet, every layer dense");
     }
     if (st == NSTF_OK) st = table(s, out, p, ids, n);
     if (st != NSTF_OK) nstf_plan_free(out);

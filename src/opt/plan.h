@@ -11,10 +11,10 @@
  * 2 r (n_in + n_out) bytes); the knapsack chooses under the summed KL and
  * the bisection on the KL budget keeps the perplexity on the text within
  * budget_ppl (mixes built in memory: requantized copies and fp32 factors).
- * Attention: dense for every layer. Sparse attention is built elsewhere;
- * the plan records the choice (`nstf.plan.attn_sparse`, u8 per layer, 1 =
- * sparse) and, without a sparse implementation to measure, keeps every
- * layer dense even with allow_sparse (said in the plan's note).
+ * Attention: dense for every layer. The plan records the choice in the key
+ * the sparse attention executes (`nstf.plan.attn_sparse`, u8 per layer,
+ * 1 = sparse) but does not measure the sparse candidate yet, so it keeps
+ * every layer dense even with allow_sparse (said in the plan's note).
  *
  * Output GGUF: the input's keys and tensors; each dense layer matrix in its
  * chosen type, each factorized one as NAME.lr_a.weight / NAME.lr_b.weight

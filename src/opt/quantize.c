@@ -1,6 +1,7 @@
 /* quantize.c — `nstf quantize`: choose each tensor's type by llama.cpp's
- * rules (quantize.h), convert it row by row on a thread pool, and write the
- * GGUF through a temporary file renamed into place. */
+ * rules (quantize.h), convert it row by row on a thread pool while the
+ * writer streams the GGUF (one tensor in memory at a time) through a
+ * temporary file renamed into place; a GGUF file or an HF model folder in. */
 #include "opt/quantize.h"
 
 #include <stdio.h>
@@ -10,7 +11,9 @@
 
 #include "core/mem.h"
 #include "core/threadpool.h"
+#include "io/convert.h"
 #include "io/gguf.h"
+#include "io/hf_model.h"
 
 static const nstf_quant_target k_targets[] = {
     {"F16", NSTF_TYPE_F16, NSTF_QMIX_PLAIN, 1},    {"BF16", NSTF_TYPE_BF16, NSTF_QMIX_PLAIN, 32},
@@ -80,11 +83,28 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
 
 /* ---- conversion -------------------------------------------------------------- */
 
+/* One quantization: the input, each tensor's output type and (HF folders)
+ * the Q/K row permutation of `nstf convert`, the thread pool and its fp32
+ * rows. Tensors are filled one at a time while the writer streams the file
+ * (nstf_gguf_writer_add_tensor_fill): memory is the largest output tensor
+ * and a row per thread, never the model. */
+typedef struct {
+    const nstf_gguf *g;
+    const nstf_quant_params *p;
+    nstf_pool *pool;
+    nstf_type *to;     /* [n_tensors] output types */
+    uint32_t *perm;    /* [n_tensors] heads to permute Q/K rows by; 0 = rows as they are */
+    float *scratch;    /* [n_threads][widest ne0] */
+    uint64_t done, total; /* input bytes, for the progress */
+} quant_job;
+
+/* Rows [row0, row0 + n_rows) of one tensor, split over the pool. */
 typedef struct {
     const uint8_t *src;
     nstf_type src_type, dst_type;
     uint8_t *dst;
-    int64_t ne0, row0, n_rows;
+    int64_t ne0, row0, n_rows, rows;
+    uint32_t perm;
     uint64_t src_rb, dst_rb;
     float *scratch; /* [n_threads][ne0] */
 } conv_ctx;
@@ -95,25 +115,54 @@ static void conv_worker(void *p, int ith, int nth) {
     nstf_split_range(c->n_rows, 1, ith, nth, &lo, &hi);
     float *f = c->scratch + (int64_t)ith * c->ne0;
     for (int64_t r = c->row0 + lo; r < c->row0 + hi; r++) {
-        nstf_dequantize_row(c->src_type, c->src + (uint64_t)r * c->src_rb, f, c->ne0);
-        nstf_quantize_row(c->dst_type, f, c->dst + (uint64_t)r * c->dst_rb, c->ne0);
+        const uint8_t *s = c->src + nstf_convert_src_row((uint64_t)r, c->perm, (uint64_t)c->rows) * c->src_rb;
+        uint8_t *d = c->dst + (uint64_t)r * c->dst_rb;
+        if (c->src_type == c->dst_type) {
+            memcpy(d, s, (size_t)c->src_rb);
+            continue;
+        }
+        nstf_dequantize_row(c->src_type, s, f, c->ne0);
+        nstf_quantize_row(c->dst_type, f, d, c->ne0);
     }
 }
 
+static nstf_status fill(void *ctx, uint64_t i, void *dst, uint64_t n_bytes) {
+    quant_job *j = ctx;
+    const nstf_gguf_tensor *t = &j->g->tensors[i];
+    const int64_t rows = (int64_t)(t->n_elems / (uint64_t)t->ne[0]);
+    conv_ctx c = {.src = t->data, .src_type = t->type, .dst_type = j->to[i], .dst = dst, .ne0 = t->ne[0],
+                  .rows = rows, .perm = j->perm[i], .scratch = j->scratch};
+    if (!nstf_type_row_bytes(t->type, t->ne[0], &c.src_rb) || !nstf_type_row_bytes(c.dst_type, t->ne[0], &c.dst_rb) ||
+        c.dst_rb * (uint64_t)rows != n_bytes)
+        return nstf_set_error(NSTF_ERR_INTERNAL, "quantize: tensor %llu: row sizes disagree", (unsigned long long)i);
+    /* pieces of ~4M values, so the progress moves within large tensors */
+    const int64_t step = (int64_t)(4194304 / t->ne[0]) + 1;
+    for (c.row0 = 0; c.row0 < rows; c.row0 += step) {
+        c.n_rows = rows - c.row0 < step ? rows - c.row0 : step;
+        nstf_pool_run(j->pool, conv_worker, &c);
+        if (j->p->progress)
+            j->p->progress(j->p->progress_user, j->done + (uint64_t)(c.row0 + c.n_rows) * c.src_rb, j->total);
+    }
+    j->done += t->n_bytes;
+    return NSTF_OK;
+}
+
 static nstf_status name_of(const nstf_gguf_tensor *t, char *buf, size_t cap) {
-    if (t->name.len >= cap) return nstf_set_error(NSTF_ERR_FORMAT, "tensor name of %llu bytes is too long",
-                                                  (unsigned long long)t->name.len);
+    if (t->name.len >= cap || memchr(t->name.ptr, 0, (size_t)t->name.len))
+        return nstf_set_error(NSTF_ERR_FORMAT, "tensor name of %llu bytes is too long or holds a NUL",
+                              (unsigned long long)t->name.len);
     memcpy(buf, t->name.ptr, (size_t)t->name.len);
     buf[t->name.len] = 0;
     return NSTF_OK;
 }
 
-/* The type tensor t (named name) gets: its override, else the rule. */
-static nstf_type type_for(const nstf_quant_params *p, const nstf_gguf_tensor *t, const char *name, bool has_output,
-                          int n_layers) {
+/* The type tensor t (named name, of type cur as read) gets: its override,
+ * else the rule. */
+static nstf_type type_for(const nstf_quant_params *p, const nstf_gguf_tensor *t, const char *name, nstf_type cur,
+                          bool has_output, int n_layers) {
     for (int i = 0; i < p->n_overrides; i++)
         if (!strcmp(p->overrides[i].name, name)) return p->overrides[i].type;
-    return nstf_quant_tensor_type(&p->target, name, t->n_dims, t->ne[0], t->type, has_output, n_layers);
+    return nstf_quant_tensor_type(&p->target, name, t->n_dims, t->ne[0], cur, has_output, n_layers);
 }
 
 /* Layers (1 + the largest blk.N), whether output.weight exists, bytes. */
@@ -142,7 +191,7 @@ nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        const nstf_type to = type_for(p, t, name, has_output, n_layers);
+        const nstf_type to = type_for(p, t, name, t->type, has_output, n_layers);
         uint64_t rb, b;
         if (!nstf_type_row_bytes(to, t->ne[0], &rb) || !nstf_mul_ok(rb, t->n_elems / (uint64_t)t->ne[0], &b))
             return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor '%s': %s does not divide its rows of %lld", name,
@@ -153,93 +202,84 @@ nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params
     return NSTF_OK;
 }
 
-static nstf_status build(nstf_gguf *g, const nstf_quant_params *p, nstf_pool *pool, nstf_gguf_writer *w) {
-    const nstf_quant_target *tg = &p->target;
+/* Plan every tensor's type, refuse requantization before any work, and
+ * queue the key/values and tensors on the writer. An HF folder's view is
+ * first taken as `nstf convert` writes it (convert.h: vectors F32, Q/K
+ * rows permuted, its key/values), so that the result is the bytes of
+ * convert-then-quantize. */
+static nstf_status plan(quant_job *j, bool folder, nstf_gguf_writer *w) {
+    const nstf_gguf *g = j->g;
+    const nstf_quant_target *tg = &j->p->target;
+    if (folder) NSTF_TRY(nstf_convert_tensor_plan(g, -1, j->to, j->perm));
+    else
+        for (uint64_t i = 0; i < g->n_tensors; i++) j->to[i] = g->tensors[i].type;
     int n_layers;
     bool has_output;
     char name[512];
-    uint64_t total, done = 0;
-    NSTF_TRY(model_shape(g, &n_layers, &has_output, &total));
-    /* refuse requantization before any work */
-    for (uint64_t i = 0; i < g->n_tensors && !p->allow_requantize; i++) {
+    int64_t widest = 1;
+    NSTF_TRY(model_shape(g, &n_layers, &has_output, &j->total));
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].ne[0] > widest) widest = g->tensors[i].ne[0];
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        nstf_type to = type_for(p, t, name, has_output, n_layers);
-        if (to != t->type && nstf_type_is_quantized(t->type))
+        const nstf_type cur = j->to[i];
+        const nstf_type to = type_for(j->p, t, name, cur, has_output, n_layers);
+        if (to != cur && nstf_type_is_quantized(cur) && !j->p->allow_requantize)
             return nstf_set_error(NSTF_ERR_INVALID_ARG,
                                   "%s: tensor '%s' is already quantized (%s); requantizing compounds the "
                                   "error: pass --allow-requantize to do it anyway, or start from an "
                                   "F32/F16/BF16 file",
-                                  g->path, name, nstf_type_name(t->type));
+                                  g->path, name, nstf_type_name(cur));
+        if (to != t->type && !nstf_type_can_quantize(to))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor '%s': no quantizer for %s", name, nstf_type_name(to));
+        j->to[i] = to;
     }
+    uint64_t scratch_bytes;
+    if (!nstf_mul_ok((uint64_t)widest * sizeof(float), (uint64_t)nstf_pool_size(j->pool), &scratch_bytes))
+        return nstf_set_error(NSTF_ERR_FORMAT, "%s: rows of %lld values overflow the scratch size", g->path,
+                              (long long)widest);
+    if (!(j->scratch = nstf_alloc((size_t)scratch_bytes, "quantize scratch"))) return NSTF_ERR_OOM;
+
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const nstf_gguf_kv *kv = &g->kv[i];
         if (nstf_gguf_str_eq(kv->key, "general.file_type") ||
-            nstf_gguf_str_eq(kv->key, "general.quantization_version"))
+            nstf_gguf_str_eq(kv->key, "general.quantization_version") || (folder && nstf_convert_drops_kv(kv->key)))
             continue;
         NSTF_TRY(nstf_gguf_writer_copy_kv(w, kv));
     }
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.file_type", tg->ftype));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2));
-    if (p->add_keys) NSTF_TRY(p->add_keys(p->add_keys_user, w));
-
-    nstf_status st = NSTF_OK;
-    for (uint64_t i = 0; i < g->n_tensors && st == NSTF_OK; i++) {
+    if (j->p->add_keys) NSTF_TRY(j->p->add_keys(j->p->add_keys_user, w));
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
-        nstf_type to = type_for(p, t, name, has_output, n_layers);
-        if (to == t->type) {
-            st = nstf_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
-            done += t->n_bytes;
-            if (p->progress) p->progress(p->progress_user, done, total);
-            continue;
-        }
-        if (!nstf_type_can_quantize(to))
-            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor '%s': no quantizer for %s", name, nstf_type_name(to));
-        conv_ctx c = {.src = t->data, .src_type = t->type, .dst_type = to, .ne0 = t->ne[0]};
-        uint64_t dst_bytes, scratch_bytes;
-        int64_t n_rows = (int64_t)(t->n_elems / (uint64_t)t->ne[0]);
-        if (!nstf_type_row_bytes(t->type, t->ne[0], &c.src_rb) || !nstf_type_row_bytes(to, t->ne[0], &c.dst_rb) ||
-            !nstf_mul_ok(c.dst_rb, (uint64_t)n_rows, &dst_bytes) ||
-            !nstf_mul_ok((uint64_t)t->ne[0] * 4, (uint64_t)nstf_pool_size(pool), &scratch_bytes))
-            return nstf_set_error(NSTF_ERR_FORMAT, "tensor '%s': sizes overflow", name);
-        c.dst = nstf_alloc((size_t)dst_bytes, "quantized tensor");
-        c.scratch = nstf_alloc((size_t)scratch_bytes, "quantize scratch");
-        if (!c.dst || !c.scratch) {
-            nstf_free(c.dst);
-            nstf_free(c.scratch);
-            return NSTF_ERR_OOM;
-        }
-        /* pieces of ~4M values, so the progress moves within large tensors */
-        int64_t step = (int64_t)(4194304 / t->ne[0]) + 1;
-        for (c.row0 = 0; c.row0 < n_rows; c.row0 += step) {
-            c.n_rows = n_rows - c.row0 < step ? n_rows - c.row0 : step;
-            nstf_pool_run(pool, conv_worker, &c);
-            if (p->progress)
-                p->progress(p->progress_user, done + (uint64_t)(c.row0 + c.n_rows) * c.src_rb, total);
-        }
-        done += t->n_bytes;
-        st = nstf_gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, c.dst);
-        nstf_free(c.dst);
-        nstf_free(c.scratch);
+        NSTF_TRY(nstf_gguf_writer_add_tensor_fill(w, name, j->to[i], t->n_dims, t->ne, fill, j, i));
     }
-    return st;
+    return NSTF_OK;
 }
 
 nstf_status nstf_quantize_file(const char *in_path, const char *out_path, const nstf_quant_params *p) {
     if (!in_path || !out_path || !p)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_quantize_file: NULL argument");
+    const bool folder = nstf_model_path_is_folder(in_path);
     nstf_gguf *g;
-    NSTF_TRY(nstf_gguf_open(in_path, &g));
-    nstf_pool *pool = NULL;
+    NSTF_TRY(nstf_model_file_open(in_path, &g));
+    quant_job j = {.g = g, .p = p};
+    const size_t nt = g->n_tensors ? (size_t)g->n_tensors : 1;
+    j.to = nstf_calloc(nt, sizeof *j.to, "quantize plan");
+    j.perm = nstf_calloc(nt, sizeof *j.perm, "quantize plan");
     nstf_gguf_writer *w = NULL;
-    nstf_status st = nstf_pool_create(p->n_threads > 0 ? p->n_threads : 1, &pool);
+    nstf_status st = j.to && j.perm ? nstf_pool_create(p->n_threads > 0 ? p->n_threads : 1, &j.pool) : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = nstf_gguf_writer_create(&w);
-    if (st == NSTF_OK) st = build(g, p, pool, w);
+    if (st == NSTF_OK) st = plan(&j, folder, w);
     /* a temporary file in OUT's folder, renamed over OUT once complete */
     if (st == NSTF_OK) st = nstf_gguf_writer_write_replace(w, out_path, (uint32_t)g->alignment);
     nstf_gguf_writer_free(w);
-    nstf_pool_free(pool);
+    nstf_pool_free(j.pool);
+    nstf_free(j.scratch);
+    nstf_free(j.to);
+    nstf_free(j.perm);
     nstf_gguf_close(g);
     return st;
 }

@@ -1,5 +1,6 @@
-/* quantize.h — re-encode a GGUF model's weights to another tensor type
- * (`nstf quantize`).
+/* quantize.h — re-encode a model's weights to another tensor type
+ * (`nstf quantize`): a GGUF file, or an HF model folder (io/hf_model.h) in
+ * one step.
  *
  * Targets: the plain types F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
  * Q3_K, Q4_K, Q5_K, Q6_K and the mixes Q4_K_M / Q5_K_M. Which tensor gets which type
@@ -19,8 +20,14 @@
  * Every other key/value is copied; general.file_type is set to llama.cpp's
  * ftype id and general.quantization_version to 2.
  *
- * The output is written to a temporary file beside OUT and renamed over it
- * only when complete. Already-quantized matrices in the input are refused
+ * An HF folder is first taken as `nstf convert` writes it (io/convert.h:
+ * Q/K rows permuted for llama-family files, vectors F32, its key/values),
+ * so the result is byte for byte that of convert, then quantize.
+ *
+ * Tensors are converted one at a time while the file is written: memory is
+ * the largest output tensor plus one fp32 row per thread, not the model
+ * (the input is mapped, never copied). The output is written to a
+ * temporary file beside OUT and renamed over it only when complete. Already-quantized matrices in the input are refused
  * unless allow_requantize (they are then dequantized to fp32 first, which
  * compounds the quantization error). */
 #ifndef NSTF_OPT_QUANTIZE_H
@@ -82,6 +89,7 @@ typedef struct nstf_quant_params {
 nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, uint32_t n_dims,
                                  int64_t ne0, nstf_type cur, bool has_output, int n_layers);
 
+/* in_path: a GGUF file or an HF model folder (a directory). */
 nstf_status nstf_quantize_file(const char *in_path, const char *out_path,
                                const nstf_quant_params *p);
 

@@ -8,7 +8,8 @@
  * Timing: CUDA events around BATCH launches, after warm-up, median of REPS.
  * Weight copies are rotated so that every launch reads its matrix from
  * HBM, not from the 50 MB L2. GB/s counts the bytes a launch must move:
- * W + x + y. Usage: bench_gemv [n_tok] (default 1). */
+ * W + x + y. Usage: bench_gemv [n_tok [TYPES]] (default 1 token; TYPES a
+ * comma list of weight types, default BF16,Q8_0,Q4_0,Q4_1). */
 #include "ops/gpu/gpu_api.h"
 
 #include <cublas_v2.h>
@@ -18,6 +19,8 @@
 #include <string.h>
 #include <algorithm>
 #include <vector>
+
+extern "C" bool nstf_type_from_name(const char *name, nstf_type *out); /* core/dtype.h (C11 only) */
 
 #define BATCH 20
 #define REPS 7
@@ -96,14 +99,24 @@ int main(int argc, char **argv) {
         {"Llama-3-8B", "q/o 4096->4096", 4096, 4096},    {"Llama-3-8B", "gate/up 4096->14336", 4096, 14336},
         {"Llama-3-8B", "down 14336->4096", 14336, 4096},
     };
-    const nstf_type types[] = {NSTF_TYPE_BF16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+    std::vector<nstf_type> types = {NSTF_TYPE_BF16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1};
+    if (argc > 2) {
+        types.clear();
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", argv[2]);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            nstf_type t;
+            if (!nstf_type_from_name(tok, &t)) { fprintf(stderr, "bench_gemv: unknown type %s\n", tok); return 2; }
+            types.push_back(t);
+        }
+    }
 
     printf("%-13s %-22s %-5s %9s %9s %7s %11s %7s  %s\n", "model", "matrix", "type", "MiB", "us", "GB/s",
            "%copy", "cuBLAS", "config");
     for (const shape &sh : shapes) {
         for (nstf_type t : types) {
             uint64_t row_bytes = 0;
-            nstf_type_row_bytes(t, sh.n_in, &row_bytes);
+            if (!nstf_type_row_bytes(t, sh.n_in, &row_bytes)) continue; /* n_in not whole blocks of t */
             const size_t wbytes = row_bytes * sh.n_out;
             const int n_copies = (int)std::max<uint64_t>(1, (ROTATE_BYTES + wbytes - 1) / wbytes);
             /* one allocation, n_copies matrices; contents: random bytes with

@@ -36,6 +36,15 @@ static inline void cpu_run(const nstf_cpu *cpu, nstf_pool_fn fn, void *ctx, int6
         fn(ctx, 0, 1);
 }
 
+/* One token's attention (ops_cpu.c) over n_keys keys addressed through a
+ * block table per kv head: key j of kv head g is row j % bs of cache block
+ * tbl[g * tbl_stride + j / bs]. With the identity table it is
+ * nstf_cpu_attention at pos0 = n_keys - 1, bitwise (the same sums in the
+ * same order): the sparse attention's path. */
+void nstf_cpu_attention_tbl(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl,
+                            int64_t tbl_stride, int bs, float *out, int64_t n_keys, int n_heads, int n_kv_heads,
+                            int head_dim, float scale);
+
 #if NSTF_CPU_AVX2
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

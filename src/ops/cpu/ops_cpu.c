@@ -383,6 +383,7 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
 typedef struct {
     const float *q, *k, *v; /* [n_tok, n_heads, hd], [n_ctx, n_kv, hd] x2 (paged: the block pool) */
     const int32_t *tbl;     /* block table of the sequence, or NULL: contiguous */
+    int64_t tbl_stride;     /* kv head g reads the table at tbl + g * tbl_stride (0: one table) */
     int bs;                 /* positions per block */
     float *out;             /* [n_tok, n_heads, hd] */
     float *lse;             /* [n_tok, n_heads] or NULL: m + log l of each row */
@@ -420,10 +421,11 @@ static void attn_fn(void *p, int ith, int nth) {
         const int64_t j_lo = c->window > 0 && n_keys > c->window ? n_keys - c->window : 0; /* first key seen */
         const float *qg = c->q + (t * c->n_heads + h0) * hd;
         const float *kh = c->k + (int64_t)kvh * hd, *vh = c->v + (int64_t)kvh * hd;
+        const int32_t *tbl = c->tbl ? c->tbl + kvh * c->tbl_stride : NULL;
         if (c->n_seg > 1) { /* hd <= ATTN_MAX_D here */
             int64_t j0, j1;
             nstf_split_range(n_keys - j_lo, 64, seg, c->n_seg, &j0, &j1);
-            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
+            attn_span(qg, kh, vh, tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo + j0, j_lo + j1, 0, hd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *dst = c->part + ((t * c->n_heads + h0 + g) * c->n_seg + seg) * (hd + 2);
                 dst[0] = w.m[g];
@@ -434,7 +436,7 @@ static void attn_fn(void *p, int ith, int nth) {
         }
         for (int d0 = 0; d0 < hd; d0 += ATTN_MAX_D) {
             int nd = hd - d0 < ATTN_MAX_D ? hd - d0 : ATTN_MAX_D;
-            attn_span(qg, kh, vh, c->tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
+            attn_span(qg, kh, vh, tbl, c->bs, kv_stride, hd, n_g, c->scale, j_lo, n_keys, d0, nd, &w);
             for (int g = 0; g < n_g; g++) {
                 float *oh = c->out + (t * c->n_heads + h0 + g) * hd + d0, inv = 1.0f / w.l[g];
                 for (int d = 0; d < nd; d++) oh[d] = w.acc[g][d] * inv;
@@ -451,9 +453,9 @@ static void attn_fn(void *p, int ith, int nth) {
  * context is long, each item's keys are also split into segments
  * (flash-decoding); every segment leaves (m, l, acc) per head in a stack
  * buffer and the caller merges them. */
-static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl, int bs,
-                      float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
-                      int head_dim, float scale, int window) {
+static void attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl,
+                      int64_t tbl_stride, int bs, float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
+                      int n_kv_heads, int head_dim, float scale, int window) {
     float part[ATTN_PART_FLOATS]; /* used only when splitting */
     const int nth = cpu_threads(cpu);
     const int group = n_heads / n_kv_heads, n_gb = (group + ATTN_MAX_G - 1) / ATTN_MAX_G;
@@ -470,7 +472,7 @@ static void attention(nstf_cpu *cpu, const float *q, const float *k, const float
         s = s < by_buf ? s : by_buf;
         n_seg = s > 1 ? (int)s : 1;
     }
-    attn_ctx c = {q, k, v, tbl, bs, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
+    attn_ctx c = {q, k, v, tbl, tbl_stride, bs, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window,
                   n_gb, n_seg, part, n_base * n_seg, 0};
     atomic_init(&c.next, 0);
     /* work ~ keys x head_dim x 2 per (token, head) */
@@ -496,26 +498,32 @@ static void attention(nstf_cpu *cpu, const float *q, const float *k, const float
 void nstf_cpu_attention(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                         int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                         float scale) {
-    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+    attention(cpu, q, k, v, NULL, 0, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 void nstf_cpu_attention_sw(nstf_cpu *cpu, const float *q, const float *k, const float *v, float *out,
                            int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads, int head_dim,
                            float scale, int window) {
-    attention(cpu, q, k, v, NULL, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+    attention(cpu, q, k, v, NULL, 0, 1, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
 }
 
 void nstf_cpu_attention_paged(nstf_cpu *cpu, const float *q, const float *k, const float *v,
                               const int32_t *blocks, int block_size, float *out, int64_t n_tok,
                               int64_t pos0, int n_heads, int n_kv_heads, int head_dim, float scale,
                               int window) {
-    attention(cpu, q, k, v, blocks, block_size, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+    attention(cpu, q, k, v, blocks, 0, block_size, out, NULL, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, window);
+}
+
+void nstf_cpu_attention_tbl(nstf_cpu *cpu, const float *q, const float *k, const float *v, const int32_t *tbl,
+                            int64_t tbl_stride, int bs, float *out, int64_t n_keys, int n_heads, int n_kv_heads,
+                            int head_dim, float scale) {
+    attention(cpu, q, k, v, tbl, tbl_stride, bs, out, NULL, 1, n_keys - 1, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 void nstf_cpu_attention_lse(nstf_cpu *cpu, const float *q, const float *k, const float *v,
                             float *out, float *lse, int64_t n_tok, int64_t pos0, int n_heads,
                             int n_kv_heads, int head_dim, float scale) {
-    attention(cpu, q, k, v, NULL, 1, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
+    attention(cpu, q, k, v, NULL, 0, 1, out, lse, n_tok, pos0, n_heads, n_kv_heads, head_dim, scale, 0);
 }
 
 /* ---- argmax --------------------------------------------------------------- */

@@ -342,10 +342,11 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         const uint16_t *xt = x + t0 * n_in;
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
         gemv_fn fn;
-        const int rows = !p.quant ? GEMV_ROWS : n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
+        const int rows = !p.quant ? GEMV_ROWS : nt == 1 && n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
         if (p.super) fn = nstf_gemvk_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else if (p.quant) fn = nstf_gemvq_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
+        if (!fn) return nstf_set_error(NSTF_ERR_INTERNAL, "nstf_gpu_gemv: no instance for %d tokens of %d rows", nt, rows);
         const unsigned grid = (unsigned)((n_out + rows - 1) / rows);
         gemv_fz f = {};
         f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);

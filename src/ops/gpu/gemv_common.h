@@ -17,7 +17,7 @@
 #define GEMV_MAX_NT 8
 /* rows per block of the quantized kernel (gemvq.cu) */
 #define GEMVQ_ROWS 16
-#define GEMVQ_ROWS_BIG 32   /* n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
+#define GEMVQ_ROWS_BIG 32   /* one token, n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
 #define GEMVQ_BIG_OUT 8192
 
 /* Weight kinds: the float types (vector and scalar paths), the 32-element
@@ -140,15 +140,21 @@ template <class P> static inline gemv_fn gemv_fz_dispatch(int fz, const P &p) {
  * ROWS>(wt, nt) chooses by weight kind; these two choose by token count
  * (1..8) and by rows per block and output type. */
 template <class K, int WT, bool YB, int R> static inline gemv_fn gemv_pick_nt(int nt) {
-    switch (nt) {
-    case 1: return K::template fn<WT, 1, YB, R, 0>();
-    case 2: return K::template fn<WT, 2, YB, R, 0>();
-    case 3: return K::template fn<WT, 3, YB, R, 0>();
-    case 4: return K::template fn<WT, 4, YB, R, 0>();
-    case 5: return K::template fn<WT, 5, YB, R, 0>();
-    case 6: return K::template fn<WT, 6, YB, R, 0>();
-    case 7: return K::template fn<WT, 7, YB, R, 0>();
-    default: return K::template fn<WT, 8, YB, R, 0>();
+    /* blocks of GEMVQ_ROWS_BIG rows are one token's (nstf_gpu_gemv picks
+     * them only then): the multi-token instances exist once, at GEMVQ_ROWS */
+    if constexpr (R == GEMVQ_ROWS_BIG) {
+        return nt == 1 ? K::template fn<WT, 1, YB, R, 0>() : nullptr;
+    } else {
+        switch (nt) {
+        case 1: return K::template fn<WT, 1, YB, R, 0>();
+        case 2: return K::template fn<WT, 2, YB, R, 0>();
+        case 3: return K::template fn<WT, 3, YB, R, 0>();
+        case 4: return K::template fn<WT, 4, YB, R, 0>();
+        case 5: return K::template fn<WT, 5, YB, R, 0>();
+        case 6: return K::template fn<WT, 6, YB, R, 0>();
+        case 7: return K::template fn<WT, 7, YB, R, 0>();
+        default: return K::template fn<WT, 8, YB, R, 0>();
+        }
     }
 }
 template <class K> static inline gemv_fn gemv_pick_plain(int wt, int nt, int rows, bool y_bf16) {

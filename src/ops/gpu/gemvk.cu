@@ -4,7 +4,7 @@
  * for gemv_fused.cu). Same frame as gemvq.cu's kernel (gemv_fused.h: row
  * slots, the norm prologue, the epilogues, the PDL wait and early loads).
  * Shape:
- *  - A block of 256 threads owns ROWS = 16 rows (32 when n_out >= 8192);
+ *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192);
  *    a wave walks its RPW rows together so each x fragment read from
  *    shared memory serves RPW rows.
  *  - A lane's unit is a piece of one super-block whose codes share loads:
@@ -29,7 +29,8 @@
  *    or below a 16-byte run plus a 2-byte tail, realigned with a byte
  *    permute per word.
  *  - Each lane keeps UNROLL units of each of its rows in flight (2; 1 at
- *    32-row blocks and for Q3_K, whose raw unit is 18 words). */
+ *    32-row blocks, from 3 tokens on, and for Q3_K, whose raw unit is 18
+ *    words). */
 #include "gemv_fused.h"
 
 template <int WT> struct gk_traits {
@@ -42,7 +43,12 @@ template <int WT> struct gk_traits {
     /* raw words of one unit */
     static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K ? 14 : WT == GW_Q3_K ? 17
                               : WT == GW_Q2_K ? 7 : 6;
-    template <int RPW> static constexpr int unroll() { return (RPW >= 4 || WT == GW_Q3_K) ? 1 : 2; }
+    /* 2 units in flight at 1-2 tokens; 1 from 3 tokens on, where the
+     * accumulators and x fragments of every token already fill the
+     * registers (Q2_K at 8 tokens took all 255 and spilled on sm_90a) */
+    template <int RPW, int NT> static constexpr int unroll() {
+        return (RPW >= 4 || WT == GW_Q3_K || NT >= 3) ? 1 : 2;
+    }
 };
 
 /* Run rho (0..15: elements 16 rho .. 16 rho + 15 of a super-block) is run
@@ -217,7 +223,7 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     float *xsum = xs32 + NT * chunk;            /* [NT][NRUN][chunk / (16 NRUN)] */
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
     constexpr int RPW = ROWS / N_WAVES;
-    constexpr int UNROLL = T::template unroll<RPW>();
+    constexpr int UNROLL = T::template unroll<RPW, NT>();
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     int rowv[RPW];

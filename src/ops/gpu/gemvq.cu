@@ -3,7 +3,7 @@
  * aligned W), Q5_0, Q5_1 and IQ4_NL, and its instances (plain for
  * nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu).
  * Shape:
- *  - A block of 256 threads owns ROWS = 16 rows (32 when n_out >= 8192),
+ *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192),
  *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
  *    RPW rows together, so every x fragment read from shared memory and
  *    converted to fp32 serves RPW rows.

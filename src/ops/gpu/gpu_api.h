@@ -557,6 +557,23 @@ nstf_status nstf_gpu_conv2d(const nstf_conv2d_desc *d, int level, const uint16_t
  * current one's limits) only for level 4. */
 nstf_status nstf_gpu_conv2d_supported(const nstf_conv2d_desc *d, int level);
 
+/* Sparse decode attention (ATTN_SPARSE, ops.h; attn_sparse.cu) over one
+ * sequence's contiguous bf16 cache [n_ctx, n_kv_heads, head_dim], with the
+ * block statistics kmin, kmax [ceil(n_ctx / block), n_kv_heads, head_dim]
+ * fp32 and mass [ceil(n_ctx / block), n_kv_heads] fp32 (or NULL).
+ * n_tok == 1: the token at position *pos (device) writes its k, v rows,
+ * updates its block's statistics, selects (sel [n_kv_heads, max_sel],
+ * ascending, -1 after) and attends: out [n_heads, head_dim] bf16, then the
+ * mass update; work: nstf_sparse_work_floats(1, ...) floats.
+ * n_tok > 1 (prefill, after flash attention wrote the rows and attended):
+ * the statistics of the blocks of positions pos[0]..pos[n_tok - 1] only
+ * (q, k, v, out, sel, work unused). block: NSTF_SPARSE_BLOCK_MIN..MAX. */
+nstf_status nstf_gpu_attn_sparse(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *k_cache,
+                                 uint16_t *v_cache, uint16_t *out, const int32_t *pos, int64_t n_tok, int64_t n_ctx,
+                                 int n_heads, int n_kv_heads, int head_dim, float scale, int block, int topk,
+                                 int window, float *kmin, float *kmax, float *mass, float mass_decay, int32_t *sel,
+                                 float *work, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -119,12 +119,16 @@ paged_attn_kernel(const uint16_t *__restrict__ q, int64_t q_stride, const uint16
         m = m_new;
         const int64_t n_here = n_keys - j0 < PA_THREADS ? n_keys - j0 : PA_THREADS;
 #pragma unroll
-        for (int i = 0; i < PA_DIMS; i++) {
+        for (int i = 0; i < PA_DIMS; i++) { /* no break: acc stays in registers */
             const int d = threadIdx.x + i * PA_THREADS;
-            if (d >= head_dim) break;
             float a = acc[i] * corr;
-            for (int64_t jj = 0; jj < n_here; jj++)
-                if (rows[jj] >= 0) a = fmaf(ps[jj], pa_bf16(vc + rows[jj] * kvd + (int64_t)kvh * head_dim + d), a);
+            if (d < head_dim) {
+                const uint16_t *vd = vc + (int64_t)kvh * head_dim + d;
+                for (int jj = 0; jj < (int)n_here; jj++) {
+                    const int64_t rr = rows[jj];
+                    if (rr >= 0) a = fmaf(ps[jj], pa_bf16(vd + rr * kvd), a);
+                }
+            }
             acc[i] = a;
         }
         __syncthreads(); /* ps and rows are rewritten by the next tile */
