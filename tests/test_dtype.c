@@ -5,9 +5,13 @@
  *  - nstf_dequantize_row of every type equals gguf-py's floats bit for bit
  *    on random and adversarial blocks;
  *  - nstf_quantize_row equals gguf-py's bytes bit for bit for every type
- *    gguf-py quantizes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16).
- * K-quant quantizers (no gguf-py counterpart) are held to an error bound
- * relative to each sub-block's stored scale, see test_kquant_bound. */
+ *    gguf-py quantizes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16);
+ *  - the K-quant quantizers (Q2_K .. Q6_K; gguf-py has none) equal ggml's
+ *    own reference quantizer's bytes bit for bit, and gguf-py's
+ *    dequantization of those bytes equals ours (tests/data/kquant_ref.bin,
+ *    made by scripts/ref/make_kquant_ref.py).
+ * The K-quant quantizers are also held to an error bound relative to each
+ * sub-block's stored scale, see test_kquant_bound. */
 #include "core/dtype.h"
 #include "test_util.h"
 
@@ -48,7 +52,7 @@ static void test_quant(void) {
         {NSTF_TYPE_F32, 0.0}, {NSTF_TYPE_F16, 1e-7}, {NSTF_TYPE_BF16, 1e-5},
         {NSTF_TYPE_Q8_0, 1e-4}, {NSTF_TYPE_Q4_0, 2e-2}, {NSTF_TYPE_Q4_1, 2e-2},
         {NSTF_TYPE_Q5_0, 5e-3}, {NSTF_TYPE_Q5_1, 5e-3}, {NSTF_TYPE_Q4_K, 1e-2},
-        {NSTF_TYPE_Q5_K, 2.5e-3}, {NSTF_TYPE_Q6_K, 6e-4},
+        {NSTF_TYPE_Q5_K, 2.5e-3}, {NSTF_TYPE_Q6_K, 6e-4}, {NSTF_TYPE_Q3_K, 4.5e-2}, {NSTF_TYPE_Q2_K, 0.18},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         uint64_t bytes;
@@ -67,6 +71,7 @@ static void test_quant(void) {
         free(y2);
         double e = nmse(y, ref, n);
         CHECK(e <= cases[c].tol, "%s round trip NMSE %.3g > %.3g", nstf_type_name(cases[c].t), e, cases[c].tol);
+        printf("%s round trip NMSE %.3g (bound %.3g)\n", nstf_type_name(cases[c].t), e, cases[c].tol);
         free(q);
     }
     uint64_t b;
@@ -76,7 +81,7 @@ static void test_quant(void) {
     CHECK(nstf_type_row_bytes(NSTF_TYPE_Q6_K, 512, &b) && b == 420, "Q6_K row bytes");
     CHECK(!nstf_type_valid(4) && !nstf_type_valid(9) && !nstf_type_valid(15) && !nstf_type_valid(16),
           "removed ids, Q8_1, Q8_K and IQ2 are not valid tensor types");
-    CHECK(!nstf_quantize_row(NSTF_TYPE_Q3_K, x, y, 256), "no Q3_K quantizer: refused");
+    CHECK(!nstf_quantize_row(NSTF_TYPE_IQ4_XS, x, y, 256), "no IQ4_XS quantizer: refused");
     free(x); free(y); free(ref);
 }
 
@@ -101,9 +106,9 @@ static void test_table(void) {
     }
 }
 
-/* Every section of the gguf-py reference file (layout: make_dequant_ref.py). */
-static void test_gguf_py_ref(void) {
-    const char *path = NSTF_SOURCE_DIR "/tests/data/dequant_ref.bin";
+/* Every section of a reference file (layout: make_dequant_ref.py); marks
+ * the types covered in seen_dq / seen_q [32]. */
+static void check_ref_file(const char *path, bool *seen_dq, bool *seen_q) {
     FILE *f = fopen(path, "rb");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
@@ -113,7 +118,6 @@ static void test_gguf_py_ref(void) {
     CHECK(fread(magic, 1, 8, f) == 8 && !memcmp(magic, "NSTFDQ01", 8), "magic");
     CHECK(fread(&vlen, 4, 1, f) == 1 && vlen < sizeof ver && fread(ver, 1, vlen, f) == vlen, "version");
     CHECK(fread(&n_sec, 4, 1, f) == 1, "section count");
-    bool seen_dq[32] = {0}, seen_q[32] = {0};
     for (uint32_t s = 0; s < n_sec; s++) {
         uint32_t h[4];
         if (fread(h, 4, 4, f) != 4) { CHECK(0, "section %u header", s); break; }
@@ -133,8 +137,8 @@ static void test_gguf_py_ref(void) {
                 int64_t diff = 0, first = -1;
                 for (uint32_t i = 0; i < n; i++)
                     if (memcmp(&mine[i], &v[i], 4)) { diff++; if (first < 0) first = i; }
-                CHECK(diff == 0, "%s dequantization: %lld of %u values differ from gguf-py (first #%lld: %.9g vs %.9g)",
-                      nstf_type_name(id), (long long)diff, n, (long long)first,
+                CHECK(diff == 0, "%s: %s dequantization: %lld of %u values differ (first #%lld: %.9g vs %.9g)",
+                      path, nstf_type_name(id), (long long)diff, n, (long long)first,
                       first >= 0 ? mine[first] : 0.0, first >= 0 ? v[first] : 0.0);
                 if (id < 32) seen_dq[id] = true;
             } else {
@@ -142,7 +146,7 @@ static void test_gguf_py_ref(void) {
                 int64_t bb = nstf_type_block_bytes(t), bad_blocks = 0, first = -1;
                 for (uint32_t i = 0; ok && i < nbytes; i += (uint32_t)bb)
                     if (memcmp(mine_q + i, q + i, (size_t)bb)) { bad_blocks++; if (first < 0) first = i / bb; }
-                CHECK(ok && bad_blocks == 0, "%s quantization: %lld blocks differ from gguf-py (first #%lld)",
+                CHECK(ok && bad_blocks == 0, "%s: %s quantization: %lld blocks differ (first #%lld)", path,
                       nstf_type_name(id), (long long)bad_blocks, (long long)first);
                 if (id < 32) seen_q[id] = true;
             }
@@ -150,6 +154,19 @@ static void test_gguf_py_ref(void) {
         free(q); free(mine_q); free(v); free(mine);
     }
     fclose(f);
+    printf("%s: %u sections (%s)\n", path, n_sec, ver);
+}
+
+/* gguf-py's reference (make_dequant_ref.py): every type's dequantization,
+ * the quantization of the types gguf-py quantizes; ggml's K-quant
+ * quantizers and gguf-py's dequantization of their output
+ * (make_kquant_ref.py). */
+static void test_gguf_py_ref(void) {
+    bool seen_dq[32] = {0}, seen_q[32] = {0}, seen_kdq[32] = {0}, seen_kq[32] = {0};
+    check_ref_file(NSTF_SOURCE_DIR "/tests/data/dequant_ref.bin", seen_dq, seen_q);
+    check_ref_file(NSTF_SOURCE_DIR "/tests/data/kquant_ref.bin", seen_kdq, seen_kq);
+    for (uint32_t id = 10; id <= 14; id++)
+        CHECK(seen_kq[id] && seen_kdq[id], "no ggml quantization reference for %s", nstf_type_name(id));
     /* every type was covered, so a regenerated file cannot silently drop one */
     static const uint32_t dq_ids[] = {1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23, 30};
     static const uint32_t q_ids[] = {1, 2, 3, 6, 7, 8, 30};
@@ -157,7 +174,6 @@ static void test_gguf_py_ref(void) {
         CHECK(seen_dq[dq_ids[i]], "no dequantization reference for %s", nstf_type_name(dq_ids[i]));
     for (size_t i = 0; i < sizeof q_ids / sizeof q_ids[0]; i++)
         CHECK(seen_q[q_ids[i]], "no quantization reference for %s", nstf_type_name(q_ids[i]));
-    printf("gguf-py reference: %u sections (%s)\n", n_sec, ver);
 }
 
 /* K-quant quantizers (no gguf-py counterpart): error bounds relative to
@@ -174,7 +190,13 @@ static void test_gguf_py_ref(void) {
  * Adversarial super-blocks (A only): all-zero (must come back as zeros),
  * one constant sub-block among small values, one large outlier. */
 static void test_kquant_bound(void) {
-    const nstf_type types[] = {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K};
+    /* bounds per type: A (any super-block, x the block's scale), B (each
+     * homogeneous sub-block, x its step), mean of B; the same for every
+     * K-quant (Q2_K's step: d * its 4-bit scale; Q3_K's: d * |scale - 32|) */
+    const struct { nstf_type t; double a, b, mean; } cases[] = {
+        {NSTF_TYPE_Q2_K, 0.5, 0.5, 0.31}, {NSTF_TYPE_Q3_K, 0.5, 0.5, 0.31}, {NSTF_TYPE_Q4_K, 0.5, 0.5, 0.31},
+        {NSTF_TYPE_Q5_K, 0.5, 0.5, 0.31}, {NSTF_TYPE_Q6_K, 0.5, 0.5, 0.31},
+    };
     const int64_t n_blk = 64, n = 256 * n_blk;
     float *x = malloc(n * 4), *y = malloc(n * 4);
     uint8_t *q = malloc((size_t)n_blk * 210);
@@ -187,20 +209,26 @@ static void test_kquant_bound(void) {
     for (int64_t i = 0; i < 256; i++) x[zero_blk * 256 + i] = 0.0f;
     for (int64_t i = 0; i < 32; i++) x[const_blk * 256 + i] = 1.5f;
     x[outlier_blk * 256 + 17] = 1000.0f;
-    for (size_t c = 0; c < 3; c++) {
-        nstf_type t = types[c];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        nstf_type t = cases[c].t;
         CHECK(nstf_quantize_row(t, x, q, n), "%s quantize", nstf_type_name(t));
         nstf_dequantize_row(t, q, y, n);
-        const int64_t bb = nstf_type_block_bytes(t), sub = t == NSTF_TYPE_Q6_K ? 16 : 32;
+        const int64_t bb = nstf_type_block_bytes(t), sub = t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K ? 32 : 16;
         double sum_rel = 0, worst_b = 0, worst_a = 0;
         int64_t n_sub = 0, bad_a = 0, bad_b = 0;
         for (int64_t b = 0; b < n_blk; b++) {
             const uint8_t *blk = q + b * bb;
             const bool adversarial = b == zero_blk || b == const_blk || b == outlier_blk;
             double step[16], max_step = 0, se_blk = 0;
+            int8_t sc3[16];
+            if (t == NSTF_TYPE_Q3_K) nstf_q3k_scales(blk + 96, sc3);
             for (int64_t s = 0; s < 256 / sub; s++) {
                 if (t == NSTF_TYPE_Q6_K) {
                     step[s] = fabs((double)nstf_fp16_to_f32(nstf_load_u16(blk + 208)) * (int8_t)blk[192 + s]);
+                } else if (t == NSTF_TYPE_Q3_K) {
+                    step[s] = fabs((double)nstf_fp16_to_f32(nstf_load_u16(blk + 108)) * sc3[s]);
+                } else if (t == NSTF_TYPE_Q2_K) {
+                    step[s] = (double)nstf_fp16_to_f32(nstf_load_u16(blk + 80)) * (blk[s] & 0xF);
                 } else {
                     uint8_t sc, m;
                     nstf_k4_scale_min((int)s, blk + 4, &sc, &m);
@@ -215,13 +243,13 @@ static void test_kquant_bound(void) {
                 se_blk += se;
                 if (adversarial) continue;
                 double rel = sqrt(se / (double)sub) / step[s];
-                bad_b += !(rel <= 0.5);
+                bad_b += !(rel <= cases[c].b);
                 if (rel > worst_b) worst_b = rel;
                 sum_rel += rel;
                 n_sub++;
             }
             double rel_a = max_step > 0 ? sqrt(se_blk / 256) / max_step : sqrt(se_blk);
-            bad_a += !(rel_a <= 0.5);
+            bad_a += !(rel_a <= cases[c].a);
             if (rel_a > worst_a) worst_a = rel_a;
             if (b == zero_blk) {
                 int nz = 0;
@@ -230,14 +258,14 @@ static void test_kquant_bound(void) {
             }
         }
         double mean = sum_rel / (double)n_sub;
-        CHECK(bad_a == 0, "%s: %lld super-blocks with RMS error > 0.5 x the block's scale (worst %.3f)",
-              nstf_type_name(t), (long long)bad_a, worst_a);
-        CHECK(bad_b == 0, "%s: %lld sub-blocks with RMS error > 0.5 step (worst %.3f)", nstf_type_name(t),
-              (long long)bad_b, worst_b);
-        CHECK(mean <= 0.31, "%s: mean RMS error %.3f step > 0.31", nstf_type_name(t), mean);
-        printf("%s: RMS error per sub-block %.3f step on average, worst %.3f (bound 0.5); "
-               "per super-block worst %.3f x the block's scale (bound 0.5)\n",
-               nstf_type_name(t), mean, worst_b, worst_a);
+        CHECK(bad_a == 0, "%s: %lld super-blocks with RMS error > %.2f x the block's scale (worst %.3f)",
+              nstf_type_name(t), (long long)bad_a, cases[c].a, worst_a);
+        CHECK(bad_b == 0, "%s: %lld sub-blocks with RMS error > %.2f step (worst %.3f)", nstf_type_name(t),
+              (long long)bad_b, cases[c].b, worst_b);
+        CHECK(mean <= cases[c].mean, "%s: mean RMS error %.3f step > %.2f", nstf_type_name(t), mean, cases[c].mean);
+        printf("%s: RMS error per sub-block %.3f step on average (bound %.2f), worst %.3f (bound %.2f); "
+               "per super-block worst %.3f x the block's scale (bound %.2f)\n",
+               nstf_type_name(t), mean, cases[c].mean, worst_b, cases[c].b, worst_a, cases[c].a);
     }
     free(x); free(y); free(q);
 }

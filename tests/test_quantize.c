@@ -48,6 +48,11 @@ static void test_rules(void) {
               "fallback of %s", v);
         CHECK(nstf_quant_tensor_type(&q5km, q, 2, 576, F, true, 16) == NSTF_TYPE_Q5_1, "fallback Q5_1");
     }
+    nstf_quant_target q2k, q3k;
+    CHECK(nstf_quant_target_parse("Q2_K", &q2k) && nstf_quant_target_parse("q3_k", &q3k), "Q2_K / Q3_K parse");
+    CHECK(nstf_quant_tensor_type(&q3k, "blk.0.attn_q.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q3_K, "plain Q3_K");
+    CHECK(nstf_quant_tensor_type(&q2k, "blk.0.attn_q.weight", 2, 576, F, true, 16) == NSTF_TYPE_Q4_0,
+          "Q2_K on rows of 576 falls back to Q4_0");
     CHECK(nstf_quant_tensor_type(&q4km, "output.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q6_K, "output Q6_K");
     CHECK(nstf_quant_tensor_type(&q4km, "output.weight", 2, 576, F, true, 16) == NSTF_TYPE_Q8_0, "output Q8_0");
     CHECK(nstf_quant_tensor_type(&q4km, "token_embd.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q4_K, "embd Q4_K");

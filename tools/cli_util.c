@@ -74,6 +74,31 @@ bool cli_parse_float(const char *flag, const char *s, double min, double max, fl
     return true;
 }
 
+bool cli_parse_types(const char *flag, const char *list, nstf_type *out, int *n, int cap, bool need_quantizer) {
+    char buf[256];
+    *n = 0;
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= cap || !nstf_type_from_name(t, &out[*n]) || (need_quantizer && !nstf_type_can_quantize(out[*n]))) {
+            cli_err("%s: '%s' is not a type%s (%d at most)", flag, t, need_quantizer ? " with a quantizer" : "", cap);
+            return false;
+        }
+        (*n)++;
+    }
+    if (!*n) cli_err("%s: no type in '%s'", flag, list);
+    return *n > 0;
+}
+
+bool cli_parse_percent(const char *flag, const char *s, double min, double max, double *fraction) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", s);
+    size_t k = strlen(buf);
+    if (k && buf[k - 1] == '%') buf[k - 1] = 0;
+    if (!cli_parse_double(flag, buf, min, max, fraction)) return false;
+    *fraction /= 100.0;
+    return true;
+}
+
 bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out) {
     char *end;
     errno = 0;

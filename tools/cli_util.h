@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/dtype.h"
+
 /* The running command ("run", "bench", ...), set by the dispatcher; errors
  * say "nstf <cmd>: ...". */
 extern const char *cli_cmd;
@@ -22,6 +24,12 @@ void cli_lib_err(void);
 bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out);
 bool cli_parse_u64(const char *flag, const char *s, uint64_t *out);
 bool cli_parse_float(const char *flag, const char *s, double min, double max, float *out);
+/* A comma-separated list of tensor type names into out [cap]; with
+ * need_quantizer, only types nstf can write. False (and a message naming
+ * flag) on an unknown name, too many, or none. */
+bool cli_parse_types(const char *flag, const char *list, nstf_type *out, int *n, int cap, bool need_quantizer);
+/* A percentage "P" or "P%" in [min, max] percent, as a fraction (1% -> 0.01). */
+bool cli_parse_percent(const char *flag, const char *s, double min, double max, double *fraction);
 bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out);
 /* --act-bits: 8, 16 or 32 (CPU activations of quantized matmuls). */
 bool cli_parse_act_bits(const char *flag, const char *s, int *out);

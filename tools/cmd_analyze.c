@@ -61,20 +61,6 @@ static void progress(void *user, int done, int total, const char *what) {
     fflush(stderr);
 }
 
-static bool parse_types(const char *list, nstf_type *out, int *n) {
-    *n = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= 16 || !nstf_type_from_name(t, &out[*n])) {
-            fprintf(stderr, "nstf: --types: unknown type '%s'\n", t);
-            return false;
-        }
-        (*n)++;
-    }
-    return *n > 0;
-}
-
 static void print_md(const char *model, int n_tok, const nstf_analyze_result *r) {
     printf("model %s, %d tokens, perplexity %.4f unmodified\n\n", model, n_tok, r->base.ppl);
     if (r->skipped[0]) printf("skipped: %s\n\n", r->skipped);
@@ -114,7 +100,7 @@ int cmd_analyze(int argc, char **argv) {
     nstf_analyze_params p = {0};
     nstf_session_params sp = nstf_session_default_params();
     sp.device = "cpu";
-    if (!parse_types("Q8_0,Q6_K,Q5_K,Q4_K,Q4_0,Q3_K,Q2_K", types, &n_types)) return 2;
+    if (!cli_parse_types("--types", "Q8_0,Q6_K,Q5_K,Q4_K,Q4_0,Q3_K,Q2_K", types, &n_types, 16, false)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
@@ -122,7 +108,7 @@ int cmd_analyze(int argc, char **argv) {
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VAL(); model = v; }
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { VAL(); file = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--tokens")) { VAL(); if (!cli_parse_int(a, v, 2, 1 << 20, &n_tok)) return 2; }
-        else if (!strcmp(a, "--types")) { VAL(); if (!parse_types(v, types, &n_types)) return 2; }
+        else if (!strcmp(a, "--types")) { VAL(); if (!cli_parse_types(a, v, types, &n_types, 16, false)) return 2; }
         else if (!strcmp(a, "--lowrank")) { VAL(); if (!cli_parse_float(a, v, 0, 0.999, &reduce)) return 2; }
         else if (!strcmp(a, "--calib")) { VAL(); calib = v; }
         else if (!strcmp(a, "--targets")) {
@@ -147,7 +133,7 @@ int cmd_analyze(int argc, char **argv) {
     if (fast) {
         p.layer0 = 0, p.layer1 = 1, n_tok = 16, reduce = 0.5f;
         p.targets = NSTF_LR_Q | NSTF_LR_K | NSTF_LR_V | NSTF_LR_O;
-        if (!parse_types("Q8_0,Q4_0", types, &n_types)) return 2;
+        if (!cli_parse_types("--types", "Q8_0,Q4_0", types, &n_types, 16, false)) return 2;
     }
     if (reduce > 0 && !nstf_lowrank_available()) {
         fprintf(stderr, "nstf: this build has no LAPACKE: the low-rank candidate is left out (install liblapacke-dev)\n");

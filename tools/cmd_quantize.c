@@ -4,12 +4,14 @@
  * when stderr is a terminal. */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cli_util.h"
 #include "core/clock.h"
 #include "opt/quantize.h"
 
 int cmd_quantize(int argc, char **argv);
+int cmd_quantize_auto(int argc, char **argv);
 
 static void quantize_usage(FILE *f) {
     fprintf(f, "usage: nstf quantize IN OUT.gguf TYPE [--allow-requantize] [-t N]\n"
@@ -17,6 +19,7 @@ static void quantize_usage(FILE *f) {
                "  shards, tokenizer.json): quantized in one step, the same bytes as\n"
                "  `nstf convert` then `nstf quantize`; tensors are streamed one at a time\n"
                "  TYPE: %s\n"
+               "        or auto: a type per matrix under a budget (nstf quantize IN OUT auto --help)\n"
                "  Matrices are converted (llama.cpp's choice of type per tensor: the output\n"
                "  matrix gets Q6_K, the _M mixes give some attn_v/ffn_down Q6_K); vectors are kept.\n"
                "      --allow-requantize  accept already-quantized input (dequantized first: the\n"
@@ -30,6 +33,8 @@ int cmd_quantize(int argc, char **argv) {
     int n_pos = 0;
     nstf_quant_params p = {.n_threads = cli_default_threads()};
     cli_expand_args(&argc, &argv, quantize_usage);
+    for (int i = 1; i < argc; i++) /* TYPE auto: adaptive precision (cmd_quantize_auto.c) */
+        if (!strcasecmp(argv[i], "auto") && (i == 1 || argv[i - 1][0] != '-')) return cmd_quantize_auto(argc, argv);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {

@@ -25,6 +25,7 @@ int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_lowrank(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
+int cmd_optimize(int argc, char **argv);
 
 static const struct {
     const char *name;
@@ -40,6 +41,7 @@ static const struct {
     {"perplexity", cmd_perplexity, "perplexity and KL divergence on a text, as llama-perplexity"},
     {"lowrank", cmd_lowrank, "factor a model's matrices into low-rank pairs (SVD, activation-aware)"},
     {"analyze", cmd_analyze, "per-matrix sensitivity: KL and perplexity under each candidate type / rank"},
+    {"optimize", cmd_optimize, "plan per layer: types or low-rank under a perplexity budget; trade-off table"},
     {"gen-model", cmd_gen_model, "write a Llama GGUF with random weights at a real shape"},
     {"train", cmd_train, "train or fine-tune (full or LoRA) on the CPU or a GPU"},
     {"tokenize", cmd_tokenize, "text files to token shards for nstf train"},

@@ -106,6 +106,20 @@ def quant_inputs(bsize):
     return np.concatenate(rows)
 
 
+def write_sections(out_path, ver, sections):
+    """The file of the layout above; sections: (type_id, kind, n_elems, a, b)
+    with a, b the section's two arrays as bytes, in file order."""
+    with open(out_path, "wb") as fo:
+        fo.write(b"NSTFDQ01")
+        fo.write(struct.pack("<I", len(ver)))
+        fo.write(ver)
+        fo.write(struct.pack("<I", len(sections)))
+        for tid, kind, n, a, b in sections:
+            fo.write(struct.pack("<IIII", tid, kind, n, len(b) if kind else len(a)))
+            fo.write(a)
+            fo.write(b)
+
+
 def main():
     out_path = sys.argv[1]
     sections = []
@@ -134,20 +148,7 @@ def main():
     sections.append((int(T.F16), 1, x.size, x.tobytes(), q.tobytes()))
 
     ver = ("gguf " + version("gguf") + ", numpy " + np.__version__).encode()
-    with open(out_path, "wb") as fo:
-        fo.write(b"NSTFDQ01")
-        fo.write(struct.pack("<I", len(ver)))
-        fo.write(ver)
-        fo.write(struct.pack("<I", len(sections)))
-        for tid, kind, n, a, b in sections:
-            if kind == 0:
-                fo.write(struct.pack("<IIII", tid, kind, n, len(a)))
-                fo.write(a)
-                fo.write(b)
-            else:
-                fo.write(struct.pack("<IIII", tid, kind, n, len(b)))
-                fo.write(a)
-                fo.write(b)
+    write_sections(out_path, ver, sections)
     print(f"{out_path}: {len(sections)} sections ({ver.decode()})")
 
 

@@ -127,8 +127,8 @@ static inline uint16_t nstf_f32_to_bf16(float f) {
  * the type's block size. Dequantization computes exactly what ggml (and
  * gguf-py) compute, operation for operation in fp32. quantize follows
  * ggml's reference (non-imatrix) algorithms and rounding; it returns false
- * (dst untouched) for a type without a quantizer (Q2_K, Q3_K, IQ4_NL,
- * IQ4_XS: see nstf_type_can_quantize). */
+ * (dst untouched) for a type without a quantizer (IQ4_NL, IQ4_XS: see
+ * nstf_type_can_quantize). */
 void nstf_dequantize_row(nstf_type t, const void *src, float *dst, int64_t n);
 bool nstf_quantize_row(nstf_type t, const float *src, void *dst, int64_t n);
 

@@ -27,13 +27,15 @@
  * Dequantization uses ggml's fp32 operations in ggml's order (d * sc first,
  * then * q, then - dmin * m), so results match gguf-py bit for bit.
  *
- * Quantizers (Q4_K, Q5_K, Q6_K) follow ggml's reference algorithms without
- * an importance matrix: per sub-block a weighted min/scale search (Q4_K,
- * Q5_K: weights sqrt(mean x^2) + |x|, 20 / 15 candidate scales) or a
- * weighted-least-squares symmetric scale search (Q6_K: weights x^2, 18
- * candidates), then 6-bit (int8 for Q6_K) quantization of the sub-block
- * scales relative to the largest one, and a final requantization of every
- * value against the stored scales. */
+ * Quantizers (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) follow ggml's reference
+ * algorithms without an importance matrix, operation for operation: per
+ * sub-block a weighted min/scale search (Q4_K, Q5_K: weights
+ * sqrt(mean x^2) + |x|, 20 / 15 candidate scales; Q2_K: weights |x|,
+ * absolute error, 16 candidates) or a symmetric scale search (Q6_K:
+ * weights x^2, 18 candidates; Q3_K: weights x^2, coordinate descent on the
+ * codes), then quantization of the sub-block scales relative to the
+ * largest one (4-bit Q2_K, 6-bit Q3_K / Q4_K / Q5_K, int8 Q6_K), and a
+ * final requantization of every value against the stored scales. */
 #include <math.h>
 #include <string.h>
 
@@ -141,10 +143,10 @@ void nstf_dequantize_row_k(nstf_type t, const uint8_t *src, float *dst, int64_t 
  * start from the min/max grid, then try nstep + 1 grids with
  * (nmax + rmin + rdelta * is) steps over [min, max], each refined by the
  * weighted least-squares scale and offset (offset clamped to <= 0), keeping
- * the lowest weighted squared error. Returns the scale; *neg_min = -offset
- * (>= 0). */
+ * the lowest weighted squared error (use_mad: weighted absolute error, as
+ * ggml's Q2_K). Returns the scale; *neg_min = -offset (>= 0). */
 static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                           float *neg_min, float rmin, float rdelta, int nstep) {
+                           float *neg_min, float rmin, float rdelta, int nstep, bool use_mad) {
     float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < min) min = x[i];
@@ -163,7 +165,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
         int l = nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
         float diff = scale * (float)L[i] + min - x[i];
-        best_err += w[i] * (diff * diff);
+        best_err += w[i] * (use_mad ? fabsf(diff) : diff * diff);
     }
     uint8_t aux[32];
     for (int is = 0; is <= nstep; is++) {
@@ -188,7 +190,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
             float err = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * (float)aux[i] + this_min - x[i];
-                err += w[i] * (diff * diff);
+                err += w[i] * (use_mad ? fabsf(diff) : diff * diff);
             }
             if (err < best_err) {
                 memcpy(L, aux, (size_t)n);
@@ -205,12 +207,19 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
 /* Symmetric codes L[i] = nmax + l, l in -nmax..nmax-1, weights x^2: the
  * least-squares scale for the grid through the largest |x|, then for 18
  * nearby grids (nmax +- 0.1k), keeping the best weighted fit. */
-static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
-    float max = 0, amax = 0;
+/* The value of largest magnitude (the first one of it), and |it|. */
+static float largest(int n, const float *x, float *amax) {
+    float max = 0;
+    *amax = 0;
     for (int i = 0; i < n; i++) {
         float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
+        if (ax > *amax) { *amax = ax; max = x[i]; }
     }
+    return max;
+}
+
+static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
+    float amax, max = largest(n, x, &amax);
     if (amax < 1e-15f) {
         for (int i = 0; i < n; i++) L[i] = 0;
         return 0.0f;
@@ -260,7 +269,7 @@ static void quant_q45_k(const float *x, uint8_t *b, bool five) {
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
         sc[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], five ? -0.5f : -1.0f, 0.1f,
-                              five ? 15 : 20);
+                              five ? 15 : 20, false);
         if (sc[j] > max_scale) max_scale = sc[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -307,16 +316,154 @@ static void quant_q45_k(const float *x, uint8_t *b, bool five) {
         }
 }
 
-static void quant_q6_k(const float *x, uint8_t *b) {
-    uint8_t L[QK_K];
-    float sc[16], max_scale = 0, max_abs = 0;
-    for (int s = 0; s < 16; s++) {
-        sc[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
-        if (fabsf(sc[s]) > max_abs) {
-            max_abs = fabsf(sc[s]);
-            max_scale = sc[s];
+/* Q2_K / Q3_K low bits: codes L[256] (0..3) into qs[64], value
+ * 128n + 32j + l at bits 2j of qs[32n + l]. */
+static void pack_2bit(const uint8_t *L, uint8_t *qs) {
+    for (int n = 0; n < 2; n++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Ln = L + 128 * n;
+            qs[32 * n + l] = (uint8_t)(Ln[l] | (Ln[l + 32] << 2) | (Ln[l + 64] << 4) | (Ln[l + 96] << 6));
+        }
+}
+
+/* Q2_K super-block (ggml's quantize_row_q2_K_ref): per 16-value sub-block
+ * an asymmetric 2-bit fit with weights |x| and absolute error (grids
+ * nmax - 0.5 + 0.1 is, is = 0..15); scales and mins quantized to 4 bits
+ * against the largest of each (d = max_scale / 15, dmin = max_min / 15);
+ * then every value re-coded against the stored scale and min. */
+static void quant_q2_k(const float *x, uint8_t *b) {
+    uint8_t L[QK_K], *scales = b, *qs = b + 16;
+    float w[16], sc[16], mins[16], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
+        sc[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
+        if (sc[j] > max_scale) max_scale = sc[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    memset(scales, 0, 16);
+    if (max_scale > 0) {
+        const float iscale = 15.0f / max_scale;
+        for (int j = 0; j < 16; j++) scales[j] = (uint8_t)nearest_int(iscale * sc[j]);
+        f2h(b + 80, max_scale / 15.0f);
+    } else {
+        f2h(b + 80, 0.0f);
+    }
+    if (max_min > 0) {
+        const float iscale = 15.0f / max_min;
+        for (int j = 0; j < 16; j++) scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+        f2h(b + 82, max_min / 15.0f);
+    } else {
+        f2h(b + 82, 0.0f);
+    }
+    for (int j = 0; j < 16; j++) {
+        const float d = h2f(b + 80) * (float)(scales[j] & 0xF);
+        if (!d) continue;
+        const float dm = h2f(b + 82) * (float)(scales[j] >> 4);
+        for (int i = 0; i < 16; i++) {
+            int l = nearest_int((x[16 * j + i] + dm) / d);
+            L[16 * j + i] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
         }
     }
+    pack_2bit(L, qs);
+}
+
+/* Symmetric codes l in -nmax..nmax-1 (stored as l + nmax) with weights
+ * x^2, ggml's make_q3_quants with do_rmse: the grid through the largest
+ * |x|, then up to 5 passes of coordinate descent moving one code at a time
+ * while the weighted fit sum(w x l)^2 / sum(w l^2) improves. An all-zero
+ * (< 1e-15) group gives codes 0 and scale 0. Returns the scale. */
+static float fit_scale_q3(int n, int nmax, const float *x, int8_t *L) {
+    float amax, max = largest(n, x, &amax);
+    if (amax < 1e-15f) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    const float iscale = -(float)nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * (float)l;
+        suml2 += w * (float)l * (float)l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * (float)L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * (float)L[i] * (float)L[i];
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = new_l < -nmax ? -nmax : new_l > nmax - 1 ? nmax - 1 : new_l;
+                if (new_l != L[i]) {
+                    slx += w * x[i] * (float)new_l;
+                    sl2 += w * (float)new_l * (float)new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return sumlx / suml2;
+}
+
+/* Q3_K super-block (ggml's quantize_row_q3_K_ref): per 16-value sub-block
+ * the symmetric 3-bit fit above; the 16 scales quantized to 6 bits against
+ * the largest in magnitude (d = -max / 32, codes -32..31 stored + 32);
+ * every value re-coded against its stored scale (-4..3); the code's third
+ * bit goes to hmask, the low two to qs. */
+static void quant_q3_k(const float *x, uint8_t *b) {
+    int8_t L[QK_K];
+    uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
+    float sc[16], amax;
+    for (int j = 0; j < 16; j++) sc[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
+    const float max_scale = largest(16, sc, &amax);
+    memset(scales, 0, 12);
+    if (max_scale != 0) {
+        const float iscale = -32.0f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            int l = (int8_t)nearest_int(iscale * sc[j]); /* ggml stores to int8_t first */
+            l = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
+            if (j < 8) scales[j] = (uint8_t)(l & 0xF);
+            else scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+        }
+        f2h(b + 108, 1.0f / iscale);
+    } else {
+        f2h(b + 108, 0.0f);
+    }
+    int8_t stored[16];
+    nstf_q3k_scales(scales, stored);
+    for (int j = 0; j < 16; j++) {
+        const float d = h2f(b + 108) * (float)stored[j];
+        if (!d) continue;
+        for (int i = 0; i < 16; i++) {
+            int l = nearest_int(x[16 * j + i] / d);
+            L[16 * j + i] = (int8_t)((l < -4 ? -4 : l > 3 ? 3 : l) + 4);
+        }
+    }
+    memset(hmask, 0, 32);
+    for (int e = 0; e < QK_K; e++) /* the high bit of value e: bit e / 32 of hmask[e % 32] */
+        if (L[e] > 3) {
+            hmask[e % 32] |= (uint8_t)(1u << (e / 32));
+            L[e] = (int8_t)(L[e] - 4);
+        }
+    pack_2bit((const uint8_t *)L, qs);
+}
+
+static void quant_q6_k(const float *x, uint8_t *b) {
+    uint8_t L[QK_K];
+    float sc[16], max_abs;
+    for (int s = 0; s < 16; s++) sc[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
+    const float max_scale = largest(16, sc, &max_abs);
     if (max_abs < 1e-15f) {
         memset(b, 0, 210);
         return;
@@ -351,6 +498,8 @@ bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n)
     const int64_t bb = nstf_type_block_bytes(t);
     for (int64_t i = 0; i < n / QK_K; i++, src += QK_K, dst += bb) {
         switch (t) {
+        case NSTF_TYPE_Q2_K: quant_q2_k(src, dst); break;
+        case NSTF_TYPE_Q3_K: quant_q3_k(src, dst); break;
         case NSTF_TYPE_Q4_K: quant_q45_k(src, dst, false); break;
         case NSTF_TYPE_Q5_K: quant_q45_k(src, dst, true); break;
         case NSTF_TYPE_Q6_K: quant_q6_k(src, dst); break;

@@ -14,7 +14,9 @@
 
 static const char *const k_names[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
 
-static nstf_matrix *layer_matrix(nstf_llama_layer *L, int kind) {
+const char *nstf_analyze_kind_name(int kind) { return kind >= 0 && kind < 7 ? k_names[kind] : "?"; }
+
+nstf_matrix *nstf_analyze_slot(nstf_llama_layer *L, int kind) {
     nstf_matrix *m[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     return m[kind];
 }
@@ -25,8 +27,7 @@ void nstf_analyze_result_free(nstf_analyze_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* w's rows re-encoded as type t (through fp32): a new buffer. */
-static void *requantize(const nstf_matrix *w, nstf_type t) {
+void *nstf_analyze_requantize(const nstf_matrix *w, nstf_type t) {
     uint64_t rb_in = 0, rb_out = 0;
     if (!nstf_type_row_bytes(w->type, w->n_in, &rb_in) || !nstf_type_row_bytes(t, w->n_in, &rb_out)) return NULL;
     unsigned char *dst = nstf_alloc((size_t)(rb_out * (uint64_t)w->n_out), "candidate matrix");
@@ -93,11 +94,17 @@ nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const n
         }
         types[n_types++] = t;
     }
-    int n_mats = 0;
-    for (int k = 0; k < 7; k++) n_mats += (targets >> k) & 1;
-    n_mats *= l1 - l0;
-    const int per = n_types + (p->lowrank_reduce > 0);
-    run_ctx c = {s, ids, n, m->cfg.n_vocab, NULL, NULL, out, p, 0, n_mats * per};
+    /* evaluations: per targeted matrix, the types whose block divides its rows, and the rank */
+    int total = 0;
+    for (int l = l0; l < l1; l++)
+        for (int k = 0; k < 7; k++) {
+            if (!((targets >> k) & 1)) continue;
+            const nstf_matrix *w = nstf_analyze_slot(&m->w.layers[l], k);
+            uint64_t rb;
+            for (int ti = 0; ti < n_types; ti++) total += nstf_type_row_bytes(types[ti], w->n_in, &rb);
+            total += p->lowrank_reduce > 0;
+        }
+    run_ctx c = {s, ids, n, m->cfg.n_vocab, NULL, NULL, out, p, 0, total};
     const size_t lp_bytes = (size_t)n * (size_t)c.nv * 4;
     float *ref = nstf_alloc(lp_bytes, "reference log-probabilities");
     c.lp = nstf_alloc(lp_bytes, "log-probabilities");
@@ -118,13 +125,13 @@ nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const n
     for (int l = l0; st == NSTF_OK && l < l1; l++)
         for (int k = 0; st == NSTF_OK && k < 7; k++) {
             if (!((targets >> k) & 1)) continue;
-            nstf_matrix *slot = layer_matrix(&m->w.layers[l], k);
+            nstf_matrix *slot = nstf_analyze_slot(&m->w.layers[l], k);
             const nstf_matrix orig = *slot;
             for (int ti = 0; st == NSTF_OK && ti < n_types; ti++) {
                 const nstf_type t = types[ti];
                 uint64_t rb = 0;
                 if (!nstf_type_row_bytes(t, orig.n_in, &rb)) continue; /* the block does not divide the rows */
-                void *q = requantize(&orig, t);
+                void *q = nstf_analyze_requantize(&orig, t);
                 if (!q) {
                     st = NSTF_ERR_OOM;
                     break;

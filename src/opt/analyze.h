@@ -51,6 +51,15 @@ typedef struct nstf_analyze_result {
     char skipped[256];     /* candidate types not run, and why */
 } nstf_analyze_result;
 
+/* The 7 layer matrices, in the order of the NSTF_LR_* flags: their GGUF
+ * name part ("attn_q", ..., "ffn_down") and their slot in a layer. */
+const char *nstf_analyze_kind_name(int kind);
+struct nstf_llama_layer;
+struct nstf_matrix *nstf_analyze_slot(struct nstf_llama_layer *L, int kind);
+/* w's rows re-encoded as type t (through fp32): a new buffer (nstf_free),
+ * NULL on OOM or a type whose block does not divide the rows. */
+void *nstf_analyze_requantize(const struct nstf_matrix *w, nstf_type t);
+
 nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const nstf_analyze_params *p,
                              nstf_analyze_result *out);
 void nstf_analyze_result_free(nstf_analyze_result *r);

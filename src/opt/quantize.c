@@ -21,6 +21,7 @@ static const nstf_quant_target k_targets[] = {
     {"Q4_1", NSTF_TYPE_Q4_1, NSTF_QMIX_PLAIN, 3},  {"Q5_0", NSTF_TYPE_Q5_0, NSTF_QMIX_PLAIN, 8},
     {"Q5_1", NSTF_TYPE_Q5_1, NSTF_QMIX_PLAIN, 9},  {"Q4_K", NSTF_TYPE_Q4_K, NSTF_QMIX_PLAIN, 14},
     {"Q5_K", NSTF_TYPE_Q5_K, NSTF_QMIX_PLAIN, 16}, {"Q6_K", NSTF_TYPE_Q6_K, NSTF_QMIX_PLAIN, 18},
+    {"Q2_K", NSTF_TYPE_Q2_K, NSTF_QMIX_PLAIN, 10},  {"Q3_K", NSTF_TYPE_Q3_K, NSTF_QMIX_PLAIN, 11},
     {"Q4_K_M", NSTF_TYPE_Q4_K, NSTF_QMIX_Q4_K_M, 15},
     {"Q5_K_M", NSTF_TYPE_Q5_K, NSTF_QMIX_Q5_K_M, 17},
 };
@@ -36,7 +37,7 @@ bool nstf_quant_target_parse(const char *name, nstf_quant_target *out) {
 }
 
 const char *nstf_quant_target_list(void) {
-    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M";
+    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_K_M, Q5_K_M";
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -73,7 +74,10 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
         t = NSTF_TYPE_Q6_K;
     }
     if (nstf_type_block_elems(t) == NSTF_QK_K && ne0 % NSTF_QK_K != 0) /* llama.cpp's fallbacks */
-        t = t == NSTF_TYPE_Q4_K ? NSTF_TYPE_Q5_0 : t == NSTF_TYPE_Q5_K ? NSTF_TYPE_Q5_1 : NSTF_TYPE_Q8_0;
+        t = t == NSTF_TYPE_Q4_K                          ? NSTF_TYPE_Q5_0
+            : t == NSTF_TYPE_Q5_K                        ? NSTF_TYPE_Q5_1
+            : t == NSTF_TYPE_Q2_K || t == NSTF_TYPE_Q3_K ? NSTF_TYPE_Q4_0
+                                                         : NSTF_TYPE_Q8_0;
     return t;
 }
 
@@ -152,6 +156,52 @@ static nstf_status name_of(const nstf_gguf_tensor *t, char *buf, size_t cap) {
     return NSTF_OK;
 }
 
+/* The type tensor t (named name, of type cur as read) gets: its override,
+ * else the rule. */
+static nstf_type type_for(const nstf_quant_params *p, const nstf_gguf_tensor *t, const char *name, nstf_type cur,
+                          bool has_output, int n_layers) {
+    for (int i = 0; i < p->n_overrides; i++)
+        if (!strcmp(p->overrides[i].name, name)) return p->overrides[i].type;
+    return nstf_quant_tensor_type(&p->target, name, t->n_dims, t->ne[0], cur, has_output, n_layers);
+}
+
+/* Layers (1 + the largest blk.N), whether output.weight exists, bytes. */
+static nstf_status model_shape(const nstf_gguf *g, int *n_layers, bool *has_output, uint64_t *total) {
+    char name[512];
+    *n_layers = 0;
+    *total = 0;
+    *has_output = nstf_gguf_find_tensor(g, "output.weight") != NULL;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        if (layer_of(name) + 1 > *n_layers) *n_layers = layer_of(name) + 1;
+        *total += t->n_bytes;
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params *p, uint64_t *bytes,
+                                     uint64_t *n_elems) {
+    int n_layers;
+    bool has_output;
+    uint64_t total;
+    char name[512];
+    NSTF_TRY(model_shape(g, &n_layers, &has_output, &total));
+    *bytes = *n_elems = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const nstf_gguf_tensor *t = &g->tensors[i];
+        NSTF_TRY(name_of(t, name, sizeof name));
+        const nstf_type to = type_for(p, t, name, t->type, has_output, n_layers);
+        uint64_t rb, b;
+        if (!nstf_type_row_bytes(to, t->ne[0], &rb) || !nstf_mul_ok(rb, t->n_elems / (uint64_t)t->ne[0], &b))
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor '%s': %s does not divide its rows of %lld", name,
+                                  nstf_type_name(to), (long long)t->ne[0]);
+        *bytes += b;
+        *n_elems += t->n_elems;
+    }
+    return NSTF_OK;
+}
+
 /* Plan every tensor's type, refuse requantization before any work, and
  * queue the key/values and tensors on the writer. An HF folder's view is
  * first taken as `nstf convert` writes it (convert.h: vectors F32, Q/K
@@ -163,22 +213,18 @@ static nstf_status plan(quant_job *j, bool folder, nstf_gguf_writer *w) {
     if (folder) NSTF_TRY(nstf_convert_tensor_plan(g, -1, j->to, j->perm));
     else
         for (uint64_t i = 0; i < g->n_tensors; i++) j->to[i] = g->tensors[i].type;
-    int n_layers = 0;
-    bool has_output = nstf_gguf_find_tensor(g, "output.weight") != NULL;
+    int n_layers;
+    bool has_output;
     char name[512];
     int64_t widest = 1;
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const nstf_gguf_tensor *t = &g->tensors[i];
-        NSTF_TRY(name_of(t, name, sizeof name));
-        if (layer_of(name) + 1 > n_layers) n_layers = layer_of(name) + 1;
-        if (t->ne[0] > widest) widest = t->ne[0];
-        j->total += t->n_bytes;
-    }
+    NSTF_TRY(model_shape(g, &n_layers, &has_output, &j->total));
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].ne[0] > widest) widest = g->tensors[i].ne[0];
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));
         const nstf_type cur = j->to[i];
-        const nstf_type to = nstf_quant_tensor_type(tg, name, t->n_dims, t->ne[0], cur, has_output, n_layers);
+        const nstf_type to = type_for(j->p, t, name, cur, has_output, n_layers);
         if (to != cur && nstf_type_is_quantized(cur) && !j->p->allow_requantize)
             return nstf_set_error(NSTF_ERR_INVALID_ARG,
                                   "%s: tensor '%s' is already quantized (%s); requantizing compounds the "
@@ -204,6 +250,7 @@ static nstf_status plan(quant_job *j, bool folder, nstf_gguf_writer *w) {
     }
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.file_type", tg->ftype));
     NSTF_TRY(nstf_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    if (j->p->add_keys) NSTF_TRY(j->p->add_keys(j->p->add_keys_user, w));
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const nstf_gguf_tensor *t = &g->tensors[i];
         NSTF_TRY(name_of(t, name, sizeof name));

@@ -2,8 +2,8 @@
  * (`nstf quantize`): a GGUF file, or an HF model folder (io/hf_model.h) in
  * one step.
  *
- * Targets: the plain types F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q5_K, Q6_K and the mixes Q4_K_M / Q5_K_M. Which tensor gets which type
+ * Targets: the plain types F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K and the mixes Q4_K_M / Q5_K_M. Which tensor gets which type
  * follows llama.cpp's rules (llama_tensor_get_type, no importance matrix):
  *   - only matrices are quantized (names ending in "weight", >= 2 dims);
  *     vectors (norms) keep their type;
@@ -14,7 +14,9 @@
  *     use_more_bits (the first and last eighth of the layers and every
  *     third one in between) get Q6_K; the rest Q4_K / Q5_K;
  *   - a super-block type on rows that are not a multiple of 256 falls back
- *     as llama.cpp's does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0.
+ *     as llama.cpp's does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0;
+ *     Q2_K, Q3_K -> Q4_0 (llama.cpp's fallback before IQ4_NL; it now
+ *     takes IQ4_NL, which has no quantizer here).
  * Every other key/value is copied; general.file_type is set to llama.cpp's
  * ftype id and general.quantization_version to 2.
  *
@@ -36,6 +38,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "io/gguf.h"
 
 typedef enum nstf_qmix {
     NSTF_QMIX_PLAIN = 0, /* one type for every matrix (plus the output rule) */
@@ -59,8 +62,21 @@ const char *nstf_quant_target_list(void);
  * the input bytes done and the total. */
 typedef void (*nstf_quant_progress_fn)(void *user, uint64_t done, uint64_t total);
 
+/* A tensor given its own type (adaptive precision, adaptive.h): it
+ * replaces the target's rule for that tensor; a matrix's own type copies
+ * it unchanged. */
+typedef struct nstf_quant_override {
+    const char *name;
+    nstf_type type;
+} nstf_quant_override;
+
 typedef struct nstf_quant_params {
-    nstf_quant_target target;
+    nstf_quant_target target;          /* the rule for every tensor not overridden */
+    const nstf_quant_override *overrides; /* [n_overrides], or NULL */
+    int n_overrides;
+    /* extra keys written after the input's (nstf.* metadata), or NULL */
+    nstf_status (*add_keys)(void *user, nstf_gguf_writer *w);
+    void *add_keys_user;
     bool allow_requantize;
     int n_threads;                   /* >= 1 */
     nstf_quant_progress_fn progress; /* optional */
@@ -76,5 +92,10 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
 /* in_path: a GGUF file or an HF model folder (a directory). */
 nstf_status nstf_quantize_file(const char *in_path, const char *out_path,
                                const nstf_quant_params *p);
+
+/* Bytes of tensor data nstf_quantize_file would write for the open input
+ * g (overrides included), and the elements of all its tensors. */
+nstf_status nstf_quantize_plan_bytes(const nstf_gguf *g, const nstf_quant_params *p, uint64_t *bytes,
+                                     uint64_t *n_elems);
 
 #endif

@@ -1,0 +1,226 @@
+/* plan.c — the planner (plan.h): the sensitivity table with the low-rank
+ * candidate, the choice under a perplexity budget (adaptive.c), the
+ * trade-off table of pure strategies, and the writer that puts factors and
+ * quantized matrices into one GGUF with the plan's metadata. */
+#include "opt/plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/mem.h"
+#include "model/session.h"
+#include "opt/lowrank.h"
+
+void nstf_plan_detach(nstf_plan *plan) {
+    nstf_lowrank_free(plan->lr);
+    plan->lr = NULL;
+}
+
+void nstf_plan_free(nstf_plan *plan) {
+    if (!plan) return;
+    nstf_adaptive_plan_free(&plan->mix);
+    for (int l = 0; plan->strategy && l < plan->n_layers; l++) nstf_free(plan->strategy[l]);
+    nstf_free(plan->strategy);
+    nstf_free(plan->attn_sparse);
+    nstf_lowrank_free(plan->lr);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* Bytes of matrix i (shape from the session) as type t or rank r. */
+static uint64_t mat_bytes(nstf_session *s, int i, nstf_type t, int64_t r) {
+    const nstf_matrix *w = nstf_analyze_slot(&s->model->w.layers[i / 7], i % 7);
+    if (r > 0) return 2 * (uint64_t)r * (uint64_t)(w->n_in + w->n_out);
+    uint64_t rb = 0;
+    return nstf_type_row_bytes(t, w->n_in, &rb) ? rb * (uint64_t)w->n_out : 0;
+}
+
+/* Evaluate `mix` (entries filled) as a row of the table. */
+static nstf_status add_row(nstf_session *s, nstf_plan *plan, const nstf_adaptive_plan *mix, uint64_t fixed,
+                           const char *name, const int32_t *ids, int n, const float *ref) {
+    if (plan->n_rows >= (int)(sizeof plan->rows / sizeof plan->rows[0])) return NSTF_OK;
+    nstf_plan_row *r = &plan->rows[plan->n_rows];
+    double ms = 0;
+    NSTF_TRY(nstf_adaptive_plan_eval(s, mix, plan->lr, ids, n, ref, &r->score, &ms));
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->bytes = fixed;
+    for (int i = 0; i < mix->n; i++) r->bytes += mix->e[i].bytes;
+    r->tok_s = ms > 0 ? 1e3 * n / ms : 0;
+    plan->n_rows++;
+    return NSTF_OK;
+}
+
+/* The trade-off table: original, each pure type, pure rank, the plan. */
+static nstf_status table(nstf_session *s, nstf_plan *plan, const nstf_plan_params *p, const int32_t *ids, int n) {
+    const int64_t nv = s->model->cfg.n_vocab;
+    const int n_mats = plan->mix.n;
+    float *ref = nstf_alloc((size_t)n * (size_t)nv * 4, "reference log-probabilities");
+    nstf_adaptive_plan pure = plan->mix;
+    pure.e = nstf_alloc((size_t)n_mats * sizeof *pure.e, "pure strategy");
+    nstf_status st = ref && pure.e ? NSTF_OK : NSTF_ERR_OOM;
+    if (st == NSTF_OK) st = nstf_eval_logprobs(s, ids, n, ref);
+    uint64_t fixed = plan->mix.total_bytes;
+    for (int i = 0; i < n_mats; i++) fixed -= plan->mix.e[i].bytes;
+    const int n_pure = p->n_types + (plan->lr != NULL);
+    for (int k = -1; st == NSTF_OK && k <= n_pure; k++) { /* -1: original; n_pure: the plan */
+        char name[48];
+        if (k == n_pure) {
+            st = add_row(s, plan, &plan->mix, fixed, "plan (in memory)", ids, n, ref);
+            break;
+        }
+        int n_applied = 0;
+        for (int i = 0; i < n_mats; i++) {
+            nstf_adaptive_entry *e = &pure.e[i];
+            *e = plan->mix.e[i];
+            e->type = e->own, e->rank = 0;
+            if (k >= 0 && k < p->n_types && mat_bytes(s, i, p->types[k], 0)) e->type = p->types[k], n_applied++;
+            if (k == p->n_types) {
+                const nstf_matrix *w = nstf_analyze_slot(&s->model->w.layers[i / 7], i % 7);
+                e->rank = nstf_lowrank_rank_budget(w->n_in, w->n_out, 1.0 - p->lowrank_reduce);
+            }
+            e->bytes = e->type == e->own && !e->rank ? mat_bytes(s, i, e->own, 0) : mat_bytes(s, i, e->type, e->rank);
+        }
+        if (k >= 0 && k < p->n_types && n_applied == 0) continue; /* the type's block divides no matrix */
+        /* the original keeps its embeddings as loaded (F32: no swap); the others take the rest rule's */
+        pure.embd_type = k < 0 ? NSTF_TYPE_F32 : plan->mix.embd_type;
+        pure.output_type = k < 0 ? NSTF_TYPE_F32 : plan->mix.output_type;
+        if (k < 0) snprintf(name, sizeof name, "original");
+        else if (k < p->n_types)
+            snprintf(name, sizeof name, "all %s%s", nstf_type_name(p->types[k]),
+                     n_applied < n_mats ? " (where it divides; else own)" : "");
+        else snprintf(name, sizeof name, "all rank (%.0f%% fewer)", 100 * p->lowrank_reduce);
+        st = add_row(s, plan, &pure, fixed, name, ids, n, ref);
+        if (p->progress) p->progress(p->progress_user, "trade-off table", k + 2, n_pure + 2, name);
+    }
+    nstf_free(ref);
+    nstf_free(pure.e);
+    return st;
+}
+
+static nstf_status strategies(nstf_plan *plan) {
+    const int L = plan->n_layers;
+    plan->attn_sparse = nstf_calloc((size_t)L, 1, "attention plan");
+    plan->strategy = nstf_calloc((size_t)L, sizeof *plan->strategy, "strategies");
+    if (!plan->attn_sparse || !plan->strategy) return NSTF_ERR_OOM;
+    for (int l = 0; l < L; l++) {
+        char buf[512];
+        size_t k = 0;
+        for (int j = 0; j < 7; j++) {
+            const nstf_adaptive_entry *e = &plan->mix.e[l * 7 + j];
+            if (e->rank > 0)
+                k += (size_t)snprintf(buf + k, sizeof buf - k, "%s=rank%lld ", nstf_analyze_kind_name(j), (long long)e->rank);
+            else
+                k += (size_t)snprintf(buf + k, sizeof buf - k, "%s=%s ", nstf_analyze_kind_name(j), nstf_type_name(e->type));
+        }
+        snprintf(buf + k, sizeof buf - k, "attn=%s", plan->attn_sparse[l] ? "sparse" : "dense");
+        plan->strategy[l] = nstf_alloc(strlen(buf) + 1, "strategy");
+        if (!plan->strategy[l]) return NSTF_ERR_OOM;
+        memcpy(plan->strategy[l], buf, strlen(buf) + 1);
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nstf_plan_params *p, nstf_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (!(p->budget_ppl > 0)) return nstf_set_error(NSTF_ERR_INVALID_ARG, "the planner needs a perplexity budget > 0");
+    out->n_layers = s->model->cfg.n_layers;
+    nstf_status st = NSTF_OK;
+    const bool lowrank = p->lowrank_reduce > 0 && nstf_lowrank_available();
+    if (p->lowrank_reduce > 0 && !lowrank)
+        snprintf(out->note, sizeof out->note, "no LAPACKE in this build: low-rank candidates left out; ");
+    if (lowrank) {
+        nstf_lowrank_params lp = {0};
+        lp.targets = NSTF_LR_ALL;
+        lp.whiten = p->calib != NULL;
+        st = nstf_lowrank_create(s, p->calib, p->n_calib, &lp, &out->lr);
+    }
+    nstf_analyze_result sens = {0};
+    if (st == NSTF_OK) {
+        nstf_analyze_params ap = {0};
+        ap.types = p->types;
+        ap.n_types = p->n_types;
+        ap.lowrank_reduce = lowrank ? p->lowrank_reduce : 0;
+        ap.calib = p->calib;
+        ap.n_calib = p->n_calib;
+        st = nstf_analyze_run(s, ids, n, &ap, &sens);
+    }
+    if (st == NSTF_OK) {
+        nstf_adaptive_params ad = {0};
+        ad.types = p->types;
+        ad.n_types = p->n_types;
+        ad.rest = p->rest;
+        ad.budget_ppl = p->budget_ppl;
+        ad.lr = out->lr;
+        ad.progress = p->progress;
+        ad.progress_user = p->progress_user;
+        st = nstf_adaptive_plan_make(s, ids, n, &ad, &sens, &out->mix);
+    }
+    nstf_analyze_result_free(&sens);
+    if (st == NSTF_OK) st = strategies(out);
+    if (st == NSTF_OK && p->allow_sparse) {
+        size_t k = strlen(out->note);
+        snprintf(out->note + k, sizeof out->note - k,
+                 "sparse attention: not measured by the planner yet, every layer dense");
+    }
+    if (st == NSTF_OK) st = table(s, out, p, ids, n);
+    if (st != NSTF_OK) nstf_plan_free(out);
+    return st;
+}
+
+typedef struct write_ctx {
+    const nstf_plan *plan;
+    const nstf_plan_params *p;
+} write_ctx;
+
+static nstf_status plan_keys(void *user, nstf_gguf_writer *w) {
+    const write_ctx *c = user;
+    NSTF_TRY(nstf_gguf_writer_set_u32(w, "nstf.plan.version", 1));
+    NSTF_TRY(nstf_gguf_writer_set_arr_str(w, "nstf.plan.strategy", (const char *const *)c->plan->strategy,
+                                          (uint64_t)c->plan->n_layers));
+    NSTF_TRY(nstf_gguf_writer_set_arr(w, "nstf.plan.attn_sparse", NSTF_GGUF_UINT8, c->plan->attn_sparse,
+                                      (uint64_t)c->plan->n_layers));
+    return nstf_gguf_writer_set_f32(w, "nstf.plan.budget_ppl", (float)c->p->budget_ppl);
+}
+
+nstf_status nstf_plan_write(nstf_session *s, nstf_plan *plan, const nstf_plan_params *p, const char *in_path,
+                            const char *out_path) {
+    const nstf_adaptive_plan *mix = &plan->mix;
+    int n_fact = 0;
+    for (int i = 0; i < mix->n; i++) n_fact += mix->e[i].rank > 0;
+    /* factor names: two per factorized matrix, after the dense overrides */
+    nstf_quant_override *ov = nstf_calloc((size_t)(mix->n + 2 * n_fact), sizeof *ov, "overrides");
+    char(*names)[80] = nstf_calloc((size_t)(2 * n_fact + 1), sizeof *names, "factor names");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.lowrank.tmp", out_path);
+    nstf_status st = ov && names ? NSTF_OK : NSTF_ERR_OOM;
+    int k = 0, f = 0;
+    for (int i = 0; st == NSTF_OK && i < mix->n; i++) {
+        const nstf_adaptive_entry *e = &mix->e[i];
+        if (e->rank <= 0) {
+            ov[k++] = (nstf_quant_override){e->name, e->type};
+            continue;
+        }
+        const int base = (int)strlen(e->name) - 7; /* without ".weight" */
+        snprintf(names[f], sizeof names[f], "%.*s.lr_a.weight", base, e->name);
+        ov[k++] = (nstf_quant_override){names[f++], NSTF_TYPE_F16};
+        snprintf(names[f], sizeof names[f], "%.*s.lr_b.weight", base, e->name);
+        ov[k++] = (nstf_quant_override){names[f++], NSTF_TYPE_F16};
+        const int li = nstf_lowrank_find(plan->lr, i / 7, i % 7);
+        st = li >= 0 ? nstf_lowrank_set(plan->lr, li, e->rank)
+                     : nstf_set_error(NSTF_ERR_INTERNAL, "%s: factorized in the plan, not decomposed", e->name);
+    }
+    /* the factors first (the session's model with the plan's ranks), then the types */
+    if (st == NSTF_OK && n_fact) st = nstf_lowrank_write(plan->lr, tmp, NSTF_TYPE_F16);
+    for (int i = 0; plan->lr && i < nstf_lowrank_count(plan->lr); i++) (void)nstf_lowrank_set(plan->lr, i, 0);
+    if (st == NSTF_OK) {
+        write_ctx c = {plan, p};
+        nstf_quant_params qp = {.target = p->rest, .overrides = ov, .n_overrides = k, .n_threads = s->params.n_threads,
+                                .add_keys = plan_keys, .add_keys_user = &c};
+        st = nstf_quantize_file(n_fact ? tmp : in_path, out_path, &qp);
+    }
+    if (n_fact) unlink(tmp);
+    nstf_free(ov);
+    nstf_free(names);
+    return st;
+}

@@ -1,0 +1,46 @@
+/* opt_test.h — what the optimization tests (test_adaptive, test_optimize)
+ * share: a generated text of random words, and the perplexity of a model
+ * file recomputed the way their commands' final checks compute it. */
+#ifndef NSTF_TEST_OPT_TEST_H
+#define NSTF_TEST_OPT_TEST_H
+
+#include "core/mem.h"
+#include "nstf_tools.h"
+#include "opt/evaluate.h"
+#include "test_util.h"
+
+/* About n_chars of words drawn from words[n_words], into text [cap]. */
+static inline void opt_test_text(char *text, size_t cap, size_t n_chars, uint64_t seed, const char *const *words,
+                                 int n_words) {
+    size_t k = 0;
+    test_rng r = {seed};
+    text[0] = 0;
+    while (k < n_chars && k < cap - 64) k += (size_t)snprintf(text + k, cap - k, "%s ", words[rng_next(&r) % (uint64_t)n_words]);
+}
+
+/* Perplexity of `model` over the first n_tok tokens of text (CPU, one
+ * window), as `nstf quantize auto` / `nstf optimize` print it. */
+static inline double opt_test_reload_ppl(const char *model, const char *text, int n_tok) {
+    nstf_session_params sp = nstf_session_default_params();
+    sp.device = "cpu";
+    sp.n_threads = 2;
+    nstf_session *s;
+    if (nstf_session_open(model, &sp, &s) != NSTF_OK) return NAN;
+    int32_t *ids = NULL;
+    int n = 0;
+    double ppl = NAN;
+    if (nstf_eval_tokenize(s, text, n_tok, &ids, &n) == NSTF_OK) {
+        float *lp = malloc((size_t)n * (size_t)nstf_session_n_vocab(s) * 4);
+        nstf_eval_score sc;
+        if (lp && nstf_eval_logprobs(s, ids, n, lp) == NSTF_OK) {
+            nstf_eval_scores(lp, NULL, ids, n, nstf_session_n_vocab(s), 0, &sc);
+            ppl = sc.ppl;
+        }
+        free(lp);
+    }
+    nstf_free(ids);
+    nstf_session_close(s);
+    return ppl;
+}
+
+#endif
