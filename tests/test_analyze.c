@@ -8,8 +8,10 @@
  *    by rounding only: KL <= 1e-7, top-1 100%; Q4_0 moves them more
  *    than Q8_0 (KL) for each matrix; every KL and perplexity is finite;
  *  - the model is its own again afterwards: logits bit for bit;
- *  - `nstf analyze --fast --json` prints the rows as JSON (the low-rank
- *    candidate only with LAPACKE). */
+ *  - `nstf analyze --fast --json --svg F` prints the rows as JSON (the
+ *    low-rank candidate only with LAPACKE) and draws one point per row;
+ *  - the chart on a made-up result: names escaped, every row a point with
+ *    its tooltip, a non-finite KL and an empty result refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +29,54 @@
 static const char *k_text = "Sensitivity analysis changes one matrix at a time and measures how far the model's "
                             "predictions move from the original ones over a short text.";
 
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = calloc(1, 1 << 20);
+    if (b) b[fread(b, 1, (1 << 20) - 1, f)] = 0;
+    fclose(f);
+    return b;
+}
+
+static int count(const char *s, const char *what) {
+    int n = 0;
+    for (const char *p = s; p && (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
+/* the chart of a made-up result */
+static void svg_unit(void) {
+    nstf_analyze_row rows[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        snprintf(rows[i].tensor, sizeof rows[i].tensor, "blk.%d.attn_q.weight", i % 3);
+        snprintf(rows[i].candidate, sizeof rows[i].candidate, i % 2 ? "Q4_0" : "Q8_0");
+        rows[i].layer = i % 3;
+        rows[i].bpw = i % 2 ? 4.5 : 8.5;
+        rows[i].score.kl = i ? 1e-4 * i : 0; /* a zero KL sits on the floor */
+        rows[i].score.ppl = 10.0 + i;
+    }
+    snprintf(rows[4].tensor, sizeof rows[4].tensor, "a<b>&\"c'");
+    nstf_analyze_result r = {.base = {.ppl = 10.0}, .rows = rows, .n_rows = 5};
+    char path[] = "/tmp/nstf_test_analyze_svg_XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd >= 0) close(fd);
+    CHECK(nstf_analyze_svg(path, "t<1>", &r) == NSTF_OK, "svg: %s", nstf_last_error());
+    char *b = slurp(path);
+    CHECK(b && !strncmp(b, "<svg ", 5) && strstr(b, "</svg>\n") && count(b, "<title>") == 5 &&
+              strstr(b, "a&lt;b&gt;&amp;&quot;c&apos;") && strstr(b, "t&lt;1&gt;") && !strstr(b, "a<b"),
+          "the chart: 5 points with tooltips, names escaped");
+    CHECK(b && count(b, "<polyline") == 2, "one line per candidate in the per-layer panel");
+    free(b);
+    rows[2].score.kl = NAN;
+    CHECK(nstf_analyze_svg(path, "t", &r) == NSTF_ERR_INVALID_ARG, "a non-finite KL is refused");
+    r.n_rows = 0;
+    CHECK(nstf_analyze_svg(path, "t", &r) == NSTF_ERR_INVALID_ARG, "an empty result is refused");
+    unlink(path);
+}
+
 int main(void) {
+    svg_unit();
     if (access(MODEL, R_OK) != 0) {
         printf("test_analyze: %s missing; skipped\n", MODEL);
         return 77;
@@ -89,9 +138,18 @@ int main(void) {
     snprintf(text_path, sizeof text_path, "%s/text.txt", g_dir);
     FILE *f = fopen(text_path, "w");
     if (f) fputs(k_text, f), fclose(f);
-    const char *args[] = {"analyze", "-m", MODEL, "-f", text_path, "--fast", "--json", "-t", "2", NULL};
+    char svg_path[300];
+    snprintf(svg_path, sizeof svg_path, "%s/s.svg", g_dir);
+    const char *args[] = {"analyze", "-m", MODEL, "-f", text_path, "--fast", "--json", "--svg", svg_path,
+                          "-t", "2", NULL};
     const int rc = run(args);
-    CHECK(rc == 0, "nstf analyze --fast --json: exit %d: %s", rc, g_err);
+    CHECK(rc == 0, "nstf analyze --fast --json --svg: exit %d: %s", rc, g_err);
+    char *svg = slurp(svg_path);
+    CHECK(svg && !strncmp(svg, "<svg ", 5) && count(svg, "<title>") == count(g_out, "\"tensor\":") &&
+              count(svg, "<title>") > 0,
+          "the chart has one point per JSON row (%d points, %d rows)", count(svg, "<title>"),
+          count(g_out, "\"tensor\":"));
+    free(svg);
     CHECK(g_out[0] == '{' && strstr(g_out, "\"rows\": [") && strstr(g_out, "blk.0.attn_output.weight") &&
               strstr(g_out, "\"candidate\": \"Q4_0\""),
           "JSON rows: %.300s", g_out);

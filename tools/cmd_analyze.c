@@ -1,6 +1,6 @@
 /* cmd_analyze.c — `nstf analyze -m MODEL -f TEXT`: per-matrix
- * sensitivity (src/opt/analyze.h) as a markdown table or JSON, with a
- * progress bar on a terminal. */
+ * sensitivity (src/opt/analyze.h) as a markdown table or JSON, and a
+ * chart (--svg, analyze_svg.c), with a progress bar on a terminal. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +34,8 @@ static void usage(FILE *f) {
             "      --layers A-B      layers A..B only (default all)\n"
             "      --fast            layer 0's attention matrices, 16 tokens, Q8_0 and Q4_0, rank at 0.5 (tests)\n"
             "      --json            JSON instead of the markdown table\n"
+            "      --svg FILE        also a chart: KL against bits per weight for every matrix and candidate,\n"
+            "                        and the mean KL per layer and candidate\n"
             "  -t, --threads N       CPU threads (default all)\n");
 }
 
@@ -92,7 +94,7 @@ static void print_json(const char *model, int n_tok, const nstf_analyze_result *
 }
 
 int cmd_analyze(int argc, char **argv) {
-    const char *model = NULL, *file = NULL, *calib = NULL;
+    const char *model = NULL, *file = NULL, *calib = NULL, *svg = NULL;
     bool json = false, fast = false;
     int n_tok = 128, n_types = 0;
     float reduce = 0.5f;
@@ -125,6 +127,7 @@ int cmd_analyze(int argc, char **argv) {
         }
         else if (!strcmp(a, "--fast")) fast = true;
         else if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--svg")) { VAL(); svg = v; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { VAL(); if (!cli_parse_int(a, v, 1, 1024, &sp.n_threads)) return 2; }
         else { fprintf(stderr, "nstf analyze: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
@@ -168,6 +171,10 @@ int cmd_analyze(int argc, char **argv) {
     }
     if (json) print_json(model, n, &r);
     else print_md(model, n, &r);
+    if (svg && nstf_analyze_svg(svg, model, &r) != NSTF_OK) {
+        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        goto done;
+    }
     rc = 0;
 done:
     nstf_analyze_result_free(&r);

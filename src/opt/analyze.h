@@ -63,5 +63,9 @@ void *nstf_analyze_requantize(const struct nstf_matrix *w, nstf_type t);
 nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const nstf_analyze_params *p,
                              nstf_analyze_result *out);
 void nstf_analyze_result_free(nstf_analyze_result *r);
+/* The chart of r (analyze_svg.c): KL against bits per weight for every
+ * matrix and candidate, and the mean KL per layer and candidate; title
+ * (escaped) heads it. */
+nstf_status nstf_analyze_svg(const char *path, const char *title, const nstf_analyze_result *r);
 
 #endif

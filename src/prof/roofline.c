@@ -16,6 +16,7 @@
 
 #include "core/mem.h"
 #include "core/switches.h"
+#include "core/xml.h"
 #include "model/session.h"
 #include "prof/report.h"
 #include "prof/timer.h"
@@ -275,18 +276,6 @@ double nstf_roofline_ridge(const nstf_roofline *r, bool int8) {
 
 /* ---- SVG ------------------------------------------------------------------------ */
 
-static void xml_text(FILE *f, const char *s) {
-    for (; s && *s; s++) {
-        switch (*s) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default: fputc(*s, f);
-        }
-    }
-}
-
 typedef struct {
     double x0, x1, y0, y1; /* log10 ranges */
     double left, top, w, h;
@@ -315,7 +304,7 @@ nstf_status nstf_roofline_svg(const char *path, const nstf_roofline *r, const ns
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"600\" font-family=\"sans-serif\" "
                "font-size=\"11\">\n<rect width=\"900\" height=\"600\" fill=\"white\"/>\n");
     fputs("<text x=\"450\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">Roofline: ", f);
-    xml_text(f, r->cpu);
+    nstf_xml_text(f, r->cpu);
     fprintf(f, " (%d threads)</text>\n", r->n_threads);
     /* decade grid and labels */
     for (double e = a.x0; e <= a.x1 + 1e-9; e++) {
@@ -355,14 +344,14 @@ nstf_status nstf_roofline_svg(const char *path, const nstf_roofline *r, const ns
         double x = px(&a, pts[i].intensity), y = py(&a, pts[i].gflops);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>\n", x, y, dot_color[sr]);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"%s\">", x + 6, y + 3, dot_color[sr]);
-        xml_text(f, pts[i].label);
+        nstf_xml_text(f, pts[i].label);
         fputs("</text>\n", f);
     }
     for (int k = 0; k < 2 && series_names; k++) {
         if (!series_names[k]) continue;
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">", a.left + 15,
                 a.top + 15 + 16 * k, dot_color[k], a.left + 25, a.top + 19 + 16 * k);
-        xml_text(f, series_names[k]);
+        nstf_xml_text(f, series_names[k]);
         fputs("</text>\n", f);
     }
     fputs("</svg>\n", f);
