@@ -1,14 +1,15 @@
-/* llama_cpp_logits.c — llama.cpp's CPU logits on the end-to-end reference
+/* llama_cpp_logits.c — llama.cpp's CPU logits on an end-to-end reference
  * text, summarised against the fp32 reference, for the default-path
  * accuracy comparison (tests/test_accuracy.c, docs/PERFORMANCE.md).
  *
- * Reads the token ids of tests/data/smollm2_logits_ref.bin, runs them
+ * Reads the token ids of a tests/data/smollm2_logits_ref*.bin, runs them
  * teacher-forced through llama.cpp (its default CPU context: flash attention
  * auto, f16 KV cache, the given thread count), and writes one text line per
  * position and per stored reference row:
  *   pos T ARGMAX LOGIT_AT_REF_TOP1 LOGIT_AT_OWN_ARGMAX LSE
  *   row T KL                      KL(ref || llama.cpp) of a stored row, nats
- * and, for each greedy case of tests/data/smollm2_greedy_ref.txt, the 64
+ * and, for each greedy case of GREEDY_REF.txt (tests/data/smollm2_greedy_ref.txt
+ * with the prose text's file, an empty file with the others), the 64
  * greedy tokens llama.cpp generates after its prompt ids:
  *   greedy NAME ID ID ...
  * Built against a llama.cpp tree by scripts/ref/llama_cpp_accuracy.sh.
@@ -100,7 +101,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llama_cpp_logits: decode failed\n");
         return 1;
     }
-    printf("# llama.cpp CPU logits on tests/data/smollm2_logits_ref.bin's text, %d threads\n", n_threads);
+    const char *base = strrchr(argv[2], '/');
+    printf("# llama.cpp CPU logits on tests/data/%s's text, %d threads\n", base ? base + 1 : argv[2], n_threads);
     int k = 0;
     for (int t = 0; t < n_tok; t++) {
         const float *row = llama_get_logits_ith(ctx, t);
