@@ -4,8 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli_util.h"
 #include "core/mem.h"
@@ -39,28 +37,9 @@ static void usage(FILE *f) {
             "  -t, --threads N       CPU threads (default all)\n");
 }
 
-typedef struct bar {
-    double t0;
-    bool tty;
-} bar;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
+/* the library's (done, total, what) callback on the CLI's bar */
 static void progress(void *user, int done, int total, const char *what) {
-    bar *b = user;
-    if (!b->tty) return;
-    const double el = now_s() - b->t0, eta = done ? el * (total - done) / done : 0;
-    char fill[31];
-    const int k = total ? 30 * done / total : 30;
-    for (int i = 0; i < 30; i++) fill[i] = i < k ? '=' : i == k ? '>' : ' ';
-    fill[30] = 0;
-    fprintf(stderr, "\r[%s] %d/%d ETA %d:%02d %-36.36s", fill, done, total, (int)eta / 60, (int)eta % 60, what);
-    if (done >= total) fprintf(stderr, "\n");
-    fflush(stderr);
+    cli_progress_show(user, (uint64_t)done, (uint64_t)total, what);
 }
 
 static void print_md(const char *model, int n_tok, const nstf_analyze_result *r) {
@@ -145,9 +124,10 @@ int cmd_analyze(int argc, char **argv) {
     p.types = types;
     p.n_types = n_types;
     p.lowrank_reduce = reduce;
-    bar b = {now_s(), isatty(2) != 0};
+    cli_progress bar;
+    cli_progress_init(&bar, "analyze", NULL, 1.0);
     p.progress = progress;
-    p.progress_user = &b;
+    p.progress_user = &bar;
     nstf_session *s = NULL;
     if (nstf_session_open(model, &sp, &s) != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
@@ -165,7 +145,9 @@ int cmd_analyze(int argc, char **argv) {
     }
     p.calib = cal;
     p.n_calib = n_cal;
-    if (nstf_analyze_run(s, ids, n, &p, &r) != NSTF_OK) {
+    const nstf_status st = nstf_analyze_run(s, ids, n, &p, &r);
+    cli_progress_end(&bar);
+    if (st != NSTF_OK) {
         fprintf(stderr, "nstf: %s\n", nstf_last_error());
         goto done;
     }
