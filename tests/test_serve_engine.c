@@ -236,14 +236,16 @@ int main(void) {
     }
     nstf_engine_free(e);
 
-    /* a pool of 12 blocks of 16 positions for 4 sequences of ~50 each:
-     * preemptions; a queue of 2 beyond the slots */
-    e = open_engine(4, 12 * 16, 48, 2);
+    /* a pool of 8 blocks of 16 positions for 4 sequences of ~50 each (3-4
+     * blocks each): any 3 of them running together outgrow it, whatever
+     * the order the engine admits them in, so preemptions; a queue of 2
+     * beyond the slots */
+    e = open_engine(4, 8 * 16, 48, 2);
     if (!e) return test_finish("test_serve_engine");
     batch_equals_alone(e, ref, "small pool");
     nstf_engine_stats st;
     nstf_engine_stats_get(e, &st);
-    CHECK(st.preempted > 0, "a pool of 12 blocks for 6 requests of 4 blocks preempted nothing");
+    CHECK(st.preempted > 0, "a pool of 8 blocks for 6 requests of 3-4 blocks preempted nothing");
     CHECK(st.rejected_full == 0, "the queue refused");
     {
         const nstf_serve_gen_params gp = greedy(8);
