@@ -359,6 +359,33 @@ void cli_progress_end(cli_progress *p) {
     p->drawn = false;
 }
 
+void cli_stages_init(cli_stages *s, const char *tenths) {
+    *s = (cli_stages){.tenths = tenths};
+    cli_progress_init(&s->bar, "", NULL, 1.0);
+}
+
+void cli_stages_cb(void *user, const char *stage, int done, int total, const char *what) {
+    cli_stages *s = user;
+    if (strcmp(s->stage, stage)) { /* a new stage: its own bar and clock */
+        cli_progress_end(&s->bar);
+        snprintf(s->stage, sizeof s->stage, "%s", stage);
+        cli_progress_init(&s->bar, s->stage, NULL, 1.0);
+    }
+    if (s->bar.tty) {
+        cli_progress_show(&s->bar, done > 0 ? (uint64_t)done : 0, total > 0 ? (uint64_t)total : 0, what);
+        if (done >= total) cli_progress_end(&s->bar);
+        return;
+    }
+    const int n = total > 0 ? total : 1;
+    if (done >= total || !s->tenths || strcmp(stage, s->tenths) || 10 * done / n != 10 * (done - 1) / n) {
+        const double el = now_s() - s->bar.t0, eta = done > 0 ? el * (total - done) / done : 0;
+        fprintf(stderr, "%s: %d/%d (%.0f s, ETA %.0f s) %s\n", stage, done, total, el, eta, what);
+        fflush(stderr);
+    }
+}
+
+void cli_stages_end(cli_stages *s) { cli_progress_end(&s->bar); }
+
 /* ---- Ctrl-C ---------------------------------------------------------------------------- */
 
 _Static_assert(sizeof(sig_atomic_t) == sizeof(int), "the library's stop flag is an int");

@@ -72,6 +72,20 @@ void cli_progress_show(cli_progress *p, uint64_t done, uint64_t total, const cha
 /* Ends the bar's line (when one was drawn). */
 void cli_progress_end(cli_progress *p);
 
+/* A job in named stages (the opt library's callback: user, stage, done,
+ * total, what): on a terminal the bar above, labelled with the stage and
+ * restarted when it changes; otherwise a line "stage: done/total (elapsed,
+ * ETA) what" at every step, or at every tenth of the stage named `tenths`
+ * (the long one; NULL: none). */
+typedef struct cli_stages {
+    cli_progress bar;
+    char stage[48];
+    const char *tenths;
+} cli_stages;
+void cli_stages_init(cli_stages *s, const char *tenths);
+void cli_stages_cb(void *user, const char *stage, int done, int total, const char *what);
+void cli_stages_end(cli_stages *s);
+
 /* Ctrl-C: the handler counts presses in cli_sigint (the library's stop
  * flag); with quit_on_second, a second press ends the process at once
  * (exit status 130). */

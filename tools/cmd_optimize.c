@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli_util.h"
 #include "core/clock.h"
@@ -41,19 +39,6 @@ static void usage(FILE *f) {
             "      --allow-sparse    let layers take sparse attention (not measured by the planner yet:\n"
             "                        every layer stays dense, and the plan says so)\n"
             "  -t, --threads N       CPU threads (default: the physical cores)\n");
-}
-
-static double now_s(void) { return nstf_time_ms() / 1e3; }
-
-static void progress(void *user, const char *stage, int done, int total, const char *what) {
-    double *t0 = user;
-    if (isatty(2))
-        fprintf(stderr, "\r%s: %d/%d (%.0f s) %-48.48s%s", stage, done, total, now_s() - *t0, what,
-                done >= total ? "\n" : "");
-    else if (done >= total || 10 * done / (total ? total : 1) != 10 * (done - 1) / (total ? total : 1) ||
-             strcmp(stage, "sensitivity"))
-        fprintf(stderr, "%s: %d/%d (%.0f s) %s\n", stage, done, total, now_s() - *t0, what);
-    fflush(stderr);
 }
 
 static void print_row(const nstf_plan_row *r, uint64_t n_weights) {
@@ -103,9 +88,10 @@ int cmd_optimize(int argc, char **argv) {
     if (!cli_parse_types("--types", type_list, types, &n_types, 16, true)) return 2;
     p.types = types;
     p.n_types = n_types;
-    double t0 = now_s();
-    p.progress = progress;
-    p.progress_user = &t0;
+    cli_stages b;
+    cli_stages_init(&b, "sensitivity");
+    p.progress = cli_stages_cb;
+    p.progress_user = &b;
     int rc = 1, n = 0, n_cal = 0;
     int32_t *ids = NULL, *cal = NULL;
     float *ref = NULL, *lp = NULL;
@@ -150,8 +136,10 @@ int cmd_optimize(int argc, char **argv) {
     rc = 0;
     goto done;
 lib_err:
+    cli_stages_end(&b);
     cli_lib_err();
 done:
+    cli_stages_end(&b);
     nstf_plan_free(&plan);
     free(ref);
     free(lp);

@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cli_util.h"
 #include "core/mem.h"
@@ -68,41 +66,8 @@ static bool parse_size(const char *s, uint64_t *out) {
     return true;
 }
 
-typedef struct bar {
-    double t0, last;
-    bool tty;
-    const char *stage;
-} bar;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A bar on a terminal; otherwise a line at every tenth of a stage. */
-static void progress(void *user, const char *stage, int done, int total, const char *what) {
-    bar *b = user;
-    const double t = now_s();
-    if (!b->stage || strcmp(b->stage, stage)) b->stage = stage, b->t0 = t, b->last = 0;
-    const double el = t - b->t0, eta = done ? el * (total - done) / done : 0;
-    if (b->tty) {
-        char fill[31];
-        const int k = total ? 30 * done / total : 30;
-        for (int i = 0; i < 30; i++) fill[i] = i < k ? '=' : i == k ? '>' : ' ';
-        fill[30] = 0;
-        fprintf(stderr, "\r%s [%s] %d/%d ETA %d:%02d %-40.40s", stage, fill, done, total, (int)eta / 60,
-                (int)eta % 60, what);
-        if (done >= total) fprintf(stderr, "\n");
-    } else if (done >= total || 10 * done / (total ? total : 1) != 10 * (done - 1) / (total ? total : 1) ||
-               !strcmp(stage, "perplexity budget")) {
-        fprintf(stderr, "%s: %d/%d (%.0f s, ETA %.0f s) %s\n", stage, done, total, el, eta, what);
-    }
-    fflush(stderr);
-}
-
 static void sens_progress(void *user, int done, int total, const char *what) {
-    progress(user, "sensitivity", done, total, what);
+    cli_stages_cb(user, "sensitivity", done, total, what);
 }
 
 static bool save_sens(const char *path, const nstf_analyze_result *r) {
@@ -242,8 +207,9 @@ int cmd_quantize_auto(int argc, char **argv) {
     }
     p.types = types;
     p.n_types = n_types;
-    bar b = {now_s(), 0, isatty(2) != 0, NULL};
-    p.progress = progress;
+    cli_stages b;
+    cli_stages_init(&b, "sensitivity");
+    p.progress = cli_stages_cb;
     p.progress_user = &b;
 
     int rc = 1, n_cal = 0, n_ev = 0;
@@ -307,8 +273,10 @@ int cmd_quantize_auto(int argc, char **argv) {
     rc = 0;
     goto done;
 lib_err:
+    cli_stages_end(&b);
     cli_lib_err();
 done:
+    cli_stages_end(&b);
     if (sens_malloc) free(sens.rows), memset(&sens, 0, sizeof sens);
     nstf_analyze_result_free(&sens);
     nstf_adaptive_plan_free(&plan);
