@@ -10,6 +10,7 @@
 
 #include "cli_util.h"
 #include "core/mem.h"
+#include "core/threadpool.h"
 #include "gen_model.h"
 #include "io/gguf.h"
 
@@ -29,16 +30,60 @@ static const shape k_shapes[] = {
     {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false},
 };
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+/* Every row of every tensor draws from its own xorshift64* stream, seeded
+ * from (seed, tensor number, row) by splitmix64, so rows are drawn in
+ * parallel and the file depends only on the seed, not on the threads. */
+static uint64_t g_seed, g_tensor;
+static nstf_pool *g_pool;
 static cli_progress g_bar;  /* weights drawn so far, on a terminal */
 static uint64_t g_done, g_total;
-static float gauss(void) { /* xorshift64* + Box-Muller */
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    uint64_t a = g_rng * 2685821657736338717ull;
-    g_rng ^= g_rng >> 12; g_rng ^= g_rng << 25; g_rng ^= g_rng >> 27;
-    uint64_t b = g_rng * 2685821657736338717ull;
-    double u1 = ((a >> 11) + 1.0) * (1.0 / 9007199254740993.0), u2 = (b >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static uint64_t xorshift(uint64_t *s) {
+    *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+/* n values of N(mean, std): Box-Muller, both outputs of each pair */
+static void gauss_row(uint64_t *st, float *out, int64_t n, float std, float mean) {
+    for (int64_t i = 0; i < n; i += 2) {
+        const uint64_t a = xorshift(st), b = xorshift(st);
+        const double u1 = ((a >> 11) + 1.0) * (1.0 / 9007199254740993.0), u2 = (b >> 11) * (1.0 / 9007199254740992.0);
+        const double r = sqrt(-2.0 * log(u1)), t = 6.283185307179586 * u2;
+        out[i] = mean + std * (float)(r * cos(t));
+        if (i + 1 < n) out[i + 1] = mean + std * (float)(r * sin(t));
+    }
+}
+
+typedef struct {
+    nstf_type type;
+    int64_t n_in, rows;
+    uint64_t row_bytes, tensor;
+    float std, mean;
+    uint8_t *data;
+    int oom;
+} gen_job;
+
+static void gen_part(void *ctx, int ith, int nth) {
+    gen_job *j = ctx;
+    int64_t lo, hi;
+    nstf_split_range(j->rows, 1, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    float *row = nstf_alloc((size_t)j->n_in * sizeof(float), "random row");
+    if (!row) {
+        j->oom = 1; /* benign race: every writer stores 1 */
+        return;
+    }
+    for (int64_t r = lo; r < hi; r++) {
+        uint64_t st = splitmix64(g_seed ^ splitmix64((j->tensor << 40) ^ (uint64_t)r));
+        if (!st) st = 1;
+        gauss_row(&st, row, j->n_in, j->std, j->mean);
+        nstf_quantize_row(j->type, row, j->data + (uint64_t)r * j->row_bytes, j->n_in);
+    }
+    nstf_free(row);
 }
 
 /* Random N(0, std) matrix [n_out, n_in] (or vector when n_out == 0) of
@@ -51,16 +96,16 @@ static nstf_status add_random(nstf_gguf_writer *w, const char *name, nstf_type t
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s: %lld is not a multiple of the %s block", name,
                               (long long)n_in, nstf_type_name(type));
     uint8_t *data = nstf_alloc((size_t)total, name);
-    float *row = nstf_alloc((size_t)n_in * sizeof(float), "random row");
-    if (!data || !row) { nstf_free(data); nstf_free(row); return NSTF_ERR_OOM; }
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t i = 0; i < n_in; i++) row[i] = mean + std * gauss();
-        nstf_quantize_row(type, row, data + (uint64_t)r * row_bytes, n_in);
+    if (!data) return NSTF_ERR_OOM;
+    gen_job job = {type, n_in, rows, row_bytes, g_tensor++, std, mean, data, 0};
+    nstf_pool_run(g_pool, gen_part, &job);
+    if (job.oom) {
+        nstf_free(data);
+        return nstf_set_error(NSTF_ERR_OOM, "out of memory for a random row of %s", name);
     }
     int64_t ne[2] = {n_in, n_out};
     nstf_status s = nstf_gguf_writer_add_tensor(w, name, type, n_out ? 2 : 1, ne, data);
     nstf_free(data);
-    nstf_free(row);
     g_done += (uint64_t)n_in * (uint64_t)rows;
     cli_progress_cb(&g_bar, g_done, g_total);
     return s;
@@ -126,13 +171,18 @@ static uint64_t n_params(const shape *sh) {
 /* norm_std: the spread of the norm weights around 1 (0: exactly 1, the
  * initialization of a model trained from scratch) */
 static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64_t seed, float norm_std) {
-    g_rng ^= seed * 0x2545f4914f6cdd1dull;
-    if (!g_rng) g_rng = 1;
+    g_seed = splitmix64(seed);
+    g_tensor = 0;
+    NSTF_TRY(nstf_pool_create(cli_default_threads(), &g_pool));
     cli_progress_init(&g_bar, "drawing weights", "M", 1e-6);
     g_done = 0;
     g_total = n_params(sh);
     nstf_gguf_writer *w;
-    NSTF_TRY(nstf_gguf_writer_create(&w));
+    nstf_status cs = nstf_gguf_writer_create(&w);
+    if (cs != NSTF_OK) {
+        nstf_pool_free(g_pool);
+        return cs;
+    }
     const int hd = sh->dim / sh->n_heads, kv = sh->n_kv * hd;
     char desc[96];
     snprintf(desc, sizeof desc, "random %s (%s)", sh->name, nstf_type_name(type));
@@ -169,6 +219,8 @@ static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64
     if (s == NSTF_OK && g_bar.tty) fprintf(stderr, "nstf %s: writing %s\n", cli_cmd, path);
     if (s == NSTF_OK) s = nstf_gguf_writer_write(w, path, 0);
     nstf_gguf_writer_free(w);
+    nstf_pool_free(g_pool);
+    g_pool = NULL;
     return s;
 }
 
@@ -182,7 +234,8 @@ nstf_status gen_model_file(const char *shape_name, nstf_type type, const char *p
 static void gen_usage(FILE *f) {
     fprintf(f, "usage: nstf gen-model --shape SHAPE [--type TYPE] [--seed N] -o FILE\n"
                "  writes a Llama GGUF with random weights (N(0, 0.02)) and a byte-level tokenizer\n"
-               "  (a progress bar with rate and ETA on a terminal)\n"
+               "  (a progress bar with rate and ETA on a terminal); rows are drawn on every\n"
+               "  physical core, and the file depends only on the seed\n"
                "  SHAPE: tiny | smollm2-135m | llama32-1b | llama3-8b\n"
                "  TYPE:  f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 (default bf16; norms stay f32)\n"
                "  -o, --output FILE   where to write it\n");
