@@ -250,6 +250,16 @@ int main(void) {
         CHECK(rc == 0 && ok && !strcmp(steps, "1 10 20 21"), "21 steps: step lines \"%s\" (want \"1 10 20 21\"): %s",
               steps, g_err);
         printf("  without a terminal: step lines %s of 21 (every 10), no progress bar\n", steps);
+        /* --profile: one table of the second step, whose op times add up to at most the step */
+        rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "3", "--profile"));
+        double ops_ms = -1, step_ms = -1;
+        const char *pl = strstr(g_err, "profile of step 2: ");
+        const bool parsed = pl && sscanf(pl, "profile of step 2: %lf ms in ops (the step took %lf ms)", &ops_ms,
+                                         &step_ms) == 2;
+        CHECK(rc == 0 && parsed && ops_ms > 0 && ops_ms <= step_ms * 1.01 && strstr(g_err, "matmul_bwd_w") &&
+                  strstr(g_err, "adamw") && !strstr(g_err, "profile of step 3"),
+              "--profile: exit %d, ops %.3f ms of a %.3f ms step: %s", rc, ops_ms, step_ms, g_err);
+        printf("  --profile: %.2f ms in ops of a %.2f ms step\n", ops_ms, step_ms);
     }
 
     /* SIGKILL while a checkpoint is written: the previous one survives */

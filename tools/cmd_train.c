@@ -6,16 +6,21 @@
  * MFU on a GPU, ETA); a JSON object per step with --log, atomic
  * checkpoints with --ckpt-dir, --resume, evaluation, the memory plan
  * (--plan), and the trained model exported as a GGUF (--out) or, with
- * LoRA, the adapters too (--lora-out). */
+ * LoRA, the adapters too (--lora-out). --profile times every op of one
+ * step (the second) with the backend's marks and prints the table. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "cli_util.h"
+#include "core/mem.h"
 #include "gen_model.h"
+#include "model/trainer.h"
 #include "nstf_train.h"
+#include "prof/profiler.h"
 
 int cmd_train(int argc, char **argv);
 
@@ -46,6 +51,8 @@ static void usage(void) {
            "  --seed N          data order and LoRA initialization (default 1)\n"
            "  --print-every N   without a terminal: a line every N steps (default 10), and the\n"
            "                    first and last; on a terminal a progress bar instead\n"
+           "  --profile         time every op of the second step (GPU: events around each op, so\n"
+           "                    that step runs without overlap) and print the per-op table to stderr\n"
            "  -q                no progress bar or step lines\n");
 }
 
@@ -57,6 +64,30 @@ static void fmt_eta(double s, char *buf, size_t cap) {
 }
 
 static cli_progress g_bar; /* steps, on a terminal (tty stays false until the steps begin) */
+
+static int site_cmp(const void *a, const void *b) {
+    const nstf_prof_site *x = a, *y = b;
+    return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
+}
+
+/* The profiled step's table: per op label, calls, time, share, rate. */
+static void print_profile(nstf_prof *pr, int64_t step, double step_ms) {
+    qsort(pr->sites, (size_t)pr->n_sites, sizeof pr->sites[0], site_cmp);
+    uint64_t total = 0;
+    for (int i = 0; i < pr->n_sites; i++) total += pr->sites[i].total_ns;
+    fprintf(stderr, "profile of step %lld: %.2f ms in ops (the step took %.2f ms)\n", (long long)step,
+            (double)total * 1e-6, step_ms);
+    fprintf(stderr, "  %-28s %7s %10s %6s %9s\n", "op", "calls", "ms", "share", "TFLOP/s");
+    for (int i = 0; i < pr->n_sites; i++) {
+        const nstf_prof_site *x = &pr->sites[i];
+        const double ms = (double)x->total_ns * 1e-6;
+        fprintf(stderr, "  %-28s %7lld %10.3f %5.1f%%", x->label, (long long)x->calls, ms,
+                total ? 100.0 * (double)x->total_ns / (double)total : 0.0);
+        if (x->flops > 0 && x->total_ns > 0) fprintf(stderr, " %9.1f\n", x->flops / ((double)x->total_ns * 1e3));
+        else fprintf(stderr, " %9s\n", "-");
+    }
+    if (pr->dropped) fprintf(stderr, "  (%lld op calls not recorded)\n", (long long)pr->dropped);
+}
 
 static int fail(nstf_trainer *t, FILE *log, const char *ckpt, int64_t saved) {
     cli_progress_end(&g_bar); /* the error goes below the bar */
@@ -74,7 +105,7 @@ int cmd_train(int argc, char **argv) {
                *resume = NULL;
     int ckpt_every = 0, eval_every = 0, print_every = 10;
     uint64_t stop_at = 0;
-    bool plan = false, quiet = false;
+    bool plan = false, quiet = false, profile = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -83,6 +114,7 @@ int cmd_train(int argc, char **argv) {
         }
         if (!strcmp(a, "--plan")) { plan = true; continue; }
         if (!strcmp(a, "-q")) { quiet = true; continue; }
+        if (!strcmp(a, "--profile")) { profile = true; continue; }
         if (!(v = cli_value(argc, argv, &i))) return 2;
         int iv = 0;
         uint64_t uv = 0;
@@ -185,9 +217,24 @@ int cmd_train(int argc, char **argv) {
     const int64_t first = nstf_trainer_steps_done(t);
     const int64_t last = stop_at && (int64_t)stop_at < p.steps ? (int64_t)stop_at : p.steps;
     cli_progress_init(&g_bar, "training", NULL, 1.0);
+    nstf_prof prof;
+    memset(&prof, 0, sizeof prof);
     while (nstf_trainer_steps_done(t) < last) {
         nstf_train_stats s;
-        if (nstf_trainer_step(t, &s) != NSTF_OK) return fail(t, log, ckpt, saved);
+        /* --profile: the second step of the run (the first warms up) */
+        const bool prof_now = profile && nstf_trainer_steps_done(t) == first + 1;
+        if (prof_now && nstf_prof_attach_backend(&prof, t->be, 1 << 16) != NSTF_OK) return fail(t, log, ckpt, saved);
+        if (nstf_trainer_step(t, &s) != NSTF_OK) {
+            if (prof_now) nstf_prof_detach(&prof);
+            return fail(t, log, ckpt, saved);
+        }
+        if (prof_now) {
+            const nstf_status pst = nstf_prof_collect(&prof);
+            cli_progress_end(&g_bar);
+            if (pst == NSTF_OK) print_profile(&prof, s.step, s.step_ms);
+            nstf_prof_detach(&prof);
+            if (pst != NSTF_OK) return fail(t, log, ckpt, saved);
+        }
         if (!quiet && g_bar.tty) {
             char note[96];
             snprintf(note, sizeof note, "step %lld/%lld  loss %.4f  %.0f tok/s", (long long)s.step, (long long)last,

@@ -1,5 +1,6 @@
 /* profiler.c — per-site accumulation, and the hooks that record the ops of
- * a session's forwards between two of its backend's time marks. */
+ * a session's forwards (or a trainer's steps: any user of one backend)
+ * between two of its backend's time marks. */
 #include "prof/profiler.h"
 
 #include <string.h>
@@ -51,7 +52,10 @@ static void hook_end(void *user, nstf_backend *be, const nstf_op_args *a, nstf_s
 }
 
 nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap) {
-    nstf_backend *be = s->be;
+    return nstf_prof_attach_backend(p, s->be, cap);
+}
+
+nstf_status nstf_prof_attach_backend(nstf_prof *p, nstf_backend *be, int cap) {
     if (cap < 1) cap = 4096;
     nstf_backend_hooks *h = nstf_calloc(1, sizeof *h, "profiler hooks");
     p->recs = nstf_calloc((size_t)cap, sizeof *p->recs, "profile records");
@@ -69,14 +73,14 @@ nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap) {
     p->hooks = h;
     p->cap = cap;
     p->n_recs = 0;
-    p->session = s;
+    p->be = be;
     if (!p->trace_cat) p->trace_cat = be->host_memory ? "op" : "gpu";
     be->hooks = h;
     return NSTF_OK;
 }
 
 nstf_status nstf_prof_collect(nstf_prof *p) {
-    nstf_backend *be = p->session->be;
+    nstf_backend *be = p->be;
     for (int i = 0; i < p->n_recs; i++) {
         nstf_prof_rec *r = &p->recs[i];
         uint64_t a = 0, b = 0;
@@ -91,8 +95,8 @@ nstf_status nstf_prof_collect(nstf_prof *p) {
 }
 
 void nstf_prof_detach(nstf_prof *p) {
-    if (p->session) {
-        nstf_backend *be = p->session->be;
+    if (p->be) {
+        nstf_backend *be = p->be;
         if (be->hooks == p->hooks) be->hooks = NULL;
         (void)be->vt->set_opt(be, NSTF_OPT_PROFILE, 0);
     }
@@ -100,7 +104,7 @@ void nstf_prof_detach(nstf_prof *p) {
     nstf_free(p->recs);
     p->hooks = NULL;
     p->recs = NULL;
-    p->session = NULL;
+    p->be = NULL;
     p->n_recs = p->cap = 0;
 }
 

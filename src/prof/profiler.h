@@ -20,6 +20,8 @@
 #include "prof/timer.h"
 #include "prof/trace.h"
 
+typedef struct nstf_backend nstf_backend;
+
 enum { NSTF_PROF_MAX_SITES = 64 };
 
 /* Totals of one call site ("matmul.attn_q", "attention", ...). */
@@ -59,8 +61,8 @@ typedef struct nstf_prof {
     int64_t dropped;   /* calls at sites beyond NSTF_PROF_MAX_SITES, or beyond the record capacity */
     nstf_trace *trace; /* optional, not owned: spans of every op call */
     const char *trace_cat; /* the spans' category ("op"; "gpu" on a GPU) */
-    /* attached to a session: the records of the forwards since the last collect */
-    nstf_session *session;
+    /* attached to a backend: the records of the ops since the last collect */
+    nstf_backend *be;
     nstf_prof_rec *recs; /* [cap] */
     int n_recs, cap;
     int64_t k0;          /* kernel count at the current op's start */
@@ -85,6 +87,8 @@ void nstf_prof_add(nstf_prof *p, const char *label, int layer, nstf_op_cost cost
  * backend runs without graphs or overlapped launches, so the marks
  * bracket each op. */
 nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap);
+/* The same on a backend that something else drives (a trainer's steps). */
+nstf_status nstf_prof_attach_backend(nstf_prof *p, nstf_backend *be, int cap);
 /* Turn the records since the last collect into site totals and trace
  * spans; waits for the backend. The records stay readable in p->recs
  * (p->n_recs of them) until the next forward, which starts afresh. */
