@@ -129,6 +129,12 @@ int main(void) {
     rc = run((const char *const[]){"bench", "-m", tiny, "-p", "8", "-n", "2", "-r", "1", "-t", "1", "--act-bits", "8",
                                    "-o", "csv", NULL});
     CHECK(rc == 0 && strstr(g_out, "build_commit"), "--act-bits 8: exit %d: %s", rc, g_err);
+    rc = run((const char *const[]){"bench", "-m", tiny, "-p", "0", "-n", "4", "-d", "96", "-r", "1", "-t", "1",
+                                   "--sparse-attn", "2,16", "--sparse-block", "8", NULL});
+    CHECK(rc == 0 && strstr(g_out, "tg4 @ d96") && strstr(g_err, "top-k 2 blocks of 8, window 16"),
+          "--sparse-attn 2,16: exit %d: %s", rc, g_err);
+    rc = run((const char *const[]){"bench", "-m", tiny, "--sparse-attn", "2,", NULL});
+    CHECK(rc == 2, "--sparse-attn '2,': exit %d: %s", rc, g_err);
 
     rc = run((const char *const[]){"profile", "-m", tiny, "-p", "8", "-n", "2", "-t", "1", "--trace", trace, "--svg", svg,
                                    "--roofline-cache", cache, NULL});

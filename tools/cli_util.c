@@ -44,6 +44,20 @@ bool cli_parse_int(const char *flag, const char *s, long min, long max, int *out
     return true;
 }
 
+bool cli_parse_sparse(const char *flag, const char *s, int *topk, int *window) {
+    char k[32];
+    const char *comma = strchr(s, ',');
+    const size_t kl = comma ? (size_t)(comma - s) : strlen(s);
+    if (kl == 0 || kl >= sizeof k) {
+        cli_err("%s '%s': expected K or K,W (top-k blocks, window positions)", flag, s);
+        return false;
+    }
+    memcpy(k, s, kl);
+    k[kl] = 0;
+    if (!cli_parse_int(flag, k, 1, 1024, topk)) return false;
+    return !comma || cli_parse_int(flag, comma + 1, 1, 1 << 24, window);
+}
+
 bool cli_parse_act_bits(const char *flag, const char *s, int *out) {
     if (strcmp(s, "8") && strcmp(s, "16") && strcmp(s, "32")) {
         cli_err("%s '%s': use 8, 16 or 32", flag, s);

@@ -33,6 +33,9 @@ bool cli_parse_percent(const char *flag, const char *s, double min, double max, 
 bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out);
 /* --act-bits: 8, 16 or 32 (CPU activations of quantized matmuls). */
 bool cli_parse_act_bits(const char *flag, const char *s, int *out);
+/* --sparse-attn K[,W]: top-k blocks (1..1024) and, when given, the window
+ * (1..2^24 positions; *window unchanged otherwise). */
+bool cli_parse_sparse(const char *flag, const char *s, int *topk, int *window);
 /* The value after a flag, or an error if it is missing. */
 const char *cli_value(int argc, char **argv, int *i);
 /* A text file read whole (free it); NULL with a message on stderr naming what. */

@@ -33,6 +33,9 @@ static void bench_usage(FILE *f) {
             "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
             "      --act-bits N          CPU activations of quantized matmuls: 16 (default), 8 or 32\n"
+            "      --sparse-attn K[,W]   sparse decode attention in every layer (top-k blocks, window\n"
+            "                            positions; as nstf run); --sparse-block N (default 16)\n"
+            "      --dense-attn          dense attention even where the model file plans sparse\n"
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
             "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
@@ -87,7 +90,7 @@ int cmd_bench(int argc, char **argv) {
     char *models[MAX_LIST];
     int n_models = 0;
     int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
-    int reps = 5, level = 0, act_bits = 0;
+    int reps = 5, level = 0, act_bits = 0, sparse = 0, sp_topk = 0, sp_window = 0, sp_block = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
     const char *device = "auto", *baseline = NULL;
     double tolerance = 0.05;
@@ -146,6 +149,15 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--act-bits")) {
             VAL();
             if (!cli_parse_act_bits(a, v, &act_bits)) return 2;
+        } else if (!strcmp(a, "--sparse-attn")) {
+            VAL();
+            if (!cli_parse_sparse(a, v, &sp_topk, &sp_window)) return 2;
+            sparse = 1;
+        } else if (!strcmp(a, "--sparse-block")) {
+            VAL();
+            if (!cli_parse_int(a, v, 4, 64, &sp_block)) return 2;
+        } else if (!strcmp(a, "--dense-attn")) {
+            sparse = -1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             VAL();
             if (!nstf_bench_format_parse(v, &fmt)) {
@@ -219,6 +231,10 @@ int cmd_bench(int argc, char **argv) {
                 sp.n_threads = threads.v[ti];
                 sp.device = device;
                 sp.cpu_act_bits = act_bits;
+                sp.sparse_attn = sparse;
+                if (sp_topk) sp.sparse_topk = sp_topk;
+                if (sp_window) sp.sparse_window = sp_window;
+                if (sp_block) sp.sparse_block = sp_block;
                 nstf_session *s = NULL;
                 if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
                     cli_lib_err();
@@ -226,6 +242,10 @@ int cmd_bench(int argc, char **argv) {
                     break;
                 }
                 if (ti == 0 && bi == 0) nstf_weights_touch(s, stderr, true);
+                if (sparse == 1 && ti == 0 && bi == 0)
+                    fprintf(stderr, "nstf bench: sparse decode attention in every layer (top-k %d blocks of %d, window %d)\n",
+                            sp.sparse_topk ? sp.sparse_topk : 16, sp.sparse_block ? sp.sparse_block : 16,
+                            sp.sparse_window ? sp.sparse_window : 64);
                 if (verbose) nstf_mem_report_print_session(stderr, s);
                 if (levels && mi == 0 && ti == 0 && bi == 0 && nstf_bench_n_levels(s) == 1)
                     fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
