@@ -234,9 +234,10 @@ static void case_swiglu_bwd(test_rng *r) {
     }
 }
 
-/* dx (+)= dy W for W of type t, dx of type xt */
-static void matmul_bwd_x_case(test_rng *r, nstf_type t, nstf_type xt, bool acc) {
-    const int64_t n = 37, n_in = 128, n_out = 72;
+/* dx (+)= dy W for W of type t, dx of type xt, n tokens (64: the shape a
+ * Hopper GPU runs on its wgmma GEMM after transposing W; 37 as well) */
+static void matmul_bwd_x_case(test_rng *r, nstf_type t, nstf_type xt, bool acc, int64_t n) {
+    const int64_t n_in = 128, n_out = 72;
     size_t wb;
     float *deq = malloc((size_t)(n_in * n_out) * 4), *dyv = malloc((size_t)(n * n_out) * 4);
     void *w = matrix_make(r, t, n_in, n_out, deq, &wb), *hdy = act_make(r, dyv, n * n_out, 1.0f);
@@ -279,14 +280,18 @@ static void matmul_bwd_x_case(test_rng *r, nstf_type t, nstf_type xt, bool acc) 
 static void case_matmul_bwd_x(test_rng *r) {
     const nstf_type wt = act_bf16() ? NSTF_TYPE_BF16 : NSTF_TYPE_F32;
     for (int acc = 0; acc < 2; acc++) {
-        matmul_bwd_x_case(r, wt, NSTF_TYPE_F32, acc);
-        matmul_bwd_x_case(r, NSTF_TYPE_Q4_1, NSTF_TYPE_F32, acc); /* a frozen quantized base */
-        if (act_bf16()) matmul_bwd_x_case(r, wt, NSTF_TYPE_BF16, acc);
+        matmul_bwd_x_case(r, wt, NSTF_TYPE_F32, acc, 37);
+        matmul_bwd_x_case(r, NSTF_TYPE_Q4_1, NSTF_TYPE_F32, acc, 37); /* a frozen quantized base */
+        if (act_bf16()) matmul_bwd_x_case(r, wt, NSTF_TYPE_BF16, acc, 37);
+        matmul_bwd_x_case(r, wt, NSTF_TYPE_F32, acc, 64);
+        if (act_bf16()) matmul_bwd_x_case(r, wt, NSTF_TYPE_BF16, acc, 64);
     }
 }
 
-static void case_matmul_bwd_w(test_rng *r) {
-    const int64_t n = 37, n_in = 128, n_out = 72;
+/* dW += dy^T x over n tokens (a multiple of 8: on Hopper the wgmma GEMM
+ * after transposing x and dy; else the direct kernel) */
+static void matmul_bwd_w_case(test_rng *r, int64_t n) {
+    const int64_t n_in = 128, n_out = 72;
     float *xv = malloc((size_t)(n * n_in) * 4), *dyv = malloc((size_t)(n * n_out) * 4);
     void *hx = act_make(r, xv, n * n_in, 1.0f), *hdy = act_make(r, dyv, n * n_out, 1.0f);
     float *dw0 = fvec(r, n_out * n_in, 1.0f), *ref = malloc((size_t)(n_out * n_in) * 4), *got = malloc((size_t)(n_out * n_in) * 4);
@@ -302,9 +307,16 @@ static void case_matmul_bwd_w(test_rng *r) {
     a.matmul_bwd_w.n_out = n_out;
     run_op(&a, 1, 0);
     down(ddw, got, "matmul_bwd_w dw");
-    judge_added("matmul_bwd_w", got, ref, dw0, n_out * n_in, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "matmul_bwd_w (%lld tokens)", (long long)n);
+    judge_added(what, got, ref, dw0, n_out * n_in, NULL);
     drop(dx), drop(ddy), drop(ddw);
     free(xv), free(dyv), free(hx), free(hdy), free(dw0), free(ref), free(got);
+}
+
+static void case_matmul_bwd_w(test_rng *r) {
+    matmul_bwd_w_case(r, 37);
+    matmul_bwd_w_case(r, 64);
 }
 
 static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {

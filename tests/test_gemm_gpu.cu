@@ -1,5 +1,6 @@
-/* test_gemm_gpu.cu — nstf_gpu_gemm_bf16 against an fp64 host reference on
- * random bf16 data: every epilogue (none, residual f32/bf16 incl. in place,
+/* test_gemm_gpu.cu — nstf_gpu_gemm_bf16 (and nstf_gpu_gemm_f16, fp16
+ * operands, on a subset of the shapes) against an fp64 host reference on
+ * random bf16 (fp16) data: every epilogue (none, residual f32/bf16 incl. in place,
  * SwiGLU), f32 and bf16 output, M = 1 .. 4096 and N, K that are not tile
  * multiples, every kernel the device can take: each case runs with the
  * default choice (wgmma on Hopper), then with each wgmma tile width forced
@@ -11,8 +12,11 @@
  * NMSE vs fp64 at most 2x the NMSE of a naive host GEMM (bf16 inputs, fp32
  * sequential accumulation, fp32 epilogue, bf16 output); fp32 outputs must
  * also have NMSE <= 1e-10 vs fp64. Outputs are poisoned before each run,
- * every buffer's guards checked after each launch, NaN/Inf fail. Exit 77 =
- * no GPU. */
+ * every buffer's guards checked after each launch, NaN/Inf fail (for
+ * fp16 operands the naive GEMM takes the same fp16 inputs). Also
+ * nstf_gpu_bf16_to_f16 bit for bit against the host's nstf_f32_to_fp16 on
+ * every bf16 bit pattern (saturation, infinities, NaN, subnormals), and
+ * nstf_gpu_transpose_bf16 bit for bit. Exit 77 = no GPU. */
 #include "core/switches.h"
 #include "gpu_harness.h"
 
@@ -45,6 +49,7 @@ struct gemm_case {
     int epi;
     nstf_type c_type, r_type;
     int in_place;
+    int f16; /* fp16 operands: nstf_gpu_gemm_f16 */
 };
 
 /* c_off: C (and an in-place R) start c_off bytes off alignment, to take
@@ -54,8 +59,11 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
     const int64_t n_out = tc.epi == NSTF_GEMM_EPI_SWIGLU ? N / 2 : N;
     test_rng rng = {seed};
     std::vector<uint16_t> a(M * K), w(N * K);
-    for (auto &x : a) x = f2bf(rng_uniform(&rng));
-    for (auto &x : w) x = f2bf(rng_uniform(&rng) * 2.0f / sqrtf((float)K));
+    /* operands as bf16 or fp16 bit patterns; in() reads one back */
+    auto enc = [&](float v) { return tc.f16 ? nstf_f32_to_fp16(v) : f2bf(v); };
+    auto in = [&](uint16_t b) { return tc.f16 ? nstf_fp16_to_f32(b) : bf2f(b); };
+    for (auto &x : a) x = enc(rng_uniform(&rng));
+    for (auto &x : w) x = enc(rng_uniform(&rng) * 2.0f / sqrtf((float)K));
     /* residual, as its own dtype (values bf16-representable for bf16) */
     std::vector<float> res(M * N);
     for (auto &x : res) x = tc.r_type == T_BF16 ? gh_bf(rng_uniform(&rng)) : rng_uniform(&rng);
@@ -68,7 +76,7 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
             double sd = 0;
             float sf = 0;
             for (int64_t p = 0; p < K; p++) {
-                double x = bf2f(a[i * K + p]), y = bf2f(w[j * K + p]);
+                double x = in(a[i * K + p]), y = in(w[j * K + p]);
                 sd += x * y;
                 sf += (float)x * (float)y;
             }
@@ -126,15 +134,17 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
         if (seen) continue;
         done[n_done++] = path;
         note_path(path);
-        gh_begin("[%-16s] M=%-5lld N=%-5lld K=%-5lld epi=%-8s out=%s res=%s%s", path, (long long)M, (long long)N,
-                 (long long)K, en_s[tc.epi], tc.c_type == T_BF16 ? "bf16" : "f32 ",
+        gh_begin("[%-16s] %s M=%-5lld N=%-5lld K=%-5lld epi=%-8s out=%s res=%s%s", path, tc.f16 ? "f16 " : "bf16",
+                 (long long)M, (long long)N, (long long)K, en_s[tc.epi], tc.c_type == T_BF16 ? "bf16" : "f32 ",
                  tc.epi == NSTF_GEMM_EPI_RESIDUAL ? (tc.r_type == T_BF16 ? "bf16" : "f32 ") : "-   ",
                  tc.in_place ? " in-place" : "");
         if (c_off) gh_note("(C at byte offset %zu)", c_off);
         gh_poison(dc); /* poison again */
         if (r_ptr) gh_must(nstf_gpu_memcpy_h2d(r_ptr, hr.data(), M * N * r_el, NULL), "h2d");
-        gh_launched(nstf_gpu_gemm_bf16(da.as<const uint16_t>(), dw.as<const uint16_t>(), dc.p(), tc.c_type, r_ptr,
-                                       tc.r_type, M, N, K, (nstf_gemm_epilogue)tc.epi, NULL),
+        gh_launched((tc.f16 ? nstf_gpu_gemm_f16 : nstf_gpu_gemm_bf16)(da.as<const uint16_t>(),
+                                                                      dw.as<const uint16_t>(), dc.p(), tc.c_type, r_ptr,
+                                                                      tc.r_type, M, N, K,
+                                                                      (nstf_gemm_epilogue)tc.epi, NULL),
                     "gemm");
         std::vector<float> got = gh_fetch_floats(dc, tc.c_type, M * n_out);
         gh_compare("out", got.data(), ref.data(), M * n_out, gh_tol_naive(naive.data()));
@@ -163,28 +173,102 @@ int main(void) {
     uint64_t seed = 1;
     for (const auto &s : shapes) {
         const int64_t M = s[0], N = s[1], K = s[2];
-        run_case({M, N, K, NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0}, seed++);
-        run_case({M, N, K, NSTF_GEMM_EPI_NONE, T_BF16, T_F32, 0}, seed++);
-        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_F32, 0}, seed++);
-        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_F32, 1}, seed++);
-        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++);
-        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_BF16, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_NONE, T_BF16, T_F32, 0, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_F32, 0, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_F32, 1, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1, 0}, seed++);
+        run_case({M, N, K, NSTF_GEMM_EPI_RESIDUAL, T_F32, T_BF16, 0, 0}, seed++);
     }
     const int64_t sw[][3] = {{1, 64, 64},     {33, 224, 72},    {100, 96, 264},
                              {512, 4352, 64}, {300, 1024, 136}, {2048, 2048, 40}};
     for (const auto &s : sw) {
-        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++);
-        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++);
+        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0, 0}, seed++);
+        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0, 0}, seed++);
     }
     /* C not 16-byte aligned: the wgmma path's paired (8- or 4-byte) and
      * single-element epilogues */
-    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++, 4);
-    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0}, seed++, 2);
-    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++, 8);
-    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0}, seed++, 4);
-    run_case({257, 520, 72, NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0}, seed++, 8);
-    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++, 4);
-    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1}, seed++, 2);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0, 0}, seed++, 4);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0, 0}, seed++, 2);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0, 0}, seed++, 8);
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0, 0}, seed++, 4);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0, 0}, seed++, 8);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1, 0}, seed++, 4);
+    run_case({257, 520, 72, NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1, 0}, seed++, 2);
+    /* fp16 operands (F16 weights): every epilogue on shapes that reach
+     * each kernel, and values beyond bf16's precision (the fp16 rounding
+     * of the inputs is what the reference takes) */
+    const int64_t hs[][3] = {{7, 100, 72}, {512, 384, 520}, {300, 4224, 136}, {2048, 2000, 72},
+                             {4096, 300, 40}, {512, 2000, 136}};
+    for (const auto &s : hs) {
+        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_NONE, T_F32, T_F32, 0, 1}, seed++);
+        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_NONE, T_BF16, T_F32, 0, 1}, seed++);
+        run_case({s[0], s[1], s[2], NSTF_GEMM_EPI_RESIDUAL, T_BF16, T_BF16, 1, 1}, seed++);
+    }
+    run_case({300, 1024, 136, NSTF_GEMM_EPI_SWIGLU, T_BF16, T_F32, 0, 1}, seed++);
+    run_case({2048, 2048, 40, NSTF_GEMM_EPI_SWIGLU, T_F32, T_F32, 0, 1}, seed++);
+    /* bf16 -> fp16 conversion: every bf16 bit pattern, bit for bit */
+    {
+        gh_begin("bf16_to_f16: all 65536 bf16 values");
+        const int64_t n = 65536;
+        std::vector<uint16_t> x(n), want(n), got(n);
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = (uint16_t)i;
+            const float f = bf2f((uint16_t)i);
+            if (f != f) {
+                want[i] = 0x7e00; /* any NaN: compared as "is a NaN" below */
+            } else {
+                const float c = isinf(f) ? f : f > 65504.0f ? 65504.0f : f < -65504.0f ? -65504.0f : f;
+                want[i] = nstf_f32_to_fp16(c);
+            }
+        }
+        gh_buf dx = gh_alloc(n * 2, x.data()), dy = gh_alloc(n * 2, nullptr);
+        int64_t bad = 0, first = -1;
+        for (int vec = 0; vec < 2; vec++) { /* 16-byte pieces, then one element at a time (odd count) */
+            gh_poison(dy);
+            const int64_t cnt = vec ? n : n - 1;
+            gh_launched(nstf_gpu_bf16_to_f16(dx.as<const uint16_t>(), dy.as<uint16_t>(), cnt, NULL), "bf16_to_f16");
+            gh_must(nstf_gpu_memcpy_d2h(got.data(), dy.p(), (size_t)cnt * 2, NULL), "d2h");
+            for (int64_t i = 0; i < cnt; i++) {
+                const bool want_nan = bf2f(x[i]) != bf2f(x[i]);
+                const bool got_nan = (got[i] & 0x7c00) == 0x7c00 && (got[i] & 0x3ff) != 0;
+                if (want_nan ? !got_nan : got[i] != want[i]) {
+                    if (first < 0) first = i;
+                    bad++;
+                }
+            }
+        }
+        CHECK(bad == 0, "%lld conversions differ (first: bf16 0x%04llx -> 0x%04x, want 0x%04x)", (long long)bad,
+              (long long)first, first >= 0 ? got[first] : 0, first >= 0 ? want[first] : 0);
+        CHECK(nstf_gpu_bf16_to_f16(NULL, dy.as<uint16_t>(), 8, NULL) == NSTF_ERR_INVALID_ARG, "NULL x must be refused");
+        gh_note("round to nearest even, saturation at 65504, infinities and NaN kept");
+        gh_free(dx);
+        gh_free(dy);
+        gh_end();
+    }
+    /* the gradient GEMMs' transpose: bit for bit, odd shapes, a row stride
+     * beyond the columns */
+    {
+        const int64_t ts[][3] = {{1, 1, 1}, {37, 72, 72}, {64, 1536, 1544}, {1000, 33, 40}, {129, 4097, 4104}};
+        for (const auto &t : ts) {
+            const int64_t rows = t[0], cols = t[1], ld = t[2];
+            gh_begin("transpose_bf16 %lld x %lld (stride %lld)", (long long)rows, (long long)cols, (long long)ld);
+            std::vector<uint16_t> x(rows * ld), y(rows * cols);
+            test_rng rng = {seed++};
+            for (auto &v : x) v = f2bf(rng_uniform(&rng));
+            gh_buf dx = gh_alloc(x.size() * 2, x.data()), dy = gh_alloc(y.size() * 2, nullptr);
+            gh_launched(nstf_gpu_transpose_bf16(dx.as<const uint16_t>(), ld, dy.as<uint16_t>(), rows, cols, NULL),
+                        "transpose");
+            gh_must(nstf_gpu_memcpy_d2h(y.data(), dy.p(), y.size() * 2, NULL), "d2h");
+            int64_t bad = 0;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) bad += y[c * rows + r] != x[r * ld + c];
+            CHECK(bad == 0, "%lld elements differ", (long long)bad);
+            gh_free(dx);
+            gh_free(dy);
+            gh_end();
+        }
+    }
     /* argument validation: errors, not crashes */
     {
         gh_begin("gemm: argument validation");
@@ -198,6 +282,8 @@ int main(void) {
               "SwiGLU with N %% 32 != 0 must be refused");
         CHECK(nstf_gpu_gemm_bf16(d, d, d, T_F32, NULL, T_F32, 4, 4, 8, NSTF_GEMM_EPI_RESIDUAL, NULL) == NSTF_ERR_INVALID_ARG,
               "residual without R must be refused");
+        CHECK(nstf_gpu_transpose_bf16(d, 4, d + 64, 4, 8, NULL) == NSTF_ERR_INVALID_ARG,
+              "a transpose stride below the columns must be refused");
         CHECK(nstf_gpu_swiglu_packed_row(17, 64) == 64 + 1 && nstf_gpu_swiglu_packed_row(33, 64) == 17,
               "packed row map");
         gh_note("K %% 8, misaligned A, SwiGLU N %% 32, residual without R refused; packed row map");

@@ -13,11 +13,16 @@
  * matrix to bf16 into the workspace unless it is bf16: for a chunk of T
  * tokens that reads the quantized matrix once and writes/reads 2 bytes per
  * weight, where a batched GEMV would read it T/8 times on the CUDA cores.
+ * F16 matrices need no copy: the activations are converted to fp16 into
+ * the workspace instead and the GEMM runs on the fp16 matrix instructions
+ * (no precision lost to a bf16 copy of the weights).
  *
  * Compiled only with a GPU backend. */
 #if defined(NSTF_HAVE_CUDA) || defined(NSTF_HAVE_HIP)
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "backend/gpu.h"
 #include "core/mem.h"
@@ -53,9 +58,16 @@ void nstf_gpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int6
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
+/* Whether mm() runs n tokens of the F16 matrix w on the fp16 GEMM (the
+ * activations converted into the workspace). */
+static bool mm_f16(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
+    return w->type == NSTF_TYPE_F16 && g->wtmp && (uint64_t)n * (uint64_t)w->n_in <= g->wtmp_elems;
+}
+
 /* Kernels mm() launches for n tokens. */
 static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
     if (n <= GEMV_MAX_TOK || w->type == NSTF_TYPE_BF16) return 1;
+    if (mm_f16(g, w, n)) return 2;
     return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
 }
 
@@ -64,6 +76,11 @@ static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
 static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, void *y, nstf_type yt, int64_t n) {
     g->n_kernels += mm_kernels(g, w, n);
     if (n <= GEMV_MAX_TOK) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+    if (mm_f16(g, w, n)) {
+        NSTF_TRY(nstf_gpu_bf16_to_f16(x, g->wtmp, n * w->n_in, g->stream));
+        return nstf_gpu_gemm_f16(g->wtmp, w->data, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in,
+                                 NSTF_GEMM_EPI_NONE, g->stream);
+    }
     const uint16_t *wb = w->data;
     if (w->type != NSTF_TYPE_BF16) {
         if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
@@ -428,6 +445,15 @@ nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
                                a->swiglu_bwd.dup.stride, a->swiglu_bwd.n, a->swiglu_bwd.n_ff, g->stream);
 }
 
+/* Whether an M x N x K gradient GEMM takes the forward's wgmma GEMM (on
+ * Hopper; K % 8 == 0, its TMA rule) after transposing the operand that is
+ * not k-major into the training scratch: 2 bytes per element moved twice,
+ * small beside the GEMM, for the wgmma rate instead of the portable
+ * kernel's (gemm_bwd.cu). */
+static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) {
+    return k % 8 == 0 && n % 8 == 0 && strncmp(nstf_gpu_gemm_path(m, n, k), "wgmma", 5) == 0;
+}
+
 /* A matrix not stored bf16 (a frozen, quantized base) is dequantized into
  * the workspace first, as the forward's GEMM path does. */
 nstf_status nstf_gpu_op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
@@ -447,6 +473,20 @@ nstf_status nstf_gpu_op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
                                    g->stream));
         wb = g->wtmp;
     }
+    const int64_t n = a->matmul_bwd_x.n;
+    const nstf_view dx = a->matmul_bwd_x.dx;
+    if (a->matmul_bwd_x.dy.stride == w->n_out && (uintptr_t)a->matmul_bwd_x.dy.data % 16 == 0 &&
+        dx.stride == w->n_in && bwd_wgmma(n, w->n_in, w->n_out)) {
+        /* dX [n, in] = dY [n, out] (W^T [in, out])^T: W transposed, then the forward GEMM */
+        uint16_t *wt = tscratch(g, (size_t)w->n_in * (size_t)w->n_out * 2);
+        if (!wt) return nstf_set_error(NSTF_ERR_OOM, "GPU backend: no room for a transposed %lld x %lld matrix",
+                                       (long long)w->n_out, (long long)w->n_in);
+        g->n_kernels += 2;
+        NSTF_TRY(nstf_gpu_transpose_bf16(wb, w->n_in, wt, w->n_out, w->n_in, g->stream));
+        return nstf_gpu_gemm_bf16(a->matmul_bwd_x.dy.data, wt, dx.data, dx.type, a->matmul_bwd_x.acc ? dx.data : NULL,
+                                  dx.type, n, w->n_in, w->n_out,
+                                  a->matmul_bwd_x.acc ? NSTF_GEMM_EPI_RESIDUAL : NSTF_GEMM_EPI_NONE, g->stream);
+    }
     g->n_kernels++;
     return nstf_gpu_matmul_bwd_x(wb, a->matmul_bwd_x.dy.data, a->matmul_bwd_x.dy.stride, a->matmul_bwd_x.dx.data,
                                  a->matmul_bwd_x.dx.type, a->matmul_bwd_x.dx.stride, a->matmul_bwd_x.n, w->n_in,
@@ -457,6 +497,19 @@ nstf_status nstf_gpu_op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     NSTF_TRY(need_bf16(a, a->matmul_bwd_w.x));
     NSTF_TRY(need_bf16(a, a->matmul_bwd_w.dy));
+    const int64_t n = a->matmul_bwd_w.n, n_in = a->matmul_bwd_w.n_in, n_out = a->matmul_bwd_w.n_out;
+    if (bwd_wgmma(n_out, n_in, n)) {
+        /* dW [out, in] += (dY^T [out, n]) (X^T [in, n])^T: both transposed, then the forward GEMM adding into dW */
+        uint16_t *t = tscratch(g, ((size_t)n_out + (size_t)n_in) * (size_t)n * 2);
+        if (!t) return nstf_set_error(NSTF_ERR_OOM, "GPU backend: no room for transposed %lld-token activations",
+                                      (long long)n);
+        uint16_t *dyt = t, *xt = t + n_out * n;
+        g->n_kernels += 3;
+        NSTF_TRY(nstf_gpu_transpose_bf16(a->matmul_bwd_w.dy.data, a->matmul_bwd_w.dy.stride, dyt, n, n_out, g->stream));
+        NSTF_TRY(nstf_gpu_transpose_bf16(a->matmul_bwd_w.x.data, a->matmul_bwd_w.x.stride, xt, n, n_in, g->stream));
+        return nstf_gpu_gemm_bf16(dyt, xt, a->matmul_bwd_w.dw, NSTF_TYPE_F32, a->matmul_bwd_w.dw, NSTF_TYPE_F32, n_out,
+                                  n_in, n, NSTF_GEMM_EPI_RESIDUAL, g->stream);
+    }
     g->n_kernels++;
     return nstf_gpu_matmul_bwd_w(a->matmul_bwd_w.x.data, a->matmul_bwd_w.x.stride, a->matmul_bwd_w.dy.data,
                                  a->matmul_bwd_w.dy.stride, a->matmul_bwd_w.dw, a->matmul_bwd_w.n, a->matmul_bwd_w.n_in,

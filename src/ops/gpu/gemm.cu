@@ -16,7 +16,10 @@
  * or nstf_switch_set) forces the portable kernel above, so both can be
  * compared in one process (NSTF_GEMM=wgmma256 / wgmma128 / wgmma64 force one
  * wgmma tile width);
- * nstf_gpu_gemm_path() says which kernel a call of a given shape takes. */
+ * nstf_gpu_gemm_path() says which kernel a call of a given shape takes.
+ * nstf_gpu_gemm_f16 is the same machinery on fp16 operands (F16 weights;
+ * nstf_gpu_bf16_to_f16 converts the activations), only the matrix
+ * instruction differs. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,10 +83,11 @@ static __device__ __forceinline__ void gemm_load_tile(u16 *s, const u16 *g, int6
     }
 }
 
-template <int BM, int BN, int WM, int WN>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
-    gemm_bf16_kernel(const u16 *__restrict__ A, const u16 *__restrict__ W, void *C, const void *R,
-                     int64_t M, int64_t N, int64_t K, int epi, int c_bf16, int r_bf16) {
+/* The block's work; F16: A and W hold fp16 (nstf_mma_f16), else bf16. */
+template <int BM, int BN, int WM, int WN, bool F16>
+static __device__ __forceinline__ void gemm_body(const u16 *__restrict__ A, const u16 *__restrict__ W, void *C,
+                                                 const void *R, int64_t M, int64_t N, int64_t K, int epi, int c_bf16,
+                                                 int r_bf16) {
     constexpr int NWN = BN / WN, NW = (BM / WM) * NWN, NT = NW * NSTF_WAVE;
     constexpr int TM = WM / 16, TN = WN / 16;
     extern __shared__ __align__(16) u16 smem[];
@@ -141,7 +145,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
 #pragma unroll
             for (int i = 0; i < TM; i++)
 #pragma unroll
-                for (int j = 0; j < TN; j++) nstf_mma(acc[i][j], fa[i], fb[j]);
+                for (int j = 0; j < TN; j++) {
+                    if constexpr (F16) nstf_mma_f16(acc[i][j], fa[i], fb[j]);
+                    else nstf_mma(acc[i][j], fa[i], fb[j]);
+                }
         }
     }
     nstf_cp_wait<0>();
@@ -188,9 +195,23 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
             }
 }
 
+template <int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
+    gemm_bf16_kernel(const u16 *__restrict__ A, const u16 *__restrict__ W, void *C, const void *R, int64_t M,
+                     int64_t N, int64_t K, int epi, int c_bf16, int r_bf16) {
+    gemm_body<BM, BN, WM, WN, false>(A, W, C, R, M, N, K, epi, c_bf16, r_bf16);
+}
+/* fp16 A and W (F16 weights; the activations converted by nstf_gpu_bf16_to_f16) */
+template <int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * NSTF_WAVE)
+    gemm_f16_kernel(const u16 *__restrict__ A, const u16 *__restrict__ W, void *C, const void *R, int64_t M,
+                    int64_t N, int64_t K, int epi, int c_bf16, int r_bf16) {
+    gemm_body<BM, BN, WM, WN, true>(A, W, C, R, M, N, K, epi, c_bf16, r_bf16);
+}
+
 /* ---------------------------------------------------------------- host ---- */
 
-template <int BM, int BN, int WM, int WN>
+template <int BM, int BN, int WM, int WN, bool F16>
 static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
                                int64_t k, int epi, int c_bf16, int r_bf16, gpuStream_t stream) {
     int n_sm = 0, wave = 0;
@@ -200,7 +221,7 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     static bool attr_set = false; /* per instantiation */
     if (!attr_set) {
         void (*kfn)(const u16 *, const u16 *, void *, const void *, int64_t, int64_t, int64_t, int, int, int) =
-            gemm_bf16_kernel<BM, BN, WM, WN>;
+            F16 ? gemm_f16_kernel<BM, BN, WM, WN> : gemm_bf16_kernel<BM, BN, WM, WN>;
         if (gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             gpuSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "gemm: cannot allow %zu bytes of shared memory", smem);
@@ -209,7 +230,8 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     const int64_t n_blocks = ((n + BN - 1) / BN) * ((m + BM - 1) / BM);
     if (n_blocks > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "gemm: %lld blocks", (long long)n_blocks);
     dim3 grid((unsigned)n_blocks);
-    gemm_bf16_kernel<BM, BN, WM, WN><<<grid, threads, smem, stream>>>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16);
+    if (F16) gemm_f16_kernel<BM, BN, WM, WN><<<grid, threads, smem, stream>>>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16);
+    else gemm_bf16_kernel<BM, BN, WM, WN><<<grid, threads, smem, stream>>>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16);
     gpuError_t e = gpuGetLastError();
     if (e != gpuSuccess) return nstf_set_error(NSTF_ERR_GPU, "gemm: launch failed: %s", gpuGetErrorString(e));
     return NSTF_OK;
@@ -245,9 +267,9 @@ extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
     return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);
 }
 
-extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
-                                          const void *res, nstf_type res_type, int64_t m, int64_t n, int64_t k,
-                                          nstf_gemm_epilogue epi, void *stream) {
+/* nstf_gpu_gemm_bf16 (f16 false) and nstf_gpu_gemm_f16 (true). */
+static nstf_status gemm_run(bool f16, const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type, const void *res,
+                            nstf_type res_type, int64_t m, int64_t n, int64_t k, nstf_gemm_epilogue epi, void *stream) {
     if (!a || !w || !c) return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: NULL operand");
     if (m <= 0 || n <= 0 || k <= 0 || m > (int64_t)65535 * 64 || n > ((int64_t)1 << 31) / 2)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm: bad shape M=%lld N=%lld K=%lld", (long long)m,
@@ -287,12 +309,73 @@ extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, 
         int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 && (!res_on || (uintptr_t)res % r_al == 0);
         if (n_out % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0)) vec = 2;
         const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
-        if (path == 2) return gemm_wgmma_launch<256>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
-        if (path == 3) return gemm_wgmma_launch<128>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
-        return gemm_wgmma_launch<64>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
+        const int bn = path == 2 ? 256 : path == 3 ? 128 : 64;
+        return f16 ? gemm_wgmma_launch<true>(bn, a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s)
+                   : gemm_wgmma_launch<false>(bn, a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
     }
 #endif
+    const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
     if (path == 0)
-        return gemm_launch<128, 128, 64, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
-    return gemm_launch<64, 128, 32, 32>((const u16 *)a, (const u16 *)w, c, res, m, n, k, epi, c_bf16, r_bf16, s);
+        return f16 ? gemm_launch<128, 128, 64, 32, true>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, s)
+                   : gemm_launch<128, 128, 64, 32, false>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, s);
+    return f16 ? gemm_launch<64, 128, 32, 32, true>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, s)
+               : gemm_launch<64, 128, 32, 32, false>(a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, s);
+}
+
+extern "C" nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                                          const void *res, nstf_type res_type, int64_t m, int64_t n, int64_t k,
+                                          nstf_gemm_epilogue epi, void *stream) {
+    return gemm_run(false, a, w, c, c_type, res, res_type, m, n, k, epi, stream);
+}
+
+extern "C" nstf_status nstf_gpu_gemm_f16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                                         const void *res, nstf_type res_type, int64_t m, int64_t n, int64_t k,
+                                         nstf_gemm_epilogue epi, void *stream) {
+    return gemm_run(true, a, w, c, c_type, res, res_type, m, n, k, epi, stream);
+}
+
+/* bf16 -> fp16, round to nearest even; finite values beyond the fp16
+ * range saturated to +-65504 (no infinities from finite inputs);
+ * infinities kept; NaN stays NaN. Eight values per thread when x, y are
+ * 16-byte aligned and n % 8 == 0. */
+static __device__ __forceinline__ uint32_t bf16_to_f16_bits(uint32_t b) {
+    float f = __uint_as_float(b << 16);
+    if (fabsf(f) <= 3.4028235e38f) f = fminf(fmaxf(f, -65504.0f), 65504.0f); /* finite only */
+#if defined(NSTF_GPU_CUDA)
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return __builtin_bit_cast(unsigned short, (_Float16)f);
+#endif
+}
+
+__global__ void __launch_bounds__(256) bf16_to_f16_kernel(const u16 *__restrict__ x, u16 *__restrict__ y, int64_t n,
+                                                          int vec) {
+    NSTF_PDL_WAIT();
+    NSTF_PDL_TRIGGER();
+    const int64_t stride = (int64_t)gridDim.x * 256;
+    if (vec) {
+        for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n / 8; i += stride) {
+            const uint4 v = ((const uint4 *)x)[i];
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+            uint32_t o[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) o[k] = bf16_to_f16_bits(w[k] & 0xffffu) | (bf16_to_f16_bits(w[k] >> 16) << 16);
+            ((uint4 *)y)[i] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        return;
+    }
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += stride) y[i] = (u16)bf16_to_f16_bits(x[i]);
+}
+
+extern "C" nstf_status nstf_gpu_bf16_to_f16(const uint16_t *x, uint16_t *y, int64_t n, void *stream) {
+    if (!x || !y || n < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_bf16_to_f16: bad arguments");
+    if (n == 0) return NSTF_OK;
+    const int vec = n % 8 == 0 && (((uintptr_t)x | (uintptr_t)y) % 16) == 0;
+    const int64_t work = vec ? n / 8 : n, blocks = (work + 255) / 256;
+    const unsigned grid = (unsigned)(blocks < 8 * NSTF_GPU_MAX_GRID ? blocks : 8 * NSTF_GPU_MAX_GRID);
+    gpuStream_t s = (gpuStream_t)stream;
+    GPU_CHECK(nstf_gpu_launch(bf16_to_f16_kernel, dim3(grid), dim3(256), 0, s, nstf_gpu_pdl(), (const u16 *)x, (u16 *)y,
+                              n, vec));
+    GPU_LAUNCH_CHECK(s);
+    return NSTF_OK;
 }

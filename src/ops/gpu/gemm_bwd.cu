@@ -14,8 +14,10 @@
  * so M, N and K are free; only the contiguous extent of each operand moves
  * in 16-byte pieces (see nstf_gpu_gemm_ex in gpu_api.h).
  *
- * The portable path is all this file has; the wgmma variants of these
- * orientations are the speed issue's. */
+ * The portable path is all this file has. On Hopper the backend instead
+ * transposes the operand that is not k-major (nstf_gpu_transpose_bf16,
+ * below) and runs the forward's wgmma GEMM (gemm.cu): a copy of 2 bytes
+ * per element buys the wgmma rate (backend/gpu_ops.c, bwd_wgmma). */
 #include "mma.h"
 
 typedef unsigned short u16;
@@ -197,4 +199,36 @@ extern "C" nstf_status nstf_gpu_matmul_bwd_w(const uint16_t *x, int64_t x_stride
     /* dW [out, in] += dY^T [out, n] X [n, in]: dY read transposed, X k-major */
     return nstf_gpu_gemm_ex(dy, dy_stride, 1, x, x_stride, 1, dw, NSTF_TYPE_F32, n_in, n_out, n_in, n_tok, 1,
                             stream);
+}
+
+/* y [cols, rows] = x^T for x [rows, cols] bf16 with row stride ldx: 32 x 32
+ * tiles through shared memory (33 columns: the transposed reads fall in
+ * distinct banks), 8 rows per pass of the 256 threads. */
+__global__ void __launch_bounds__(256) transpose_bf16_kernel(const u16 *__restrict__ x, int64_t ldx,
+                                                             u16 *__restrict__ y, int64_t rows, int64_t cols) {
+    __shared__ u16 t[32][33];
+    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int i = ty; i < 32; i += 8) {
+        const int64_t r = r0 + i, c = c0 + tx;
+        if (r < rows && c < cols) t[i][tx] = x[r * ldx + c];
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        const int64_t c = c0 + i, r = r0 + tx;
+        if (c < cols && r < rows) y[c * rows + r] = t[tx][i];
+    }
+}
+
+extern "C" nstf_status nstf_gpu_transpose_bf16(const uint16_t *x, int64_t ldx, uint16_t *y, int64_t rows,
+                                               int64_t cols, void *stream) {
+    if (!x || !y || rows <= 0 || cols <= 0 || ldx < cols || (rows + 31) / 32 > 65535 ||
+        (cols + 31) / 32 > 0x7fffffff)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "transpose: bad arguments (%lld x %lld, stride %lld)",
+                              (long long)rows, (long long)cols, (long long)ldx);
+    gpuStream_t s = (gpuStream_t)stream;
+    transpose_bf16_kernel<<<dim3((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), 256, 0, s>>>(
+        (const u16 *)x, ldx, (u16 *)y, rows, cols);
+    GPU_LAUNCH_CHECK(s);
+    return NSTF_OK;
 }

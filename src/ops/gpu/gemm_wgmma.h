@@ -1,4 +1,5 @@
-/* gemm_wgmma.h — the Hopper (sm_90a) path of nstf_gpu_gemm_bf16: warpgroup
+/* gemm_wgmma.h — the Hopper (sm_90a) path of nstf_gpu_gemm_bf16 (and of
+ * nstf_gpu_gemm_f16: the same kernel with the fp16 wgmma): warpgroup
  * MMA (`wgmma.mma_async`) on operands that TMA (`cp.async.bulk.tensor`)
  * brings into shared memory. NVIDIA only: gemm.cu includes this file only
  * in CUDA builds, and the kernel body exists only in sm_90a device code
@@ -99,14 +100,15 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
-template <int BN>
+/* F16: fp16 operands, else bf16 */
+template <int BN, bool F16>
 static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
     if constexpr (BN == 256)
-        nstf_wgmma_m64n256(d, da, db, acc);
+        (F16 ? nstf_wgmma_f16_m64n256 : nstf_wgmma_m64n256)(d, da, db, acc);
     else if constexpr (BN == 128)
-        nstf_wgmma_m64n128(d, da, db, acc);
+        (F16 ? nstf_wgmma_f16_m64n128 : nstf_wgmma_m64n128)(d, da, db, acc);
     else
-        nstf_wgmma_m64n64(d, da, db, acc);
+        (F16 ? nstf_wgmma_f16_m64n64 : nstf_wgmma_m64n64)(d, da, db, acc);
 }
 /* keeps the compiler from moving accumulator reads across wgmma waits */
 template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
@@ -219,7 +221,7 @@ static __device__ __forceinline__ void wg_quad_transpose(float2 *p, int q) {
 }
 #endif /* NSTF_WGMMA_DEVICE */
 
-template <int BN>
+template <int BN, bool F16>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
                       void *C, const void *R, int64_t M, int64_t N, int64_t K, int epi, int c_bf16, int r_bf16,
@@ -297,7 +299,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             const uint32_t b0 = s_w + stage * cfg::B_BYTES;
 #pragma unroll
             for (int kk = 0; kk < WG_BK / 16; kk++)
-                wg_mma<BN>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
+                wg_mma<BN, F16>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             /* the previous slice's MMAs have retired: hand its stage back */
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -439,14 +441,14 @@ static wg_encode_fn wg_encoder(void) {
     return fn;
 }
 
-/* [rows, K] bf16 row-major as a 2-D tensor map with a 64 x box_rows box,
- * 128-byte swizzle, zero fill out of bounds. */
-static nstf_status wg_make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t k, int box_rows) {
+/* [rows, K] bf16 (or fp16: f16) row-major as a 2-D tensor map with a
+ * 64 x box_rows box, 128-byte swizzle, zero fill out of bounds. */
+static nstf_status wg_make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t k, int box_rows, bool f16) {
     const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
     const cuuint32_t box[2] = {WG_BK, (cuuint32_t)box_rows};
     const cuuint32_t estr[2] = {1, 1};
-    CUresult r = wg_encoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
+    CUresult r = wg_encoder()(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
@@ -468,7 +470,7 @@ static int gemm_wgmma_usable(void) {
         int dev = 0, major = 0;
         cudaFuncAttributes fa;
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
-                    int, int) = gemm_wgmma_kernel<128>;
+                    int, int) = gemm_wgmma_kernel<128, false>;
         if (cudaGetDevice(&dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
             cudaFuncGetAttributes(&fa, (const void *)kfn) == cudaSuccess && fa.binaryVersion >= 90 &&
@@ -501,31 +503,41 @@ static int gemm_wgmma_bn(int64_t m, int64_t n, int n_sm) {
     return best;
 }
 
-template <int BN>
-static nstf_status gemm_wgmma_launch(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
-                                     int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
-                                     cudaStream_t stream) {
+template <int BN, bool F16>
+static nstf_status gemm_wgmma_launch_bn(const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
+                                        int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
+                                        cudaStream_t stream) {
     typedef wg_cfg<BN> cfg;
     static bool attr_set = false; /* per instantiation */
     if (!attr_set) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
-                    int, int) = gemm_wgmma_kernel<BN>;
+                    int, int) = gemm_wgmma_kernel<BN, F16>;
         if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
             cudaSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cannot allow %d bytes of shared memory", cfg::SMEM);
         attr_set = true;
     }
     CUtensorMap map_a, map_w;
-    NSTF_TRY(wg_make_map(&map_a, a, m, k, WG_BM));
-    NSTF_TRY(wg_make_map(&map_w, w, n, k, BN));
+    NSTF_TRY(wg_make_map(&map_a, a, m, k, WG_BM, F16));
+    NSTF_TRY(wg_make_map(&map_w, w, n, k, BN, F16));
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + BN - 1) / BN);
     const int grid = (int)(tiles < n_sm ? tiles : n_sm);
-    gemm_wgmma_kernel<BN><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi, c_bf16, r_bf16,
-                                                                    vec);
+    gemm_wgmma_kernel<BN, F16><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi, c_bf16,
+                                                                         r_bf16, vec);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): launch failed: %s", cudaGetErrorString(e));
     return NSTF_OK;
+}
+
+/* The tile width bn (256, 128 or 64) of gemm_wgmma_bn; F16: fp16 operands. */
+template <bool F16>
+static nstf_status gemm_wgmma_launch(int bn, const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
+                                     int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
+                                     cudaStream_t stream) {
+    if (bn == 256) return gemm_wgmma_launch_bn<256, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
+    if (bn == 128) return gemm_wgmma_launch_bn<128, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
+    return gemm_wgmma_launch_bn<64, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
 }
 
 #endif /* NSTF_GEMM_WGMMA_H */

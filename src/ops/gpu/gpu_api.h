@@ -256,6 +256,21 @@ nstf_status nstf_gpu_gemm_bf16(const uint16_t *a, const uint16_t *w, void *c, ns
                                const void *res, nstf_type res_type, int64_t m, int64_t n,
                                int64_t k, nstf_gemm_epilogue epi, void *stream);
 
+/* The same with fp16 operands (F16 weights): a and w hold fp16 bit
+ * patterns, the products run on the fp16 matrix instructions (wgmma .f16 on
+ * sm_90a, mma.sync .f16, v_mfma_f32_16x16x16f16, v_wmma_f32_16x16x16_f16),
+ * accumulation, epilogues, output and requirements as nstf_gpu_gemm_bf16.
+ * The activations, bf16 in the engine, get there through
+ * nstf_gpu_bf16_to_f16. */
+nstf_status nstf_gpu_gemm_f16(const uint16_t *a, const uint16_t *w, void *c, nstf_type c_type,
+                              const void *res, nstf_type res_type, int64_t m, int64_t n,
+                              int64_t k, nstf_gemm_epilogue epi, void *stream);
+
+/* y[i] = fp16(x[i]) for n bf16 values: round to nearest even, finite values
+ * beyond the fp16 range saturated to +-65504, infinities kept, NaN stays NaN
+ * (the fp16 quiet NaN). x and y must not overlap. */
+nstf_status nstf_gpu_bf16_to_f16(const uint16_t *x, uint16_t *y, int64_t n, void *stream);
+
 /* Which kernel nstf_gpu_gemm_bf16 takes for an M x N x K call on the current
  * device, as a static string ("wgmma 128x256", "mma.sync 128x128", ...; "none"
  * without a usable device). For tests and benchmarks to print. On Hopper
@@ -449,6 +464,12 @@ nstf_status nstf_gpu_matmul_bwd_x(const uint16_t *w, const uint16_t *dy, int64_t
 nstf_status nstf_gpu_matmul_bwd_w(const uint16_t *x, int64_t x_stride, const uint16_t *dy,
                                   int64_t dy_stride, float *dw, int64_t n_tok, int64_t n_in,
                                   int64_t n_out, void *stream);
+
+/* y [cols, rows] = x^T: x [rows, cols] bf16 with row stride ldx >= cols,
+ * y dense; x and y must not overlap. The gradient GEMMs' operand copy
+ * where the fast GEMM wants k-major operands (backend/gpu_ops.c). */
+nstf_status nstf_gpu_transpose_bf16(const uint16_t *x, int64_t ldx, uint16_t *y, int64_t rows,
+                                    int64_t cols, void *stream);
 
 /* nstf_gpu_flash_attn that also writes lse [n_tok, n_heads] fp32, the
  * natural log-sum-exp of each row's scaled scores (the training forward). */

@@ -1,7 +1,8 @@
 /* mma.h — the tile abstraction over the matrix units: one wave computes
  * C[16x16] (fp32) += A[16x16] (bf16) * B[16x16] (bf16), with fragments loaded
  * from shared memory. Owns the choice of matrix instruction per target (the
- * only place that knows it) and documents each target's register layouts:
+ * only place that knows it) and documents each target's register layouts
+ * (nstf_mma_f16: fp16 operands, same layouts):
  *
  *   NVIDIA (NSTF_MMA_NV): two `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`
  *     per 16x16x16 step; lane = 4*g + t (g = lane/4, t = lane%4).
@@ -104,6 +105,7 @@ struct nstf_mma_c { float x[8]; };
 #define NSTF_MMA_ROW_LANES NSTF_MMA_NV_ROW_LANES /* lanes sharing one row: 4 (xor 1, 2) */
 #elif defined(NSTF_MMA_MFMA)
 typedef short nstf_v4s __attribute__((ext_vector_type(4)));
+typedef _Float16 nstf_v4h __attribute__((ext_vector_type(4)));
 typedef float nstf_v4f __attribute__((ext_vector_type(4)));
 struct nstf_mma_a { nstf_v4s x; };
 struct nstf_mma_b { nstf_v4s x; };
@@ -113,6 +115,7 @@ struct nstf_mma_c { nstf_v4f x; };
 #define NSTF_MMA_ROW_LANES NSTF_MMA_MFMA_ROW_LANES
 #else
 typedef short nstf_v16s __attribute__((ext_vector_type(16)));
+typedef _Float16 nstf_v16h __attribute__((ext_vector_type(16)));
 typedef float nstf_v8f __attribute__((ext_vector_type(8)));
 struct nstf_mma_a { nstf_v16s x; };
 struct nstf_mma_b { nstf_v16s x; };
@@ -230,6 +233,28 @@ NSTF_DEV void nstf_mma(nstf_mma_c &c, const nstf_mma_a &a, const nstf_mma_b &b) 
     c.x = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a.x, b.x, c.x, 0, 0, 0);
 #else
     c.x = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a.x, b.x, c.x);
+#endif
+}
+
+/* c += a * b with fp16 operands: the fragments hold raw 16-bit elements in
+ * the same layouts as bf16 on every target, only the instruction differs
+ * (mma.sync .f16, v_mfma_f32_16x16x16f16, v_wmma_f32_16x16x16_f16). */
+NSTF_DEV void nstf_mma_f16(nstf_mma_c &c, const nstf_mma_a &a, const nstf_mma_b &b) {
+#if defined(NSTF_MMA_NV)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[0]), "r"(b.x[1]));
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c.x[4]), "+f"(c.x[5]), "+f"(c.x[6]), "+f"(c.x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(b.x[2]), "r"(b.x[3]));
+#elif defined(NSTF_MMA_MFMA)
+    c.x = __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(nstf_v4h, a.x), __builtin_bit_cast(nstf_v4h, b.x),
+                                                c.x, 0, 0, 0);
+#else
+    c.x = __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(nstf_v16h, a.x),
+                                                     __builtin_bit_cast(nstf_v16h, b.x), c.x);
 #endif
 }
 
