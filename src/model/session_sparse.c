@@ -85,5 +85,13 @@ nstf_status nstf_session_sparse_tune(nstf_session *s, int topk, int window) {
         NSTF_TRY(nstf_llama_run_sparse_tune(r, topk, window));
         any = true;
     }
-    return any ? NSTF_OK : nstf_set_error(NSTF_ERR_INVALID_ARG, "the session has no sparse attention layers");
+    if (!any) return nstf_set_error(NSTF_ERR_INVALID_ARG, "the session has no sparse attention layers");
+    /* a captured decode step holds the old top-k and window in its kernels'
+     * arguments: turning graphs off and on drops it, the next step captures
+     * afresh */
+    if (s->be->vt->get_opt(s->be, NSTF_OPT_GRAPHS)) {
+        NSTF_TRY(s->be->vt->set_opt(s->be, NSTF_OPT_GRAPHS, 0));
+        NSTF_TRY(s->be->vt->set_opt(s->be, NSTF_OPT_GRAPHS, 1));
+    }
+    return NSTF_OK;
 }
