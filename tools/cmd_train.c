@@ -16,9 +16,7 @@
 #include <time.h>
 
 #include "cli_util.h"
-#include "core/mem.h"
 #include "gen_model.h"
-#include "model/trainer.h"
 #include "nstf_train.h"
 #include "prof/profiler.h"
 
@@ -223,7 +221,7 @@ int cmd_train(int argc, char **argv) {
         nstf_train_stats s;
         /* --profile: the second step of the run (the first warms up) */
         const bool prof_now = profile && nstf_trainer_steps_done(t) == first + 1;
-        if (prof_now && nstf_prof_attach_backend(&prof, t->be, 1 << 16) != NSTF_OK) return fail(t, log, ckpt, saved);
+        if (prof_now && nstf_prof_attach_trainer(&prof, t, 1 << 16) != NSTF_OK) return fail(t, log, ckpt, saved);
         if (nstf_trainer_step(t, &s) != NSTF_OK) {
             if (prof_now) nstf_prof_detach(&prof);
             return fail(t, log, ckpt, saved);

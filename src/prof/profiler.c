@@ -7,6 +7,7 @@
 
 #include "core/mem.h"
 #include "model/session.h"
+#include "model/trainer.h"
 
 void nstf_prof_reset(nstf_prof *p) {
     memset(p->sites, 0, sizeof p->sites);
@@ -53,6 +54,10 @@ static void hook_end(void *user, nstf_backend *be, const nstf_op_args *a, nstf_s
 
 nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap) {
     return nstf_prof_attach_backend(p, s->be, cap);
+}
+
+nstf_status nstf_prof_attach_trainer(nstf_prof *p, nstf_trainer *t, int cap) {
+    return nstf_prof_attach_backend(p, t->be, cap);
 }
 
 nstf_status nstf_prof_attach_backend(nstf_prof *p, nstf_backend *be, int cap) {

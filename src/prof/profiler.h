@@ -87,8 +87,11 @@ void nstf_prof_add(nstf_prof *p, const char *label, int layer, nstf_op_cost cost
  * backend runs without graphs or overlapped launches, so the marks
  * bracket each op. */
 nstf_status nstf_prof_attach(nstf_prof *p, nstf_session *s, int cap);
-/* The same on a backend that something else drives (a trainer's steps). */
+/* The same on a backend that something else drives, and on a trainer's
+ * (include/nstf_train.h): every op of its following steps. */
 nstf_status nstf_prof_attach_backend(nstf_prof *p, nstf_backend *be, int cap);
+typedef struct nstf_trainer nstf_trainer;
+nstf_status nstf_prof_attach_trainer(nstf_prof *p, nstf_trainer *t, int cap);
 /* Turn the records since the last collect into site totals and trace
  * spans; waits for the backend. The records stay readable in p->recs
  * (p->n_recs of them) until the next forward, which starts afresh. */
