@@ -16,7 +16,10 @@
 #                 (bench/peers/conv_cudnn.py): bench_conv_{nhwc,nchw}.md
 #   torch_gpu     python/tests/test_torch_gpu.py: the ops on CUDA tensors
 #                 against torch's bf16 ops, opcheck on CUDA, gradients of a
-#                 block, HF Llama with NSTF's blocks
+#                 block, HF Llama with NSTF's blocks; the attention backward
+#                 (nstf::flash_attn_bwd, NSTF's kernel from the saved lse)
+#                 against SDPA's fp64/fp32 backward with SDPA's bf16 one as
+#                 the naive version, listed test by test under the PASS line
 #   torch_full    python/tests/test_torch_ops.py with NSTF_PY_FULL=1: full
 #                 opcheck (AOT dispatch) and gradcheck (full Jacobians)
 # Exit 0 when every step passed, else 1 (77 when there is no GPU).
@@ -86,12 +89,13 @@ else
     for step in torch_gpu:test_torch_gpu.py torch_full:test_torch_ops.py; do
         name=${step%%:*} file=${step#*:}
         PYTHONPATH="$pypath" NSTF_PY_FULL=1 PYTHONDONTWRITEBYTECODE=1 \
-            python3 -m pytest -q -p no:cacheprovider -rs "python/tests/$file" > "$out/$name.log" 2>&1
+            python3 -m pytest -v -p no:cacheprovider -rs "python/tests/$file" > "$out/$name.log" 2>&1
         prc=$?
         summary=$(tail -n 1 "$out/$name.log")
         if [ $prc -eq 0 ]; then
             echo "PASS $name: $summary"
             grep -E '^SKIPPED' "$out/$name.log" | sed 's/^/    /'
+            grep -E '::test_(flash_attn_backward|compile_backward)' "$out/$name.log" | sed 's/^.*::/    /'
         else
             fail "$name: $summary"
             grep -E '^(FAILED|ERROR)' "$out/$name.log" | head -n 20
