@@ -19,7 +19,9 @@ use and rebuilt when a weight changes (its version counter or storage).
 
 Limits: causal attention without padding (the attention mask is not read:
 a batch must hold sequences of one length), no attention or MLP biases,
-models in bf16 on a GPU (float32 works on the CPU reference path)."""
+models in bf16 on a GPU, or float32 ones under torch.autocast(dtype=bf16)
+(the ops cast their inputs; float32 works as it is on the CPU reference
+path)."""
 
 import types
 
