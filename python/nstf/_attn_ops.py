@@ -193,6 +193,12 @@ def flash_attn_bwd(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, do
     dv [B, Tk, Hkv, D] summed over the query heads of each kv head; in the
     dtypes of q, k, v. Not differentiable itself. On a GPU:
     nstf_gpu_flash_attn_bwd."""
+    with torch.autocast("cpu", enabled=False):  # a backward run inside an autocast region: fp32 math still
+        return _attn_bwd_reference(q, k, v, out, lse, dout, scale)
+
+
+def _attn_bwd_reference(q, k, v, out, lse, dout, scale):
+    """flash_attn_bwd's reference: the kernel's formulas (attn_bwd.cu)"""
     _attn_grad_check(q, k, v, out, lse, dout)
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]

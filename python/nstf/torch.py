@@ -30,10 +30,10 @@ attention backward from the forward's saved log-sum-exp (nstf._attn_ops:
 flash_attn is composite over flash_attn_lse / flash_attn_bwd for training
 and flash_attn_infer for inference, ops of their own).
 
-Under torch.autocast on CUDA, the ops that take bf16 on a GPU (gemm,
-gemm_swiglu, the attention ops, rope, swiglu, gemv_q, conv2d) cast their
-floating inputs to bf16, as autocast does for torch's matmuls (gemm's
-residual included); rms_norm takes float32 as it is."""
+Under torch.autocast (CUDA, and the CPU alike), the ops that take bf16 on a
+GPU (gemm, gemm_swiglu, the attention forwards, rope, swiglu, gemv_q,
+conv2d) cast their floating inputs to bf16, as autocast does for torch's
+matmuls (gemm's residual included); rms_norm takes float32 as it is."""
 
 import ctypes
 from typing import List, Optional, Tuple
@@ -633,9 +633,10 @@ conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
 
 # Under torch.autocast the ops that take bf16 on a GPU cast their floating
 # inputs to bf16 (on the CPU too, so that a model runs the same there); the
-# gradients flow back through the casts to the float32 leaves.
-for _name in ("gemm", "gemm_swiglu", "flash_attn_infer", "flash_attn_lse", "flash_attn_bwd", "rope", "swiglu",
-              "gemv_q", "conv2d"):
+# gradients flow back through the casts to the float32 leaves. Not
+# flash_attn_bwd: it takes the forward's saved bf16 tensors and fp32 lse as
+# they are, also when a backward runs inside an autocast region.
+for _name in ("gemm", "gemm_swiglu", "flash_attn_infer", "flash_attn_lse", "rope", "swiglu", "gemv_q", "conv2d"):
     for _dev in ("cuda", "cpu"):
         try:
             torch.library.register_autocast("nstf::" + _name, _dev, _BF16)

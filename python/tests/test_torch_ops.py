@@ -221,6 +221,15 @@ def test_autocast():
     (y.float().sum() + o.float().sum()).backward()
     for t in (x, w, q, k, v):
         assert t.grad is not None and t.grad.dtype == torch.float32
+    # a backward inside the autocast region: the attention backward takes
+    # the saved lse in fp32 as it is, so the same gradients
+    want = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ops.flash_attn(q, k, v, 0.3).float().sum().backward()
+    for t, g in zip((q, k, v), want):
+        assert torch.equal(t.grad, g)
     # the float32 product of the bf16-rounded inputs, rounded to bf16 (half an ulp: at most 2^-8 relative)
     ref = x.detach().to(torch.bfloat16).float() @ w.detach().to(torch.bfloat16).float().t()
     assert ((y.float() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-30).all()
