@@ -50,6 +50,23 @@ def build(shape):
     return LlamaForCausalLM(cfg).cuda()
 
 
+def train_step(fwd, model, opt, x, y):
+    """One optimizer step of model (fwd: the model or its compiled form) on
+    tokens x [B, T] with targets y: the forward under bf16 autocast on x's
+    device, fp32 logits, cross-entropy, backward, gradient clipping at 1.0,
+    opt's step. Returns the loss (a tensor: no host sync)."""
+    import torch
+
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        logits = fwd(input_ids=x).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def run(shape, batch, seq, steps, warmup, compiled, peak):
     import torch
 
@@ -62,14 +79,7 @@ def run(shape, batch, seq, steps, warmup, compiled, peak):
     x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = fwd(input_ids=x).logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.view(-1, vocab), y.view(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(fwd, model, opt, x, y)
 
     for _ in range(warmup):
         step()

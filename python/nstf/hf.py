@@ -7,7 +7,8 @@ the torch.ops.nstf ops; unpatch_llama(model) puts the originals back.
     or GEMV over the stacked [Wq; Wk; Wv]), RoPE on nstf::rope (the model's
     rotary type must be "default"; other types keep HF's cos/sin), causal
     attention on nstf::flash_attn over HF's cache (a DynamicCache: the keys
-    so far, this call's appended by cache.update).
+    so far, this call's appended by cache.update); in training its backward
+    is NSTF's attention backward (nstf::flash_attn_bwd).
   MLP: inference runs gate|up as one GEMM with the SwiGLU epilogue
     (nstf::gemm_swiglu; at most 8 tokens: one GEMV over [Wg; Wu] and
     nstf::swiglu), then down on nstf::gemm; training runs nstf::gemm for each
@@ -18,7 +19,9 @@ use and rebuilt when a weight changes (its version counter or storage).
 
 Limits: causal attention without padding (the attention mask is not read:
 a batch must hold sequences of one length), no attention or MLP biases,
-models in bf16 on a GPU (float32 works on the CPU reference path)."""
+models in bf16 on a GPU, or float32 ones under torch.autocast(dtype=bf16)
+(the ops cast their inputs; float32 works as it is on the CPU reference
+path)."""
 
 import types
 

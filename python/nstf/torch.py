@@ -4,6 +4,7 @@ namespace nstf, registered when this module is imported:
     torch.ops.nstf.gemm(a, w, residual=None, out_f32=False)       a @ w.T (+ residual)
     torch.ops.nstf.gemm_swiglu(a, w_packed)                       silu(a Wg^T) * (a Wu^T), fused
     torch.ops.nstf.flash_attn(q, k, v, scale)                     causal GQA attention
+      (flash_attn_infer, flash_attn_lse, flash_attn_bwd: the forward and backward it runs)
     torch.ops.nstf.rms_norm(x, weight, eps, residual=None)        (y, x + residual)
     torch.ops.nstf.rope(q, k, pos, base, neox)                    rotary embedding of q and k
     torch.ops.nstf.swiglu(gate, up)                               silu(gate) * up
@@ -24,15 +25,17 @@ Every op has a fake (meta) implementation, so torch.compile and
 torch.export trace through them. Autograd: gemm, gemm_swiglu, rms_norm,
 rope, swiglu and the activations of gemv_q have their backward formulas
 here (the matrix products of a backward run on torch.matmul); conv2d's
-backward is PyTorch's convolution_backward. flash_attn's backward is
-pluggable: register_attention_backward(fn) installs a GPU implementation
-(fn(q, k, v, out, grad_out, scale) -> (dq, dk, dv) on CUDA tensors, e.g. over
-a future nstf_gpu_flash_attn_bwd launcher); until one is registered, and on
-other devices, it recomputes the attention in fp32 with PyTorch and
-differentiates that."""
+backward is PyTorch's convolution_backward; flash_attn's is NSTF's
+attention backward from the forward's saved log-sum-exp (nstf._attn_ops:
+flash_attn is composite over flash_attn_lse / flash_attn_bwd for training
+and flash_attn_infer for inference, ops of their own).
+
+Under torch.autocast (CUDA, and the CPU alike), the ops that take bf16 on a
+GPU (gemm, gemm_swiglu, the attention forwards, rope, swiglu, gemv_q,
+conv2d) cast their floating inputs to bf16, as autocast does for torch's
+matmuls (gemm's residual included); rms_norm takes float32 as it is."""
 
 import ctypes
-import threading
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -40,73 +43,11 @@ import torch
 from torch import Tensor
 
 from . import _lib as L
-from .model import Error, _check
+from ._attn_ops import attention_reference
+from ._ops_base import _BF16, _cuda_bf16, _dense, _launch, _need, _out_dtype, _p, _ref_dtype, available
+from .model import _check
 
-__all__ = ["register_attention_backward", "pack_swiglu", "quantize", "dequantize", "type_id", "attention_reference",
-           "available"]
-
-_tls = threading.local()
-_BF16 = torch.bfloat16
-
-
-def available():
-    """Whether the loaded library runs the ops on GPU tensors."""
-    return L.gpu() is not None
-
-
-def _gpu():
-    lib = L.gpu()
-    if lib is None:
-        raise Error("this nstf library has no GPU backend: build it with NSTF_CUDA=ON (or NSTF_HIP=ON) to run the "
-                    "ops on GPU tensors", 4, "unsupported")
-    return lib
-
-
-def _launch(t):
-    """(lib, stream) for a launch on t's device: that device made current in
-    the library's runtime, torch's current stream of it."""
-    lib = _gpu()
-    dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    if getattr(_tls, "dev", None) != dev:
-        _check(lib, lib.nstf_gpu_set_device(dev))
-        _tls.dev = dev
-    return lib, ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
-
-
-def _p(t):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
-
-
-def _dense(t, align=16):
-    """t contiguous, its data aligned to `align` bytes (a copy when not)."""
-    t = t.contiguous()
-    if t.data_ptr() % align:
-        t = t.clone()
-    return t
-
-
-def _need(cond, msg):
-    if not cond:
-        raise ValueError("nstf: " + msg)
-
-
-def _out_dtype(x, f32=False):
-    """bf16 inputs give bf16 (fp32 with f32); the reference path keeps
-    float32 / float64 inputs in their own precision."""
-    if x.dtype == _BF16:
-        return torch.float32 if f32 else _BF16
-    return x.dtype
-
-
-def _ref_dtype(x):
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _cuda_bf16(name, *ts):
-    for t in ts:
-        if t is not None:
-            _need(t.dtype == _BF16, f"{name} on a GPU takes bf16 tensors, got {t.dtype}")
-
+__all__ = ["pack_swiglu", "quantize", "dequantize", "type_id", "attention_reference", "available"]
 
 # ---- gemm ---------------------------------------------------------------------
 
@@ -265,119 +206,6 @@ def _gemm_swiglu_backward(ctx, grad):
 
 
 gemm_swiglu.register_autograd(_gemm_swiglu_backward, setup_context=_gemm_swiglu_setup)
-
-
-# ---- flash attention -------------------------------------------------------------
-
-def _attn_check(q, k, v):
-    _need(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape and q.shape[0] == k.shape[0] and
-          q.shape[3] == k.shape[3], f"flash_attn: q [B, Tq, H, D], k and v [B, Tk, Hkv, D]; got {tuple(q.shape)}, "
-          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    _need(q.shape[2] % k.shape[2] == 0, f"flash_attn: {q.shape[2]} heads over {k.shape[2]} kv heads")
-    _need(k.shape[1] >= q.shape[1], f"flash_attn: {q.shape[1]} queries after only {k.shape[1]} keys")
-
-
-def attention_reference(q, k, v, scale):
-    """Causal grouped-query attention in PyTorch (the op's reference): q [B,
-    Tq, H, D], k, v [B, Tk, Hkv, D]; query i sits at position Tk - Tq + i and
-    sees keys 0 .. Tk - Tq + i; query head h uses kv head h // (H / Hkv)."""
-    _attn_check(q, k, v)
-    B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    ct = _ref_dtype(q)
-    qf = q.to(ct).transpose(1, 2)
-    kf = k.to(ct).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-    vf = v.to(ct).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
-    pos = torch.arange(Tq, device=q.device) + (Tk - Tq)
-    mask = torch.arange(Tk, device=q.device)[None, :] > pos[:, None]
-    s = s.masked_fill(mask, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), vf).transpose(1, 2)
-
-
-@torch.library.custom_op("nstf::flash_attn", mutates_args=())
-def flash_attn(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
-    """Causal grouped-query attention, out [B, Tq, H, D] (bf16 for bf16
-    inputs): q [B, Tq, H, D], k, v [B, Tk, Hkv, D], query i at position
-    Tk - Tq + i (Tk > Tq: keys of earlier tokens, e.g. a KV cache). On a GPU:
-    NSTF's flash attention (online softmax, no score matrix), split-KV flash
-    decoding for at most 16 query rows per kv head; head_dim 64 or 128."""
-    return attention_reference(q, k, v, scale).to(_out_dtype(q)).contiguous()
-
-
-@flash_attn.register_kernel("cuda")
-def _flash_attn_cuda(q, k, v, scale):
-    _attn_check(q, k, v)
-    _cuda_bf16("flash_attn", q, k, v)
-    B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    _need(D in (64, 128), f"flash_attn on a GPU takes head_dim 64 or 128 (got {D})")
-    lib, stream = _launch(q)
-    q2, k2, v2 = _dense(q), _dense(k), _dense(v)
-    out = torch.empty((B, Tq, H, D), dtype=_BF16, device=q.device)
-    pos0 = Tk - Tq
-    decode = Tq * (H // Hkv) <= 16
-    scratch, nbytes = None, 0
-    if decode:
-        nbytes = lib.nstf_gpu_flash_decode_scratch_bytes(Tq, pos0, H, Hkv, D)
-        scratch = torch.empty(max(nbytes, 16), dtype=torch.uint8, device=q.device)
-    for b in range(B):
-        # the cache the kernel attends over: rows [0, pos0) are the earlier
-        # keys; the call writes this chunk's rows [pos0, Tk) itself
-        kc = torch.empty((Tk, Hkv, D), dtype=_BF16, device=q.device)
-        vc = torch.empty((Tk, Hkv, D), dtype=_BF16, device=q.device)
-        if pos0:
-            kc[:pos0].copy_(k2[b, :pos0])
-            vc[:pos0].copy_(v2[b, :pos0])
-        args = (_p(q2[b]), H * D, _p(k2[b, pos0:]), Hkv * D, _p(v2[b, pos0:]), Hkv * D, _p(kc), _p(vc), _p(out[b]),
-                H * D, Tq, pos0, Tk, H, Hkv, D, float(scale))
-        if decode:
-            st = lib.nstf_gpu_flash_decode(*args, _p(scratch), nbytes, stream)
-        else:
-            st = lib.nstf_gpu_flash_attn(*args, stream)
-        _check(lib, st)
-    return out
-
-
-@flash_attn.register_fake
-def _flash_attn_fake(q, k, v, scale):
-    _attn_check(q, k, v)
-    return q.new_empty(q.shape, dtype=_out_dtype(q))
-
-
-_attention_backward = None
-
-
-def register_attention_backward(fn):
-    """Install the GPU backward of nstf::flash_attn: fn(q, k, v, out,
-    grad_out, scale) -> (dq, dk, dv), CUDA tensors of the forward's shapes
-    (bf16; dk, dv summed over the query heads of each kv head). None goes
-    back to the PyTorch recompute. Returns the previous one."""
-    global _attention_backward
-    prev, _attention_backward = _attention_backward, fn
-    return prev
-
-
-def _flash_attn_setup(ctx, inputs, output):
-    q, k, v, scale = inputs
-    ctx.save_for_backward(q, k, v, output)
-    ctx.scale = scale
-
-
-def _flash_attn_backward(ctx, grad):
-    q, k, v, out = ctx.saved_tensors
-    if q.is_cuda and _attention_backward is not None:
-        dq, dk, dv = _attention_backward(q, k, v, out, grad, ctx.scale)
-        return dq, dk, dv, None
-    ct = _ref_dtype(q)
-    with torch.enable_grad():
-        qf, kf, vf = (t.detach().to(ct).requires_grad_() for t in (q, k, v))
-        o = attention_reference(qf, kf, vf, ctx.scale)
-        dq, dk, dv = torch.autograd.grad(o, (qf, kf, vf), grad.to(ct))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
-
-
-flash_attn.register_autograd(_flash_attn_backward, setup_context=_flash_attn_setup)
 
 
 # ---- RMSNorm with the residual add ------------------------------------------------------
@@ -799,3 +627,18 @@ def _conv2d_backward(ctx, grad):
 
 
 conv2d.register_autograd(_conv2d_backward, setup_context=_conv2d_setup)
+
+
+# ---- autocast ---------------------------------------------------------------------------------
+
+# Under torch.autocast the ops that take bf16 on a GPU cast their floating
+# inputs to bf16 (on the CPU too, so that a model runs the same there); the
+# gradients flow back through the casts to the float32 leaves. Not
+# flash_attn_bwd: it takes the forward's saved bf16 tensors and fp32 lse as
+# they are, also when a backward runs inside an autocast region.
+for _name in ("gemm", "gemm_swiglu", "flash_attn_infer", "flash_attn_lse", "rope", "swiglu", "gemv_q", "conv2d"):
+    for _dev in ("cuda", "cpu"):
+        try:
+            torch.library.register_autocast("nstf::" + _name, _dev, _BF16)
+        except ValueError:  # a torch without autocast on that device
+            pass

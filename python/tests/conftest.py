@@ -2,7 +2,7 @@
 CLI of the same build (NSTF_CLI, set by CTest) and a tiny random model it
 writes (nstf gen-model --shape tiny) for the loops that run a thousand
 calls; make_llama builds small random HF Llama models for the suites of
-the PyTorch ops."""
+the PyTorch ops, and record_ops records which ops a piece of code runs."""
 
 import importlib.util
 import os
@@ -63,3 +63,22 @@ def make_llama():
         return LlamaForCausalLM(cfg).float()
 
     return make
+
+
+@pytest.fixture(scope="session")
+def record_ops():
+    """record_ops(): a context manager whose .ops lists the names of the ops
+    ("nstf.flash_attn_bwd.default", ...) that reach the backends while it is
+    active (below autograd: what runs, composite ops decomposed)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Record

@@ -11,11 +11,19 @@ value finite.
 
   - every op against torch's: gemm (GEMM and the <= 8-row GEMV path, fp32
     residual and output), gemm_swiglu, flash_attn (prefill, queries after a
-    cache, split-KV decode), rms_norm (its fp32 sum is the fp32 add's),
+    cache, split-KV decode; its lse against an fp64 logsumexp within 2^-12,
+    fp32 accumulation and the kernels' exp2 / log2 on scores of order 1), the
+    attention backward (dq, dk, dv through nstf::flash_attn_bwd, NSTF's
+    kernel, from the saved lse) against SDPA's backward: NMSE against SDPA's
+    fp64 gradients at most twice that of SDPA's bf16 backward, and the same
+    rule against SDPA's fp32 gradients; head_dim 64 and 128, GQA, queries
+    after earlier keys, batches; other head dims raise), rms_norm (its fp32 sum is the fp32 add's),
     rope (both layouts), swiglu, gemv_q on Q8_0 / Q4_0 / Q4_1 blocks
     (dequant: the C reference's values), conv2d at every level of the
     ladder in NCHW and NHWC with stride, padding, dilation and groups;
   - torch.library.opcheck of every op on CUDA tensors (all its checks);
+  - torch.compile (aot_eager) of a block's forward and backward through the
+    ops gives eager's gradients bit for bit; autocast casts float32 in;
   - gradients of a bf16 block through the ops against torch's autograd of
     the same block on torch's bf16 ops (the same 2x rule);
   - HF Llama (a small random bf16 model, head_dim 64) with NSTF's blocks:
@@ -93,6 +101,60 @@ def test_flash_attn(B, Tq, Tk, H, Hkv, D):
     ref = nt.attention_reference(q.double(), k.double(), v.double(), scale)
     close(ops.flash_attn(q, k, v, scale), ref, _sdpa(q, k, v, scale), f"flash_attn {B, Tq, Tk, H, Hkv, D}")
 
+
+
+def _sdpa_grads(q, k, v, dout, scale, dtype):
+    """q's, k's and v's gradients through SDPA (_sdpa) in dtype"""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    return torch.autograd.grad(_sdpa(*leaves, scale), leaves, dout.to(dtype))
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D", [(2, 70, 70, 8, 2, 64), (1, 33, 100, 4, 4, 128),
+                                            (2, 3, 45, 6, 3, 64), (1, 130, 130, 4, 1, 128),
+                                            (3, 64, 64, 2, 2, 64)])
+def test_flash_attn_backward(B, Tq, Tk, H, Hkv, D, record_ops):
+    q, k, v = rnd(B, Tq, H, D, seed=1), rnd(B, Tk, Hkv, D, seed=2), rnd(B, Tk, Hkv, D, seed=3)
+    dout = rnd(B, Tq, H, D, seed=4)
+    scale = D ** -0.5
+    what = f"{B, Tq, Tk, H, Hkv, D}"
+    # the lse of the training forward
+    out, lse = ops.flash_attn_lse(q, k, v, scale)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(H // Hkv, 2)) * scale
+    s = s.masked_fill(torch.arange(Tk, device=DEV)[None, :] > (torch.arange(Tq, device=DEV) + Tk - Tq)[:, None],
+                      float("-inf"))
+    assert lse.dtype == torch.float32 and lse.shape == (B, Tq, H)
+    assert (lse.double() - torch.logsumexp(s, -1).transpose(1, 2)).abs().max() <= 2 ** -12, what
+    if Tq * (H // Hkv) > 16:  # the inference forward's prefill kernel is the same one, without the lse store
+        assert torch.equal(out, ops.flash_attn_infer(q, k, v, scale)), what
+    # the gradients through the op: its backward is nstf::flash_attn_bwd
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = ops.flash_attn(*leaves, scale)
+    with record_ops() as rec:
+        got = torch.autograd.grad(o, leaves, dout)
+    assert "nstf.flash_attn_bwd.default" in rec.ops, rec.ops
+    naive = _sdpa_grads(q, k, v, dout, scale, BF)
+    for ref_dtype in (torch.float64, torch.float32):
+        ref = _sdpa_grads(q, k, v, dout, scale, ref_dtype)
+        for name, g, r, nv in zip(("dq", "dk", "dv"), got, ref, naive):
+            assert g.dtype == BF
+            close(g, r, nv, f"flash_attn backward {name} {what} against SDPA in {ref_dtype}")
+
+
+def test_flash_attn_backward_limits():
+    """the shapes the kernels do not take raise, as the forward does;
+    under autocast float32 inputs are cast to bf16"""
+    q, k, v = (rnd(1, 8, 2, 80, seed=j).requires_grad_() for j in range(3))
+    with pytest.raises(ValueError, match="head_dim 64 or 128"):
+        ops.flash_attn(q, k, v, 0.1)
+    with pytest.raises(ValueError, match="bf16"):
+        ops.flash_attn(*(rnd(1, 8, 2, 64, seed=j, dtype=torch.float32).requires_grad_() for j in range(3)), 0.125)
+    q, k, v = (rnd(1, 8, 2, 64, seed=j, dtype=torch.float32).requires_grad_() for j in range(3))
+    with torch.autocast("cuda", dtype=BF):
+        o = ops.flash_attn(q, k, v, 0.125)
+    assert o.dtype == BF
+    o.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 and torch.isfinite(t.grad).all()
+               for t in (q, k, v))
 
 def test_rms_norm():
     x, w, r = rnd(37, 576, seed=1), rnd(576, seed=2, dtype=torch.float32), rnd(37, 576, seed=3, dtype=torch.float32)
@@ -179,6 +241,9 @@ def _op_cases():
     def gr(*shape, seed=0, dtype=BF):
         return rnd(*shape, seed=seed, dtype=dtype).requires_grad_()
 
+    q, k, v = rnd(2, 20, 4, 64), rnd(2, 24, 2, 64, seed=1), rnd(2, 24, 2, 64, seed=2)
+    out, lse = ops.flash_attn_lse(q, k, v, 0.125)
+    attn_bwd = (q, k, v, out, lse, rnd(2, 20, 4, 64, seed=3), 0.125)
     return [
         ("gemm", (gr(3, 20, 64), gr(48, 64, seed=1))),
         ("gemm", (gr(4, 64), gr(48, 64, seed=1))),
@@ -186,6 +251,9 @@ def _op_cases():
         ("gemm_swiglu", (gr(20, 64), gr(64, 64, seed=1))),
         ("flash_attn", (gr(1, 20, 4, 64), gr(1, 20, 2, 64, seed=1), gr(1, 20, 2, 64, seed=2), 0.125)),
         ("flash_attn", (gr(1, 2, 4, 64), gr(1, 30, 2, 64, seed=1), gr(1, 30, 2, 64, seed=2), 0.125)),
+        ("flash_attn_lse", (gr(2, 20, 4, 128), gr(2, 24, 2, 128, seed=1), gr(2, 24, 2, 128, seed=2), 0.09)),
+        ("flash_attn_infer", (rnd(1, 2, 4, 64), rnd(1, 30, 2, 64, seed=1), rnd(1, 30, 2, 64, seed=2), 0.125)),
+        ("flash_attn_bwd", attn_bwd),
         ("rms_norm", (gr(6, 64, dtype=torch.float32), gr(64, seed=1, dtype=torch.float32), 1e-5,
                       gr(6, 64, seed=2))),
         ("rope", (gr(2, 5, 4, 64), gr(2, 5, 2, 64, seed=1), torch.arange(10, dtype=torch.int32, device=DEV).reshape(2, 5),
@@ -198,9 +266,14 @@ def _op_cases():
     ]
 
 
-@pytest.mark.parametrize("i", range(12))
+N_OP_CASES = 15
+
+
+@pytest.mark.parametrize("i", range(N_OP_CASES))
 def test_opcheck_cuda(i):
-    name, args = _op_cases()[i]
+    cases = _op_cases()
+    assert len(cases) == N_OP_CASES
+    name, args = cases[i]
     torch.library.opcheck(getattr(ops, name).default, args)
 
 
@@ -243,6 +316,30 @@ def test_block_gradients():
     for j, (g, r, nv) in enumerate(zip(got, ref, naive)):
         close(g, r, nv, "output" if j == 0 else f"gradient {j - 1}")
 
+
+def test_compile_backward():
+    """torch.compile (aot_eager, fullgraph) of a block's forward and backward
+    on the ops: the same kernels run, so eager's numbers bit for bit."""
+    T, dim, H, Hkv, D = 24, 128, 4, 2, 64
+
+    def block(x, wqkv, wo, pos):
+        qkv = ops.gemm(x, wqkv)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], -1)
+        q, k = ops.rope(q.reshape(1, T, H, D), k.reshape(1, T, Hkv, D), pos, 10000.0, True)
+        o = ops.flash_attn(q, k, v.reshape(1, T, Hkv, D), D ** -0.5)
+        return ops.gemm(o.reshape(T, H * D), wo)
+
+    x, wqkv, wo = rnd(T, dim, seed=1), rnd((H + 2 * Hkv) * D, dim, scale=0.1, seed=2), rnd(dim, H * D, scale=0.1, seed=3)
+    pos = torch.arange(T, dtype=torch.int32, device=DEV)[None]
+    gy = rnd(T, dim, seed=4)
+    results = []
+    for fn in (block, torch.compile(block, backend="aot_eager", fullgraph=True)):
+        leaves = [t.clone().requires_grad_() for t in (x, wqkv, wo)]
+        y = fn(*leaves, pos)
+        y.backward(gy)
+        results.append([y] + [t.grad for t in leaves])
+    for j, (a, b) in enumerate(zip(*results)):
+        assert torch.equal(a, b), "output" if j == 0 else f"gradient {j - 1}"
 
 @pytest.fixture(scope="module")
 def llama(make_llama):

@@ -35,7 +35,8 @@ import nstf.torch as nt
 
 ops = torch.ops.nstf
 FULL = os.environ.get("NSTF_PY_FULL") == "1"
-OPS = ["gemm", "gemm_swiglu", "flash_attn", "rms_norm", "rope", "swiglu", "gemv_q", "dequant", "conv2d"]
+OPS = ["gemm", "gemm_swiglu", "flash_attn", "flash_attn_infer", "flash_attn_lse", "flash_attn_bwd", "rms_norm", "rope",
+       "swiglu", "gemv_q", "dequant", "conv2d"]
 
 
 def rnd(*shape, dtype=torch.float32, scale=1.0, grad=False, seed=None):
@@ -54,14 +55,25 @@ def test_registered():
 def cases(dtype):
     g = True
     q8 = nt.quantize(rnd(12, 64, seed=5), "q8_0")
+    attn = [(rnd(2, 5, 4, 8, dtype=dtype, grad=g), rnd(2, 5, 2, 8, dtype=dtype, grad=g),
+             rnd(2, 5, 2, 8, dtype=dtype, grad=g), 0.35),
+            (rnd(1, 2, 4, 8, dtype=dtype, grad=g), rnd(1, 6, 1, 8, dtype=dtype, grad=g),
+             rnd(1, 6, 1, 8, dtype=dtype, grad=g), 0.35)]
+
+    def attn_bwd(q, k, v, scale):  # the backward's inputs: the forward's out and lse, an output gradient
+        q, k, v = q.detach(), k.detach(), v.detach()
+        out, lse = ops.flash_attn_lse(q, k, v, scale)
+        return q, k, v, out, lse, rnd(*q.shape, dtype=dtype, seed=9), scale
+
     return {
+        # flash_attn_infer has no backward (flash_attn takes flash_attn_lse for one)
+        "flash_attn_infer": [tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in a) for a in attn],
+        "flash_attn_lse": attn,
+        "flash_attn_bwd": [attn_bwd(*a) for a in attn],
         "gemm": [(rnd(3, 5, 16, dtype=dtype, grad=g), rnd(24, 16, dtype=dtype, grad=g)),
                  (rnd(7, 16, dtype=dtype, grad=g), rnd(8, 16, dtype=dtype, grad=g), rnd(7, 8, grad=g), True)],
         "gemm_swiglu": [(rnd(6, 16, dtype=dtype, grad=g), rnd(64, 16, dtype=dtype, grad=g))],
-        "flash_attn": [(rnd(2, 5, 4, 8, dtype=dtype, grad=g), rnd(2, 5, 2, 8, dtype=dtype, grad=g),
-                        rnd(2, 5, 2, 8, dtype=dtype, grad=g), 0.35),
-                       (rnd(1, 2, 4, 8, dtype=dtype, grad=g), rnd(1, 6, 1, 8, dtype=dtype, grad=g),
-                        rnd(1, 6, 1, 8, dtype=dtype, grad=g), 0.35)],
+        "flash_attn": attn,
         "rms_norm": [(rnd(4, 32, grad=g), rnd(32, grad=g), 1e-5),
                      (rnd(2, 3, 32, grad=g), rnd(32, grad=g), 1e-5, rnd(2, 3, 32, dtype=dtype, grad=g))],
         "rope": [(rnd(2, 3, 4, 8, dtype=dtype, grad=g), rnd(2, 3, 2, 8, dtype=dtype, grad=g),
@@ -135,6 +147,92 @@ def test_attention_reference():
     part = ops.flash_attn(qf[:, 6:].contiguous(), kc, vc, 0.25)
     assert (full[:, 6:] - part).abs().max() <= 1e-12
 
+
+def _sdpa_grads(q, k, v, dout, scale):
+    """q's, k's and v's gradients through torch's scaled_dot_product_attention
+    (queries at the end of the keys, kv heads repeated over their groups)."""
+    H, Hkv, Tq, Tk = q.shape[2], k.shape[2], q.shape[1], k.shape[1]
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    mask = torch.arange(Tk)[None, :] <= (torch.arange(Tq) + Tk - Tq)[:, None]
+    o = F.scaled_dot_product_attention(leaves[0].transpose(1, 2),
+                                       leaves[1].transpose(1, 2).repeat_interleave(H // Hkv, 1),
+                                       leaves[2].transpose(1, 2).repeat_interleave(H // Hkv, 1), attn_mask=mask,
+                                       scale=scale).transpose(1, 2)
+    return torch.autograd.grad(o, leaves, dout)
+
+
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D", [(2, 7, 7, 6, 2, 16), (1, 3, 9, 4, 4, 8), (2, 1, 6, 4, 1, 8)])
+def test_attention_backward_reference(B, Tq, Tk, H, Hkv, D):
+    """flash_attn_lse and flash_attn_bwd (the backward's formulas from the
+    saved lse, not autograd) against torch's SDPA and its autograd in
+    float64: max abs error <= 1e-12."""
+    q, k, v = rnd(B, Tq, H, D, dtype=torch.float64, seed=1), rnd(B, Tk, Hkv, D, dtype=torch.float64, seed=2), \
+        rnd(B, Tk, Hkv, D, dtype=torch.float64, seed=3)
+    dout = rnd(B, Tq, H, D, dtype=torch.float64, seed=4)
+    scale = D ** -0.5
+    out, lse = ops.flash_attn_lse(q, k, v, scale)
+    assert lse.shape == (B, Tq, H) and lse.dtype == torch.float64
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(H // Hkv, 2)) * scale
+    s = s.masked_fill(torch.arange(Tk)[None, :] > (torch.arange(Tq) + Tk - Tq)[:, None], float("-inf"))
+    assert (lse - torch.logsumexp(s, -1).transpose(1, 2)).abs().max() <= 1e-12
+    assert (out - ops.flash_attn_infer(q, k, v, scale)).abs().max() <= 1e-12
+    got = ops.flash_attn_bwd(q, k, v, out, lse, dout, scale)
+    for name, g, w in zip("qkv", got, _sdpa_grads(q, k, v, dout, scale)):
+        assert g.shape == w.shape and (g - w).abs().max() <= 1e-12, name
+    # float32 and bf16 inputs: fp32 lse, gradients in the inputs' dtype
+    for dt in (torch.float32, torch.bfloat16):
+        o32, l32 = ops.flash_attn_lse(q.to(dt), k.to(dt), v.to(dt), scale)
+        assert o32.dtype == dt and l32.dtype == torch.float32
+        g32 = ops.flash_attn_bwd(q.to(dt), k.to(dt), v.to(dt), o32, l32, dout.to(dt), scale)
+        assert [t.dtype for t in g32] == [dt] * 3
+
+
+def test_attention_dispatch(record_ops):
+    """flash_attn runs flash_attn_lse when a gradient is wanted and its
+    backward is flash_attn_bwd (the kernel's on a GPU); flash_attn_infer
+    otherwise; the lse is not differentiable."""
+    q, k, v = rnd(1, 4, 2, 8, grad=True, seed=1), rnd(1, 4, 1, 8, grad=True, seed=2), rnd(1, 4, 1, 8, grad=True, seed=3)
+    with record_ops() as fwd:
+        o = ops.flash_attn(q, k, v, 0.3)
+    with record_ops() as bwd:
+        o.sum().backward()
+    assert "nstf.flash_attn_lse.default" in fwd.ops and "nstf.flash_attn_infer.default" not in fwd.ops
+    assert "nstf.flash_attn_bwd.default" in bwd.ops
+    assert all(t.grad is not None for t in (q, k, v))
+    with torch.no_grad(), record_ops() as inf:
+        ops.flash_attn(q, k, v, 0.3)
+    assert "nstf.flash_attn_infer.default" in inf.ops and "nstf.flash_attn_lse.default" not in inf.ops
+    with record_ops() as nograd:
+        ops.flash_attn(q.detach(), k.detach(), v.detach(), 0.3)
+    assert "nstf.flash_attn_infer.default" in nograd.ops
+    out, lse = ops.flash_attn_lse(q, k, v, 0.3)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_autocast():
+    """Under autocast the ops take float32 in as bf16 (as on a GPU) and the
+    gradients reach the float32 leaves in float32."""
+    x, w = rnd(3, 16, seed=1, grad=True), rnd(8, 16, seed=2, grad=True)
+    q, k, v = rnd(1, 4, 2, 8, grad=True, seed=3), rnd(1, 4, 1, 8, grad=True, seed=4), rnd(1, 4, 1, 8, grad=True, seed=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.gemm(x, w)
+        o = ops.flash_attn(q, k, v, 0.3)
+    assert y.dtype == torch.bfloat16 and o.dtype == torch.bfloat16
+    (y.float().sum() + o.float().sum()).backward()
+    for t in (x, w, q, k, v):
+        assert t.grad is not None and t.grad.dtype == torch.float32
+    # a backward inside the autocast region: the attention backward takes
+    # the saved lse in fp32 as it is, so the same gradients
+    want = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ops.flash_attn(q, k, v, 0.3).float().sum().backward()
+    for t, g in zip((q, k, v), want):
+        assert torch.equal(t.grad, g)
+    # the float32 product of the bf16-rounded inputs, rounded to bf16 (half an ulp: at most 2^-8 relative)
+    ref = x.detach().to(torch.bfloat16).float() @ w.detach().to(torch.bfloat16).float().t()
+    assert ((y.float() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-30).all()
 
 def test_rope_reference():
     q, k = rnd(2, 5, 4, 8, dtype=torch.float64), rnd(2, 5, 2, 8, dtype=torch.float64, seed=1)
@@ -234,6 +332,10 @@ def test_meta_shapes():
     q = torch.empty(2, 3, 8, 64, device=m, dtype=torch.bfloat16)
     kv = torch.empty(2, 10, 2, 64, device=m, dtype=torch.bfloat16)
     assert ops.flash_attn(q, kv, kv, 0.125).shape == q.shape
+    out, lse = ops.flash_attn_lse(q, kv, kv, 0.125)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16 and lse.shape == (2, 3, 8) and lse.dtype == torch.float32
+    dq, dk, dv = ops.flash_attn_bwd(q, kv, kv, out, lse, out, 0.125)
+    assert dq.shape == q.shape and dk.shape == kv.shape and dv.shape == kv.shape and dk.dtype == torch.bfloat16
     y, s = ops.rms_norm(torch.empty(5, 64, device=m), torch.empty(64, device=m), 1e-5)
     assert y.dtype == torch.bfloat16 and s.dtype == torch.float32 and y.shape == (5, 64)
     x = torch.empty(2, 16, 56, 56, device=m, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
@@ -258,6 +360,14 @@ def test_compile():
     eager = block(x, wq, wo, wn, pos)
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)
     assert torch.equal(compiled(x, wq, wo, wn, pos), eager)
+    # and its backward: the joint graph traced through the ops' autograd
+    # (flash_attn_lse and flash_attn_bwd for the attention), eager's gradients
+    leaves = [t.clone().requires_grad_() for t in (x, wq, wo, wn)]
+    block(*leaves, pos).square().sum().backward()
+    cleaves = [t.clone().requires_grad_() for t in (x, wq, wo, wn)]
+    torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=True)(*cleaves, pos).square().sum().backward()
+    for a, b in zip(leaves, cleaves):
+        assert torch.equal(a.grad, b.grad)
 
 
 # ---- HF Llama with NSTF's blocks ---------------------------------------------------------------

@@ -16,9 +16,19 @@
 #                 (bench/peers/conv_cudnn.py): bench_conv_{nhwc,nchw}.md
 #   torch_gpu     python/tests/test_torch_gpu.py: the ops on CUDA tensors
 #                 against torch's bf16 ops, opcheck on CUDA, gradients of a
-#                 block, HF Llama with NSTF's blocks
+#                 block, HF Llama with NSTF's blocks; the attention backward
+#                 (nstf::flash_attn_bwd, NSTF's kernel from the saved lse)
+#                 against SDPA's fp64/fp32 backward with SDPA's bf16 one as
+#                 the naive version, listed test by test under the PASS line
 #   torch_full    python/tests/test_torch_ops.py with NSTF_PY_FULL=1: full
 #                 opcheck (AOT dispatch) and gradcheck (full Jacobians)
+#   torch_blocks  bench/peers/torch_nstf_blocks.py: HF Llama at the
+#                 Llama-3.2-1B shape (random weights) with NSTF's blocks as
+#                 PyTorch ops against the stock model, same run: a training
+#                 step (bf16 autocast, AdamW) and eager decode; PASS when it
+#                 ran (the speed-ups are the measurement, printed under it;
+#                 figures in torch_nstf_blocks.json); SKIP without
+#                 transformers
 # Exit 0 when every step passed, else 1 (77 when there is no GPU).
 set -u
 B=${1:-build-cuda}
@@ -86,16 +96,34 @@ else
     for step in torch_gpu:test_torch_gpu.py torch_full:test_torch_ops.py; do
         name=${step%%:*} file=${step#*:}
         PYTHONPATH="$pypath" NSTF_PY_FULL=1 PYTHONDONTWRITEBYTECODE=1 \
-            python3 -m pytest -q -p no:cacheprovider -rs "python/tests/$file" > "$out/$name.log" 2>&1
+            python3 -m pytest -v -p no:cacheprovider -rs "python/tests/$file" > "$out/$name.log" 2>&1
         prc=$?
         summary=$(tail -n 1 "$out/$name.log")
         if [ $prc -eq 0 ]; then
             echo "PASS $name: $summary"
             grep -E '^SKIPPED' "$out/$name.log" | sed 's/^/    /'
+            grep -E '::test_(flash_attn_backward|compile_backward)' "$out/$name.log" | sed 's/^.*::/    /'
         else
             fail "$name: $summary"
             grep -E '^(FAILED|ERROR)' "$out/$name.log" | head -n 20
         fi
     done
+fi
+
+# ---- HF Llama with NSTF's blocks against the stock model (a benchmark)
+if PYTHONPATH="$pypath" python3 -c "import torch; assert torch.cuda.is_available()" > /dev/null 2>&1; then
+    PYTHONPATH="$pypath" PYTHONDONTWRITEBYTECODE=1 python3 bench/peers/torch_nstf_blocks.py \
+        --json "$out/torch_nstf_blocks.json" > "$out/torch_nstf_blocks.log" 2>&1
+    brc=$?
+    if [ $brc -eq 0 ]; then
+        echo "PASS torch_blocks: $(grep -cE '^torch_nstf_blocks: (train|decode) ' "$out/torch_nstf_blocks.log") measurements"
+        grep -E '^torch_nstf_blocks: (train|decode|speed-up|greedy)' "$out/torch_nstf_blocks.log" | sed 's/^/    /'
+    elif [ $brc -eq 77 ]; then
+        echo "SKIP torch_blocks: $(grep -m 1 'skipped' "$out/torch_nstf_blocks.log")"
+    else
+        fail "torch_blocks: exit $brc: $(tail -n 1 "$out/torch_nstf_blocks.log")"
+    fi
+else
+    fail "torch_blocks: python3 lacks torch with a GPU"
 fi
 exit $rc
