@@ -115,44 +115,53 @@ static void case_rope_bwd(test_rng *r) { rope_case(r, true); }
 
 /* q, k, v, out, lse of a causal forward (n tokens at pos0 over pos0 + n
  * keys), dout, and the backward through the backend. */
-static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0) {
+/* S sequences of n queries each (S > 1: one op over the batch, pos0 0),
+ * laid out one after another in every view */
+static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0, int64_t S) {
     const int nh = 6, nkv = 2, hd = 64;
-    const int64_t qd = nh * hd, kvd = nkv * hd, nk = pos0 + n;
+    const int64_t qd = nh * hd, kvd = nkv * hd, nk = pos0 + n, N = S * n, NK = S * nk;
     const float scale = 0.125f;
-    float *q = malloc((size_t)(n * qd) * 4), *k = malloc((size_t)(nk * kvd) * 4), *v = malloc((size_t)(nk * kvd) * 4);
-    float *dout = malloc((size_t)(n * qd) * 4), *out = malloc((size_t)(n * qd) * 4), *lse = malloc((size_t)(n * nh) * 4);
-    void *hq = act_make(r, q, n * qd, 1.0f), *hk = act_make(r, k, nk * kvd, 1.0f), *hv = act_make(r, v, nk * kvd, 1.0f);
-    void *hdo = act_make(r, dout, n * qd, 1.0f);
-    nstf_ref_attention_lse(q, k, v, out, lse, n, pos0, nh, nkv, hd, scale);
-    uint16_t *ho16 = malloc((size_t)(n * qd) * 2);
-    for (int64_t i = 0; i < n * qd; i++) out[i] = act_round(out[i]), ho16[i] = nstf_f32_to_bf16(out[i]);
-    float *rdq = malloc((size_t)(n * qd) * 4), *rdk = malloc((size_t)(nk * kvd) * 4), *rdv = malloc((size_t)(nk * kvd) * 4);
-    nstf_ref_attention_bwd(q, k, v, out, dout, lse, rdq, rdk, rdv, n, pos0, nh, nkv, hd, scale);
+    float *q = malloc((size_t)(N * qd) * 4), *k = malloc((size_t)(NK * kvd) * 4), *v = malloc((size_t)(NK * kvd) * 4);
+    float *dout = malloc((size_t)(N * qd) * 4), *out = malloc((size_t)(N * qd) * 4), *lse = malloc((size_t)(N * nh) * 4);
+    void *hq = act_make(r, q, N * qd, 1.0f), *hk = act_make(r, k, NK * kvd, 1.0f), *hv = act_make(r, v, NK * kvd, 1.0f);
+    void *hdo = act_make(r, dout, N * qd, 1.0f);
+    for (int64_t b = 0; b < S; b++)
+        nstf_ref_attention_lse(q + b * n * qd, k + b * nk * kvd, v + b * nk * kvd, out + b * n * qd, lse + b * n * nh, n,
+                               pos0, nh, nkv, hd, scale);
+    uint16_t *ho16 = malloc((size_t)(N * qd) * 2);
+    for (int64_t i = 0; i < N * qd; i++) out[i] = act_round(out[i]), ho16[i] = nstf_f32_to_bf16(out[i]);
+    float *rdq = malloc((size_t)(N * qd) * 4), *rdk = malloc((size_t)(NK * kvd) * 4), *rdv = malloc((size_t)(NK * kvd) * 4);
+    for (int64_t b = 0; b < S; b++)
+        nstf_ref_attention_bwd(q + b * n * qd, k + b * nk * kvd, v + b * nk * kvd, out + b * n * qd, dout + b * n * qd,
+                               lse + b * n * nh, rdq + b * n * qd, rdk + b * nk * kvd, rdv + b * nk * kvd, n, pos0, nh,
+                               nkv, hd, scale);
     /* the naive bf16 chain: P and dS rounded to bf16 before their products */
-    double *nq = calloc((size_t)(n * qd), 8), *nk_ = calloc((size_t)(nk * kvd), 8), *nv = calloc((size_t)(nk * kvd), 8);
-    for (int64_t t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) {
-            const int g = h / (nh / nkv);
-            const float *qh = q + t * qd + h * hd, *gh = dout + t * qd + h * hd, *oh = out + t * qd + h * hd;
-            double dd = 0;
-            for (int i = 0; i < hd; i++) dd += (double)gh[i] * oh[i];
-            for (int64_t j = 0; j <= pos0 + t; j++) {
-                const float *kj = k + j * kvd + g * hd, *vj = v + j * kvd + g * hd;
-                double s = 0, dp = 0;
-                for (int i = 0; i < hd; i++) s += (double)qh[i] * kj[i], dp += (double)gh[i] * vj[i];
-                const double p = exp(scale * s - lse[t * nh + h]);
-                const double pb = bfr(p), dsb = bfr(p * (dp - dd));
-                for (int i = 0; i < hd; i++) {
-                    nq[t * qd + h * hd + i] += scale * dsb * kj[i];
-                    nk_[j * kvd + g * hd + i] += scale * dsb * qh[i];
-                    nv[j * kvd + g * hd + i] += pb * gh[i];
+    double *nq = calloc((size_t)(N * qd), 8), *nk_ = calloc((size_t)(NK * kvd), 8), *nv = calloc((size_t)(NK * kvd), 8);
+    for (int64_t b = 0; b < S; b++)
+        for (int64_t t = 0; t < n; t++)
+            for (int h = 0; h < nh; h++) {
+                const int g = h / (nh / nkv);
+                const int64_t tq = b * n + t, k0 = b * nk;
+                const float *qh = q + tq * qd + h * hd, *gh = dout + tq * qd + h * hd, *oh = out + tq * qd + h * hd;
+                double dd = 0;
+                for (int i = 0; i < hd; i++) dd += (double)gh[i] * oh[i];
+                for (int64_t j = 0; j <= pos0 + t; j++) {
+                    const float *kj = k + (k0 + j) * kvd + g * hd, *vj = v + (k0 + j) * kvd + g * hd;
+                    double s = 0, dp = 0;
+                    for (int i = 0; i < hd; i++) s += (double)qh[i] * kj[i], dp += (double)gh[i] * vj[i];
+                    const double p = exp(scale * s - lse[tq * nh + h]);
+                    const double pb = bfr(p), dsb = bfr(p * (dp - dd));
+                    for (int i = 0; i < hd; i++) {
+                        nq[tq * qd + h * hd + i] += scale * dsb * kj[i];
+                        nk_[(k0 + j) * kvd + g * hd + i] += scale * dsb * qh[i];
+                        nv[(k0 + j) * kvd + g * hd + i] += pb * gh[i];
+                    }
                 }
             }
-        }
-    dbuf dq_ = up(hq, act_bytes(n * qd)), dk_ = up(hk, act_bytes(nk * kvd)), dv_ = up(hv, act_bytes(nk * kvd));
-    dbuf ddo = up(hdo, act_bytes(n * qd)), dl = up(lse, (size_t)(n * nh) * 4);
-    dbuf dout_ = act_bf16() ? up(ho16, act_bytes(n * qd)) : up(out, act_bytes(n * qd));
-    dbuf gq = up(NULL, act_bytes(n * qd)), gk = up(NULL, act_bytes(nk * kvd)), gv = up(NULL, act_bytes(nk * kvd));
+    dbuf dq_ = up(hq, act_bytes(N * qd)), dk_ = up(hk, act_bytes(NK * kvd)), dv_ = up(hv, act_bytes(NK * kvd));
+    dbuf ddo = up(hdo, act_bytes(N * qd)), dl = up(lse, (size_t)(N * nh) * 4);
+    dbuf dout_ = act_bf16() ? up(ho16, act_bytes(N * qd)) : up(out, act_bytes(N * qd));
+    dbuf gq = up(NULL, act_bytes(N * qd)), gk = up(NULL, act_bytes(NK * kvd)), gv = up(NULL, act_bytes(NK * kvd));
     nstf_op_args a = {.op = NSTF_OP_ATTENTION_BWD, .label = "attention_bwd"};
     a.attention_bwd.q = (nstf_view){dq_.d, g_be->act_type, qd};
     a.attention_bwd.k = (nstf_view){dk_.d, g_be->act_type, kvd};
@@ -164,6 +173,7 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0) {
     a.attention_bwd.dk = (nstf_view){gk.d, g_be->act_type, kvd};
     a.attention_bwd.dv = (nstf_view){gv.d, g_be->act_type, kvd};
     a.attention_bwd.n = n;
+    a.attention_bwd.n_seq = S;
     a.attention_bwd.pos0 = pos0;
     a.attention_bwd.n_heads = nh;
     a.attention_bwd.n_kv_heads = nkv;
@@ -173,7 +183,7 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0) {
     const dbuf outs[3] = {gq, gk, gv};
     const float *refs[3] = {rdq, rdk, rdv};
     double *naive[3] = {nq, nk_, nv};
-    const int64_t len[3] = {n * qd, nk * kvd, nk * kvd};
+    const int64_t len[3] = {N * qd, NK * kvd, NK * kvd};
     const char *names[3] = {"dq", "dk", "dv"};
     for (int o = 0; o < 3; o++) {
         void *h = malloc(act_bytes(len[o]));
@@ -182,8 +192,9 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0) {
         act_read(h, got, len[o]);
         for (int64_t i = 0; i < len[o]; i++) nb[i] = bfr(naive[o][i]);
         double *rd = dvec(refs[o], len[o]);
-        char what[96];
-        snprintf(what, sizeof what, "attention_bwd %s, %lld tokens at %lld", names[o], (long long)n, (long long)pos0);
+        char what[112];
+        snprintf(what, sizeof what, "attention_bwd %s, %lld x %lld tokens at %lld", names[o], (long long)S,
+                 (long long)n, (long long)pos0);
         judge_naive(what, got, rd, act_bf16() ? nb : NULL, len[o], 1e-7);
         free(h), free(got), free(nb), free(rd);
     }
@@ -193,9 +204,10 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0) {
 }
 
 static void case_attention_bwd(test_rng *r) {
-    attention_bwd_case(r, 37, 0);
-    attention_bwd_case(r, 70, 0);  /* more than one 64-row tile */
-    attention_bwd_case(r, 19, 40); /* keys before the batch (a cached prefix) */
+    attention_bwd_case(r, 37, 0, 1);
+    attention_bwd_case(r, 70, 0, 1);  /* more than one 64-row tile */
+    attention_bwd_case(r, 19, 40, 1); /* keys before the batch (a cached prefix) */
+    attention_bwd_case(r, 45, 0, 3);  /* a batch of three sequences in one op */
 }
 
 static void case_swiglu_bwd(test_rng *r) {

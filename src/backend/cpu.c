@@ -399,11 +399,22 @@ static nstf_status op_attention_bwd(nstf_backend *be, const nstf_op_args *a) {
         !dense(a->attention_bwd.dq, qd) || !dense(a->attention_bwd.k, kvd) || !dense(a->attention_bwd.v, kvd) ||
         !dense(a->attention_bwd.dk, kvd) || !dense(a->attention_bwd.dv, kvd))
         return layout_error(a);
-    nstf_cpu_attention_bwd(&cpu_of(be)->cpu, a->attention_bwd.q.data, a->attention_bwd.k.data, a->attention_bwd.v.data,
-                           a->attention_bwd.out.data, a->attention_bwd.dout.data, a->attention_bwd.lse,
-                           a->attention_bwd.dq.data, a->attention_bwd.dk.data, a->attention_bwd.dv.data,
-                           a->attention_bwd.n, a->attention_bwd.pos0, a->attention_bwd.n_heads,
-                           a->attention_bwd.n_kv_heads, hd, a->attention_bwd.scale);
+    const int64_t n = a->attention_bwd.n, S = a->attention_bwd.n_seq > 1 ? a->attention_bwd.n_seq : 1;
+    const int64_t nk = a->attention_bwd.pos0 + n;
+    if (S > 1 && a->attention_bwd.pos0 != 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "attention_bwd: %lld sequences after a cached prefix of %lld",
+                              (long long)S, (long long)a->attention_bwd.pos0);
+    for (int64_t b = 0; b < S; b++) /* each sequence on its own rows */
+        nstf_cpu_attention_bwd(&cpu_of(be)->cpu, (const float *)a->attention_bwd.q.data + b * n * qd,
+                               (const float *)a->attention_bwd.k.data + b * nk * kvd,
+                               (const float *)a->attention_bwd.v.data + b * nk * kvd,
+                               (const float *)a->attention_bwd.out.data + b * n * qd,
+                               (const float *)a->attention_bwd.dout.data + b * n * qd,
+                               a->attention_bwd.lse + b * n * a->attention_bwd.n_heads,
+                               (float *)a->attention_bwd.dq.data + b * n * qd,
+                               (float *)a->attention_bwd.dk.data + b * nk * kvd,
+                               (float *)a->attention_bwd.dv.data + b * nk * kvd, n, a->attention_bwd.pos0,
+                               a->attention_bwd.n_heads, a->attention_bwd.n_kv_heads, hd, a->attention_bwd.scale);
     return NSTF_OK;
 }
 

@@ -419,18 +419,18 @@ nstf_status nstf_gpu_op_attention_bwd(nstf_backend *be, const nstf_op_args *a) {
                             &a->attention_bwd.out,  &a->attention_bwd.dout, &a->attention_bwd.dq,
                             &a->attention_bwd.dk,   &a->attention_bwd.dv};
     for (int i = 0; i < 8; i++) NSTF_TRY(need_bf16(a, *v[i]));
-    const size_t sb = nstf_gpu_flash_attn_bwd_scratch_bytes(a->attention_bwd.n, a->attention_bwd.n_heads);
+    const int64_t S = a->attention_bwd.n_seq > 1 ? a->attention_bwd.n_seq : 1;
+    const size_t sb = nstf_gpu_flash_attn_bwd_scratch_bytes(S * a->attention_bwd.n, a->attention_bwd.n_heads);
     void *scr = tscratch(g, sb);
     if (!scr) return no_scratch(a, sb);
     g->n_kernels += 3;
-    return nstf_gpu_flash_attn_bwd(a->attention_bwd.q.data, a->attention_bwd.q.stride, a->attention_bwd.k.data,
-                                   a->attention_bwd.k.stride, a->attention_bwd.v.data, a->attention_bwd.v.stride,
-                                   a->attention_bwd.out.data, a->attention_bwd.out.stride, a->attention_bwd.dout.data,
-                                   a->attention_bwd.dout.stride, a->attention_bwd.lse, a->attention_bwd.dq.data,
-                                   a->attention_bwd.dq.stride, a->attention_bwd.dk.data, a->attention_bwd.dk.stride,
-                                   a->attention_bwd.dv.data, a->attention_bwd.dv.stride, a->attention_bwd.n,
-                                   a->attention_bwd.pos0, a->attention_bwd.n_heads, a->attention_bwd.n_kv_heads,
-                                   a->attention_bwd.head_dim, a->attention_bwd.scale, scr, sb, g->stream);
+    return nstf_gpu_flash_attn_bwd_batch(
+        a->attention_bwd.q.data, a->attention_bwd.q.stride, a->attention_bwd.k.data, a->attention_bwd.k.stride,
+        a->attention_bwd.v.data, a->attention_bwd.v.stride, a->attention_bwd.out.data, a->attention_bwd.out.stride,
+        a->attention_bwd.dout.data, a->attention_bwd.dout.stride, a->attention_bwd.lse, a->attention_bwd.dq.data,
+        a->attention_bwd.dq.stride, a->attention_bwd.dk.data, a->attention_bwd.dk.stride, a->attention_bwd.dv.data,
+        a->attention_bwd.dv.stride, a->attention_bwd.n, S, a->attention_bwd.pos0, a->attention_bwd.n_heads,
+        a->attention_bwd.n_kv_heads, a->attention_bwd.head_dim, a->attention_bwd.scale, scr, sb, g->stream);
 }
 
 nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {

@@ -337,18 +337,19 @@ static nstf_status layer_bwd(nstf_train *t, int l) {
         nstf_matrix span;
         group_views(t, w, 3, A->qkv, qkv, &span);
         group_views(t, w, 3, t->dqkv, dqkv, &span);
-        for (int b = 0; b < t->sh.n_seq; b++) {
+        { /* every sequence attends to itself: one op over the batch */
             nstf_op_args ab = op(NSTF_OP_ATTENTION_BWD, "attention_bwd", l, NSTF_BLOCK_ATTN);
-            ab.attention_bwd.q = rows_at(qkv[0], b * T);
-            ab.attention_bwd.k = rows_at(qkv[1], b * T);
-            ab.attention_bwd.v = rows_at(qkv[2], b * T);
-            ab.attention_bwd.out = rows_at(att, b * T);
-            ab.attention_bwd.dout = rows_at(datt, b * T);
-            ab.attention_bwd.lse = A->lse + (int64_t)b * T * c->n_heads;
-            ab.attention_bwd.dq = rows_at(dqkv[0], b * T);
-            ab.attention_bwd.dk = rows_at(dqkv[1], b * T);
-            ab.attention_bwd.dv = rows_at(dqkv[2], b * T);
+            ab.attention_bwd.q = qkv[0];
+            ab.attention_bwd.k = qkv[1];
+            ab.attention_bwd.v = qkv[2];
+            ab.attention_bwd.out = att;
+            ab.attention_bwd.dout = datt;
+            ab.attention_bwd.lse = A->lse;
+            ab.attention_bwd.dq = dqkv[0];
+            ab.attention_bwd.dk = dqkv[1];
+            ab.attention_bwd.dv = dqkv[2];
             ab.attention_bwd.n = T;
+            ab.attention_bwd.n_seq = t->sh.n_seq;
             ab.attention_bwd.pos0 = 0;
             ab.attention_bwd.n_heads = c->n_heads;
             ab.attention_bwd.n_kv_heads = c->n_kv_heads;

@@ -248,9 +248,12 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
     case NSTF_OP_ATTENTION_BWD: {
         const int nh = a->attention_bwd.n_heads, nkv = a->attention_bwd.n_kv_heads, hd = a->attention_bwd.head_dim;
         const int64_t n = a->attention_bwd.n, pos0 = a->attention_bwd.pos0;
+        const double seqs = a->attention_bwd.n_seq > 1 ? (double)a->attention_bwd.n_seq : 1.0;
         c = nstf_cost_attention_bwd(n, pos0, nh, nkv, hd);
         const double s = esize(a->attention_bwd.q.type);
         c.bytes = s * (5.0 * n * nh * hd + 4.0 * (double)(pos0 + n) * nkv * hd) + 4.0 * n * nh;
+        c.flops *= seqs;
+        c.bytes *= seqs;
         break;
     }
     case NSTF_OP_SWIGLU_BWD: {

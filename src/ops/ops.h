@@ -70,7 +70,7 @@
     X(ROPE_BWD, rope_bwd, nstf_ref_rope_bwd, nstf_cpu_rope_bwd, nstf_gpu_rope_bwd,                 \
       "RoPE backward: the gradients of q and k rotated by -theta, in place")                        \
     X(ATTENTION_BWD, attention_bwd, nstf_ref_attention_bwd, nstf_cpu_attention_bwd,               \
-      nstf_gpu_flash_attn_bwd, "causal GQA attention backward from the saved log-sum-exp: dq, dk, dv") \
+      nstf_gpu_flash_attn_bwd_batch, "causal GQA attention backward from the saved log-sum-exp: dq, dk, dv") \
     X(SWIGLU_BWD, swiglu_bwd, nstf_ref_swiglu_bwd, nstf_cpu_swiglu_bwd, nstf_gpu_swiglu_bwd,       \
       "SwiGLU backward: dgate, dup from dy")                                                        \
     X(MATMUL_BWD_X, matmul_bwd_x, nstf_ref_matmul_bwd_x, nstf_cpu_matmul_bwd_x, nstf_gpu_matmul_bwd_x, \
@@ -319,6 +319,9 @@ typedef struct nstf_op_args {
             const float *lse;   /* [n, n_heads] from the forward */
             nstf_view dq, dk, dv; /* written; dk, dv cover the pos0 + n key rows */
             int64_t n, pos0;
+            int64_t n_seq;      /* 0 or 1: one sequence; S > 1: S independent sequences of n
+                                   rows each, one after another in every view and in lse
+                                   (pos0 must be 0: each attends to its own n keys) */
             int n_heads, n_kv_heads, head_dim;
             float scale;
         } attention_bwd;

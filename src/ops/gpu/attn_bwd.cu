@@ -10,7 +10,9 @@
  *   dK_j  = scale sum_t dS_tj q_t,  dV_j = sum_t P_tj dO_t (attn_bwd_dkv_kernel: key tiles,
  *                                                          every query head of the group)
  *
- * dq kernel: grid (query tiles of 64, heads); a block is 4 waves x 16 query
+ * A batch of S sequences (one after another in every operand, each
+ * attending to its own keys) is one launch: the grid's y holds sequence
+ * and head. dq kernel: grid (query tiles of 64, heads x S); a block is 4 waves x 16 query
  * rows; Q and dO tiles stay in shared memory, K/V tiles of 32 keys (16 at
  * head_dim 128) are loaded in turn. dkv kernel: grid (key tiles of 64, kv heads); a block is
  * 4 waves x 16 keys (x 2 halves of the head dimension at head_dim 128);
@@ -92,8 +94,14 @@ __global__ void __launch_bounds__(AB_NW *NSTF_WAVE)
     const int64_t n_qt = (n_tok + AB_ROWS - 1) / AB_ROWS;
     const int64_t t0 = (n_qt - 1 - blockIdx.x) * AB_ROWS; /* late (heavy) tiles first */
     const int64_t t1 = t0 + AB_ROWS < n_tok ? t0 + AB_ROWS : n_tok;
-    const int h = blockIdx.y, hkv = h / (n_heads / n_kv);
+    const int h = (int)(blockIdx.y % n_heads), hkv = h / (n_heads / n_kv);
     u16 *scr = scratch + wave * 16 * NSTF_MMA_SCRATCH_LD;
+    { /* sequence blockIdx.y / n_heads of a batch: its own rows (pos0 is 0 then) */
+        const int64_t sq = blockIdx.y / n_heads, nk = pos0 + n_tok;
+        q += sq * n_tok * q_stride, dout += sq * n_tok * do_stride, dq += sq * n_tok * dq_stride;
+        k += sq * nk * k_stride, v += sq * nk * v_stride;
+        lse += sq * n_tok * n_heads, D += sq * n_tok * n_heads;
+    }
 
     ab_load_rows<HD>(sq, LD, q, q_stride, (int64_t)h * HD, t0, AB_ROWS, n_tok, tid, nt);
     ab_load_rows<HD>(sdo, LD, dout, do_stride, (int64_t)h * HD, t0, AB_ROWS, n_tok, tid, nt);
@@ -193,12 +201,15 @@ __global__ void __launch_bounds__(AB_NW *NSTF_WAVE)
 
     constexpr int DO = HD / AB_DSPLIT(HD); /* output dims of this block */
     const int tid = threadIdx.x, nt = AB_NW * NSTF_WAVE, wave = tid / NSTF_WAVE;
-    const int group = n_heads / n_kv, hkv = blockIdx.y, d0 = (int)blockIdx.z * DO;
+    const int group = n_heads / n_kv, hkv = (int)(blockIdx.y % n_kv), d0 = (int)blockIdx.z * DO;
     const int64_t n_keys = pos0 + n_tok, j0 = (int64_t)blockIdx.x * AB_ROWS; /* early (heavy) keys first */
     u16 *scr = scratch + wave * 16 * NSTF_MMA_SCRATCH_LD;
+    /* sequence blockIdx.y / n_kv of a batch: its first query and key rows
+     * (row offsets rather than moved pointers: fewer live registers) */
+    const int64_t qr = (int64_t)(blockIdx.y / n_kv) * n_tok, kr = (int64_t)(blockIdx.y / n_kv) * n_keys;
 
-    ab_load_rows<HD>(sk, LD, k, k_stride, (int64_t)hkv * HD, j0, AB_ROWS, n_keys, tid, nt);
-    ab_load_rows<HD>(sv, LD, v, v_stride, (int64_t)hkv * HD, j0, AB_ROWS, n_keys, tid, nt);
+    ab_load_rows<HD>(sk, LD, k, k_stride, (int64_t)hkv * HD, kr + j0, AB_ROWS, kr + n_keys, tid, nt);
+    ab_load_rows<HD>(sv, LD, v, v_stride, (int64_t)hkv * HD, kr + j0, AB_ROWS, kr + n_keys, tid, nt);
     nstf_cp_commit();
 
     nstf_mma_c dka[DO / 16], dva[DO / 16];
@@ -213,13 +224,13 @@ __global__ void __launch_bounds__(AB_NW *NSTF_WAVE)
     for (int h = hkv * group; h < (hkv + 1) * group; h++) {
         for (int64_t tq0 = t_start; tq0 < n_tok; tq0 += AB_T(HD)) {
             __syncthreads(); /* the previous tile is no longer read */
-            ab_load_rows<HD>(sq, LD, q, q_stride, (int64_t)h * HD, tq0, AB_T(HD), n_tok, tid, nt);
-            ab_load_rows<HD>(sdo, LD, dout, do_stride, (int64_t)h * HD, tq0, AB_T(HD), n_tok, tid, nt);
+            ab_load_rows<HD>(sq, LD, q, q_stride, (int64_t)h * HD, qr + tq0, AB_T(HD), qr + n_tok, tid, nt);
+            ab_load_rows<HD>(sdo, LD, dout, do_stride, (int64_t)h * HD, qr + tq0, AB_T(HD), qr + n_tok, tid, nt);
             nstf_cp_commit();
             for (int i = tid; i < AB_T(HD); i += nt) {
                 const int64_t t = tq0 + i;
-                slse[i] = t < n_tok ? lse[t * n_heads + h] * AB_LOG2E : 0.0f;
-                sdd[i] = t < n_tok ? D[t * n_heads + h] : 0.0f;
+                slse[i] = t < n_tok ? lse[(qr + t) * n_heads + h] * AB_LOG2E : 0.0f;
+                sdd[i] = t < n_tok ? D[(qr + t) * n_heads + h] : 0.0f;
             }
             nstf_cp_wait<0>();
             __syncthreads();
@@ -279,8 +290,8 @@ __global__ void __launch_bounds__(AB_NW *NSTF_WAVE)
             const int64_t key = j0 + wave * 16 + nstf_mma_c_row(e);
             if (key >= n_keys) continue;
             const int64_t col = (int64_t)hkv * HD + d0 + d * 16 + nstf_mma_c_col(e);
-            dk[key * dk_stride + col] = nstf_mma_f2bf(dka[d].x[e] * scale);
-            dv[key * dv_stride + col] = nstf_mma_f2bf(dva[d].x[e]);
+            dk[(kr + key) * dk_stride + col] = nstf_mma_f2bf(dka[d].x[e] * scale);
+            dv[(kr + key) * dv_stride + col] = nstf_mma_f2bf(dva[d].x[e]);
         }
 }
 
@@ -290,8 +301,8 @@ template <int HD>
 static nstf_status ab_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
                              int64_t v_stride, const u16 *out, int64_t o_stride, const u16 *dout, int64_t do_stride,
                              const float *lse, u16 *dq, int64_t dq_stride, u16 *dk, int64_t dk_stride, u16 *dv,
-                             int64_t dv_stride, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale,
-                             float *D, gpuStream_t s) {
+                             int64_t dv_stride, int64_t n_tok, int64_t n_seq, int64_t pos0, int n_heads, int n_kv,
+                             float scale, float *D, gpuStream_t s) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const size_t smem = ab_smem_bytes<HD>();
@@ -303,17 +314,17 @@ static nstf_status ab_launch(const u16 *q, int64_t q_stride, const u16 *k, int64
                                       gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
-    const int64_t rows = n_tok * n_heads, dot_blocks = (rows + 255) / 256;
+    const int64_t rows = n_seq * n_tok * n_heads, dot_blocks = (rows + 255) / 256;
     attn_bwd_dot_kernel<<<(unsigned)(dot_blocks < NSTF_GPU_MAX_GRID ? dot_blocks : NSTF_GPU_MAX_GRID), 256, 0, s>>>(
-        out, o_stride, dout, do_stride, D, n_tok, n_heads, HD);
+        out, o_stride, dout, do_stride, D, n_seq * n_tok, n_heads, HD);
     GPU_LAUNCH_CHECK(s);
     const float sl2 = scale * AB_LOG2E;
     const int64_t n_qt = (n_tok + AB_ROWS - 1) / AB_ROWS, n_kt = (pos0 + n_tok + AB_ROWS - 1) / AB_ROWS;
-    attn_bwd_dq_kernel<HD><<<dim3((unsigned)n_qt, (unsigned)n_heads), AB_NW * wave, smem, s>>>(
+    attn_bwd_dq_kernel<HD><<<dim3((unsigned)n_qt, (unsigned)(n_heads * n_seq)), AB_NW * wave, smem, s>>>(
         q, q_stride, k, k_stride, v, v_stride, dout, do_stride, lse, D, dq, dq_stride, n_tok, pos0, n_heads, n_kv,
         sl2, scale);
     GPU_LAUNCH_CHECK(s);
-    attn_bwd_dkv_kernel<HD><<<dim3((unsigned)n_kt, (unsigned)n_kv, AB_DSPLIT(HD)), AB_NW * wave, smem, s>>>(
+    attn_bwd_dkv_kernel<HD><<<dim3((unsigned)n_kt, (unsigned)(n_kv * n_seq), AB_DSPLIT(HD)), AB_NW * wave, smem, s>>>(
         q, q_stride, k, k_stride, v, v_stride, dout, do_stride, lse, D, dk, dk_stride, dv, dv_stride, n_tok, pos0,
         n_heads, n_kv, sl2, scale);
     GPU_LAUNCH_CHECK(s);
@@ -324,20 +335,24 @@ extern "C" size_t nstf_gpu_flash_attn_bwd_scratch_bytes(int64_t n_tok, int n_hea
     return (size_t)n_tok * (size_t)n_heads * sizeof(float);
 }
 
-extern "C" nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stride, const uint16_t *k,
-                                               int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                                               const uint16_t *out, int64_t o_stride, const uint16_t *dout,
-                                               int64_t do_stride, const float *lse, uint16_t *dq, int64_t dq_stride,
-                                               uint16_t *dk, int64_t dk_stride, uint16_t *dv, int64_t dv_stride,
-                                               int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
-                                               int head_dim, float scale, void *scratch, size_t scratch_bytes,
-                                               void *stream) {
+extern "C" nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                                     int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                                     const uint16_t *out, int64_t o_stride, const uint16_t *dout,
+                                                     int64_t do_stride, const float *lse, uint16_t *dq,
+                                                     int64_t dq_stride, uint16_t *dk, int64_t dk_stride, uint16_t *dv,
+                                                     int64_t dv_stride, int64_t n_tok, int64_t n_seq, int64_t pos0,
+                                                     int n_heads, int n_kv_heads, int head_dim, float scale,
+                                                     void *scratch, size_t scratch_bytes, void *stream) {
     if (!q || !k || !v || !out || !dout || !lse || !dq || !dk || !dv || !scratch)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: NULL pointer");
     if (head_dim != 64 && head_dim != 128)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "flash_attn_bwd: head_dim %d (supported: 64, 128)", head_dim);
-    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_heads > 65535)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: %d heads, %d kv heads", n_heads, n_kv_heads);
+    if (n_seq < 1 || (n_seq > 1 && pos0 != 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: %lld sequences at %lld (a batch starts at 0)",
+                              (long long)n_seq, (long long)pos0);
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || (int64_t)n_heads * n_seq > 65535)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: %d heads, %d kv heads, %lld sequences", n_heads,
+                              n_kv_heads, (long long)n_seq);
     if (n_tok <= 0 || pos0 < 0 || (n_tok + AB_ROWS - 1) / AB_ROWS > 0x7fffffff)
         return nstf_set_error(NSTF_ERR_RANGE, "flash_attn_bwd: %lld tokens at %lld", (long long)n_tok,
                               (long long)pos0);
@@ -348,14 +363,28 @@ extern "C" nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stri
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: token strides too small or not multiples of 8");
     if (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)dout) % 16 != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: q, k, v, dout must be 16-byte aligned");
-    if (scratch_bytes < nstf_gpu_flash_attn_bwd_scratch_bytes(n_tok, n_heads))
+    if (scratch_bytes < nstf_gpu_flash_attn_bwd_scratch_bytes(n_seq * n_tok, n_heads))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_bwd: scratch of %zu bytes is too small",
                               scratch_bytes);
     gpuStream_t s = (gpuStream_t)stream;
     float *D = (float *)scratch;
     if (head_dim == 64)
         return ab_launch<64>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride, lse, dq,
-                             dq_stride, dk, dk_stride, dv, dv_stride, n_tok, pos0, n_heads, n_kv_heads, scale, D, s);
+                             dq_stride, dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0, n_heads, n_kv_heads, scale,
+                             D, s);
     return ab_launch<128>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride, lse, dq, dq_stride,
-                          dk, dk_stride, dv, dv_stride, n_tok, pos0, n_heads, n_kv_heads, scale, D, s);
+                          dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, D, s);
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                               int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                               const uint16_t *out, int64_t o_stride, const uint16_t *dout,
+                                               int64_t do_stride, const float *lse, uint16_t *dq, int64_t dq_stride,
+                                               uint16_t *dk, int64_t dk_stride, uint16_t *dv, int64_t dv_stride,
+                                               int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
+                                               int head_dim, float scale, void *scratch, size_t scratch_bytes,
+                                               void *stream) {
+    return nstf_gpu_flash_attn_bwd_batch(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride, lse,
+                                         dq, dq_stride, dk, dk_stride, dv, dv_stride, n_tok, 1, pos0, n_heads,
+                                         n_kv_heads, head_dim, scale, scratch, scratch_bytes, stream);
 }

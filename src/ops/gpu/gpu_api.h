@@ -493,6 +493,19 @@ nstf_status nstf_gpu_flash_attn_bwd(const uint16_t *q, int64_t q_stride, const u
                                     int64_t n_tok, int64_t pos0, int n_heads, int n_kv_heads,
                                     int head_dim, float scale, void *scratch, size_t scratch_bytes,
                                     void *stream);
+/* The same over n_seq sequences of n_tok queries each, laid out one after
+ * another in every operand (q, out, dout, dq, lse: n_tok rows each; k, v,
+ * dk, dv: pos0 + n_tok rows each), each attending to its own keys, in one
+ * launch (pos0 must be 0 when n_seq > 1). Scratch:
+ * nstf_gpu_flash_attn_bwd_scratch_bytes(n_seq * n_tok, n_heads). */
+nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                          int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                          const uint16_t *out, int64_t o_stride, const uint16_t *dout,
+                                          int64_t do_stride, const float *lse, uint16_t *dq, int64_t dq_stride,
+                                          uint16_t *dk, int64_t dk_stride, uint16_t *dv, int64_t dv_stride,
+                                          int64_t n_tok, int64_t n_seq, int64_t pos0, int n_heads,
+                                          int n_kv_heads, int head_dim, float scale, void *scratch,
+                                          size_t scratch_bytes, void *stream);
 
 /* RMSNorm backward (nstf_ref_rmsnorm_bwd): x, dy, dx [n, dim] fp32, w [dim];
  * dx += ...; dw [dim] += ... unless NULL (a frozen norm); dx_bf16 (may be
