@@ -152,7 +152,6 @@ static void test_gemv_fused_qkv(nstf_type wt, int64_t n_in, int nh, int nkv, int
     for (auto &v : wk) v = 1.0f + 0.3f * normal();
     nstf_gpu_rope_freqs(base, hd, fr.data());
     for (int i = 0; i < 128; i++) ff[i] = 1.0f + 7.0f * (float)i / 127.0f;
-    const float *bq = b.data(), *bk = bq + q_rows, *bv = bq + rope_rows;
 
     /* fp64 chain (float between the steps) and the naive bf16 chain */
     std::vector<float> xn(n_in), ref(n_out), naive(n_out), xnb(n_in), wr(n_in);
