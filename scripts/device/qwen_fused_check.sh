@@ -31,8 +31,9 @@
 #                       change a Qwen step ran the U kernels)
 #   test_arch           its GPU lines: the Qwen folders and converted files
 #                       against transformers' logits (mean KL <= 0.01 nats)
-#   bench (figures)     nstf bench decode on the Qwen3-0.6B-wide BF16 model,
-#                       128 tokens, graph and device argmax, per level
+#   bench (figures)     bench_infer decode ms/token (context 512, graph,
+#                       device argmax) of the random Qwen models, fused and
+#                       --unfused (the level-3 graph of the unfused kernels)
 #
 # Passing: "PASS name" for every step, "gemv_fused qkv: N cases passed, 0
 # failed" with N = 80, and "qwen_fused_check: PASS" at the end (exit 0). A
@@ -128,15 +129,21 @@ if grep -q "no GPU" "$logs/test_arch.log" 2>/dev/null; then
     ok=0
 fi
 
-# figures, not verdicts: decode speed per level of the Qwen3-0.6B-wide model
-q3="$logs/qwen3-0.6b-BF16.gguf"
-if [ -f "$q3" ]; then
-    for L in 2 3; do
-        "$B/nstf" bench -m "$q3" --device gpu -p 0 -n 128 --tg-argmax --level $L >"$logs/bench_L$L.log" 2>&1 &&
-            grep -E "tg128" "$logs/bench_L$L.log" | sed "s/^/    bench qwen3-0.6b-wide BF16 L$L: /"
+# figures, not verdicts: decode ms/token of the random Qwen models, the
+# fused step against the level-3 graph of the unfused kernels (the before)
+if [ -x "$B/bench/bench_infer" ]; then
+    for g in "$logs/qwen25-0.5b-BF16.gguf" "$logs/qwen3-0.6b-BF16.gguf" "$logs/qwen3-0.6b-Q4_K.gguf"; do
+        [ -f "$g" ] || continue
+        n=$(basename "$g" .gguf)
+        for u in "" --unfused; do
+            if "$B/bench/bench_infer" -m "$g" --prompt 512 --gen 64 --reps 5 $u >"$logs/bench_$n$u.log" 2>&1; then
+                d=$(grep -F "(graph, device argmax)" "$logs/bench_$n$u.log" | sed -E 's/.*: ([0-9.]+) ms\/token.*/\1/')
+                echo "    bench $n (4 layers) decode ${u:+un}fused: $d ms/token (context 512, graph, device argmax)"
+            else
+                echo "    bench $n${u:+ $u}: bench_infer failed (log $logs/bench_$n$u.log)"
+            fi
+        done
     done
-    "$B/nstf" bench -m "$q3" --device gpu --levels -p 0 -n 128 >"$logs/bench_levels.log" 2>&1 &&
-        grep -iE "kernel" "$logs/bench_levels.log" | head -n 8 | sed 's/^/    bench --levels: /'
 fi
 
 if [ $ok = 1 ]; then
