@@ -274,17 +274,7 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
         else if (is(a, "--deterministic", NULL, NULL)) o->sp.deterministic = true;
         else if (is(a, "--sparse-attn", NULL, NULL)) {
             VAL();
-            char k[32];
-            const char *comma = strchr(v, ',');
-            const size_t kl = comma ? (size_t)(comma - v) : strlen(v);
-            if (kl == 0 || kl >= sizeof k) {
-                cli_err("%s '%s': expected K or K,W (top-k blocks, window positions)", a, v);
-                return 2;
-            }
-            memcpy(k, v, kl);
-            k[kl] = 0;
-            if (!cli_parse_int(a, k, 1, 1024, &o->sp.sparse_topk)) return 2;
-            if (comma && !cli_parse_int(a, comma + 1, 1, 1 << 24, &o->sp.sparse_window)) return 2;
+            if (!cli_parse_sparse(a, v, &o->sp.sparse_topk, &o->sp.sparse_window)) return 2;
             o->sp.sparse_attn = 1;
         } else if (is(a, "--sparse-block", NULL, NULL)) INT(4, 64, &o->sp.sparse_block);
         else if (is(a, "--dense-attn", NULL, NULL)) o->sp.sparse_attn = -1;

@@ -84,6 +84,21 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
                                     const nstf_analyze_result *sens, nstf_adaptive_plan *out);
 void nstf_adaptive_plan_free(nstf_adaptive_plan *plan);
 
+/* The plan's mix put into the session in memory (layer matrices swapped
+ * for requantized copies, factorized entries through lr, embeddings and
+ * output by the rest rule) until nstf_adaptive_plan_restore; on failure
+ * nothing stays applied. */
+typedef struct nstf_adaptive_applied {
+    const nstf_adaptive_plan *plan;
+    struct nstf_lowrank *lr;
+    struct nstf_matrix *orig; /* [n + 2]: the layer matrices, then the embeddings and output */
+    void **bufs;              /* [n + 2]: the copies put in */
+    int swapped;
+    bool ranks;
+} nstf_adaptive_applied;
+nstf_status nstf_adaptive_plan_apply(nstf_session *s, const nstf_adaptive_plan *plan, struct nstf_lowrank *lr,
+                                     nstf_adaptive_applied *a);
+nstf_status nstf_adaptive_plan_restore(nstf_session *s, nstf_adaptive_applied *a);
 /* The plan's mix built in memory (the session's layer matrices swapped,
  * factorized entries through lr; restored before returning) and scored
  * over ids against ref (log-probs [n, n_vocab] of the unmodified model;
