@@ -4,6 +4,7 @@
 #ifndef NSTF_TEST_OPT_TEST_H
 #define NSTF_TEST_OPT_TEST_H
 
+#include "cli_run.h"
 #include "core/mem.h"
 #include "nstf_tools.h"
 #include "opt/evaluate.h"
@@ -17,6 +18,23 @@ static inline void opt_test_text(char *text, size_t cap, size_t n_chars, uint64_
     test_rng r = {seed};
     text[0] = 0;
     while (k < n_chars && k < cap - 64) k += (size_t)snprintf(text + k, cap - k, "%s ", words[rng_next(&r) % (uint64_t)n_words]);
+}
+
+/* The CLI tests' inputs: about 3000 characters of words[n_words] (seed
+ * text_seed) into text [cap] and the file textf, and a tiny F16 model from
+ * `nstf gen-model` (seed model_seed) at model; false after a failed CHECK. */
+static inline bool opt_test_inputs(char *text, size_t cap, uint64_t text_seed, const char *const *words, int n_words,
+                                   const char *textf, const char *model, const char *model_seed) {
+    opt_test_text(text, cap, 3000, text_seed, words, n_words);
+    FILE *f = fopen(textf, "w");
+    CHECK(f != NULL, "write %s", textf);
+    if (!f) return false;
+    fputs(text, f);
+    fclose(f);
+    const int rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f16", "--seed", model_seed,
+                                             "-o", model, NULL});
+    CHECK(rc == 0, "gen-model: %s", g_err);
+    return rc == 0;
 }
 
 /* Perplexity of `model` over the first n_tok tokens of text (CPU, one

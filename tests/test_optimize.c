@@ -111,12 +111,7 @@ int main(void) {
     static char text[8192];
     static const char *const words[] = {"plan", "each", "layer", "under", "a", "budget", "of", "perplexity",
                                         "rank", "type", "size", "speed", "the", "matrix", "is", "kept"};
-    opt_test_text(text, sizeof text, 3000, 7, words, 16);
-    FILE *f = fopen(textf, "w");
-    fputs(text, f);
-    fclose(f);
-    CHECK(run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f16", "--seed", "3", "-o", model, NULL}) == 0,
-          "gen-model: %s", g_err);
+    opt_test_inputs(text, sizeof text, 7, words, 16, textf, model, "3");
 
     /* types only */
     int rc = run((const char *const[]){"optimize", "-m", model, "-f", textf, "-n", "96", "--budget-ppl", "1%",

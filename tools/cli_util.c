@@ -323,6 +323,12 @@ int cli_unknown_option(const char *arg, cli_usage_fn usage) {
 
 int cli_default_threads(void) { return nstf_cpu_physical_count(); }
 
+bool cli_parse_threads(const char *flag, const char *v, int *n) {
+    if (!cli_parse_int(flag, v, 1, 1024, n)) return false;
+    cli_check_threads(*n);
+    return true;
+}
+
 void cli_check_threads(int n) {
     const int cpus = nstf_cpu_count(), cores = nstf_cpu_physical_count();
     if (n > cpus)

@@ -55,6 +55,8 @@ int cli_unknown_option(const char *arg, cli_usage_fn usage);
  * than the processors this process may run on. */
 int cli_default_threads(void);
 void cli_check_threads(int n);
+/* -t N: parsed (1..1024) into *n and checked as above; false after an error line. */
+bool cli_parse_threads(const char *flag, const char *v, int *n);
 
 /* A progress bar on stderr with rate and ETA, drawn only when stderr is a
  * terminal (at most 10 times a second, and always at done == total).

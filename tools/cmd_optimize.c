@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "nstf_tools.h"
+#include "opt/imatrix.h"
 #include "opt/plan.h"
 
 int cmd_optimize(int argc, char **argv);
@@ -38,6 +39,7 @@ static void usage(FILE *f) {
             "      --lowrank R       the low-rank candidate removes fraction R of each matrix's parameters\n"
             "                        (default 0.3; 0: types only)\n"
             "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,Q4_0,Q3_K,Q2_K)\n"
+            "      --imatrix FILE    importance weights of every quantization (nstf imatrix)\n"
             "      --rest TARGET     the rule of the tensors outside the layer matrices (default Q4_K_M)\n"
             "      --allow-sparse    let layers take sparse decode attention: measured by decode steps past\n"
             "                        the first position where a step drops blocks (top-k x block + window\n"
@@ -58,7 +60,7 @@ static void print_row(const nstf_plan_row *r, uint64_t n_weights, bool scored) {
 }
 
 int cmd_optimize(int argc, char **argv) {
-    const char *model = NULL, *file = NULL, *out = NULL, *calib = NULL;
+    const char *model = NULL, *file = NULL, *out = NULL, *calib = NULL, *imatrix = NULL;
     int n_tok = 128, n_types = 0;
     float f;
     nstf_type types[16];
@@ -87,14 +89,11 @@ int cmd_optimize(int argc, char **argv) {
         }
         else if (!strcmp(a, "--budget-ppl")) { VAL(); if (!cli_parse_percent(a, v, 1e-6, 1e6, &p.budget_ppl)) return 2; }
         else if (!strcmp(a, "--allow-sparse")) p.allow_sparse = true;
+        else if (!strcmp(a, "--imatrix")) { VAL(); imatrix = v; }
         else if (!strcmp(a, "--sparse-attn")) { VAL(); if (!cli_parse_sparse(a, v, &p.sparse_topk, &p.sparse_window)) return 2; }
         else if (!strcmp(a, "--sparse-block")) { VAL(); if (!cli_parse_int(a, v, 4, 64, &p.sparse_block)) return 2; }
         else if (!strcmp(a, "--sparse-share")) { VAL(); if (!cli_parse_float(a, v, 0, 0.95f, &f)) return 2; p.sparse_share = f; }
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            VAL();
-            if (!cli_parse_int(a, v, 1, 1024, &sp.n_threads)) return 2;
-            cli_check_threads(sp.n_threads);
-        }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { VAL(); if (!cli_parse_threads(a, v, &sp.n_threads)) return 2; }
         else return cli_unknown_option(a, usage);
 #undef VAL
     }
@@ -112,8 +111,11 @@ int cmd_optimize(int argc, char **argv) {
     float *ref = NULL, *lp = NULL, *ref_dec = NULL;
     nstf_session *s = NULL;
     nstf_plan plan = {0};
+    nstf_imatrix *im = NULL;
     char *text = cli_read_file(file, "text"), *ctext = calib ? cli_read_file(calib, "calibration text") : NULL;
     if (!text || (calib && !ctext)) goto done;
+    if (imatrix && nstf_imatrix_load(imatrix, &im) != NSTF_OK) goto lib_err;
+    p.imatrix = im;
     if (nstf_session_open(model, &sp, &s) != NSTF_OK) goto lib_err;
     if (nstf_eval_tokenize(s, text, n_tok, &ids, &n) != NSTF_OK) goto lib_err;
     if (nstf_eval_tokenize(s, ctext ? ctext : text, 512, &cal, &n_cal) != NSTF_OK) goto lib_err;
@@ -171,6 +173,7 @@ lib_err:
 done:
     cli_stages_end(&b);
     nstf_plan_free(&plan);
+    nstf_imatrix_free(im);
     free(ref);
     free(lp);
     free(ref_dec);

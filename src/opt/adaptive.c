@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "model/session.h"
+#include "opt/imatrix.h"
 #include "opt/lowrank.h"
 #include "opt/mix.h"
 
@@ -67,12 +68,15 @@ nstf_status nstf_adaptive_plan_apply(nstf_session *s, const nstf_adaptive_plan *
     a->orig[n_mats + 1] = output;
     const bool tied = output.data == embd.data;
     if (st == NSTF_OK && plan->embd_type != embd.type && plan->embd_type != NSTF_TYPE_F32) {
-        if (!(a->bufs[n_mats] = nstf_analyze_requantize(&embd, plan->embd_type))) st = NSTF_ERR_OOM;
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, "token_embd.weight", embd.n_in, &st) : NULL;
+        if (st == NSTF_OK && !(a->bufs[n_mats] = nstf_analyze_requantize(&embd, plan->embd_type, qw))) st = NSTF_ERR_OOM;
         else rw->tok_embd = (nstf_matrix){a->bufs[n_mats], plan->embd_type, embd.n_in, embd.n_out, NULL};
         if (tied) rw->output = rw->tok_embd;
     }
     if (st == NSTF_OK && !tied && plan->output_type != output.type && plan->output_type != NSTF_TYPE_F32) {
-        if (!(a->bufs[n_mats + 1] = nstf_analyze_requantize(&output, plan->output_type))) st = NSTF_ERR_OOM;
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, "output.weight", output.n_in, &st) : NULL;
+        if (st == NSTF_OK && !(a->bufs[n_mats + 1] = nstf_analyze_requantize(&output, plan->output_type, qw)))
+            st = NSTF_ERR_OOM;
         else rw->output = (nstf_matrix){a->bufs[n_mats + 1], plan->output_type, output.n_in, output.n_out, NULL};
     }
     for (; st == NSTF_OK && a->swapped < n_mats; a->swapped++) {
@@ -81,7 +85,12 @@ nstf_status nstf_adaptive_plan_apply(nstf_session *s, const nstf_adaptive_plan *
         a->orig[i] = *slot;
         const nstf_type t = plan->e[i].type;
         if (t == slot->type || plan->e[i].rank > 0) continue;
-        a->bufs[i] = nstf_analyze_requantize(slot, t);
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, plan->e[i].name, slot->n_in, &st) : NULL;
+        if (st != NSTF_OK) {
+            a->swapped++;
+            break;
+        }
+        a->bufs[i] = nstf_analyze_requantize(slot, t, qw);
         if (!a->bufs[i]) {
             st = nstf_set_error(NSTF_ERR_OOM, "%s as %s: out of memory", plan->e[i].name, nstf_type_name(t));
             a->swapped++;
@@ -247,6 +256,7 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
         nstf_analyze_params ap = {0};
         ap.types = p->types;
         ap.n_types = p->n_types;
+        ap.imatrix = p->imatrix;
         if (p->progress) ap.progress = sens_progress, ap.progress_user = (void *)p;
         NSTF_TRY(nstf_analyze_run(s, ids, n, &ap, &own_sens));
         sens = &own_sens;
@@ -258,6 +268,7 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
     c.cand_rank = nstf_calloc((size_t)n_mats * (size_t)stride, sizeof *c.cand_rank, "mix ranks");
     out->e = nstf_calloc((size_t)n_mats, sizeof *out->e, "plan");
     out->n = n_mats;
+    out->imatrix = p->imatrix;
     nstf_quant_override *own = nstf_calloc((size_t)n_mats, sizeof *own, "overrides");
     if (!c.items || !c.cands || !c.cand_type || !c.cand_rank || !out->e || !own) st = NSTF_ERR_OOM;
     /* candidates: the matrix's own type (cost 0), then each measured type */

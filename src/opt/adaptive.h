@@ -49,6 +49,7 @@ typedef struct nstf_adaptive_params {
      * "rank r" rows become candidates of 2 r (n_in + n_out) bytes (F16
      * factors), applied through lr; NULL: types only */
     struct nstf_lowrank *lr;
+    const struct nstf_imatrix *imatrix; /* importance weights of the requantized candidates (NULL: none) */
     /* progress: stage ("sensitivity", "perplexity budget"), done / total, what */
     void (*progress)(void *user, const char *stage, int done, int total, const char *what);
     void *progress_user;
@@ -75,6 +76,7 @@ typedef struct nstf_adaptive_plan {
     nstf_type embd_type;    /* token_embd.weight by the rest rule (in-memory mixes apply it too) */
     nstf_type output_type;  /* output.weight by the rest rule (an untied output) */
     nstf_eval_score measured; /* perplexity budget: the chosen mix on the text */
+    const struct nstf_imatrix *imatrix; /* the in-memory mixes' importance weights (the params'; NULL: none) */
 } nstf_adaptive_plan;
 
 /* Measure (unless sens is given: an earlier nstf_analyze_run over every

@@ -206,6 +206,7 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
         ap.lowrank_reduce = lowrank ? p->lowrank_reduce : 0;
         ap.calib = p->calib;
         ap.n_calib = p->n_calib;
+        ap.imatrix = p->imatrix;
         st = nstf_analyze_run(s, ids, n, &ap, &sens);
     }
     if (st == NSTF_OK) {
@@ -215,6 +216,7 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
         ad.rest = p->rest;
         ad.budget_ppl = mix_budget;
         ad.lr = out->lr;
+        ad.imatrix = p->imatrix;
         ad.progress = p->progress;
         ad.progress_user = p->progress_user;
         st = nstf_adaptive_plan_make(s, ids, n, &ad, &sens, &out->mix);
@@ -280,7 +282,7 @@ nstf_status nstf_plan_write(nstf_session *s, nstf_plan *plan, const nstf_plan_pa
     if (st == NSTF_OK) {
         write_ctx c = {plan, p};
         nstf_quant_params qp = {.target = p->rest, .overrides = ov, .n_overrides = k, .n_threads = s->params.n_threads,
-                                .add_keys = plan_keys, .add_keys_user = &c};
+                                .add_keys = plan_keys, .add_keys_user = &c, .imatrix = p->imatrix};
         st = nstf_quantize_file(n_fact ? tmp : in_path, out_path, &qp);
     }
     if (n_fact) unlink(tmp);

@@ -56,6 +56,7 @@ typedef struct nstf_plan_params {
     int sparse_topk, sparse_window, sparse_block; /* > 0: the one configuration to measure */
     double sparse_share;     /* of the budget kept for sparse attention (< 0: default 0.5) */
     nstf_quant_target rest;
+    const struct nstf_imatrix *imatrix; /* importance weights of every quantization (NULL: none) */
     void (*progress)(void *user, const char *stage, int done, int total, const char *what);
     void *progress_user;
 } nstf_plan_params;
