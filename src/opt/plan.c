@@ -178,6 +178,11 @@ static nstf_status strategies(nstf_plan *plan) {
     return NSTF_OK;
 }
 
+static void sens_progress(void *user, int done, int total, const char *what) {
+    const nstf_plan_params *p = user;
+    p->progress(p->progress_user, "sensitivity", done, total, what);
+}
+
 nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nstf_plan_params *p, nstf_plan *out) {
     memset(out, 0, sizeof *out);
     if (!(p->budget_ppl > 0)) return nstf_set_error(NSTF_ERR_INVALID_ARG, "the planner needs a perplexity budget > 0");
@@ -207,6 +212,7 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
         ap.calib = p->calib;
         ap.n_calib = p->n_calib;
         ap.imatrix = p->imatrix;
+        if (p->progress) ap.progress = sens_progress, ap.progress_user = (void *)p;
         st = nstf_analyze_run(s, ids, n, &ap, &sens);
     }
     if (st == NSTF_OK) {
