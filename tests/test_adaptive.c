@@ -79,12 +79,7 @@ int main(void) {
     static const char *const words[] = {"the", "model", "weights", "of", "a", "layer", "quantized", "to", "four",
                                         "bits", "keep", "most", "accuracy", "when", "chosen", "per", "matrix",
                                         "sensitivity", "budget", "size"};
-    opt_test_text(text, sizeof text, 3000, 99, words, 20);
-    FILE *f = fopen(calib, "w");
-    fputs(text, f);
-    fclose(f);
-    CHECK(run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f16", "--seed", "5", "-o", model, NULL}) == 0,
-          "gen-model: %s", g_err);
+    opt_test_inputs(text, sizeof text, 99, words, 20, calib, model, "5");
 
     /* size budget in bits per weight */
     int rc = run((const char *const[]){"quantize", model, out, "auto", "--calib", calib, "--calib-tokens", "96",

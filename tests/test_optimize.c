@@ -6,8 +6,20 @@
  *    (to the 6 decimals printed) and is within the budget of the
  *    original's; nstf.plan.strategy holds one string per layer naming all
  *    seven matrices and "attn=dense"; nstf.plan.attn_sparse one 0 per
- *    layer (--allow-sparse: still dense, and the note says why); the
- *    trade-off table has the original, the pure strategies and the plan;
+ *    layer (--allow-sparse with the default configurations: 96 tokens do
+ *    not reach past top-k 8 x 16 + 64, so every layer stays dense and
+ *    the note says why); the trade-off table has the original, the pure
+ *    strategies and the plan;
+ *  - sparse attention measured (--allow-sparse --sparse-attn 2,8
+ *    --sparse-block 4: decode steps from position 24 drop blocks): at
+ *    least one layer sparse, the strategies' "attn=sparse" match the
+ *    nstf.plan.attn_sparse flags, nstf.plan.sparse_topk / _block /
+ *    _window are 2 / 4 / 8; the every-layer-sparse row's decode KL is > 0
+ *    (blocks were dropped) while its teacher-forced perplexity equals the
+ *    original's (sparse attention acts on one-token steps only); the
+ *    written file's decode perplexity, recomputed here from a fresh
+ *    session on the file (its plan applied by the session), equals the
+ *    plan's printed in memory, within the budget of the original's;
  *  - with the low-rank candidate (skipped without LAPACKE): --types BF16
  *    and a loose budget make every matrix factorized (F16 factors are
  *    smaller than BF16 at 30% fewer parameters); the file holds lr_a /
@@ -23,16 +35,18 @@
 #include "nstf_tools.h"
 #include "opt/evaluate.h"
 #include "opt/lowrank.h"
+#include "opt/plan.h"
 
 static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", g_dir, name); }
 
 
 /* The plan's keys: strategy strings (each containing `want` for every
- * layer), attn_sparse all 0; counts of factor tensors and dense layer
- * matrices. */
-static void check_keys(const char *path, const char *want, int *n_factors, int *n_dense) {
+ * layer, and "attn=sparse" exactly where nstf.plan.attn_sparse is 1);
+ * counts of sparse layers, factor tensors and dense layer matrices; the
+ * sparse configuration keys (0 when absent). */
+static void check_keys(const char *path, const char *want, int *n_sparse, int *n_factors, int *n_dense, int cfg[3]) {
     nstf_gguf *g;
-    *n_factors = *n_dense = 0;
+    *n_sparse = *n_factors = *n_dense = 0;
     CHECK(nstf_gguf_open(path, &g) == NSTF_OK, "open %s: %s", path, nstf_last_error());
     if (!g) return;
     const nstf_gguf_kv *st = NULL, *sp = NULL;
@@ -40,21 +54,24 @@ static void check_keys(const char *path, const char *want, int *n_factors, int *
         if (nstf_gguf_str_eq(g->kv[i].key, "nstf.plan.strategy")) st = &g->kv[i];
         if (nstf_gguf_str_eq(g->kv[i].key, "nstf.plan.attn_sparse")) sp = &g->kv[i];
     }
+    cfg[0] = (int)nstf_gguf_get_u32_or(g, "nstf.plan.sparse_topk", 0);
+    cfg[1] = (int)nstf_gguf_get_u32_or(g, "nstf.plan.sparse_block", 0);
+    cfg[2] = (int)nstf_gguf_get_u32_or(g, "nstf.plan.sparse_window", 0);
     CHECK(st && st->type == NSTF_GGUF_ARRAY && st->arr_type == NSTF_GGUF_STRING && st->arr_n == 2,
           "nstf.plan.strategy: a string per layer");
     CHECK(sp && sp->type == NSTF_GGUF_ARRAY && sp->arr_type == NSTF_GGUF_UINT8 && sp->arr_n == 2,
           "nstf.plan.attn_sparse: a u8 per layer");
-    if (sp && sp->arr_n == 2) {
+    if (st && st->arr_n == 2 && st->arr_strs && sp && sp->arr_n == 2) {
         const uint8_t *v = sp->arr_data;
-        CHECK(v[0] == 0 && v[1] == 0, "every layer dense (%u %u)", v[0], v[1]);
-    }
-    if (st && st->arr_n == 2 && st->arr_strs) {
         for (int l = 0; l < 2; l++) {
             const nstf_gguf_str *e = &st->arr_strs[l];
             char buf[512] = {0};
             memcpy(buf, e->ptr, e->len < sizeof buf - 1 ? (size_t)e->len : sizeof buf - 1);
-            CHECK(strstr(buf, "attn_q=") && strstr(buf, "ffn_down=") && strstr(buf, "attn=dense") && strstr(buf, want),
-                  "layer %d strategy '%s' (want '%s')", l, buf, want);
+            CHECK(v[l] <= 1, "attn_sparse[%d] = %u", l, v[l]);
+            *n_sparse += v[l] == 1;
+            CHECK(strstr(buf, "attn_q=") && strstr(buf, "ffn_down=") && strstr(buf, want) &&
+                      strstr(buf, v[l] ? "attn=sparse" : "attn=dense"),
+                  "layer %d strategy '%s' (want '%s', flag %u)", l, buf, want, v[l]);
         }
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -64,6 +81,21 @@ static void check_keys(const char *path, const char *want, int *n_factors, int *
         else if (!strncmp(name, "blk.", 4) && g->tensors[i].n_dims == 2) (*n_dense)++;
     }
     nstf_gguf_close(g);
+}
+
+/* The value in column `col` (0: the strategy name) of the table row named `row`. */
+static double cell(const char *out, const char *row, int col) {
+    char key[96];
+    snprintf(key, sizeof key, "| %s |", row);
+    const char *p = strstr(out, key);
+    if (!p) return NAN;
+    p += 1;
+    for (int c = 0; c < col; c++) {
+        p = strchr(p, '|');
+        if (!p) return NAN;
+        p++;
+    }
+    return strtod(p, NULL);
 }
 
 int main(void) {
@@ -79,12 +111,7 @@ int main(void) {
     static char text[8192];
     static const char *const words[] = {"plan", "each", "layer", "under", "a", "budget", "of", "perplexity",
                                         "rank", "type", "size", "speed", "the", "matrix", "is", "kept"};
-    opt_test_text(text, sizeof text, 3000, 7, words, 16);
-    FILE *f = fopen(textf, "w");
-    fputs(text, f);
-    fclose(f);
-    CHECK(run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f16", "--seed", "3", "-o", model, NULL}) == 0,
-          "gen-model: %s", g_err);
+    opt_test_inputs(text, sizeof text, 7, words, 16, textf, model, "3");
 
     /* types only */
     int rc = run((const char *const[]){"optimize", "-m", model, "-f", textf, "-n", "96", "--budget-ppl", "1%",
@@ -99,11 +126,37 @@ int main(void) {
     CHECK(strstr(g_out, "| original |") && strstr(g_out, "| all Q8_0 |") && strstr(g_out, "| plan (in memory) |") &&
               strstr(g_out, "| plan (written file) |"),
           "the trade-off table's rows: %s", g_out);
-    CHECK(strstr(g_out, "sparse attention: not measured") != NULL, "--allow-sparse is answered in the note");
-    int n_fact, n_dense;
-    check_keys(out, "=Q", &n_fact, &n_dense);
+    CHECK(strstr(g_out, "sparse attention not measured: 96 tokens") != NULL, "too short for sparse: the note says so");
+    int n_sp, n_fact, n_dense, cfg[3];
+    check_keys(out, "=Q", &n_sp, &n_fact, &n_dense, cfg);
+    CHECK(n_sp == 0 && cfg[0] == 0, "too short: every layer dense (%d sparse), no configuration keys", n_sp);
     CHECK(n_fact == 0 && n_dense == 14, "types only: %d factors, %d dense matrices", n_fact, n_dense);
     printf("types only: perplexity %.4f (original %.4f)\n", again, orig);
+
+    /* sparse attention measured: top-k 2 blocks of 4, window 8 (reach: 2 x 4 + 8 + 2 x 4 = 24) */
+    rc = run((const char *const[]){"optimize", "-m", model, "-f", textf, "-n", "96", "--budget-ppl", "1%", "--lowrank",
+                                    "0", "--allow-sparse", "--sparse-attn", "2,8", "--sparse-block", "4", "-o", out,
+                                    "-t", "2", NULL});
+    CHECK(rc == 0, "optimize --allow-sparse: exit %d: %s", rc, g_err);
+    check_keys(out, "=Q", &n_sp, &n_fact, &n_dense, cfg);
+    CHECK(n_sp >= 1, "at least one layer sparse: %d", n_sp);
+    CHECK(cfg[0] == 2 && cfg[1] == 4 && cfg[2] == 8, "sparse keys: top-k %d, block %d, window %d", cfg[0], cfg[1],
+          cfg[2]);
+    const char *all_sp = "all layers sparse (top-k 2)";
+    CHECK(cell(g_out, all_sp, 8) > 0, "every layer sparse: decode KL %g > 0 (blocks dropped)", cell(g_out, all_sp, 8));
+    CHECK(cell(g_out, all_sp, 3) == cell(g_out, "original", 3), "every layer sparse: teacher-forced perplexity %g = "
+          "the original's %g", cell(g_out, all_sp, 3), cell(g_out, "original", 3));
+    const double dec_mem = cell(g_out, "plan (in memory)", 7), dec_orig = cell(g_out, "original", 7);
+    const double dec_file = opt_test_reload_ppl_at(out, text, 96, 24);
+    CHECK(fabs(dec_mem - dec_file) <= 5e-5 * dec_mem, "decode perplexity: in memory %.4f, the reloaded file %.6f",
+          dec_mem, dec_file);
+    CHECK(dec_file <= dec_orig * 1.01 + 1e-4, "decode perplexity within the budget: %.6f <= 1.01 x %.4f", dec_file,
+          dec_orig);
+    w = strstr(g_out, "\ndecode perplexity ");
+    const double dec_printed = w ? strtod(w + 19, NULL) : NAN;
+    CHECK(fabs(dec_printed - dec_file) <= 5e-7 * (1 + 1e-9), "printed %.6f = reloaded %.9f", dec_printed,
+          dec_file);
+    printf("sparse: %d of 2 layers, decode perplexity %.4f (original %.4f)\n", n_sp, dec_file, dec_orig);
 
     /* the low-rank candidate, made the smallest one */
     if (nstf_lowrank_available()) {
@@ -114,7 +167,7 @@ int main(void) {
         const double p2 = w && strstr(w, "perplexity ") ? strtod(strstr(w, "perplexity ") + 11, NULL) : NAN;
         const double a2 = opt_test_reload_ppl(out, text, 96);
         CHECK(fabs(p2 - a2) <= 5e-7 * (1 + 1e-9), "factorized: printed perplexity %.6f = reloaded %.9f", p2, a2);
-        check_keys(out, "=rank", &n_fact, &n_dense);
+        check_keys(out, "=rank", &n_sp, &n_fact, &n_dense, cfg);
         CHECK(n_fact == 28 && n_dense == 0, "every matrix factorized: %d factors, %d dense", n_fact, n_dense);
         printf("low-rank: perplexity %.4f\n", a2);
     } else {

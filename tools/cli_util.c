@@ -103,6 +103,20 @@ bool cli_parse_types(const char *flag, const char *list, nstf_type *out, int *n,
     return *n > 0;
 }
 
+bool cli_parse_sparse(const char *flag, const char *v, int *topk, int *window) {
+    char k[32];
+    const char *comma = strchr(v, ',');
+    const size_t kl = comma ? (size_t)(comma - v) : strlen(v);
+    if (kl == 0 || kl >= sizeof k) {
+        cli_err("%s '%s': expected K or K,W (top-k blocks, window positions)", flag, v);
+        return false;
+    }
+    memcpy(k, v, kl);
+    k[kl] = 0;
+    if (!cli_parse_int(flag, k, 1, 1024, topk)) return false;
+    return !comma || cli_parse_int(flag, comma + 1, 1, 1 << 24, window);
+}
+
 bool cli_parse_percent(const char *flag, const char *s, double min, double max, double *fraction) {
     char buf[64];
     snprintf(buf, sizeof buf, "%s", s);
@@ -322,6 +336,12 @@ int cli_unknown_option(const char *arg, cli_usage_fn usage) {
 /* ---- threads ------------------------------------------------------------------- */
 
 int cli_default_threads(void) { return nstf_cpu_physical_count(); }
+
+bool cli_parse_threads(const char *flag, const char *v, int *n) {
+    if (!cli_parse_int(flag, v, 1, 1024, n)) return false;
+    cli_check_threads(*n);
+    return true;
+}
 
 void cli_check_threads(int n) {
     const int cpus = nstf_cpu_count(), cores = nstf_cpu_physical_count();

@@ -8,13 +8,14 @@
 
 #include "cli_util.h"
 #include "core/clock.h"
+#include "opt/imatrix.h"
 #include "opt/quantize.h"
 
 int cmd_quantize(int argc, char **argv);
 int cmd_quantize_auto(int argc, char **argv);
 
 static void quantize_usage(FILE *f) {
-    fprintf(f, "usage: nstf quantize IN OUT.gguf TYPE [--allow-requantize] [-t N]\n"
+    fprintf(f, "usage: nstf quantize IN OUT.gguf TYPE [--imatrix FILE] [--allow-requantize] [-t N]\n"
                "  IN: a GGUF file, or an HF model folder (config.json, model.safetensors or\n"
                "  shards, tokenizer.json): quantized in one step, the same bytes as\n"
                "  `nstf convert` then `nstf quantize`; tensors are streamed one at a time\n"
@@ -22,6 +23,9 @@ static void quantize_usage(FILE *f) {
                "        or auto: a type per matrix under a budget (nstf quantize IN OUT auto --help)\n"
                "  Matrices are converted (llama.cpp's choice of type per tensor: the output\n"
                "  matrix gets Q6_K, the _M mixes give some attn_v/ffn_down Q6_K); vectors are kept.\n"
+               "      --imatrix FILE      importance weights (nstf imatrix, or llama-imatrix's GGUF file):\n"
+               "                          the quantizers weigh each column's error by its mean squared\n"
+               "                          input (llama.cpp's quantize_*_impl; Q8_0 takes none)\n"
                "      --allow-requantize  accept already-quantized input (dequantized first: the\n"
                "                          errors compound)\n"
                "  -t, --threads N         threads (default: the physical cores)\n",
@@ -32,6 +36,7 @@ int cmd_quantize(int argc, char **argv) {
     const char *pos[3] = {NULL, NULL, NULL};
     int n_pos = 0;
     nstf_quant_params p = {.n_threads = cli_default_threads()};
+    const char *imatrix = NULL;
     cli_expand_args(&argc, &argv, quantize_usage);
     for (int i = 1; i < argc; i++) /* TYPE auto: adaptive precision (cmd_quantize_auto.c) */
         if (!strcasecmp(argv[i], "auto") && (i == 1 || argv[i - 1][0] != '-')) return cmd_quantize_auto(argc, argv);
@@ -43,6 +48,8 @@ int cmd_quantize(int argc, char **argv) {
         }
         if (!strcmp(a, "--allow-requantize")) {
             p.allow_requantize = true;
+        } else if (!strcmp(a, "--imatrix")) {
+            if (!(imatrix = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!(v = cli_value(argc, argv, &i)) || !cli_parse_int(a, v, 1, 1024, &p.n_threads)) return 2;
             cli_check_threads(p.n_threads);
@@ -63,6 +70,12 @@ int cmd_quantize(int argc, char **argv) {
         cli_err("unknown type '%s' (%s)", pos[2], nstf_quant_target_list());
         return 2;
     }
+    nstf_imatrix *im = NULL;
+    if (imatrix && nstf_imatrix_load(imatrix, &im) != NSTF_OK) {
+        cli_lib_err();
+        return 1;
+    }
+    p.imatrix = im;
     cli_progress bar;
     cli_progress_init(&bar, "quantizing", "MiB", 1.0 / (1 << 20));
     p.progress = cli_progress_cb;
@@ -70,6 +83,7 @@ int cmd_quantize(int argc, char **argv) {
     const double t0 = nstf_time_ms();
     const nstf_status st = nstf_quantize_file(pos[0], pos[1], &p);
     cli_progress_end(&bar);
+    nstf_imatrix_free(im);
     if (st != NSTF_OK) {
         cli_lib_err();
         return 1;

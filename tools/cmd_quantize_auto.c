@@ -14,6 +14,7 @@
 #include "core/mem.h"
 #include "nstf_tools.h"
 #include "opt/adaptive.h"
+#include "opt/imatrix.h"
 
 int cmd_quantize_auto(int argc, char **argv);
 
@@ -45,6 +46,8 @@ static void usage(FILE *f) {
             "      --sensitivity FILE      read the sensitivity table from FILE (written by --save-sensitivity)\n"
             "      --save-sensitivity FILE write the measured table (tensor, type, KL per line)\n"
             "      --dry-run               print the plan; write nothing\n"
+            "      --imatrix FILE          importance weights of every quantization (nstf imatrix): the\n"
+            "                              sensitivities, the mixes and OUT\n"
             "      --allow-requantize      accept a quantized IN (its matrices are then re-quantized from\n"
             "                              their dequantized values)\n"
             "  -t, --threads N             threads (default: the physical cores)\n",
@@ -155,7 +158,7 @@ static void print_plan(const nstf_adaptive_plan *plan) {
 }
 
 int cmd_quantize_auto(int argc, char **argv) {
-    const char *pos[3] = {NULL, NULL, NULL}, *calib = NULL, *eval = NULL, *sens_in = NULL, *sens_out = NULL;
+    const char *pos[3] = {NULL, NULL, NULL}, *imatrix = NULL, *calib = NULL, *eval = NULL, *sens_in = NULL, *sens_out = NULL;
     int n_pos = 0, calib_tokens = 128, eval_tokens = 512, n_types = 0;
     bool dry = false, allow_requant = false;
     nstf_type types[16];
@@ -187,6 +190,7 @@ int cmd_quantize_auto(int argc, char **argv) {
         else if (!strcmp(a, "--save-sensitivity")) { VAL(); sens_out = v; }
         else if (!strcmp(a, "--dry-run")) dry = true;
         else if (!strcmp(a, "--allow-requantize")) allow_requant = true;
+        else if (!strcmp(a, "--imatrix")) { VAL(); imatrix = v; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             VAL();
             if (!cli_parse_int(a, v, 1, 1024, &sp.n_threads)) return 2;
@@ -219,9 +223,12 @@ int cmd_quantize_auto(int argc, char **argv) {
     nstf_analyze_result sens = {0};
     nstf_adaptive_plan plan = {0};
     nstf_quant_override *ov = NULL;
+    nstf_imatrix *im = NULL;
     bool sens_malloc = false;
     char *ctext = cli_read_file(calib, "calibration text"), *etext = eval ? cli_read_file(eval, "evaluation text") : NULL;
     if (!ctext || (eval && !etext)) goto done;
+    if (imatrix && nstf_imatrix_load(imatrix, &im) != NSTF_OK) goto lib_err;
+    p.imatrix = im;
     if (nstf_session_open(pos[0], &sp, &s) != NSTF_OK) goto lib_err;
     if (nstf_eval_tokenize(s, ctext, calib_tokens, &cal, &n_cal) != NSTF_OK) goto lib_err;
     if (nstf_eval_tokenize(s, etext ? etext : ctext, eval_tokens, &ev, &n_ev) != NSTF_OK) goto lib_err;
@@ -232,6 +239,7 @@ int cmd_quantize_auto(int argc, char **argv) {
         nstf_analyze_params ap = {0};
         ap.types = types;
         ap.n_types = n_types;
+        ap.imatrix = im;
         ap.progress = sens_progress;
         ap.progress_user = &b;
         if (nstf_analyze_run(s, cal, n_cal, &ap, &sens) != NSTF_OK) goto lib_err;
@@ -252,7 +260,7 @@ int cmd_quantize_auto(int argc, char **argv) {
     nstf_session_close(s);
     s = NULL;
     if (!(ov = nstf_adaptive_overrides(&plan))) goto lib_err;
-    nstf_quant_params qp = {.target = p.rest, .overrides = ov, .n_overrides = plan.n, .allow_requantize = allow_requant,
+    nstf_quant_params qp = {.target = p.rest, .overrides = ov, .n_overrides = plan.n, .allow_requantize = allow_requant, .imatrix = im,
                             .n_threads = sp.n_threads, .add_keys = add_keys, .add_keys_user = &plan};
     cli_progress wbar;
     cli_progress_init(&wbar, "writing", "MiB", 1.0 / (1 << 20));
@@ -281,6 +289,7 @@ done:
     nstf_analyze_result_free(&sens);
     nstf_adaptive_plan_free(&plan);
     nstf_free(ov);
+    nstf_imatrix_free(im);
     free(ref);
     free(lp);
     free(ctext);

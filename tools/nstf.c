@@ -24,6 +24,7 @@ int cmd_quantize(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_lowrank(int argc, char **argv);
+int cmd_imatrix(int argc, char **argv);
 int cmd_analyze(int argc, char **argv);
 int cmd_optimize(int argc, char **argv);
 
@@ -39,6 +40,7 @@ static const struct {
     {"convert", cmd_convert, "write an HF model folder as a GGUF file"},
     {"quantize", cmd_quantize, "convert a GGUF's weights to another type or mix"},
     {"perplexity", cmd_perplexity, "perplexity and KL divergence on a text, as llama-perplexity"},
+    {"imatrix", cmd_imatrix, "importance matrix over a text (llama.cpp's GGUF imatrix) for quantize --imatrix"},
     {"lowrank", cmd_lowrank, "factor a model's matrices into low-rank pairs (SVD, activation-aware)"},
     {"analyze", cmd_analyze, "per-matrix sensitivity: KL and perplexity under each candidate type / rank"},
     {"optimize", cmd_optimize, "plan per layer: types or low-rank under a perplexity budget; trade-off table"},

@@ -55,19 +55,31 @@ def inputs():
     return np.concatenate(rows)
 
 
-def main():
-    lib = ctypes.CDLL(sys.argv[1])
-    out_path = sys.argv[2]
+def ggml_quantizer(so_path):
+    """ggml_quantize_chunk of the library at so_path, as quantize(type, x, per_row, weights=None) -> uint8 array
+    (weights: one per column, ggml's importance matrix, or None)."""
+    lib = ctypes.CDLL(so_path)
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+
+    def quantize(t, x, per_row, weights=None):
+        block, tsize = GGML_QUANT_SIZES[t]
+        q = np.zeros(x.size // block * tsize, np.uint8)
+        n = lib.ggml_quantize_chunk(int(t), x.ctypes.data, q.ctypes.data, 0, x.size // per_row, per_row,
+                                    None if weights is None else weights.ctypes.data)
+        assert n == q.size, (t.name, n, q.size)
+        return q
+    return quantize
+
+
+def main():
+    quantize = ggml_quantizer(sys.argv[1])
+    out_path = sys.argv[2]
     sections = []
     for t in TYPES:
         x = inputs()
-        tsize = GGML_QUANT_SIZES[t][1]
-        q = np.zeros(x.size // 256 * tsize, np.uint8)
-        n = lib.ggml_quantize_chunk(int(t), x.ctypes.data, q.ctypes.data, 0, x.size // 256, 256, None)
-        assert n == q.size, (t.name, n, q.size)
+        q = quantize(t, x, 256)
         y = quants.dequantize(q, t).astype(np.float32).reshape(-1)
         sections.append((int(t), 1, x.size, x.tobytes(), q.tobytes()))
         sections.append((int(t), 0, y.size, q.tobytes(), y.tobytes()))

@@ -171,8 +171,7 @@ void nstf_dequantize_row(nstf_type t, const void *src, float *dst, int64_t n) {
     }
 }
 
-/* Q5_0 / Q5_1: five-bit codes q[32] -> qs nibbles and the qh bit word. */
-static void pack_q5(const int q[NSTF_QK], uint8_t *qh_out, uint8_t *qs) {
+void nstf_pack_q5(const int q[NSTF_QK], uint8_t *qh_out, uint8_t *qs) {
     uint32_t qh = 0;
     for (int j = 0; j < NSTF_QK / 2; j++) {
         qs[j] = (uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
@@ -254,7 +253,7 @@ bool nstf_quantize_row(nstf_type t, const float *src, void *dst, int64_t n) {
                 int v = (int)(int8_t)(x[j] * id + 16.5f);
                 q[j] = v > 31 ? 31 : v;
             }
-            pack_q5(q, b + 2, b + 6);
+            nstf_pack_q5(q, b + 2, b + 6);
         }
     } break;
     case NSTF_TYPE_Q5_1: { /* ggml quantize_row_q5_1_ref: d = (max - min) / 31 */
@@ -272,7 +271,7 @@ bool nstf_quantize_row(nstf_type t, const float *src, void *dst, int64_t n) {
                 int v = (int)((x[j] - min) * id + 0.5f);
                 q[j] = v > 31 ? 31 : v;
             }
-            pack_q5(q, b + 4, b + 8);
+            nstf_pack_q5(q, b + 4, b + 8);
         }
     } break;
     default: return nstf_quantize_row_k(t, src, dst, n);

@@ -132,6 +132,15 @@ static inline uint16_t nstf_f32_to_bf16(float f) {
 void nstf_dequantize_row(nstf_type t, const void *src, float *dst, int64_t n);
 bool nstf_quantize_row(nstf_type t, const float *src, void *dst, int64_t n);
 
+/* Importance-weighted quantization (dtype_k.c): llama.cpp's
+ * quantize_*_impl with quant_weights, qw [n] one weight per column (an
+ * importance matrix: the mean squared activation feeding it). Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q2_K ... Q6_K use it; F32, F16, BF16 and Q8_0 take no
+ * weights (as in ggml). qw NULL: nstf_quantize_row exactly. */
+bool nstf_quantize_row_w(nstf_type t, const float *src, void *dst, int64_t n, const float *qw);
+/* Q5_0 / Q5_1: five-bit codes q[32] -> qs nibbles and the qh bit word. */
+void nstf_pack_q5(const int q[32], uint8_t *qh_out, uint8_t *qs);
+
 /* The 256-element types, in dtype_k.c (called by the two above). */
 void nstf_dequantize_row_k(nstf_type t, const uint8_t *src, float *dst, int64_t n);
 bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n);

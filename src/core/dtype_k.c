@@ -204,9 +204,10 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
     return scale;
 }
 
-/* Symmetric codes L[i] = nmax + l, l in -nmax..nmax-1, weights x^2: the
- * least-squares scale for the grid through the largest |x|, then for 18
- * nearby grids (nmax +- 0.1k), keeping the best weighted fit. */
+/* Symmetric codes L[i] = nmax + l, l in -nmax..nmax-1, weights qw (NULL:
+ * x^2; ggml's make_qx_quants with rmse_type 1): the least-squares scale
+ * for the grid through the largest |x|, then for 18 nearby grids
+ * (nmax +- 0.1k), keeping the best weighted fit. */
 /* The value of largest magnitude (the first one of it), and |it|. */
 static float largest(int n, const float *x, float *amax) {
     float max = 0;
@@ -218,7 +219,7 @@ static float largest(int n, const float *x, float *amax) {
     return max;
 }
 
-static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
+static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L, const float *qw) {
     float amax, max = largest(n, x, &amax);
     if (amax < 1e-15f) {
         for (int i = 0; i < n; i++) L[i] = 0;
@@ -229,7 +230,7 @@ static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
         int l = nearest_int(iscale * x[i]);
         l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
         L[i] = (uint8_t)(l + nmax);
-        float w = x[i] * x[i];
+        float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * (float)l;
         suml2 += w * (float)l * (float)l;
     }
@@ -241,7 +242,7 @@ static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
         for (int i = 0; i < n; i++) {
             int l = nearest_int(iscale * x[i]);
             l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
-            float w = x[i] * x[i];
+            float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * (float)l;
             suml2 += w * (float)l * (float)l;
         }
@@ -257,13 +258,92 @@ static float fit_scale_sym(int n, int nmax, const float *x, uint8_t *L) {
     return scale;
 }
 
-/* Q4_K (five = false) or Q5_K super-block. */
-static void quant_q45_k(const float *x, uint8_t *b, bool five) {
+/* Non-negative codes L[i] in 0..nmax for x ~ scale * L with weights w
+ * (ggml's make_qp_quants, the importance-weighted K-quants' scale codes):
+ * the grid through max(x) and 8 nearby (nmax +- 0.1k), the best weighted
+ * squared error kept, then up to 5 passes of coordinate descent on the
+ * weighted fit. Returns the scale (0: every x below 1e-15). */
+static float fit_scale_pos(int n, int nmax, const float *x, uint8_t *L, const float *w) {
+    float max = 0;
+    for (int i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    if (max < 1e-15f) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.0f;
+    }
+    float iscale = (float)nmax / max, best_mse = 0;
+    const float scale = 1 / iscale;
+    for (int i = 0; i < n; i++) {
+        const float diff = x[i] - scale * (float)nearest_int(iscale * x[i]);
+        best_mse += w[i] * diff * diff;
+    }
+    for (int is = -4; is <= 4; is++) {
+        if (is == 0) continue;
+        const float iscale_is = (0.1f * (float)is + (float)nmax) / max, scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale_is * x[i]);
+            l = l < nmax ? l : nmax;
+            const float diff = x[i] - scale_is * (float)l;
+            mse += w[i] * diff * diff;
+        }
+        if (mse < best_mse) {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    float sumlx = 0, suml2 = 0;
+    int Li[QK_K / 16];
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        Li[i] = l < nmax ? l : nmax;
+        sumlx += w[i] * x[i] * (float)Li[i];
+        suml2 += w[i] * (float)Li[i] * (float)Li[i];
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float slx = sumlx - w[i] * x[i] * (float)Li[i], sl2 = suml2 - w[i] * (float)Li[i] * (float)Li[i];
+            if (slx > 0 && sl2 > 0) {
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = new_l < nmax ? new_l : nmax;
+                if (new_l != Li[i]) {
+                    slx += w[i] * x[i] * (float)new_l;
+                    sl2 += w[i] * (float)new_l * (float)new_l;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        Li[i] = new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)Li[i];
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Q4_K (five = false) or Q5_K super-block. qw NULL: ggml's reference
+ * (weights av_x + |x|, scale and min codes against the largest); else its
+ * quantize_row_q4_K_impl / q5_K_impl: weights qw sqrt(sigma2 + x^2), the
+ * finer grid search, the codes of the scales and mins fitted by
+ * fit_scale_pos weighted by each sub-block's summed weight. */
+static void quant_q45_k(const float *x, uint8_t *b, bool five, const float *qw) {
     const int nmax = five ? 31 : 15;
-    uint8_t L[QK_K], *scales = b + 4;
-    float sc[8], mins[8], w[32], max_scale = 0, max_min = 0;
+    uint8_t L[QK_K], *scales = b + 4, ls_w[8], lm_w[8];
+    float sc[8], mins[8], w[32], sw[8], max_scale = 0, max_min = 0;
+    float sum_x2_all = 0;
+    for (int l = 0; qw && l < QK_K; l++) sum_x2_all += x[l] * x[l];
+    const float sigma2 = 2 * sum_x2_all / QK_K;
     for (int j = 0; j < 8; j++) {
         const float *xs = x + 32 * j;
+        if (qw) {
+            sw[j] = 0;
+            for (int l = 0; l < 32; l++) sw[j] += w[l] = qw[32 * j + l] * sqrtf(sigma2 + xs[l] * xs[l]);
+            sc[j] = fit_scale_min(32, nmax, xs, w, L + 32 * j, &mins[j], -0.9f, 0.05f, 36, false);
+            continue;
+        }
         float sum_x2 = 0;
         for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
         float av_x = sqrtf(sum_x2 / 32);
@@ -273,6 +353,11 @@ static void quant_q45_k(const float *x, uint8_t *b, bool five) {
         if (sc[j] > max_scale) max_scale = sc[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
+    float d_block = max_scale / 63.0f, m_block = max_min / 63.0f;
+    if (qw) {
+        d_block = fit_scale_pos(8, 63, sc, ls_w, sw);
+        m_block = fit_scale_pos(8, 63, mins, lm_w, sw);
+    }
     float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
     float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
     memset(scales, 0, 12);
@@ -280,6 +365,7 @@ static void quant_q45_k(const float *x, uint8_t *b, bool five) {
         int ls = nearest_int(inv_scale * sc[j]), lm = nearest_int(inv_min * mins[j]);
         ls = (uint8_t)ls > 63 ? 63 : (uint8_t)ls; /* ggml stores to uint8_t, then MIN(63) */
         lm = (uint8_t)lm > 63 ? 63 : (uint8_t)lm;
+        if (qw) ls = ls_w[j] > 63 ? 63 : ls_w[j], lm = lm_w[j] > 63 ? 63 : lm_w[j];
         if (j < 4) {
             scales[j] = (uint8_t)ls;
             scales[j + 4] = (uint8_t)lm;
@@ -289,8 +375,8 @@ static void quant_q45_k(const float *x, uint8_t *b, bool five) {
             scales[j] |= (uint8_t)((lm >> 4) << 6);
         }
     }
-    f2h(b, max_scale / 63.0f);
-    f2h(b + 2, max_min / 63.0f);
+    f2h(b, d_block);
+    f2h(b + 2, m_block);
     for (int j = 0; j < 8; j++) {
         uint8_t s, m;
         nstf_k4_scale_min(j, scales, &s, &m);
@@ -331,29 +417,45 @@ static void pack_2bit(const uint8_t *L, uint8_t *qs) {
  * nmax - 0.5 + 0.1 is, is = 0..15); scales and mins quantized to 4 bits
  * against the largest of each (d = max_scale / 15, dmin = max_min / 15);
  * then every value re-coded against the stored scale and min. */
-static void quant_q2_k(const float *x, uint8_t *b) {
+static void quant_q2_k(const float *x, uint8_t *b, const float *qw) {
     uint8_t L[QK_K], *scales = b, *qs = b + 16;
-    float w[16], sc[16], mins[16], max_scale = 0, max_min = 0;
+    float w[16], sc[16], mins[16], sw[16], max_scale = 0, max_min = 0;
+    float sum_x2 = 0;
+    for (int l = 0; qw && l < QK_K; l++) sum_x2 += x[l] * x[l];
+    const float sigma2 = sum_x2 / QK_K;
     for (int j = 0; j < 16; j++) {
+        if (qw) { /* ggml's quantize_row_q2_K_impl */
+            sw[j] = 0;
+            for (int l = 0; l < 16; l++) sw[j] += w[l] = qw[16 * j + l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
+            sc[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.9f, 0.05f, 36, false);
+            continue;
+        }
         for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
         sc[j] = fit_scale_min(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
         if (sc[j] > max_scale) max_scale = sc[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
     memset(scales, 0, 16);
-    if (max_scale > 0) {
-        const float iscale = 15.0f / max_scale;
-        for (int j = 0; j < 16; j++) scales[j] = (uint8_t)nearest_int(iscale * sc[j]);
-        f2h(b + 80, max_scale / 15.0f);
+    if (qw) {
+        uint8_t Ls[16], Lm[16];
+        f2h(b + 80, fit_scale_pos(16, 15, sc, Ls, sw));
+        f2h(b + 82, fit_scale_pos(16, 15, mins, Lm, sw));
+        for (int j = 0; j < 16; j++) scales[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
     } else {
-        f2h(b + 80, 0.0f);
-    }
-    if (max_min > 0) {
-        const float iscale = 15.0f / max_min;
-        for (int j = 0; j < 16; j++) scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
-        f2h(b + 82, max_min / 15.0f);
-    } else {
-        f2h(b + 82, 0.0f);
+        if (max_scale > 0) {
+            const float iscale = 15.0f / max_scale;
+            for (int j = 0; j < 16; j++) scales[j] = (uint8_t)nearest_int(iscale * sc[j]);
+            f2h(b + 80, max_scale / 15.0f);
+        } else {
+            f2h(b + 80, 0.0f);
+        }
+        if (max_min > 0) {
+            const float iscale = 15.0f / max_min;
+            for (int j = 0; j < 16; j++) scales[j] |= (uint8_t)(nearest_int(iscale * mins[j]) << 4);
+            f2h(b + 82, max_min / 15.0f);
+        } else {
+            f2h(b + 82, 0.0f);
+        }
     }
     for (int j = 0; j < 16; j++) {
         const float d = h2f(b + 80) * (float)(scales[j] & 0xF);
@@ -420,14 +522,33 @@ static float fit_scale_q3(int n, int nmax, const float *x, int8_t *L) {
  * the largest in magnitude (d = -max / 32, codes -32..31 stored + 32);
  * every value re-coded against its stored scale (-4..3); the code's third
  * bit goes to hmask, the low two to qs. */
-static void quant_q3_k(const float *x, uint8_t *b) {
+static void quant_q3_k(const float *x, uint8_t *b, const float *qw) {
     int8_t L[QK_K];
     uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
-    float sc[16], amax;
-    for (int j = 0; j < 16; j++) sc[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
-    const float max_scale = largest(16, sc, &amax);
+    float sc[16], amax, max_scale = 0;
     memset(scales, 0, 12);
-    if (max_scale != 0) {
+    if (qw) { /* ggml's quantize_row_q3_K_impl: weighted sub-block fits, the 6-bit scales fitted weighted too */
+        float sum_x2 = 0, w[16], sw[16];
+        uint8_t Lu[16], Ls[16];
+        for (int l = 0; l < QK_K; l++) sum_x2 += x[l] * x[l];
+        const float sigma2 = 2 * sum_x2 / QK_K;
+        for (int j = 0; j < 16; j++) {
+            sw[j] = 0;
+            for (int l = 0; l < 16; l++) sw[j] += w[l] = qw[16 * j + l] * sqrtf(sigma2 + x[16 * j + l] * x[16 * j + l]);
+            sc[j] = fit_scale_sym(16, 4, x + 16 * j, Lu, w);
+        }
+        f2h(b + 108, fit_scale_sym(16, 32, sc, Ls, sw));
+        for (int j = 0; j < 16; j++) {
+            const int l = Ls[j];
+            if (j < 8) scales[j] = (uint8_t)(l & 0xF);
+            else scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+        }
+    } else {
+        for (int j = 0; j < 16; j++) sc[j] = fit_scale_q3(16, 4, x + 16 * j, L + 16 * j);
+        max_scale = largest(16, sc, &amax);
+    }
+    if (!qw && max_scale != 0) {
         const float iscale = -32.0f / max_scale;
         for (int j = 0; j < 16; j++) {
             int l = (int8_t)nearest_int(iscale * sc[j]); /* ggml stores to int8_t first */
@@ -437,7 +558,7 @@ static void quant_q3_k(const float *x, uint8_t *b) {
             scales[j % 4 + 8] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
         }
         f2h(b + 108, 1.0f / iscale);
-    } else {
+    } else if (!qw) {
         f2h(b + 108, 0.0f);
     }
     int8_t stored[16];
@@ -459,10 +580,12 @@ static void quant_q3_k(const float *x, uint8_t *b) {
     pack_2bit((const uint8_t *)L, qs);
 }
 
-static void quant_q6_k(const float *x, uint8_t *b) {
+/* Q6_K super-block; qw (NULL: ggml's reference) weights the sub-block fits
+ * (ggml's quantize_row_q6_K_impl). */
+static void quant_q6_k(const float *x, uint8_t *b, const float *qw) {
     uint8_t L[QK_K];
     float sc[16], max_abs;
-    for (int s = 0; s < 16; s++) sc[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s);
+    for (int s = 0; s < 16; s++) sc[s] = fit_scale_sym(16, 32, x + 16 * s, L + 16 * s, qw ? qw + 16 * s : NULL);
     const float max_scale = largest(16, sc, &max_abs);
     if (max_abs < 1e-15f) {
         memset(b, 0, 210);
@@ -494,17 +617,67 @@ static void quant_q6_k(const float *x, uint8_t *b) {
         }
 }
 
-bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
+static bool quantize_k(nstf_type t, const float *src, uint8_t *dst, int64_t n, const float *qw) {
     const int64_t bb = nstf_type_block_bytes(t);
     for (int64_t i = 0; i < n / QK_K; i++, src += QK_K, dst += bb) {
+        const float *w = qw ? qw + i * QK_K : NULL;
         switch (t) {
-        case NSTF_TYPE_Q2_K: quant_q2_k(src, dst); break;
-        case NSTF_TYPE_Q3_K: quant_q3_k(src, dst); break;
-        case NSTF_TYPE_Q4_K: quant_q45_k(src, dst, false); break;
-        case NSTF_TYPE_Q5_K: quant_q45_k(src, dst, true); break;
-        case NSTF_TYPE_Q6_K: quant_q6_k(src, dst); break;
+        case NSTF_TYPE_Q2_K: quant_q2_k(src, dst, w); break;
+        case NSTF_TYPE_Q3_K: quant_q3_k(src, dst, w); break;
+        case NSTF_TYPE_Q4_K: quant_q45_k(src, dst, false, w); break;
+        case NSTF_TYPE_Q5_K: quant_q45_k(src, dst, true, w); break;
+        case NSTF_TYPE_Q6_K: quant_q6_k(src, dst, w); break;
         default: return false;
         }
     }
     return true;
+}
+
+bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
+    return quantize_k(t, src, dst, n, NULL);
+}
+
+/* Q4_0 / Q4_1 / Q5_0 / Q5_1 with weights (ggml's quantize_row_q4_0_impl
+ * ... q5_1_impl): per block of 32 the weights qw sqrt(sigma2 + x^2),
+ * sigma2 the row's mean square; the symmetric types by fit_scale_sym
+ * (make_qx_quants), the offset ones by fit_scale_min's finer search
+ * (make_qkx3_quants). */
+static void quantize_32w(nstf_type t, const float *src, uint8_t *dst, int64_t n, const float *qw) {
+    float sum_x2 = 0, w[32];
+    for (int64_t j = 0; j < n; j++) sum_x2 += src[j] * src[j];
+    const float sigma2 = sum_x2 / (float)n;
+    const bool five = t == NSTF_TYPE_Q5_0 || t == NSTF_TYPE_Q5_1, offset = t == NSTF_TYPE_Q4_1 || t == NSTF_TYPE_Q5_1;
+    const int64_t bb = nstf_type_block_bytes(t);
+    for (int64_t i = 0; i < n / 32; i++, dst += bb) {
+        const float *x = src + 32 * i;
+        uint8_t L[32];
+        int q[32];
+        for (int j = 0; j < 32; j++) w[j] = qw[32 * i + j] * sqrtf(sigma2 + x[j] * x[j]);
+        if (offset) {
+            float neg_min;
+            f2h(dst, fit_scale_min(32, five ? 31 : 15, x, w, L, &neg_min, -0.9f, 0.05f, 36, false));
+            f2h(dst + 2, -neg_min);
+        } else {
+            f2h(dst, fit_scale_sym(32, five ? 16 : 8, x, L, w));
+        }
+        uint8_t *qs = dst + (offset ? 4 : 2) + (five ? 4 : 0);
+        if (five) {
+            for (int j = 0; j < 32; j++) q[j] = L[j];
+            nstf_pack_q5(q, dst + (offset ? 4 : 2), qs);
+        } else {
+            for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        }
+    }
+}
+
+bool nstf_quantize_row_w(nstf_type t, const float *src, void *dst, int64_t n, const float *qw) {
+    if (!qw || !nstf_type_can_quantize(t)) return nstf_quantize_row(t, src, dst, n);
+    switch (t) {
+    case NSTF_TYPE_Q4_0: case NSTF_TYPE_Q4_1: case NSTF_TYPE_Q5_0: case NSTF_TYPE_Q5_1:
+        quantize_32w(t, src, dst, n, qw);
+        return true;
+    case NSTF_TYPE_Q2_K: case NSTF_TYPE_Q3_K: case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: case NSTF_TYPE_Q6_K:
+        return quantize_k(t, src, dst, n, qw);
+    default: return nstf_quantize_row(t, src, dst, n); /* F32, F16, BF16, Q8_0: ggml takes no weights */
+    }
 }

@@ -50,6 +50,11 @@ nstf_status nstf_session_open_shaped(const char *model_path, const nstf_session_
  * (session_sparse.c), on every stage of the run; called once the run is
  * placed. */
 nstf_status nstf_session_sparse_apply(nstf_session *s);
+/* Layers [n_layers] flagged 1 run the sparse decode attention at these
+ * parameters on every stage (statistics zeroed: the next prefill rebuilds
+ * them); layer NULL or all 0: every layer dense. The window is clamped to
+ * the context. */
+nstf_status nstf_session_sparse_set(nstf_session *s, const uint8_t *layer, int topk, int block, int window);
 
 /* ---- generation pieces shared by session.c and conv.c ---- */
 

@@ -56,14 +56,19 @@ nstf_status nstf_session_sparse_apply(nstf_session *s) {
     int n = 0;
     for (int l = 0; l < L; l++) n += layer[l];
     if (st == NSTF_OK && n > 0) {
-        for (nstf_llama_run *r = s->run; r && st == NSTF_OK; r = r->next)
-            st = nstf_llama_run_sparse_set(r, layer, topk, block, window > s->n_ctx ? s->n_ctx : window);
+        st = nstf_session_sparse_set(s, layer, topk, block, window);
         if (st == NSTF_OK && p->verbose)
             fprintf(stderr, "nstf: sparse attention in %d of %d layers (%s): top-k %d, blocks of %d, window %d\n", n, L,
                     p->sparse_attn == 1 ? "every layer" : "the file's plan", topk, block, window);
     }
     nstf_free(layer);
     return st;
+}
+
+nstf_status nstf_session_sparse_set(nstf_session *s, const uint8_t *layer, int topk, int block, int window) {
+    for (nstf_llama_run *r = s->run; r; r = r->next)
+        NSTF_TRY(nstf_llama_run_sparse_set(r, layer, topk, block, window > s->n_ctx ? s->n_ctx : window));
+    return NSTF_OK;
 }
 
 int nstf_session_sparse(const nstf_session *s, int *topk, int *block, int *window) {

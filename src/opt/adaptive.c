@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "model/session.h"
+#include "opt/imatrix.h"
 #include "opt/lowrank.h"
 #include "opt/mix.h"
 
@@ -38,64 +39,97 @@ static nstf_status set_ranks(const nstf_adaptive_plan *plan, nstf_lowrank *lr, b
     return NSTF_OK;
 }
 
-nstf_status nstf_adaptive_plan_eval(nstf_session *s, const nstf_adaptive_plan *plan, nstf_lowrank *lr,
-                                    const int32_t *ids, int n, const float *ref, nstf_eval_score *out,
-                                    double *forward_ms) {
+nstf_status nstf_adaptive_plan_apply(nstf_session *s, const nstf_adaptive_plan *plan, nstf_lowrank *lr,
+                                     nstf_adaptive_applied *a) {
+    memset(a, 0, sizeof *a);
     if (!s->be->host_memory || s->run_cpu)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "adaptive precision runs on a CPU session (--device cpu)");
     nstf_llama *m = s->model;
     const int n_mats = m->cfg.n_layers * 7;
     if (plan->n != n_mats)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "the plan has %d matrices, the model %d", plan->n, n_mats);
-    nstf_matrix *orig = nstf_calloc((size_t)n_mats, sizeof *orig, "original matrices");
-    void **bufs = nstf_calloc((size_t)n_mats, sizeof *bufs, "mix buffers");
-    float *lp = nstf_alloc((size_t)n * (size_t)m->cfg.n_vocab * 4, "log-probabilities");
-    nstf_status st = orig && bufs && lp ? NSTF_OK : NSTF_ERR_OOM;
-    if (st == NSTF_OK) st = set_ranks(plan, lr, true);
+    a->plan = plan;
+    a->lr = lr;
+    a->orig = nstf_calloc((size_t)n_mats + 2, sizeof *a->orig, "original matrices");
+    a->bufs = nstf_calloc((size_t)n_mats + 2, sizeof *a->bufs, "mix buffers");
+    if (!a->orig || !a->bufs) {
+        nstf_free(a->orig);
+        nstf_free(a->bufs);
+        memset(a, 0, sizeof *a);
+        return NSTF_ERR_OOM;
+    }
+    nstf_status st = set_ranks(plan, lr, true);
+    a->ranks = true;
     /* the embeddings and output as the rest rule writes them (the run's
      * views: a host run reads its own copies of these two structs) */
     nstf_llama_weights *rw = &s->run->w;
     const nstf_matrix embd = rw->tok_embd, output = rw->output;
+    a->orig[n_mats] = embd;
+    a->orig[n_mats + 1] = output;
     const bool tied = output.data == embd.data;
-    void *embd_q = NULL, *out_q = NULL;
     if (st == NSTF_OK && plan->embd_type != embd.type && plan->embd_type != NSTF_TYPE_F32) {
-        if (!(embd_q = nstf_analyze_requantize(&embd, plan->embd_type))) st = NSTF_ERR_OOM;
-        else rw->tok_embd = (nstf_matrix){embd_q, plan->embd_type, embd.n_in, embd.n_out, NULL};
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, "token_embd.weight", embd.n_in, &st) : NULL;
+        if (st == NSTF_OK && !(a->bufs[n_mats] = nstf_analyze_requantize(&embd, plan->embd_type, qw))) st = NSTF_ERR_OOM;
+        else rw->tok_embd = (nstf_matrix){a->bufs[n_mats], plan->embd_type, embd.n_in, embd.n_out, NULL};
         if (tied) rw->output = rw->tok_embd;
     }
     if (st == NSTF_OK && !tied && plan->output_type != output.type && plan->output_type != NSTF_TYPE_F32) {
-        if (!(out_q = nstf_analyze_requantize(&output, plan->output_type))) st = NSTF_ERR_OOM;
-        else rw->output = (nstf_matrix){out_q, plan->output_type, output.n_in, output.n_out, NULL};
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, "output.weight", output.n_in, &st) : NULL;
+        if (st == NSTF_OK && !(a->bufs[n_mats + 1] = nstf_analyze_requantize(&output, plan->output_type, qw)))
+            st = NSTF_ERR_OOM;
+        else rw->output = (nstf_matrix){a->bufs[n_mats + 1], plan->output_type, output.n_in, output.n_out, NULL};
     }
-    int swapped = 0;
-    for (; st == NSTF_OK && swapped < n_mats; swapped++) {
-        nstf_matrix *slot = nstf_analyze_slot(&m->w.layers[swapped / 7], swapped % 7);
-        orig[swapped] = *slot;
-        const nstf_type t = plan->e[swapped].type;
-        if (t == slot->type || plan->e[swapped].rank > 0) continue;
-        bufs[swapped] = nstf_analyze_requantize(slot, t);
-        if (!bufs[swapped]) {
-            st = nstf_set_error(NSTF_ERR_OOM, "%s as %s: out of memory", plan->e[swapped].name, nstf_type_name(t));
+    for (; st == NSTF_OK && a->swapped < n_mats; a->swapped++) {
+        const int i = a->swapped;
+        nstf_matrix *slot = nstf_analyze_slot(&m->w.layers[i / 7], i % 7);
+        a->orig[i] = *slot;
+        const nstf_type t = plan->e[i].type;
+        if (t == slot->type || plan->e[i].rank > 0) continue;
+        const float *qw = plan->imatrix ? nstf_imatrix_weights(plan->imatrix, plan->e[i].name, slot->n_in, &st) : NULL;
+        if (st != NSTF_OK) {
+            a->swapped++;
             break;
         }
-        *slot = (nstf_matrix){bufs[swapped], t, slot->n_in, slot->n_out, NULL};
+        a->bufs[i] = nstf_analyze_requantize(slot, t, qw);
+        if (!a->bufs[i]) {
+            st = nstf_set_error(NSTF_ERR_OOM, "%s as %s: out of memory", plan->e[i].name, nstf_type_name(t));
+            a->swapped++;
+            break;
+        }
+        *slot = (nstf_matrix){a->bufs[i], t, slot->n_in, slot->n_out, NULL};
     }
+    if (st != NSTF_OK) (void)nstf_adaptive_plan_restore(s, a);
+    return st;
+}
+
+nstf_status nstf_adaptive_plan_restore(nstf_session *s, nstf_adaptive_applied *a) {
+    if (!a->orig) return NSTF_OK;
+    nstf_llama *m = s->model;
+    const int n_mats = m->cfg.n_layers * 7;
+    for (int i = 0; i < a->swapped; i++) *nstf_analyze_slot(&m->w.layers[i / 7], i % 7) = a->orig[i];
+    for (int i = 0; i < n_mats + 2; i++) nstf_free(a->bufs[i]);
+    s->run->w.tok_embd = a->orig[n_mats];
+    s->run->w.output = a->orig[n_mats + 1];
+    const nstf_status st = a->ranks && a->lr ? set_ranks(a->plan, a->lr, false) : NSTF_OK;
+    nstf_free(a->orig);
+    nstf_free(a->bufs);
+    memset(a, 0, sizeof *a);
+    return st;
+}
+
+nstf_status nstf_adaptive_plan_eval(nstf_session *s, const nstf_adaptive_plan *plan, nstf_lowrank *lr,
+                                    const int32_t *ids, int n, const float *ref, nstf_eval_score *out,
+                                    double *forward_ms) {
+    float *lp = nstf_alloc((size_t)n * (size_t)s->model->cfg.n_vocab * 4, "log-probabilities");
+    if (!lp) return NSTF_ERR_OOM;
+    nstf_adaptive_applied a;
+    nstf_status st = nstf_adaptive_plan_apply(s, plan, lr, &a);
     const double t0 = nstf_time_ms();
     if (st == NSTF_OK) st = nstf_eval_logprobs(s, ids, n, lp);
     if (forward_ms) *forward_ms = nstf_time_ms() - t0;
-    if (st == NSTF_OK) nstf_eval_scores(lp, ref, ids, n, m->cfg.n_vocab, 0, out);
-    for (int i = 0; i < swapped && i < n_mats; i++) {
-        *nstf_analyze_slot(&m->w.layers[i / 7], i % 7) = orig[i];
-        nstf_free(bufs[i]);
-    }
-    rw->tok_embd = embd;
-    rw->output = output;
-    nstf_free(embd_q);
-    nstf_free(out_q);
-    const nstf_status st2 = lr ? set_ranks(plan, lr, false) : NSTF_OK;
+    if (st == NSTF_OK) nstf_eval_scores(lp, ref, ids, n, s->model->cfg.n_vocab, 0, out);
+    const nstf_status st2 = nstf_adaptive_plan_restore(s, &a);
     if (st == NSTF_OK) st = st2;
-    nstf_free(orig);
-    nstf_free(bufs);
     nstf_free(lp);
     return st;
 }
@@ -222,6 +256,7 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
         nstf_analyze_params ap = {0};
         ap.types = p->types;
         ap.n_types = p->n_types;
+        ap.imatrix = p->imatrix;
         if (p->progress) ap.progress = sens_progress, ap.progress_user = (void *)p;
         NSTF_TRY(nstf_analyze_run(s, ids, n, &ap, &own_sens));
         sens = &own_sens;
@@ -233,6 +268,7 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
     c.cand_rank = nstf_calloc((size_t)n_mats * (size_t)stride, sizeof *c.cand_rank, "mix ranks");
     out->e = nstf_calloc((size_t)n_mats, sizeof *out->e, "plan");
     out->n = n_mats;
+    out->imatrix = p->imatrix;
     nstf_quant_override *own = nstf_calloc((size_t)n_mats, sizeof *own, "overrides");
     if (!c.items || !c.cands || !c.cand_type || !c.cand_rank || !out->e || !own) st = NSTF_ERR_OOM;
     /* candidates: the matrix's own type (cost 0), then each measured type */

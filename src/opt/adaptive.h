@@ -49,6 +49,7 @@ typedef struct nstf_adaptive_params {
      * "rank r" rows become candidates of 2 r (n_in + n_out) bytes (F16
      * factors), applied through lr; NULL: types only */
     struct nstf_lowrank *lr;
+    const struct nstf_imatrix *imatrix; /* importance weights of the requantized candidates (NULL: none) */
     /* progress: stage ("sensitivity", "perplexity budget"), done / total, what */
     void (*progress)(void *user, const char *stage, int done, int total, const char *what);
     void *progress_user;
@@ -75,6 +76,7 @@ typedef struct nstf_adaptive_plan {
     nstf_type embd_type;    /* token_embd.weight by the rest rule (in-memory mixes apply it too) */
     nstf_type output_type;  /* output.weight by the rest rule (an untied output) */
     nstf_eval_score measured; /* perplexity budget: the chosen mix on the text */
+    const struct nstf_imatrix *imatrix; /* the in-memory mixes' importance weights (the params'; NULL: none) */
 } nstf_adaptive_plan;
 
 /* Measure (unless sens is given: an earlier nstf_analyze_run over every
@@ -84,6 +86,21 @@ nstf_status nstf_adaptive_plan_make(nstf_session *s, const int32_t *ids, int n, 
                                     const nstf_analyze_result *sens, nstf_adaptive_plan *out);
 void nstf_adaptive_plan_free(nstf_adaptive_plan *plan);
 
+/* The plan's mix put into the session in memory (layer matrices swapped
+ * for requantized copies, factorized entries through lr, embeddings and
+ * output by the rest rule) until nstf_adaptive_plan_restore; on failure
+ * nothing stays applied. */
+typedef struct nstf_adaptive_applied {
+    const nstf_adaptive_plan *plan;
+    struct nstf_lowrank *lr;
+    struct nstf_matrix *orig; /* [n + 2]: the layer matrices, then the embeddings and output */
+    void **bufs;              /* [n + 2]: the copies put in */
+    int swapped;
+    bool ranks;
+} nstf_adaptive_applied;
+nstf_status nstf_adaptive_plan_apply(nstf_session *s, const nstf_adaptive_plan *plan, struct nstf_lowrank *lr,
+                                     nstf_adaptive_applied *a);
+nstf_status nstf_adaptive_plan_restore(nstf_session *s, nstf_adaptive_applied *a);
 /* The plan's mix built in memory (the session's layer matrices swapped,
  * factorized entries through lr; restored before returning) and scored
  * over ids against ref (log-probs [n, n_vocab] of the unmodified model;

@@ -4,6 +4,7 @@
  * model's (analyze.h). The CPU run reads the model's layer table in
  * place, so a swap is one struct assignment. */
 #include "opt/analyze.h"
+#include "opt/imatrix.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -27,14 +28,14 @@ void nstf_analyze_result_free(nstf_analyze_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-void *nstf_analyze_requantize(const nstf_matrix *w, nstf_type t) {
+void *nstf_analyze_requantize(const nstf_matrix *w, nstf_type t, const float *qw) {
     uint64_t rb_in = 0, rb_out = 0;
     if (!nstf_type_row_bytes(w->type, w->n_in, &rb_in) || !nstf_type_row_bytes(t, w->n_in, &rb_out)) return NULL;
     unsigned char *dst = nstf_alloc((size_t)(rb_out * (uint64_t)w->n_out), "candidate matrix");
     float *row = nstf_alloc((size_t)w->n_in * 4, "row");
     for (int64_t o = 0; dst && row && o < w->n_out; o++) {
         nstf_dequantize_row(w->type, (const unsigned char *)w->data + (uint64_t)o * rb_in, row, w->n_in);
-        (void)nstf_quantize_row(t, row, dst + (uint64_t)o * rb_out, w->n_in);
+        (void)nstf_quantize_row_w(t, row, dst + (uint64_t)o * rb_out, w->n_in, qw);
     }
     nstf_free(row);
     if (!row) {
@@ -127,11 +128,14 @@ nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const n
             if (!((targets >> k) & 1)) continue;
             nstf_matrix *slot = nstf_analyze_slot(&m->w.layers[l], k);
             const nstf_matrix orig = *slot;
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, nstf_analyze_kind_name(k));
+            const float *qw = p->imatrix ? nstf_imatrix_weights(p->imatrix, name, orig.n_in, &st) : NULL;
             for (int ti = 0; st == NSTF_OK && ti < n_types; ti++) {
                 const nstf_type t = types[ti];
                 uint64_t rb = 0;
                 if (!nstf_type_row_bytes(t, orig.n_in, &rb)) continue; /* the block does not divide the rows */
-                void *q = nstf_analyze_requantize(&orig, t);
+                void *q = nstf_analyze_requantize(&orig, t, qw);
                 if (!q) {
                     st = NSTF_ERR_OOM;
                     break;

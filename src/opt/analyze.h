@@ -31,6 +31,7 @@ typedef struct nstf_analyze_params {
     int n_calib;
     unsigned targets;       /* NSTF_LR_* flags of lowrank.h (0: all) */
     int layer0, layer1;     /* layers [layer0, layer1) (both 0: all) */
+    const struct nstf_imatrix *imatrix; /* importance weights of the requantized candidates (NULL: none) */
     /* progress after each evaluation: done / total, what was evaluated */
     void (*progress)(void *user, int done, int total, const char *what);
     void *progress_user;
@@ -56,9 +57,10 @@ typedef struct nstf_analyze_result {
 const char *nstf_analyze_kind_name(int kind);
 struct nstf_llama_layer;
 struct nstf_matrix *nstf_analyze_slot(struct nstf_llama_layer *L, int kind);
-/* w's rows re-encoded as type t (through fp32): a new buffer (nstf_free),
- * NULL on OOM or a type whose block does not divide the rows. */
-void *nstf_analyze_requantize(const struct nstf_matrix *w, nstf_type t);
+/* w's rows re-encoded as type t (through fp32; qw: importance weights per
+ * column, or NULL): a new buffer (nstf_free), NULL on OOM or a type whose
+ * block does not divide the rows. */
+void *nstf_analyze_requantize(const struct nstf_matrix *w, nstf_type t, const float *qw);
 
 nstf_status nstf_analyze_run(nstf_session *s, const int32_t *ids, int n, const nstf_analyze_params *p,
                              nstf_analyze_result *out);

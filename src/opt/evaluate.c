@@ -31,8 +31,7 @@ nstf_status nstf_eval_tokenize(nstf_session *s, const char *text, int max_tokens
     return NSTF_OK;
 }
 
-/* row <- log-softmax(row) in place (double sums). */
-static void log_softmax(float *row, int64_t n) {
+void nstf_eval_log_softmax(float *row, int64_t n) {
     float mx = row[0];
     for (int64_t i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
     double sum = 0;
@@ -44,7 +43,7 @@ static void log_softmax(float *row, int64_t n) {
 nstf_status nstf_eval_logprobs(nstf_session *s, const int32_t *ids, int n, float *logp) {
     NSTF_TRY(nstf_session_eval_all(s, ids, n, logp));
     const int64_t nv = s->model->cfg.n_vocab;
-    for (int t = 0; t < n; t++) log_softmax(logp + (int64_t)t * nv, nv);
+    for (int t = 0; t < n; t++) nstf_eval_log_softmax(logp + (int64_t)t * nv, nv);
     return NSTF_OK;
 }
 

@@ -23,6 +23,9 @@ nstf_status nstf_eval_tokenize(nstf_session *s, const char *text, int max_tokens
  * the logits; the caller allocates n * n_vocab floats). */
 nstf_status nstf_eval_logprobs(nstf_session *s, const int32_t *ids, int n, float *logp);
 
+/* row [n] <- log-softmax(row), in place (double sums). */
+void nstf_eval_log_softmax(float *row, int64_t n);
+
 typedef struct nstf_eval_score {
     double nll;  /* mean -log p(ids[t+1]) over t = first .. n-2 */
     double ppl;  /* exp(nll) */

@@ -1,7 +1,8 @@
 /* plan.c — the planner (plan.h): the sensitivity table with the low-rank
  * candidate, the choice under a perplexity budget (adaptive.c), the
- * trade-off table of pure strategies, and the writer that puts factors and
- * quantized matrices into one GGUF with the plan's metadata. */
+ * sparse layers (plan_sparse.c), the trade-off table of pure strategies,
+ * and the writer that puts factors and quantized matrices into one GGUF
+ * with the plan's metadata. */
 #include "opt/plan.h"
 
 #include <stdio.h>
@@ -24,6 +25,7 @@ void nstf_plan_free(nstf_plan *plan) {
     for (int l = 0; plan->strategy && l < plan->n_layers; l++) nstf_free(plan->strategy[l]);
     nstf_free(plan->strategy);
     nstf_free(plan->attn_sparse);
+    nstf_free(plan->sparse_kl);
     nstf_lowrank_free(plan->lr);
     memset(plan, 0, sizeof *plan);
 }
@@ -36,38 +38,91 @@ static uint64_t mat_bytes(nstf_session *s, int i, nstf_type t, int64_t r) {
     return nstf_type_row_bytes(t, w->n_in, &rb) ? rb * (uint64_t)w->n_out : 0;
 }
 
-/* Evaluate `mix` (entries filled) as a row of the table. */
-static nstf_status add_row(nstf_session *s, nstf_plan *plan, const nstf_adaptive_plan *mix, uint64_t fixed,
-                           const char *name, const int32_t *ids, int n, const float *ref) {
+typedef struct table_ctx {
+    const int32_t *ids;
+    int n;
+    const float *ref, *ref_dec; /* the original's log-probabilities: all positions; the decode steps */
+    float *lp_dec;
+    uint64_t fixed;
+} table_ctx;
+
+/* Evaluate `mix` (entries filled) with sparse layers `layer` (NULL: none;
+ * configuration: the plan's) as a row of the table: the evaluation forward,
+ * then the decode evaluation. */
+static nstf_status add_row(nstf_session *s, nstf_plan *plan, const nstf_adaptive_plan *mix, const uint8_t *layer,
+                           const char *name, const table_ctx *t) {
     if (plan->n_rows >= (int)(sizeof plan->rows / sizeof plan->rows[0])) return NSTF_OK;
     nstf_plan_row *r = &plan->rows[plan->n_rows];
     double ms = 0;
-    NSTF_TRY(nstf_adaptive_plan_eval(s, mix, plan->lr, ids, n, ref, &r->score, &ms));
+    nstf_status st = nstf_session_sparse_set(s, layer, plan->sparse_topk, plan->sparse_block, plan->sparse_window);
+    if (st == NSTF_OK) st = nstf_adaptive_plan_eval(s, mix, plan->lr, t->ids, t->n, t->ref, &r->score, &ms);
+    nstf_adaptive_applied a = {0};
+    if (st == NSTF_OK) st = nstf_adaptive_plan_apply(s, mix, plan->lr, &a);
+    if (st == NSTF_OK) {
+        st = nstf_plan_decode_eval(s, t->ids, t->n, plan->decode_first, t->ref_dec, t->lp_dec, &r->decode,
+                                   &r->decode_tok_s);
+        const nstf_status st2 = nstf_adaptive_plan_restore(s, &a);
+        if (st == NSTF_OK) st = st2;
+    }
+    const nstf_status st3 = nstf_session_sparse_set(s, NULL, 0, 0, 0);
+    NSTF_TRY(st);
+    NSTF_TRY(st3);
     snprintf(r->name, sizeof r->name, "%s", name);
-    r->bytes = fixed;
+    r->bytes = t->fixed;
     for (int i = 0; i < mix->n; i++) r->bytes += mix->e[i].bytes;
-    r->tok_s = ms > 0 ? 1e3 * n / ms : 0;
+    r->tok_s = ms > 0 ? 1e3 * t->n / ms : 0;
     plan->n_rows++;
     return NSTF_OK;
 }
 
-/* The trade-off table: original, each pure type, pure rank, the plan. */
+/* The trade-off table: original, each pure type, pure rank, every layer
+ * sparse, the plan. */
 static nstf_status table(nstf_session *s, nstf_plan *plan, const nstf_plan_params *p, const int32_t *ids, int n) {
     const int64_t nv = s->model->cfg.n_vocab;
-    const int n_mats = plan->mix.n;
+    const int n_mats = plan->mix.n, L = plan->n_layers;
+    const size_t n_dec = (size_t)(n - plan->decode_first) * (size_t)nv * 4;
     float *ref = nstf_alloc((size_t)n * (size_t)nv * 4, "reference log-probabilities");
+    float *ref_dec = nstf_alloc(n_dec, "reference decode log-probabilities");
+    float *lp_dec = nstf_alloc(n_dec, "decode log-probabilities");
+    uint8_t *all = nstf_alloc((size_t)L, "sparse layers");
     nstf_adaptive_plan pure = plan->mix;
     pure.e = nstf_alloc((size_t)n_mats * sizeof *pure.e, "pure strategy");
-    nstf_status st = ref && pure.e ? NSTF_OK : NSTF_ERR_OOM;
+    nstf_status st = ref && ref_dec && lp_dec && all && pure.e ? NSTF_OK : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = nstf_eval_logprobs(s, ids, n, ref);
+    nstf_eval_score sc;
+    if (st == NSTF_OK) st = nstf_plan_decode_eval(s, ids, n, plan->decode_first, NULL, ref_dec, &sc, NULL);
     uint64_t fixed = plan->mix.total_bytes;
     for (int i = 0; i < n_mats; i++) fixed -= plan->mix.e[i].bytes;
-    const int n_pure = p->n_types + (plan->lr != NULL);
+    table_ctx t = {ids, n, ref, ref_dec, lp_dec, fixed};
+    /* every layer sparse: the plan's configuration, or the sparsest measured when no layer was chosen */
+    const bool sparse_row = plan->n_sparse_cfg > 0;
+    const int save[3] = {plan->sparse_topk, plan->sparse_block, plan->sparse_window};
+    if (all) memset(all, 1, (size_t)L);
+    const int n_pure = p->n_types + (plan->lr != NULL) + sparse_row;
     for (int k = -1; st == NSTF_OK && k <= n_pure; k++) { /* -1: original; n_pure: the plan */
         char name[48];
         if (k == n_pure) {
-            st = add_row(s, plan, &plan->mix, fixed, "plan (in memory)", ids, n, ref);
+            st = add_row(s, plan, &plan->mix, plan->attn_sparse, "plan (in memory)", &t);
             break;
+        }
+        if (sparse_row && k == n_pure - 1) {
+            if (!plan->sparse_topk) {
+                const int *c = plan->sparse_cfg[0];
+                for (int j = 1; j < plan->n_sparse_cfg; j++)
+                    if (plan->sparse_cfg[j][0] < c[0]) c = plan->sparse_cfg[j];
+                plan->sparse_topk = c[0], plan->sparse_block = c[1], plan->sparse_window = c[2];
+            }
+            for (int i = 0; i < n_mats; i++) {
+                pure.e[i] = plan->mix.e[i];
+                pure.e[i].type = pure.e[i].own, pure.e[i].rank = 0;
+                pure.e[i].bytes = mat_bytes(s, i, pure.e[i].own, 0);
+            }
+            pure.embd_type = pure.output_type = NSTF_TYPE_F32;
+            snprintf(name, sizeof name, "all layers sparse (top-k %d)", plan->sparse_topk);
+            st = add_row(s, plan, &pure, all, name, &t);
+            plan->sparse_topk = save[0], plan->sparse_block = save[1], plan->sparse_window = save[2];
+            if (p->progress) p->progress(p->progress_user, "trade-off table", k + 2, n_pure + 2, name);
+            continue;
         }
         int n_applied = 0;
         for (int i = 0; i < n_mats; i++) {
@@ -90,19 +145,21 @@ static nstf_status table(nstf_session *s, nstf_plan *plan, const nstf_plan_param
             snprintf(name, sizeof name, "all %s%s", nstf_type_name(p->types[k]),
                      n_applied < n_mats ? " (where it divides; else own)" : "");
         else snprintf(name, sizeof name, "all rank (%.0f%% fewer)", 100 * p->lowrank_reduce);
-        st = add_row(s, plan, &pure, fixed, name, ids, n, ref);
+        st = add_row(s, plan, &pure, NULL, name, &t);
         if (p->progress) p->progress(p->progress_user, "trade-off table", k + 2, n_pure + 2, name);
     }
     nstf_free(ref);
+    nstf_free(ref_dec);
+    nstf_free(lp_dec);
+    nstf_free(all);
     nstf_free(pure.e);
     return st;
 }
 
 static nstf_status strategies(nstf_plan *plan) {
     const int L = plan->n_layers;
-    plan->attn_sparse = nstf_calloc((size_t)L, 1, "attention plan");
     plan->strategy = nstf_calloc((size_t)L, sizeof *plan->strategy, "strategies");
-    if (!plan->attn_sparse || !plan->strategy) return NSTF_ERR_OOM;
+    if (!plan->strategy) return NSTF_ERR_OOM;
     for (int l = 0; l < L; l++) {
         char buf[512];
         size_t k = 0;
@@ -121,11 +178,22 @@ static nstf_status strategies(nstf_plan *plan) {
     return NSTF_OK;
 }
 
+static void sens_progress(void *user, int done, int total, const char *what) {
+    const nstf_plan_params *p = user;
+    p->progress(p->progress_user, "sensitivity", done, total, what);
+}
+
 nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nstf_plan_params *p, nstf_plan *out) {
     memset(out, 0, sizeof *out);
     if (!(p->budget_ppl > 0)) return nstf_set_error(NSTF_ERR_INVALID_ARG, "the planner needs a perplexity budget > 0");
     out->n_layers = s->model->cfg.n_layers;
+    out->attn_sparse = nstf_calloc((size_t)out->n_layers, 1, "attention plan");
+    if (!out->attn_sparse) return NSTF_ERR_OOM;
     nstf_status st = NSTF_OK;
+    nstf_plan_sparse_setup(n, p, out);
+    /* with a sparse configuration to measure, the mix leaves it a share of the budget */
+    const double share = p->sparse_share >= 0 ? p->sparse_share : 0.5;
+    const double mix_budget = out->n_sparse_cfg > 0 ? p->budget_ppl * (1 - share) : p->budget_ppl;
     const bool lowrank = p->lowrank_reduce > 0 && nstf_lowrank_available();
     if (p->lowrank_reduce > 0 && !lowrank)
         snprintf(out->note, sizeof out->note, "no LAPACKE in this build: low-rank candidates left out; ");
@@ -143,6 +211,8 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
         ap.lowrank_reduce = lowrank ? p->lowrank_reduce : 0;
         ap.calib = p->calib;
         ap.n_calib = p->n_calib;
+        ap.imatrix = p->imatrix;
+        if (p->progress) ap.progress = sens_progress, ap.progress_user = (void *)p;
         st = nstf_analyze_run(s, ids, n, &ap, &sens);
     }
     if (st == NSTF_OK) {
@@ -150,19 +220,16 @@ nstf_status nstf_plan_make(nstf_session *s, const int32_t *ids, int n, const nst
         ad.types = p->types;
         ad.n_types = p->n_types;
         ad.rest = p->rest;
-        ad.budget_ppl = p->budget_ppl;
+        ad.budget_ppl = mix_budget;
         ad.lr = out->lr;
+        ad.imatrix = p->imatrix;
         ad.progress = p->progress;
         ad.progress_user = p->progress_user;
         st = nstf_adaptive_plan_make(s, ids, n, &ad, &sens, &out->mix);
     }
     nstf_analyze_result_free(&sens);
+    if (st == NSTF_OK) st = nstf_plan_sparse_choose(s, ids, n, p, out);
     if (st == NSTF_OK) st = strategies(out);
-    if (st == NSTF_OK && p->allow_sparse) {
-        size_t k = strlen(out->note);
-        snprintf(out->note + k, sizeof out->note - k,
-                 "sparse attention: not measured by the planner yet, every layer dense");
-    }
     if (st == NSTF_OK) st = table(s, out, p, ids, n);
     if (st != NSTF_OK) nstf_plan_free(out);
     return st;
@@ -180,6 +247,11 @@ static nstf_status plan_keys(void *user, nstf_gguf_writer *w) {
                                           (uint64_t)c->plan->n_layers));
     NSTF_TRY(nstf_gguf_writer_set_arr(w, "nstf.plan.attn_sparse", NSTF_GGUF_UINT8, c->plan->attn_sparse,
                                       (uint64_t)c->plan->n_layers));
+    if (c->plan->sparse_topk > 0) {
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, "nstf.plan.sparse_topk", (uint32_t)c->plan->sparse_topk));
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, "nstf.plan.sparse_block", (uint32_t)c->plan->sparse_block));
+        NSTF_TRY(nstf_gguf_writer_set_u32(w, "nstf.plan.sparse_window", (uint32_t)c->plan->sparse_window));
+    }
     return nstf_gguf_writer_set_f32(w, "nstf.plan.budget_ppl", (float)c->p->budget_ppl);
 }
 
@@ -216,7 +288,7 @@ nstf_status nstf_plan_write(nstf_session *s, nstf_plan *plan, const nstf_plan_pa
     if (st == NSTF_OK) {
         write_ctx c = {plan, p};
         nstf_quant_params qp = {.target = p->rest, .overrides = ov, .n_overrides = k, .n_threads = s->params.n_threads,
-                                .add_keys = plan_keys, .add_keys_user = &c};
+                                .add_keys = plan_keys, .add_keys_user = &c, .imatrix = p->imatrix};
         st = nstf_quantize_file(n_fact ? tmp : in_path, out_path, &qp);
     }
     if (n_fact) unlink(tmp);

@@ -14,6 +14,7 @@
 #include "io/convert.h"
 #include "io/gguf.h"
 #include "io/hf_model.h"
+#include "opt/imatrix.h"
 
 static const nstf_quant_target k_targets[] = {
     {"F16", NSTF_TYPE_F16, NSTF_QMIX_PLAIN, 1},    {"BF16", NSTF_TYPE_BF16, NSTF_QMIX_PLAIN, 32},
@@ -94,6 +95,7 @@ typedef struct {
     nstf_pool *pool;
     nstf_type *to;     /* [n_tensors] output types */
     uint32_t *perm;    /* [n_tensors] heads to permute Q/K rows by; 0 = rows as they are */
+    const float **qw;  /* [n_tensors] importance weights per column (p->imatrix), or NULL */
     float *scratch;    /* [n_threads][widest ne0] */
     uint64_t done, total; /* input bytes, for the progress */
 } quant_job;
@@ -106,6 +108,7 @@ typedef struct {
     int64_t ne0, row0, n_rows, rows;
     uint32_t perm;
     uint64_t src_rb, dst_rb;
+    const float *qw; /* [ne0] importance weights, or NULL */
     float *scratch; /* [n_threads][ne0] */
 } conv_ctx;
 
@@ -122,7 +125,7 @@ static void conv_worker(void *p, int ith, int nth) {
             continue;
         }
         nstf_dequantize_row(c->src_type, s, f, c->ne0);
-        nstf_quantize_row(c->dst_type, f, d, c->ne0);
+        nstf_quantize_row_w(c->dst_type, f, d, c->ne0, c->qw);
     }
 }
 
@@ -131,7 +134,7 @@ static nstf_status fill(void *ctx, uint64_t i, void *dst, uint64_t n_bytes) {
     const nstf_gguf_tensor *t = &j->g->tensors[i];
     const int64_t rows = (int64_t)(t->n_elems / (uint64_t)t->ne[0]);
     conv_ctx c = {.src = t->data, .src_type = t->type, .dst_type = j->to[i], .dst = dst, .ne0 = t->ne[0],
-                  .rows = rows, .perm = j->perm[i], .scratch = j->scratch};
+                  .rows = rows, .perm = j->perm[i], .qw = j->qw[i], .scratch = j->scratch};
     if (!nstf_type_row_bytes(t->type, t->ne[0], &c.src_rb) || !nstf_type_row_bytes(c.dst_type, t->ne[0], &c.dst_rb) ||
         c.dst_rb * (uint64_t)rows != n_bytes)
         return nstf_set_error(NSTF_ERR_INTERNAL, "quantize: tensor %llu: row sizes disagree", (unsigned long long)i);
@@ -234,6 +237,10 @@ static nstf_status plan(quant_job *j, bool folder, nstf_gguf_writer *w) {
         if (to != t->type && !nstf_type_can_quantize(to))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor '%s': no quantizer for %s", name, nstf_type_name(to));
         j->to[i] = to;
+        nstf_status st = NSTF_OK;
+        if (j->p->imatrix && to != cur && nstf_type_is_quantized(to))
+            j->qw[i] = nstf_imatrix_weights(j->p->imatrix, name, t->ne[0], &st);
+        NSTF_TRY(st);
     }
     uint64_t scratch_bytes;
     if (!nstf_mul_ok((uint64_t)widest * sizeof(float), (uint64_t)nstf_pool_size(j->pool), &scratch_bytes))
@@ -269,8 +276,9 @@ nstf_status nstf_quantize_file(const char *in_path, const char *out_path, const 
     const size_t nt = g->n_tensors ? (size_t)g->n_tensors : 1;
     j.to = nstf_calloc(nt, sizeof *j.to, "quantize plan");
     j.perm = nstf_calloc(nt, sizeof *j.perm, "quantize plan");
+    j.qw = nstf_calloc(nt, sizeof *j.qw, "quantize weights");
     nstf_gguf_writer *w = NULL;
-    nstf_status st = j.to && j.perm ? nstf_pool_create(p->n_threads > 0 ? p->n_threads : 1, &j.pool) : NSTF_ERR_OOM;
+    nstf_status st = j.to && j.perm && j.qw ? nstf_pool_create(p->n_threads > 0 ? p->n_threads : 1, &j.pool) : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = nstf_gguf_writer_create(&w);
     if (st == NSTF_OK) st = plan(&j, folder, w);
     /* a temporary file in OUT's folder, renamed over OUT once complete */
@@ -280,6 +288,7 @@ nstf_status nstf_quantize_file(const char *in_path, const char *out_path, const 
     nstf_free(j.scratch);
     nstf_free(j.to);
     nstf_free(j.perm);
+    nstf_free((void *)j.qw);
     nstf_gguf_close(g);
     return st;
 }

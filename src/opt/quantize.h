@@ -78,6 +78,10 @@ typedef struct nstf_quant_params {
     nstf_status (*add_keys)(void *user, nstf_gguf_writer *w);
     void *add_keys_user;
     bool allow_requantize;
+    /* importance weights (imatrix.h): a quantized tensor with an entry is
+     * quantized by nstf_quantize_row_w with its per-column weights; NULL:
+     * ggml's reference quantizers, bit for bit */
+    const struct nstf_imatrix *imatrix;
     int n_threads;                   /* >= 1 */
     nstf_quant_progress_fn progress; /* optional */
     void *progress_user;
