@@ -103,20 +103,6 @@ bool cli_parse_types(const char *flag, const char *list, nstf_type *out, int *n,
     return *n > 0;
 }
 
-bool cli_parse_sparse(const char *flag, const char *v, int *topk, int *window) {
-    char k[32];
-    const char *comma = strchr(v, ',');
-    const size_t kl = comma ? (size_t)(comma - v) : strlen(v);
-    if (kl == 0 || kl >= sizeof k) {
-        cli_err("%s '%s': expected K or K,W (top-k blocks, window positions)", flag, v);
-        return false;
-    }
-    memcpy(k, v, kl);
-    k[kl] = 0;
-    if (!cli_parse_int(flag, k, 1, 1024, topk)) return false;
-    return !comma || cli_parse_int(flag, comma + 1, 1, 1 << 24, window);
-}
-
 bool cli_parse_percent(const char *flag, const char *s, double min, double max, double *fraction) {
     char buf[64];
     snprintf(buf, sizeof buf, "%s", s);

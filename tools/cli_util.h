@@ -29,9 +29,6 @@ bool cli_parse_float(const char *flag, const char *s, double min, double max, fl
  * flag) on an unknown name, too many, or none. */
 bool cli_parse_types(const char *flag, const char *list, nstf_type *out, int *n, int cap, bool need_quantizer);
 /* A percentage "P" or "P%" in [min, max] percent, as a fraction (1% -> 0.01). */
-/* "K" or "K,W" of --sparse-attn: top-k blocks (1..1024) and window
- * positions (1..2^24, *window untouched without one). */
-bool cli_parse_sparse(const char *flag, const char *s, int *topk, int *window);
 bool cli_parse_percent(const char *flag, const char *s, double min, double max, double *fraction);
 bool cli_parse_double(const char *flag, const char *s, double min, double max, double *out);
 /* --act-bits: 8, 16 or 32 (CPU activations of quantized matmuls). */
