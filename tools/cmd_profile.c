@@ -41,18 +41,11 @@ static void profile_usage(FILE *f) {
             "against the int8 ceiling for quantized matmuls and the fp32 one otherwise.\n");
 }
 
-static int cmp_site(const void *a, const void *b) {
-    const nstf_prof_site *x = a, *y = b;
-    return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
-}
-
 /* One row per op site: time, work, achieved rates and the place under the
  * roofline (int8 ceiling for int8 matmuls). GPU rates in TFLOP/s. */
 static void print_table(const char *phase, int n_tok, double wall_ms, nstf_prof *p, const nstf_roofline *rl, bool gpu,
                         nstf_roofline_point *pts, int *n_pts, int series) {
-    qsort(p->sites, (size_t)p->n_sites, sizeof p->sites[0], cmp_site);
-    uint64_t sum_ns = 0;
-    for (int i = 0; i < p->n_sites; i++) sum_ns += p->sites[i].total_ns;
+    const uint64_t sum_ns = nstf_prof_sort_sites(p);
     printf("\n%s: %d tokens in %.3f ms (%.2f t/s, unprofiled); ops account for %.3f ms (profiled)\n", phase, n_tok,
            wall_ms, wall_ms > 0 ? n_tok / (wall_ms * 1e-3) : 0.0, (double)sum_ns * 1e-6);
     const double unit = gpu ? 1e12 : 1e9;

@@ -10,7 +10,6 @@
  * step (the second) with the backend's marks and prints the table. */
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -63,16 +62,9 @@ static void fmt_eta(double s, char *buf, size_t cap) {
 
 static cli_progress g_bar; /* steps, on a terminal (tty stays false until the steps begin) */
 
-static int site_cmp(const void *a, const void *b) {
-    const nstf_prof_site *x = a, *y = b;
-    return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
-}
-
 /* The profiled step's table: per op label, calls, time, share, rate. */
 static void print_profile(nstf_prof *pr, int64_t step, double step_ms) {
-    qsort(pr->sites, (size_t)pr->n_sites, sizeof pr->sites[0], site_cmp);
-    uint64_t total = 0;
-    for (int i = 0; i < pr->n_sites; i++) total += pr->sites[i].total_ns;
+    const uint64_t total = nstf_prof_sort_sites(pr);
     fprintf(stderr, "profile of step %lld: %.2f ms in ops (the step took %.2f ms)\n", (long long)step,
             (double)total * 1e-6, step_ms);
     fprintf(stderr, "  %-28s %7s %10s %6s %9s\n", "op", "calls", "ms", "share", "TFLOP/s");

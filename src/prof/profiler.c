@@ -3,6 +3,7 @@
  * between two of its backend's time marks. */
 #include "prof/profiler.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/mem.h"
@@ -13,6 +14,18 @@ void nstf_prof_reset(nstf_prof *p) {
     memset(p->sites, 0, sizeof p->sites);
     p->n_sites = 0;
     p->dropped = 0;
+}
+
+static int site_cmp(const void *a, const void *b) {
+    const nstf_prof_site *x = a, *y = b;
+    return x->total_ns < y->total_ns ? 1 : x->total_ns > y->total_ns ? -1 : 0;
+}
+
+uint64_t nstf_prof_sort_sites(nstf_prof *p) {
+    qsort(p->sites, (size_t)p->n_sites, sizeof p->sites[0], site_cmp);
+    uint64_t sum = 0;
+    for (int i = 0; i < p->n_sites; i++) sum += p->sites[i].total_ns;
+    return sum;
 }
 
 /* ---- attached to a session ---------------------------------------------------------- */

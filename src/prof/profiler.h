@@ -72,6 +72,8 @@ typedef struct nstf_prof {
 } nstf_prof;
 
 void nstf_prof_reset(nstf_prof *p);
+/* Sort the sites by total time, largest first; returns the sum of their times (ns). */
+uint64_t nstf_prof_sort_sites(nstf_prof *p);
 
 static inline uint64_t nstf_prof_begin(nstf_prof *p) {
     (void)p;
