@@ -44,6 +44,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "core/switches.h"
 #include "ops/backward.h"
 #include "ops/optim.h"
 #include "test_quant.h"

@@ -11,6 +11,7 @@
 
 #include "core/mem.h"
 #include "model/train.h"
+#include "ops/gpu/gpu_api.h" /* the GPU cross-entropy's chunk and scratch */
 
 #define ALIGN 256u
 #define PAD 8 /* tensors start at multiples of 8 elements: 16-byte rows of the bf16 copy */
@@ -259,10 +260,8 @@ static uint64_t ops_scratch(const nstf_train *t, const nstf_backend *be) {
         const uint64_t tc = n < 256 ? n : 256, vc = V < 1024 ? V : 1024; /* NSTF_CE_TOK, NSTF_CE_VOCAB */
         ce = 4 * tc * (2 * dim + vc);
     } else {
-        uint64_t chunk = ((uint64_t)256 << 20) / (6 * n) / 8 * 8;
-        if (chunk < 64) chunk = 64;
-        if (chunk > V) chunk = V;
-        ce = 6 * n * chunk + 12 * n + 1024;
+        const int64_t rows = nstf_gpu_cross_entropy_rows((int64_t)n, (int64_t)dim, (int64_t)V, NSTF_GPU_CE_BUDGET);
+        ce = nstf_gpu_cross_entropy_scratch_bytes((int64_t)n, rows, (int64_t)dim, (int64_t)V);
     }
     uint64_t s = ce;
     const uint64_t rms = 4 * (n + 64 * dim), att = 4 * n * (uint64_t)t->c.n_heads;
