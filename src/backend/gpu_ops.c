@@ -254,11 +254,20 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                         a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
                                         a->attention.window, g->stream);
     }
-    if (a->attention.lse) { /* the training forward: one sequence at pos0.., lse saved */
-        if (a->attention.seq || a->attention.pos0 < 0)
+    if (a->attention.lse) { /* the training forward: lse saved */
+        const int64_t S = a->attention.n_seq > 1 ? a->attention.n_seq : 1;
+        if (a->attention.seq || a->attention.pos0 < 0 || (S > 1 && a->attention.k_cache) ||
+            (!a->attention.k_cache && a->attention.pos0 != 0))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "GPU backend: attention with lse runs one sequence at consecutive positions");
+                                  "GPU backend: attention with lse runs one sequence at consecutive positions, or "
+                                  "a batch of sequences without a cache");
         g->n_kernels++;
+        if (!a->attention.k_cache) /* every sequence of the batch on its own rows, one launch */
+            return nstf_gpu_flash_attn_lse_batch(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                                 a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                                 a->attention.out.data, a->attention.out.stride, a->attention.lse,
+                                                 a->attention.n, S, a->attention.n_heads, a->attention.n_kv_heads,
+                                                 a->attention.head_dim, a->attention.scale, g->stream);
         return nstf_gpu_flash_attn_lse(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
                                        a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
                                        a->attention.k_cache, a->attention.v_cache, a->attention.out.data,

@@ -165,7 +165,7 @@ static uint64_t act_bytes_per_tok(const nstf_llama_config *c, uint64_t es, int k
  * gradients and the batch's I/O buffers. */
 static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, uint64_t *total, train_mem *mem) {
     const nstf_llama_config *c = &t->c;
-    const uint64_t es = esize(be->act_type), kv_es = esize(be->kv_type), n = (uint64_t)t->n;
+    const uint64_t es = esize(be->act_type), n = (uint64_t)t->n;
     const uint64_t dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
                    kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim,
                    r = (uint64_t)t->sh.lora_rank;
@@ -207,7 +207,6 @@ static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, 
     const uint64_t o_datt = take(&cv, n, es * qd), o_dqkv = take(&cv, n, es * (qd + 2 * kvd));
     const uint64_t o_du = r ? take(&cv, n, es * r) : 0;
     const uint64_t grads_end = cv.off;
-    const uint64_t o_kc = take(&cv, (uint64_t)t->sh.seq_len, kvd * kv_es), o_vc = take(&cv, (uint64_t)t->sh.seq_len, kvd * kv_es);
     const uint64_t o_ids = take(&cv, n, 4), o_tgt = take(&cv, n, 4), o_pos = take(&cv, n, 4), o_loss = take(&cv, 1, 8);
     if (!cv.ok)
         return nstf_set_error(NSTF_ERR_RANGE, "training activations for %d x %d tokens overflow", t->sh.n_seq,
@@ -230,8 +229,6 @@ static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, 
     t->datt = base + o_datt;
     t->dqkv = base + o_dqkv;
     t->du = r ? base + o_du : NULL;
-    t->k_cache = base + o_kc;
-    t->v_cache = base + o_vc;
     t->d_ids = (int32_t *)(base + o_ids);
     t->d_tgt = (int32_t *)(base + o_tgt);
     t->d_pos = (int32_t *)(base + o_pos);

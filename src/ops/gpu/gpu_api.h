@@ -485,6 +485,15 @@ nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const u
                                     int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
                                     int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
                                     float scale, void *stream);
+/* The training forward over a batch: n_seq independent sequences of n_tok
+ * rows each, one after another in q, k, v, out and lse (token strides as
+ * nstf_gpu_flash_attn), each attending causally to its own rows (positions
+ * 0..n_tok-1); no cache is read or written. One launch, the sequence in the
+ * grid's z. lse [n_seq * n_tok, n_heads] fp32. */
+nstf_status nstf_gpu_flash_attn_lse_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                          int64_t k_stride, const uint16_t *v, int64_t v_stride, uint16_t *out,
+                                          int64_t out_stride, float *lse, int64_t n_tok, int64_t n_seq,
+                                          int n_heads, int n_kv_heads, int head_dim, float scale, void *stream);
 /* Attention backward from the saved lse (nstf_ref_attention_bwd): q, out,
  * dout, dq [n_tok, n_heads, head_dim]; k, v, dk, dv [pos0 + n_tok,
  * n_kv_heads, head_dim]; all bf16 with token strides (multiples of 8,
