@@ -332,14 +332,21 @@ static void case_matmul_bwd_w(test_rng *r) {
 }
 
 /* n tokens (the sixth ignored) over a vocabulary of n_vocab. rows: tokens
- * per chunk of the GPU's cross-entropy (NSTF_CE_ROWS; "auto": one chunk
- * here), gemm: the NSTF_GEMM switch ("auto": wgmma on Hopper where the
- * shape allows, "mma": the portable GEMM throughout). The CPU backend
- * ignores both. */
+ * per chunk of the GPU's cross-entropy (NSTF_CE_ROWS; NULL: as the process
+ * has it, one chunk here by default), gemm: the NSTF_GEMM switch (NULL: as
+ * the process has it, by default wgmma on Hopper where the shape allows;
+ * "mma": the portable GEMM throughout); both restored after the case. The
+ * CPU backend ignores them. */
 static void ce_case(test_rng *r, int64_t n, int64_t n_vocab, bool frozen, const char *rows, const char *gemm) {
     const int64_t dim = 64;
-    CHECK(nstf_switch_set(NSTF_SW_CE_ROWS, rows) == NSTF_OK && nstf_switch_set(NSTF_SW_GEMM, gemm) == NSTF_OK,
+    char old_rows[24], old_gemm[24];
+    nstf_switch_value_text(NSTF_SW_CE_ROWS, old_rows, sizeof old_rows);
+    nstf_switch_value_text(NSTF_SW_GEMM, old_gemm, sizeof old_gemm);
+    CHECK((!rows || nstf_switch_set(NSTF_SW_CE_ROWS, rows) == NSTF_OK) &&
+              (!gemm || nstf_switch_set(NSTF_SW_GEMM, gemm) == NSTF_OK),
           "switches: %s", nstf_last_error());
+    if (!rows) rows = old_rows;
+    if (!gemm) gemm = old_gemm;
     float *h = malloc((size_t)(n * dim) * 4), *w = malloc((size_t)(n_vocab * dim) * 4);
     void *hh = act_make(r, h, n * dim, 1.0f), *hw = act_make(r, w, n_vocab * dim, 0.3f);
     int32_t *tg = malloc((size_t)n * sizeof(int32_t));
@@ -394,7 +401,7 @@ static void ce_case(test_rng *r, int64_t n, int64_t n_vocab, bool frozen, const 
     const double ltol = act_bf16() ? 1e-5 : 1e-6;
     CHECK(fabs(gloss - rloss) <= ltol * fabs(rloss), "%s: cross_entropy loss %.9g, reference %.9g (relative %.1e)",
           g_name, gloss, rloss, ltol);
-    char what[96];
+    char what[160];
     float *nb = malloc((size_t)(n_vocab * dim) * 4);
     for (int64_t i = 0; i < n * dim; i++) nb[i] = (float)ndh[i];
     double *rd = dvec(rdh, n * dim);
@@ -415,20 +422,20 @@ static void ce_case(test_rng *r, int64_t n, int64_t n_vocab, bool frozen, const 
     drop(dh), drop(dw), drop(dt), drop(dgw), drop(dgh), drop(dl), drop(dloss);
     free(h), free(w), free(hh), free(hw), free(dw0), free(rdw), free(rdh), free(rlse), free(ndh), free(ndw), free(z);
     free(gdh), free(gdw), free(glse), free(nb), free(rd), free(tg);
-    CHECK(nstf_switch_set(NSTF_SW_CE_ROWS, "auto") == NSTF_OK && nstf_switch_set(NSTF_SW_GEMM, "auto") == NSTF_OK,
-          "switches: %s", nstf_last_error());
+    CHECK(nstf_switch_set(NSTF_SW_CE_ROWS, old_rows) == NSTF_OK && nstf_switch_set(NSTF_SW_GEMM, old_gemm) == NSTF_OK,
+          "switches back to %s, %s: %s", old_rows, old_gemm, nstf_last_error());
 }
 
 static void case_cross_entropy(test_rng *r) {
-    ce_case(r, 21, 200, false, "auto", "auto");
-    ce_case(r, 21, 1096, false, "auto", "auto"); /* more than one of the CPU's vocabulary chunks */
-    ce_case(r, 21, 200, true, "auto", "auto");
+    ce_case(r, 21, 200, false, NULL, NULL);
+    ce_case(r, 21, 1096, false, NULL, NULL); /* more than one of the CPU's vocabulary chunks */
+    ce_case(r, 21, 200, true, NULL, NULL);
     /* GPU chunks of tokens: 8 + 8 + 5 (a last chunk of 5 rows takes the
      * portable dW GEMM: its K is not a multiple of 8) and 64 + 64 + 22; the
      * same with the portable GEMM throughout */
-    ce_case(r, 21, 1096, false, "8", "auto");
-    ce_case(r, 150, 520, false, "64", "auto");
-    ce_case(r, 150, 520, true, "64", "auto");
+    ce_case(r, 21, 1096, false, "8", NULL);
+    ce_case(r, 150, 520, false, "64", NULL);
+    ce_case(r, 150, 520, true, "64", NULL);
     ce_case(r, 21, 1096, false, "8", "mma");
     ce_case(r, 150, 520, false, "64", "mma");
 }
