@@ -26,6 +26,7 @@
 
 #include "backend/gpu.h"
 #include "core/mem.h"
+#include "core/switches.h"
 #include "ops/optim.h"
 
 /* ---- layouts ---------------------------------------------------------------------- */
@@ -253,11 +254,20 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                         a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
                                         a->attention.window, g->stream);
     }
-    if (a->attention.lse) { /* the training forward: one sequence at pos0.., lse saved */
-        if (a->attention.seq || a->attention.pos0 < 0)
+    if (a->attention.lse) { /* the training forward: lse saved */
+        const int64_t S = a->attention.n_seq > 1 ? a->attention.n_seq : 1;
+        if (a->attention.seq || a->attention.pos0 < 0 || (S > 1 && a->attention.k_cache) ||
+            (!a->attention.k_cache && a->attention.pos0 != 0))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "GPU backend: attention with lse runs one sequence at consecutive positions");
+                                  "GPU backend: attention with lse runs one sequence at consecutive positions, or "
+                                  "a batch of sequences without a cache");
         g->n_kernels++;
+        if (!a->attention.k_cache) /* every sequence of the batch on its own rows, one launch */
+            return nstf_gpu_flash_attn_lse_batch(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                                 a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                                 a->attention.out.data, a->attention.out.stride, a->attention.lse,
+                                                 a->attention.n, S, a->attention.n_heads, a->attention.n_kv_heads,
+                                                 a->attention.head_dim, a->attention.scale, g->stream);
         return nstf_gpu_flash_attn_lse(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
                                        a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
                                        a->attention.k_cache, a->attention.v_cache, a->attention.out.data,
@@ -450,9 +460,7 @@ nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
  * not k-major into the training scratch: 2 bytes per element moved twice,
  * small beside the GEMM, for the wgmma rate instead of the portable
  * kernel's (gemm_bwd.cu). */
-static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) {
-    return k % 8 == 0 && n % 8 == 0 && strncmp(nstf_gpu_gemm_path(m, n, k), "wgmma", 5) == 0;
-}
+static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) { return nstf_gpu_gemm_kmajor_fast(m, n, k) != 0; }
 
 /* A matrix not stored bf16 (a frozen, quantized base) is dequantized into
  * the workspace first, as the forward's GEMM path does. */
@@ -516,9 +524,6 @@ nstf_status nstf_gpu_op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
                                  a->matmul_bwd_w.n_out, g->stream);
 }
 
-/* Logits chunks of at most CE_CHUNK_BYTES (fp32 logits + bf16 gradient). */
-#define CE_CHUNK_BYTES ((size_t)256 << 20)
-
 nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     const nstf_matrix *w = a->cross_entropy.w;
@@ -543,16 +548,22 @@ nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
         }
         n_norm = (double)nv;
     }
-    int64_t chunk = (int64_t)(CE_CHUNK_BYTES / (6 * (size_t)n)) / 8 * 8;
-    if (chunk < 64) chunk = 64;
-    if (chunk > vocab) chunk = vocab;
-    const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, chunk);
+    /* chunks of tokens within the budget (NSTF_CE_ROWS forces a size) */
+    const int sw = nstf_switch_int(NSTF_SW_CE_ROWS);
+    const int64_t rows = sw >= 8 ? (int64_t)sw / 8 * 8 : nstf_gpu_cross_entropy_rows(n, dim, vocab, NSTF_GPU_CE_BUDGET);
+    const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, rows, dim, vocab);
     void *scr = tscratch(g, sb);
     if (!scr) return no_scratch(a, sb);
-    g->n_kernels += 4 + 5 * ((vocab + chunk - 1) / chunk);
+    for (int64_t r0 = 0; r0 < n; r0 += rows) { /* the kernels nstf_gpu_cross_entropy launches */
+        const int64_t nc = n - r0 < rows ? n - r0 : rows;
+        const bool dw_fast = a->cross_entropy.dw && nstf_gpu_gemm_kmajor_fast(vocab, dim, nc);
+        g->n_kernels += 4 + (r0 == 0 && nstf_gpu_gemm_kmajor_fast(nc, dim, vocab)) +
+                        (a->cross_entropy.dw ? 1 + dw_fast : 0);
+    }
+    g->n_kernels++;
     return nstf_gpu_cross_entropy(a->cross_entropy.h.data, w->data, a->cross_entropy.targets,
                                   a->cross_entropy.ignore_index, n_norm, a->cross_entropy.lse, a->cross_entropy.dh,
-                                  a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, scr, sb, g->stream);
+                                  a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, rows, scr, sb, g->stream);
 }
 
 nstf_status nstf_gpu_op_adamw(nstf_backend *be, const nstf_op_args *a) {
