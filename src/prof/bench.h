@@ -65,6 +65,9 @@ typedef struct nstf_bench_test {
  * rng is a caller-held xorshift state for the random tokens. */
 nstf_status nstf_bench_run(nstf_session *s, const nstf_bench_test *t, uint64_t *rng, uint64_t *samples_ns);
 
+/* A random token id in [0, n_vocab) from the xorshift state rng. */
+int32_t nstf_bench_token(uint64_t *rng, int n_vocab);
+
 /* One batched decode step as nstf serve runs it (bench_batch.c): n_seq
  * sequences of a paged KV cache, each with n_depth positions already
  * there, decode one token each in one forward that asks for every row's

@@ -28,15 +28,6 @@ nstf_status nstf_bench_batch_open(const char *model, const nstf_session_params *
     return nstf_session_open_shaped(model, &sp, &shape, out);
 }
 
-static int32_t next_token(uint64_t *rng, int n_vocab) {
-    uint64_t x = *rng;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *rng = x;
-    return (int32_t)((x * 2685821657736338717ull >> 33) % (uint64_t)n_vocab);
-}
-
 nstf_status nstf_bench_decode_batch(nstf_session *s, const nstf_bench_batch_test *t, uint64_t *rng,
                                     uint64_t *samples_ns) {
     const nstf_llama_state *st = &s->run->s;
@@ -72,7 +63,7 @@ nstf_status nstf_bench_decode_batch(nstf_session *s, const nstf_bench_batch_test
                           .argmax_rows = true, .host_rows = t->logits_host ? B : 0};
     nstf_status r = NSTF_OK;
     for (int k = t->warmup ? -1 : 0; r == NSTF_OK && k < t->reps; k++) {
-        for (int i = 0; i < B; i++) tok[i] = next_token(rng, nv);
+        for (int i = 0; i < B; i++) tok[i] = nstf_bench_token(rng, nv);
         const double t0 = nstf_time_ms();
         r = nstf_llama_forward(s->run, &b, logits, am);
         const double ms = nstf_time_ms() - t0;
