@@ -271,8 +271,9 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     NSTF_TRY(nstf_gpu_set_device(g->dev));
     g->pos0 = b->pos[0];
     /* a continuous batch (paged), or one that picks its logits rows, runs
-     * plainly: no device-position decode step, no graph, no fused GEMVs */
-    g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows;
+     * plainly: no device-position decode step, no graph, no fused GEMVs;
+     * so does a row-invariant one (a prompt), whose matmuls take the GEMM */
+    g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows && !b->row_invariant;
     g->row_invariant = b->row_invariant;
     g->graph_used = false;
     g->unfused = 0;

@@ -468,8 +468,8 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
     return NSTF_OK;
 }
 
-nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
-                                   float *logits, int32_t *argmax) {
+static nstf_status forward_run(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                               bool prompt, float *logits, int32_t *argmax) {
     if (n < 1 || n > r->s.n_batch)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", n, r->s.n_batch);
     if (pos0 < 0 || pos0 + n > r->s.n_ctx)
@@ -478,8 +478,19 @@ nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int
     int32_t pbuf[256], *pos = n <= 256 ? pbuf : nstf_alloc((size_t)n * sizeof(int32_t), "positions");
     if (!pos) return NSTF_ERR_OOM;
     for (int t = 0; t < n; t++) pos[t] = pos0 + t;
-    const nstf_batch b = {.tokens = tokens, .pos = pos, .n = n, .all_logits = all_logits, .argmax = argmax != NULL};
+    const nstf_batch b = {.tokens = tokens, .pos = pos, .n = n, .all_logits = all_logits, .argmax = argmax != NULL,
+                          .row_invariant = prompt};
     nstf_status st = nstf_llama_forward(r, &b, logits, argmax);
     if (pos != pbuf) nstf_free(pos);
     return st;
+}
+
+nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax) {
+    return forward_run(r, tokens, n, pos0, all_logits, false, logits, argmax);
+}
+
+nstf_status nstf_llama_forward_prompt(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, float *logits,
+                                      int32_t *argmax) {
+    return forward_run(r, tokens, n, pos0, false, true, logits, argmax);
 }

@@ -194,6 +194,12 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
 /* The common case: n tokens of sequence 0 at positions pos0.. */
 nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
                                    float *logits, int32_t *argmax);
+/* The same for a chunk of a prompt (the last row's logits): its rows are
+ * computed alike whatever their number (nstf_batch.row_invariant), as nstf
+ * serve computes prompt rows, so a prompt gives the same numbers in both
+ * however it is chunked. */
+nstf_status nstf_llama_forward_prompt(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, float *logits,
+                                      int32_t *argmax);
 
 /* The matmuls of the layers the forward issues (a group of adjacent
  * matrices as one), for a backend's plan: writes up to cap entries,
