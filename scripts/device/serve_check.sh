@@ -23,7 +23,8 @@
 #                        128256 (a serving step's greedy rows)
 #   test_serve_gpu       tests/serve/test_serve.py with --device gpu: the
 #                        openai client against nstf serve on the GPU (needs
-#                        python3 with the openai package, else SKIP); its
+#                        python3, or $PYTHON, with the openai package, else
+#                        SKIP); its
 #                        line "16 concurrent clients: ..." counts the answers
 #                        that differ from the request alone from a near tie
 # and prints one line per check, "PASS name", "FAIL name (exit N, log ...)"
@@ -84,13 +85,14 @@ else
     echo "FAIL test_e2e_gpu (not built at $b/tests/test_e2e_gpu)"
     ok=0
 fi
-if command -v python3 > /dev/null 2>&1; then
-    run test_serve_gpu yes python3 tests/serve/test_serve.py --nstf "$b/nstf" \
+py=${PYTHON:-python3}
+if command -v "$py" > /dev/null 2>&1; then
+    run test_serve_gpu yes "$py" tests/serve/test_serve.py --nstf "$b/nstf" \
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf --device gpu
 else
-    echo "SKIP test_serve_gpu (no python3)"
+    echo "SKIP test_serve_gpu (no $py)"
 fi
-if command -v python3 > /dev/null 2>&1 && [ -f "$logs/test_serve_gpu.log" ]; then
+if [ -f "$logs/test_serve_gpu.log" ]; then
     grep -E 'concurrent clients|seed repeats|prompt [0-9]+: differs' "$logs/test_serve_gpu.log" | sed 's/^/    /'
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
