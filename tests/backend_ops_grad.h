@@ -510,7 +510,7 @@ static void case_grad_norm(test_rng *r) {
     const char *msg = nstf_last_error();
     CHECK(st == NSTF_ERR_RANGE && strstr(msg, "blk.0.ffn_up.weight") && strstr(msg, "element 17") && isnan(norm),
           "%s: grad_norm of a NaN gradient: status %d, '%s'", g_name, (int)st, msg);
-    nstf_batch b = {g_tok, g_pos, NULL, 1, false, false, NULL, 0, NULL};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = 1};
     nstf_fwd_out o = {0};
     bool retry = false;
     (void)g_be->vt->end(g_be, &b, NSTF_OK, &o, &retry);

@@ -612,6 +612,7 @@ int main(void) {
         test_argmax(3, 8193, xt, false);
         test_argmax(1, 49152, xt, false);
         test_argmax(2, 128256, xt, false);
+        test_argmax(64, 128256, xt, false); /* a serving step's 64 greedy rows */
         test_argmax(2, 1000, xt, true);
     }
     test_kv_write(1, 192, 16);

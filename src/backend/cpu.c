@@ -146,7 +146,8 @@ static nstf_status cpu_end(nstf_backend *be, const nstf_batch *b, nstf_status st
     if (st != NSTF_OK) return st;
     if (o->logits_host && o->logits_host != o->logits)
         memcpy(o->logits_host, o->logits, (size_t)o->rows * (size_t)o->n_vocab * sizeof(float));
-    if (o->argmax_host && o->argmax) *o->argmax_host = *o->argmax;
+    if (o->argmax_host && o->argmax && o->argmax_host != o->argmax)
+        memcpy(o->argmax_host, o->argmax, (size_t)o->n_argmax * sizeof(int32_t));
     return NSTF_OK;
 }
 

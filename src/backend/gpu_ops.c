@@ -65,9 +65,16 @@ static bool mm_f16(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
     return w->type == NSTF_TYPE_F16 && g->wtmp && (uint64_t)n * (uint64_t)w->n_in <= g->wtmp_elems;
 }
 
+/* Whether mm() runs n tokens on the GEMV because they are few. Not for a
+ * batch that must be row-invariant (gpu.h): the GEMV and the GEMM sum in
+ * different orders, so a prompt row computed with 2 others would differ
+ * from the same row computed with 20; the GEMM's rows do not depend on M
+ * (no split-K: each output sums its K slices in one order in one tile). */
+static bool mm_few(const gpu_backend *g, int64_t n) { return n <= GEMV_MAX_TOK && !g->row_invariant; }
+
 /* Kernels mm() launches for n tokens. */
 static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
-    if (n <= GEMV_MAX_TOK || w->type == NSTF_TYPE_BF16) return 1;
+    if (mm_few(g, n) || w->type == NSTF_TYPE_BF16) return 1;
     if (mm_f16(g, w, n)) return 2;
     return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
 }
@@ -76,7 +83,7 @@ static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
  * dequantizing W to bf16 in the workspace unless it is bf16). */
 static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, void *y, nstf_type yt, int64_t n) {
     g->n_kernels += mm_kernels(g, w, n);
-    if (n <= GEMV_MAX_TOK) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+    if (mm_few(g, n)) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
     if (mm_f16(g, w, n)) {
         NSTF_TRY(nstf_gpu_bf16_to_f16(x, g->wtmp, n * w->n_in, g->stream));
         return nstf_gpu_gemm_f16(g->wtmp, w->data, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in,
