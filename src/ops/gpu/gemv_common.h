@@ -39,7 +39,10 @@ enum {
  * pair s and slot R/2 + s the second, and after the reduction the pairs
  * meet in shared memory. Pairs: SWIGLU (j, n_out/2 + j); ROPE, in the
  * rotated rows, (head h, dim 2i | 2i+1) or (i | i + head_dim/2) for NEOX,
- * past them (2p, 2p + 1) stored plainly. */
+ * past them (2p, 2p + 1) stored plainly. ROPE adds the QKV bias (Qwen2)
+ * to both rows of a pair before the rotation; with Qwen3's per-head norm
+ * the host passes rope_rows 0 (every pair stored plainly, biased) and a
+ * second kernel normalizes and rotates (gemv_fused.cu says why). */
 #define FZ_NORM 1
 #define FZ_EPI(fz) ((fz) >> 1)
 
@@ -50,6 +53,8 @@ struct gemv_fz {
     const int32_t *pos;
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
     const float *factors; /* [hd/2] RoPE frequency factors, or NULL */
+    const float *bq, *bk, *bv; /* ROPE: QKV biases of rows [0, q_end), [q_end, k_end), [k_end, n_out), or NULL */
+    int q_end, k_end;
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
     int no_pre;         /* 1: no early weight loads (the switch NSTF_GEMV_PRE=0, measurement) */
