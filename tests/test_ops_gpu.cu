@@ -101,6 +101,10 @@ static void gemv_cases(void) {
          * super-block kernel's fp32), a model shape. Float types add rows that
          * are not 16-byte multiples (scalar path). */
         const int64_t shapes_q[][2] = {{32, 1}, {96, 37}, {2080, 45}, {576, 1536}};
+        /* fp32 outputs keep NMSE <= 1e-7: Q3_K 256x1 at nt = 2 draws two
+         * dot products ~150x below the typical (cancelling sums), where the
+         * super-block kernel's 1 + u / 128 codes gave 1.6e-7 (a plain fp32
+         * sum 4e-10); its codes now sit at the byte's top bits (gemvk.cu) */
         const int64_t shapes_k[][2] = {{256, 1}, {512, 37}, {2304, 45}, {1536, 1536}};
         const int64_t shapes_f[][2] = {{8, 5}, {100, 37}, {96, 37}, {2056, 45}, {578, 257}};
         const int n_shapes = q ? 4 : 5;
