@@ -168,6 +168,16 @@ template <class K> static inline gemv_fn gemv_pick_plain(int wt, int nt, int row
     return y_bf16 ? K::template pick<true, GEMVQ_ROWS>(wt, nt) : K::template pick<false, GEMVQ_ROWS>(wt, nt);
 }
 
+/* sizeof(gemv_fz) as each kernel file was compiled (one per file below):
+ * nstf_gpu_gemv_fused launches nothing unless all equal its own. The
+ * struct goes by value from gemv_fused.cu into kernels compiled in three
+ * other files; a build that recompiled only some of them after gemv_fz
+ * changed (a lost header dependency) would run kernels that read the new
+ * fields at the old offsets: Qwen2's QKV bias dropped, and no error. */
+int nstf_gemv_fz_bytes(void);
+int nstf_gemvq_fz_bytes(void);
+int nstf_gemvk_fz_bytes(void);
+
 /* gemv.cu */
 gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows); /* fused BF16/F16 instance, blocks of 8, 16 or 32 rows */
 void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes); /* the PDL prefetch of a decode GEMV */

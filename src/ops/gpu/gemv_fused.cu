@@ -85,6 +85,12 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
                               "nstf_gpu_gemv_fused: a QKV bias or q/k norm wants the RoPE epilogue and q_rows %d a "
                               "multiple of head_dim %d within rope_rows %d (and k_norm with k rows)",
                               fu->q_rows, fu->head_dim, fu->rope_rows);
+    if (nstf_gemv_fz_bytes() != (int)sizeof(gemv_fz) || nstf_gemvq_fz_bytes() != (int)sizeof(gemv_fz) ||
+        nstf_gemvk_fz_bytes() != (int)sizeof(gemv_fz))
+        return nstf_set_error(NSTF_ERR_INTERNAL,
+                              "nstf_gpu_gemv_fused: the GEMV kernels were compiled with another gemv_fz (%d, %d, %d "
+                              "bytes; here %d): a stale build, rebuild gemv.cu, gemvq.cu and gemvk.cu",
+                              nstf_gemv_fz_bytes(), nstf_gemvq_fz_bytes(), nstf_gemvk_fz_bytes(), (int)sizeof(gemv_fz));
     uint64_t row_bytes = 0;
     (void)nstf_type_row_bytes(wtype, n_in, &row_bytes);
     const gemv_plan p = gemv_make_plan(wtype, w, norm ? NULL : x, 1, n_in);
