@@ -129,6 +129,33 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     gh_end();
 }
 
+/* The naive bf16 chain's per-head RMSNorm of n_heads rows of hd in place
+ * (fp32 sum of squares, bf16 out), as nstf_gpu_head_norm's naive twin. */
+static void naive_head_norm(float *x, const float *w, int n_heads, int hd, float eps) {
+    for (int h = 0; h < n_heads; h++) {
+        float *r = &x[(int64_t)h * hd];
+        float s2 = 0;
+        for (int i = 0; i < hd; i++) s2 += r[i] * r[i];
+        const float rn = 1.0f / sqrtf(s2 / (float)hd + eps);
+        for (int i = 0; i < hd; i++) r[i] = bf(r[i] * rn * w[i]);
+    }
+}
+
+/* ... and its RoPE (powf/sinf/cosf angles, bf16 out), in place. */
+static void naive_rope(float *x, int n_heads, int hd, int32_t pos, float base, const float *fac,
+                       nstf_rope_mode mode) {
+    for (int h = 0; h < n_heads; h++)
+        for (int i = 0; i < hd / 2; i++) {
+            float *r = &x[(int64_t)h * hd];
+            const float th = (float)pos * powf(base, -2.0f * (float)i / (float)hd) / (fac ? fac[i] : 1.0f);
+            const float c = cosf(th), sn = sinf(th);
+            const int ia = mode == NSTF_ROPE_NEOX ? i : 2 * i, ib = mode == NSTF_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
+            const float x0 = r[ia], x1 = r[ib];
+            r[ia] = bf(x0 * c - x1 * sn);
+            r[ib] = bf(x0 * sn + x1 * c);
+        }
+}
+
 /* The QKV matmul of Qwen (one token): rmsnorm -> GEMV of q | k | v -> the
  * bias of each matrix (Qwen2) -> the per-head q/k norm (Qwen3) -> RoPE of
  * q and k, fused (nstf_gpu_gemv_fused: one kernel, two with the norm)
@@ -138,14 +165,14 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
  * rule: NMSE at most 2x that of a naive host chain with the same bf16
  * roundings between the steps (fp32 sums, powf/sinf/cosf angles). */
 static void test_gemv_fused_qkv(nstf_type wt, int64_t n_in, int nh, int nkv, int hd, nstf_rope_mode mode,
-                                bool bias, bool qk_norm, bool pdl, bool factors = false) {
+                                bool bias, bool qk_norm, bool pdl, bool factors = false, bool zero_x = false) {
     const float eps = 1e-6f, base = 1000000.0f;
     const int32_t pos = 1029;
     const int q_rows = nh * hd, rope_rows = (nh + nkv) * hd;
     const int64_t n_out = rope_rows + (int64_t)nkv * hd;
     std::vector<unsigned char> w = make_weights(wt, n_out, n_in);
     std::vector<float> xr(n_in), nw(n_in), b(n_out), wq(hd), wk(hd), fr(256), ff(128);
-    for (auto &v : xr) v = normal() * 3.0f;
+    for (auto &v : xr) v = zero_x ? 0.0f : normal() * 3.0f; /* x = 0: the GEMV gives 0, the output is the bias */
     for (auto &v : nw) v = 1.0f + 0.2f * normal();
     for (auto &v : b) v = 0.5f * normal(); /* of the size of the outputs */
     for (auto &v : wq) v = 1.0f + 0.3f * normal();
@@ -176,32 +203,17 @@ static void test_gemv_fused_qkv(nstf_type wt, int64_t n_in, int nh, int nkv, int
     if (qk_norm) {
         nstf_ref_head_norm(ref.data(), wq.data(), nh, hd, eps);
         nstf_ref_head_norm(ref.data() + q_rows, wk.data(), nkv, hd, eps);
-        for (int h = 0; h < nh + nkv; h++) {
-            float *x = &naive[(int64_t)h * hd];
-            const float *hw = h < nh ? wq.data() : wk.data();
-            float s2 = 0;
-            for (int i = 0; i < hd; i++) s2 += x[i] * x[i];
-            const float r = 1.0f / sqrtf(s2 / (float)hd + eps);
-            for (int i = 0; i < hd; i++) x[i] = bf(x[i] * r * hw[i]);
-        }
+        naive_head_norm(naive.data(), wq.data(), nh, hd, eps);
+        naive_head_norm(naive.data() + q_rows, wk.data(), nkv, hd, eps);
     }
     const float *fac = factors ? ff.data() : nullptr;
     nstf_ref_rope_ff(ref.data(), &pos, 1, nh, hd, base, fac, mode);
     nstf_ref_rope_ff(ref.data() + q_rows, &pos, 1, nkv, hd, base, fac, mode);
-    for (int h = 0; h < nh + nkv; h++)
-        for (int i = 0; i < hd / 2; i++) {
-            float *x = &naive[(int64_t)h * hd];
-            const float th = (float)pos * powf(base, -2.0f * (float)i / (float)hd) / (fac ? fac[i] : 1.0f);
-            const float c = cosf(th), sn = sinf(th);
-            const int ia = mode == NSTF_ROPE_NEOX ? i : 2 * i, ib = mode == NSTF_ROPE_NEOX ? i + hd / 2 : 2 * i + 1;
-            const float x0 = x[ia], x1 = x[ib];
-            x[ia] = bf(x0 * c - x1 * sn);
-            x[ib] = bf(x0 * sn + x1 * c);
-        }
+    naive_rope(naive.data(), nh + nkv, hd, pos, base, fac, mode);
 
-    gh_begin("gemv_fused qkv %s%s%s %s%s %lld -> %d/%d heads of %d%s", nstf_type_name(wt), bias ? " +bias" : "",
+    gh_begin("gemv_fused qkv %s%s%s %s%s%s %lld -> %d/%d heads of %d%s", nstf_type_name(wt), bias ? " +bias" : "",
              qk_norm ? " +qk_norm" : "", mode == NSTF_ROPE_NEOX ? "neox" : "norm", factors ? " +factors" : "",
-             (long long)n_in, nh, nkv, hd, pdl ? " pdl" : "");
+             zero_x ? " x=0" : "", (long long)n_in, nh, nkv, hd, pdl ? " pdl" : "");
     gh_buf dw = gh_alloc(w.size(), w.data()), dxr = gh_alloc(n_in * 4, xr.data()), dnw = gh_alloc(n_in * 4, nw.data());
     gh_buf db = gh_alloc(n_out * 4, b.data()), dwq = gh_alloc(hd * 4, wq.data()), dwk = gh_alloc(hd * 4, wk.data());
     gh_buf dfr = gh_alloc(256 * 4, fr.data()), dff = gh_alloc(128 * 4, ff.data()), dp = gh_alloc(4, &pos);
@@ -247,9 +259,82 @@ static void test_gemv_fused_qkv(nstf_type wt, int64_t n_in, int nh, int nkv, int
           (long long)n_out);
     gh_note("differing from the unfused kernels %zu of %lld (0 allowed)", diff, (long long)n_out);
     std::vector<float> y = gh_from_bf16(o);
+    if (zero_x && bias) { /* v's rows are the bias alone: bitwise bf16(b), whatever the q/k steps do */
+        int64_t same = 0, none = 0;
+        for (int64_t i = rope_rows; i < n_out; i++) {
+            same += o[i] == nstf_f32_to_bf16(b[i]);
+            none += y[i] == 0.0f;
+        }
+        CHECK(same == n_out - rope_rows, "v rows: %lld of %lld hold bf16(bias), %lld hold 0 (bias dropped)",
+              (long long)same, (long long)(n_out - rope_rows), (long long)none);
+        gh_note("v rows holding bf16(bias) %lld of %lld", (long long)same, (long long)(n_out - rope_rows));
+    }
     gh_compare("q,k,v", y.data(), ref.data(), n_out, gh_tol_naive(naive.data()));
     gh_free(dw); gh_free(dxr); gh_free(dnw); gh_free(db); gh_free(dwq); gh_free(dwk); gh_free(dfr); gh_free(dff);
     gh_free(dp); gh_free(dxb); gh_free(dya); gh_free(dyb);
+    gh_end();
+}
+
+/* nstf_gpu_head_norm_rope (one token's q and k heads normalized and
+ * rotated in one kernel) against nstf_gpu_head_norm then
+ * nstf_gpu_rope_strided on the same rows: bitwise, 0 differing values
+ * allowed; and against the fp64 references under the bf16 rule (NMSE at
+ * most 2x a naive host chain's). The rows start 2 bytes past a 16-byte
+ * boundary and k begins k_gap elements after q's rows (odd: k's heads are
+ * only 2-byte aligned), as no head row is promised more alignment than its
+ * element's. */
+static void test_head_norm_rope(int nh, int nkv, int hd, nstf_rope_mode mode, bool factors, bool pdl, int k_gap) {
+    const float eps = 1e-6f, base = 1000000.0f;
+    const int32_t pos = 4099;
+    const int64_t q_rows = (int64_t)nh * hd, k_at = q_rows + k_gap, n = k_at + (int64_t)nkv * hd;
+    std::vector<float> x(n), wq(hd), wk(hd), fr(256), ff(128);
+    for (auto &v : x) v = bf(2.0f * normal());
+    for (auto &v : wq) v = 1.0f + 0.3f * normal();
+    for (auto &v : wk) v = 1.0f + 0.3f * normal();
+    nstf_gpu_rope_freqs(base, hd, fr.data());
+    for (int i = 0; i < 128; i++) ff[i] = 1.0f + 7.0f * (float)i / 127.0f;
+    const float *fac = factors ? ff.data() : nullptr;
+    std::vector<float> ref(x), naive(x);
+    nstf_ref_head_norm(ref.data(), wq.data(), nh, hd, eps);
+    nstf_ref_head_norm(ref.data() + k_at, wk.data(), nkv, hd, eps);
+    nstf_ref_rope_ff(ref.data(), &pos, 1, nh, hd, base, fac, mode);
+    nstf_ref_rope_ff(ref.data() + k_at, &pos, 1, nkv, hd, base, fac, mode);
+    naive_head_norm(naive.data(), wq.data(), nh, hd, eps);
+    naive_head_norm(naive.data() + k_at, wk.data(), nkv, hd, eps);
+    naive_rope(naive.data(), nh, hd, pos, base, fac, mode);
+    naive_rope(naive.data() + k_at, nkv, hd, pos, base, fac, mode);
+
+    gh_begin("head_norm_rope %d/%d heads of %d %s%s k+%d%s", nh, nkv, hd, mode == NSTF_ROPE_NEOX ? "neox" : "norm",
+             factors ? " +factors" : "", k_gap, pdl ? " pdl" : "");
+    const std::vector<uint16_t> xb = gh_to_bf16(x);
+    gh_buf da = gh_alloc(n * 2, xb.data(), 2), db = gh_alloc(n * 2, xb.data(), 2);
+    gh_buf dwq = gh_alloc(hd * 4, wq.data()), dwk = gh_alloc(hd * 4, wk.data()), dfr = gh_alloc(256 * 4, fr.data());
+    gh_buf dff = gh_alloc(128 * 4, ff.data()), dp = gh_alloc(4, &pos);
+    const float *dfac = factors ? dff.as<const float>() : nullptr;
+    uint16_t *qa = da.as<uint16_t>(), *qb = db.as<uint16_t>();
+    gh_launched(nstf_gpu_head_norm(qa, q_rows, qa + k_at, (int64_t)nkv * hd, dwq.as<const float>(),
+                                   dwk.as<const float>(), 1, nh, nkv, hd, eps, nullptr),
+                "head_norm");
+    gh_launched(nstf_gpu_rope_strided(qa, q_rows, qa + k_at, (int64_t)nkv * hd, dp.as<const int32_t>(), 1, nh, nkv, hd,
+                                      base, dfac, mode, nullptr),
+                "rope");
+    const int prev = nstf_gpu_set_pdl(pdl);
+    const nstf_status st = nstf_gpu_head_norm_rope(qb, qb + k_at, dwq.as<const float>(), dwk.as<const float>(), nh, nkv,
+                                                   hd, eps, dp.as<const int32_t>(), dfr.as<const float>(), dfac, mode,
+                                                   nullptr);
+    nstf_gpu_set_pdl(prev);
+    gh_launched(st, "head_norm_rope");
+    std::vector<uint16_t> a(n), o(n);
+    gh_fetch(da, a.data());
+    gh_fetch(db, o.data());
+    int64_t diff = 0;
+    for (int64_t i = 0; i < n; i++) diff += a[i] != o[i];
+    CHECK(diff == 0, "head_norm_rope: %lld of %lld values differ from head_norm + rope (bitwise)", (long long)diff,
+          (long long)n);
+    gh_note("differing from head_norm + rope %lld of %lld (0 allowed)", (long long)diff, (long long)n);
+    const std::vector<float> y = gh_from_bf16(o);
+    gh_compare("q,k", y.data(), ref.data(), n, gh_tol_naive(naive.data()));
+    gh_free(da); gh_free(db); gh_free(dwq); gh_free(dwk); gh_free(dfr); gh_free(dff); gh_free(dp);
     gh_end();
 }
 
@@ -270,7 +355,27 @@ static void gemv_fused_qkv_cases(void) {
         test_gemv_fused_qkv(wt, 1024, 16, 8, 128, NSTF_ROPE_NORM, false, true, false);
         test_gemv_fused_qkv(wt, 1024, 4, 2, 64, NSTF_ROPE_NEOX, true, true, true, true); /* both, RoPE factors */
         test_gemv_fused_qkv(wt, 3584, 28, 4, 128, NSTF_ROPE_NEOX, true, false, true);
+        /* x = 0: the outputs are the biases alone (v's rows checked as bf16(b)) */
+        test_gemv_fused_qkv(wt, w05, 14, 2, 64, NSTF_ROPE_NEOX, true, false, false, false, true);
+        test_gemv_fused_qkv(wt, 1024, 7, 1, 128, NSTF_ROPE_NORM, true, true, true, false, true);
+        /* odd head counts, head_dim 256 */
+        test_gemv_fused_qkv(wt, 1024, 7, 1, 128, NSTF_ROPE_NEOX, true, true, false);
+        test_gemv_fused_qkv(wt, 1024, 3, 1, 256, NSTF_ROPE_NEOX, false, true, true);
+        test_gemv_fused_qkv(wt, w05, 9, 3, 64, NSTF_ROPE_NORM, true, false, false);
     }
+    /* the q/k norm's second kernel alone: Qwen3-0.6B, Qwen2.5-0.5B-like and
+     * odd head counts, head_dim 6..256, k right after q or 2-byte aligned */
+    for (int pdl = 0; pdl < 2; pdl++) {
+        test_head_norm_rope(16, 8, 128, NSTF_ROPE_NEOX, false, pdl, 0);
+        test_head_norm_rope(14, 2, 64, NSTF_ROPE_NEOX, false, pdl, 1);
+    }
+    test_head_norm_rope(16, 8, 128, NSTF_ROPE_NORM, true, true, 3);
+    test_head_norm_rope(7, 1, 128, NSTF_ROPE_NORM, false, false, 1);
+    test_head_norm_rope(9, 3, 64, NSTF_ROPE_NEOX, true, true, 0);
+    test_head_norm_rope(3, 3, 256, NSTF_ROPE_NEOX, false, false, 5);
+    test_head_norm_rope(5, 0, 96, NSTF_ROPE_NORM, false, true, 0); /* no k heads */
+    test_head_norm_rope(3, 1, 6, NSTF_ROPE_NEOX, false, false, 1);
+    test_head_norm_rope(40, 8, 128, NSTF_ROPE_NEOX, false, true, 1); /* 6 blocks */
     gh_buf dummy = gh_alloc(4096, nullptr);
     nstf_gemv_fusion f = {};
     f.epi = NSTF_GEMV_SWIGLU;

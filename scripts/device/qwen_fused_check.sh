@@ -13,10 +13,15 @@
 #                       bias and/or the q/k norm ("gemv_fused qkv" lines) for
 #                       BF16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
 #                       Q6_K weights at Qwen2.5-0.5B, Qwen3-0.6B and
-#                       Qwen2.5-7B QKV shapes: bitwise the unfused kernels
+#                       Qwen2.5-7B QKV shapes, odd head counts, head_dim
+#                       256, and x = 0 (the output is the bias alone; v's
+#                       rows must be bf16(bias)): bitwise the unfused kernels
 #                       (rmsnorm, gemv, bias x3, head_norm, rope) and within
 #                       2x a naive bf16 chain's NMSE of the fp64 references;
-#                       the count of those cases is printed
+#                       and the q/k norm's second kernel alone
+#                       ("head_norm_rope" lines: head_dim 6..256, k heads
+#                       only 2-byte aligned) bitwise head_norm + rope; the
+#                       counts of those cases are printed
 #   test_backend_ops_gpu  the BIAS and HEAD_NORM op rows at every level
 #   levels_<model>      test_levels_gpu on the GGUF `nstf convert` writes of
 #                       tests/data/arch/qwen2 and qwen3 (BF16), and on random
@@ -35,9 +40,10 @@
 #                       device argmax) of the random Qwen models, fused and
 #                       --unfused (the level-3 graph of the unfused kernels)
 #
-# Passing: "PASS name" for every step, "gemv_fused qkv: N cases passed, 0
-# failed" with N = 80, and "qwen_fused_check: PASS" at the end (exit 0). A
-# test that exits 77 (skipped) is a failure here. Logs in $B/qwen_fused_check/.
+# Passing: "PASS name" for every step, "gemv_fused qkv: 130 cases passed,
+# 0 failed", "head_norm_rope: 11 cases passed, 0 failed", and
+# "qwen_fused_check: PASS" at the end (exit 0). A test that exits 77
+# (skipped) is a failure here. Logs in $B/qwen_fused_check/.
 set -u
 B=${B:-${1:-build-cuda}}
 for x in nstf tests/test_ops_gpu tests/test_backend_ops_gpu tests/test_levels_gpu tests/test_arch; do
@@ -66,10 +72,15 @@ run() { # run NAME COMMAND...: PASS on exit 0, else FAIL (77, a skip, too)
 }
 
 run test_ops_gpu "$B/tests/test_ops_gpu"
-p=$(grep -E "^PASS gemv_fused qkv" "$logs/test_ops_gpu.log" | wc -l)
-f=$(grep -E "^FAIL gemv_fused qkv" "$logs/test_ops_gpu.log" | wc -l)
-echo "    gemv_fused qkv: $p cases passed, $f failed"
-[ "$p" -eq 80 ] && [ "$f" -eq 0 ] || ok=0
+# cases COUNT PREFIX: the PASS/FAIL lines of test_ops_gpu's cases named PREFIX
+cases() {
+    p=$(grep -E "^PASS $2" "$logs/test_ops_gpu.log" | wc -l)
+    f=$(grep -E "^FAIL $2" "$logs/test_ops_gpu.log" | wc -l)
+    echo "    $2: $p cases passed, $f failed (want $1 and 0)"
+    [ "$p" -eq "$1" ] && [ "$f" -eq 0 ] || ok=0
+}
+cases 130 "gemv_fused qkv"
+cases 11 "head_norm_rope"
 tail -n 1 "$logs/test_ops_gpu.log" | sed 's/^/    /'
 run test_backend_ops_gpu "$B/tests/test_backend_ops_gpu"
 
