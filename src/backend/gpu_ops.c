@@ -124,6 +124,16 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         f.pos = a->matmul.rope.pos;
         f.rope_freqs = g->rope_freqs;
         f.rope_factors = a->matmul.rope.freq_factors;
+        /* Qwen: the QKV bias in the epilogue; the per-head q/k norm in a
+         * second kernel with the rotation (gemv_fused.cu says why) */
+        f.q_rows = a->matmul.rope.n_heads * a->matmul.rope.head_dim;
+        f.bias_q = a->matmul.bias[0];
+        f.bias_k = a->matmul.bias[1];
+        f.bias_v = a->matmul.bias[2];
+        f.q_norm = a->matmul.q_norm;
+        f.k_norm = a->matmul.k_norm;
+        f.qk_eps = a->matmul.eps;
+        if (f.q_norm) g->n_kernels++;
         break;
     case NSTF_MM_SWIGLU:
         f.epi = NSTF_GEMV_SWIGLU;
@@ -137,13 +147,9 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
-    /* the fused GEMVs have no bias or per-head norm (Qwen): the ops then run apart */
+    /* a bias or per-head norm (Qwen) fuses into the QKV matmul's RoPE epilogue only */
     bool extras = a->matmul.q_norm != NULL;
     for (int i = 0; i < a->matmul.n_w; i++) extras = extras || a->matmul.bias[i] != NULL;
-    if (extras) {
-        g->unfused++;
-        return false;
-    }
     nstf_matrix w = *a->matmul.w[0];
     const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
     bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
@@ -153,6 +159,7 @@ bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     case NSTF_MM_ROPE: ok = ok && n_w == 3 && norm && (a->matmul.rope.head_dim / 2) % 8 == 0; break;
     case NSTF_MM_SWIGLU: ok = ok && n_w == 2 && norm; break;
     }
+    ok = ok && (!extras || a->matmul.epi == NSTF_MM_ROPE);
     ok = ok && nstf_gpu_gemv_fusable(w.type, w.data, w.n_in, norm);
     if (!ok) g->unfused++;
     return ok;

@@ -149,10 +149,11 @@ const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t 
 
 /* The decode GEMV of one token with the ops around it fused, so a layer is
  * six kernels: the RMSNorm before it (prologue) and the residual add, the
- * RoPE or the SwiGLU after it (epilogue). Each result is bitwise what the
- * unfused kernels give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_rope,
- * nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same order, the same
- * bf16 roundings in between. */
+ * RoPE or the SwiGLU after it (epilogue), with Qwen's QKV bias and per-head
+ * q/k norm before the RoPE. Each result is bitwise what the unfused kernels
+ * give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_bias, nstf_gpu_head_norm,
+ * nstf_gpu_rope, nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same
+ * order, the same bf16 roundings in between. */
 typedef enum nstf_gemv_epi {
     NSTF_GEMV_STORE = 0,  /* y[o] = (W x)[o], y F32 */
     NSTF_GEMV_ACCUM = 1,  /* y[o] += (W x)[o], y F32 (the residual stream) */
@@ -176,6 +177,15 @@ typedef struct nstf_gemv_fusion {
     const float *rope_freqs; /* ROPE: device table of nstf_gpu_rope_freqs() */
     const float *rope_factors; /* ROPE: device [head_dim/2] frequency factors (as
                                   nstf_gpu_rope_strided's), or NULL */
+    /* ROPE only, Qwen's extras, applied where the unfused ops apply them
+     * (nstf_gpu_bias, then nstf_gpu_head_norm, then the rotation): rows
+     * [0, q_rows) are q's heads, [q_rows, rope_rows) k's, the rest v's. */
+    int q_rows;              /* needed with a bias or the q/k norm: a multiple of head_dim */
+    const float *bias_q, *bias_k, *bias_v; /* device fp32 biases of the three row
+                                              ranges (Qwen2), each NULL: none */
+    const float *q_norm, *k_norm; /* device fp32 [head_dim] per-head RMSNorm weights
+                                     of q's and k's heads (Qwen3), or NULL */
+    float qk_eps;            /* the per-head norm's epsilon */
 } nstf_gemv_fusion;
 
 /* Whether nstf_gpu_gemv_fused takes this weight (BF16 with n_in % 8 == 0 and
@@ -183,7 +193,10 @@ typedef struct nstf_gemv_fusion {
  * prologue (norm != 0), whether x of n_in fits the staging buffer. */
 int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm);
 /* One token: W [n_out, n_in] as in nstf_gpu_gemv, x [n_in] bf16 (unless
- * f->norm_x), y as f->epi says (n_out even for ROPE and SWIGLU). */
+ * f->norm_x), y as f->epi says (n_out even for ROPE and SWIGLU). One
+ * kernel; two with the per-head q/k norm (the GEMV stores q | k | v with
+ * their biases, then one kernel normalizes and rotates q's and k's heads:
+ * nstf_gpu_head_norm_rope). */
 nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
                                 int64_t n_in, int64_t n_out, const nstf_gemv_fusion *f,
                                 void *stream);
@@ -411,6 +424,16 @@ nstf_status nstf_gpu_bias(uint16_t *x, int64_t stride, const float *b, int64_t n
 nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride, const float *wq,
                                const float *wk, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
                                float eps, void *stream);
+/* One token's per-head RMSNorm then RoPE, in place, in one kernel (the
+ * level-3 decode of Qwen3, after the fused QKV GEMV): q [n_heads, head_dim]
+ * and k [n_kv_heads, head_dim] bf16, each head row normalized as
+ * nstf_gpu_head_norm does, rounded to bf16, then rotated at position *pos
+ * as nstf_gpu_rope_strided does, with the device table `freqs` of
+ * nstf_gpu_rope_freqs and the device frequency `factors` (or NULL):
+ * bitwise the two kernels' result. head_dim even, <= 256. */
+nstf_status nstf_gpu_head_norm_rope(uint16_t *q, uint16_t *k, const float *wq, const float *wk, int n_heads,
+                                    int n_kv_heads, int head_dim, float eps, const int32_t *pos, const float *freqs,
+                                    const float *factors, nstf_rope_mode mode, void *stream);
 
 /* The workspace a low-rank matmul may use for its GEMM path: a bf16
  * buffer of wtmp_elems elements for a dequantized factor, row ids
