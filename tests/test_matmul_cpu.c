@@ -24,13 +24,16 @@
  *        NMSE <= 1e-10 — only fp32 rounding of the kernels' scale
  *        products and summation order may differ.
  *  - The precise path (fp32 x, W dequantized on the fly): NMSE <= 1e-7.
- *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default): x
- *    is its 8-bit blocks plus the 8-bit blocks of their rounding residual
- *    r = x - d q (scale d2 = amax(r)/127 <= d/254), so each x element moves
- *    by at most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
+ *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default):
+ *    for the super-block types x is its 8-bit blocks plus the 8-bit blocks
+ *    of their rounding residual r = x - d q (scale d2 = amax(r)/127 <=
+ *    d/254); for the 32-element types x is quantized per block of 32 to
+ *    int16 with d2 = amax/32767. Either way each x element moves by at
+ *    most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
  *    Gaussian data ~ the 8-bit figure times (d2/d)^2 ~ 1/254^2: theory
  *    ~4e-10 (32-blocks) .. 7e-10 (256-blocks), see NMSE_A16_TOL; (c) the
- *    two-level scalar model, NMSE <= 1e-10. Run with an arena for every
+ *    scalar model of the path (two levels, or the int16 blocks), NMSE <=
+ *    1e-10. Run with an arena for every
  *    row and with one for a third of them (rows in chunks); float weights
  *    must give nstf_cpu_matmul's output bit for bit.
  *  - The slow path (arena too small: dequantized blocks x fp32 x): NMSE <= 1e-7.
@@ -77,6 +80,29 @@ static void model_quantize_x(const float *x, int8_t *q, float *d, int64_t nb, in
         for (int j = 0; j < bs; j++) q[b * bs + j] = (int8_t)nearbyintf(xb[j] * id);
         d[b] = amax / 127.0f;
     }
+}
+
+/* The 16-bit blocks of the a16 path's 32-element types: per 32,
+ * d = amax/32767, q = nearest-even(x * 32767/amax). */
+static void model_quantize_x16(const float *x, int16_t *q, float *d, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) q[b * 32 + j] = (int16_t)nearbyintf(xb[j] * id);
+        d[b] = amax / 32767.0f;
+    }
+}
+
+static double model_dot16(const float *wd, const int16_t *q, const float *d, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        double s = 0.0;
+        for (int j = 0; j < 32; j++) s += (double)wd[b * 32 + j] * q[b * 32 + j];
+        acc += s * d[b];
+    }
+    return acc;
 }
 
 /* sum_b d_b * sum_{i in b} W[i] * xq[i] in double, W dequantized. */
@@ -132,17 +158,24 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     const int bs = x_block(t);
     const int64_t nb = n_in / bs;
     int8_t *q = malloc((size_t)n_in), *q2 = malloc((size_t)n_in);
+    int16_t *q16 = malloc((size_t)n_in * 2);
     float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)nb * 4), *r = malloc((size_t)n_in * 4);
     double *mod = malloc((size_t)(n_tok * n_out) * 8);
-    if (!q || !q2 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
+    if (!q || !q2 || !q16 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
+    const bool x16 = bs == 32; /* the 32-element types: int16 blocks */
     int64_t over = 0;
     for (int64_t tk = 0; tk < n_tok; tk++) {
         const float *xt = x + tk * n_in;
-        model_quantize_x(xt, q, d, nb, bs);
-        for (int64_t i = 0; i < n_in; i++) r[i] = xt[i] - d[i / bs] * (float)q[i];
-        model_quantize_x(r, q2, d2, nb, bs);
+        if (x16) {
+            model_quantize_x16(xt, q16, d2, nb);
+        } else {
+            model_quantize_x(xt, q, d, nb, bs);
+            for (int64_t i = 0; i < n_in; i++) r[i] = xt[i] - d[i / bs] * (float)q[i];
+            model_quantize_x(r, q2, d2, nb, bs);
+        }
         for (int64_t o = 0; o < n_out; o++) {
-            mod[tk * n_out + o] = model_dot(wd + o * n_in, q, d, nb, bs) + model_dot(wd + o * n_in, q2, d2, nb, bs);
+            mod[tk * n_out + o] = x16 ? model_dot16(wd + o * n_in, q16, d2, nb)
+                                      : model_dot(wd + o * n_in, q, d, nb, bs) + model_dot(wd + o * n_in, q2, d2, nb, bs);
             double bnd = 0.0, mag = 0.0;
             for (int64_t i = 0; i < n_in; i++) {
                 const double wv = fabs((double)wd[o * n_in + i]);
@@ -156,7 +189,8 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     CHECK(over == 0, "%s a16%s: %lld outputs beyond the 16-bit rounding bound", tag, chunked ? " (chunks)" : "",
           (long long)over);
     const double em = nmse(y, mod, n_tok * n_out);
-    CHECK(em <= NMSE_MODEL_TOL, "%s a16: NMSE vs the two-level model %.3g > %.3g", tag, em, NMSE_MODEL_TOL);
+    CHECK(em <= NMSE_MODEL_TOL, "%s a16: NMSE vs the %s model %.3g > %.3g", tag, x16 ? "int16" : "two-level", em,
+          NMSE_MODEL_TOL);
     int64_t n_used;
     const double eb = nmse_but_token1(y, ref, n_tok, n_out, &n_used);
     if (n_used >= 64) {
@@ -165,6 +199,7 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     }
     free(q);
     free(q2);
+    free(q16);
     free(d);
     free(d2);
     free(r);
