@@ -25,10 +25,10 @@
  *        products and summation order may differ.
  *  - The precise path (fp32 x, W dequantized on the fly): NMSE <= 1e-7.
  *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default):
- *    for the super-block types x is its 8-bit blocks plus the 8-bit blocks
- *    of their rounding residual r = x - d q (scale d2 = amax(r)/127 <=
- *    d/254); for the 32-element types x is quantized per block of 32 to
- *    int16 with d2 = amax/32767. Either way each x element moves by at
+ *    for Q2_K, Q3_K and IQ4_XS x is its 8-bit blocks plus the 8-bit
+ *    blocks of their rounding residual r = x - d q (scale d2 = amax(r)/127
+ *    <= d/254); for the 32-element types and Q4_K, Q5_K, Q6_K x is
+ *    quantized per block of 32 to int16 with d2 = amax/32767. Either way each x element moves by at
  *    most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
  *    Gaussian data ~ the 8-bit figure times (d2/d)^2 ~ 1/254^2: theory
  *    ~4e-10 (32-blocks) .. 7e-10 (256-blocks), see NMSE_A16_TOL; (c) the
@@ -46,6 +46,7 @@
 #include "core/dtype.h"
 #include "core/threadpool.h"
 #include "ops/cpu/cpu_isa.h"
+#include "ops/cpu/matmul_i16.h"
 #include "ops/ops.h"
 #include "test_quant.h"
 #include "test_util.h"
@@ -159,27 +160,28 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     const int64_t nb = n_in / bs;
     int8_t *q = malloc((size_t)n_in), *q2 = malloc((size_t)n_in);
     int16_t *q16 = malloc((size_t)n_in * 2);
-    float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)nb * 4), *r = malloc((size_t)n_in * 4);
+    float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)(n_in / 32) * 4), *r = malloc((size_t)n_in * 4);
     double *mod = malloc((size_t)(n_tok * n_out) * 8);
     if (!q || !q2 || !q16 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
-    const bool x16 = bs == 32; /* the 32-element types: int16 blocks */
+    const bool x16 = nstf_i16_type(t); /* int16 blocks of 32 (matmul_i16.c) */
+    const int64_t nb16 = n_in / 32;
     int64_t over = 0;
     for (int64_t tk = 0; tk < n_tok; tk++) {
         const float *xt = x + tk * n_in;
         if (x16) {
-            model_quantize_x16(xt, q16, d2, nb);
+            model_quantize_x16(xt, q16, d2, nb16);
         } else {
             model_quantize_x(xt, q, d, nb, bs);
             for (int64_t i = 0; i < n_in; i++) r[i] = xt[i] - d[i / bs] * (float)q[i];
             model_quantize_x(r, q2, d2, nb, bs);
         }
         for (int64_t o = 0; o < n_out; o++) {
-            mod[tk * n_out + o] = x16 ? model_dot16(wd + o * n_in, q16, d2, nb)
+            mod[tk * n_out + o] = x16 ? model_dot16(wd + o * n_in, q16, d2, nb16)
                                       : model_dot(wd + o * n_in, q, d, nb, bs) + model_dot(wd + o * n_in, q2, d2, nb, bs);
             double bnd = 0.0, mag = 0.0;
             for (int64_t i = 0; i < n_in; i++) {
                 const double wv = fabs((double)wd[o * n_in + i]);
-                bnd += wv * d2[i / bs] * 0.5;
+                bnd += wv * d2[i / (x16 ? 32 : bs)] * 0.5;
                 mag += wv * fabs((double)xt[i]);
             }
             const double e = fabs((double)y[tk * n_out + o] - ref[tk * n_out + o]);

@@ -22,11 +22,11 @@
  * calls beyond the reservation run nstf_cpu_matmul (fp32 activations for
  * float weights; its fallback otherwise).
  *
- * The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) take
- * another road to the same precision: their activations go to int16
- * blocks of 32 (d = amax / 32767) in the same arena, and one 16-bit
- * integer dot product per block replaces the two 8-bit ones
- * (matmul_i16.c). The super-block types use the two levels above. */
+ * The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and
+ * Q4_K, Q5_K, Q6_K take another road to the same precision: their
+ * activations go to int16 blocks of 32 (d = amax / 32767) in the same
+ * arena, and one 16-bit integer dot product per block replaces the two
+ * 8-bit ones (matmul_i16.c). Q2_K, Q3_K and IQ4_XS use the two levels. */
 #include <string.h>
 
 #include "core/mem.h"

@@ -1,6 +1,6 @@
 /* matmul_i16.c — the 16-bit activation matmul of the 32-element block
- * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): nstf_cpu_matmul_a16's path
- * for them (ops.h; matmul_i16.h).
+ * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K, Q6_K:
+ * nstf_cpu_matmul_a16's path for them (ops.h; matmul_i16.h).
  *
  * Activations are quantized once per call, per block of 32, to int16:
  * d = amax / 32767, q = nearest-even(x * 32767 / amax) (0 when amax == 0),
@@ -13,6 +13,10 @@
  *   y += d_w * d_x * sum(code * q)   (+ m_w * s for Q4_1 / Q5_1)
  * |code| <= 128 and |q| <= 32767, so a block's sum is at most
  * 32 * 128 * 32767 < 2^28: exact in int32.
+ *
+ * The super-block types decode a 256-value super-block per row into 8
+ * such blocks of int16 codes, with a scale per block of 32 and row (see
+ * ktile_avx2); the mins of Q4_K / Q5_K meet s as Q4_1's do.
  *
  * Tiles: 8 weight rows (one vector lane each, as matmul.c's 8-bit tiles:
  * rows past rm repeat row rm - 1 and are not stored) x RN_I16 tokens; the
@@ -28,6 +32,7 @@
 
 #include "core/mem.h"
 #include "core/threadpool.h"
+#include "ops/cpu/matmul_k.h"
 #include "ops/cpu/q32_simd.h"
 
 #define QK NSTF_QK
@@ -35,9 +40,11 @@
 #define TOK_CHUNK 32
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
+static bool is_k(nstf_type t) { return t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K || t == NSTF_TYPE_Q6_K; }
+
 bool nstf_i16_type(nstf_type t) {
     return t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_Q4_1 || t == NSTF_TYPE_Q5_0 || t == NSTF_TYPE_Q5_1 ||
-           t == NSTF_TYPE_Q8_0 || t == NSTF_TYPE_IQ4_NL;
+           t == NSTF_TYPE_Q8_0 || t == NSTF_TYPE_IQ4_NL || is_k(t);
 }
 
 static uint64_t align64(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
@@ -155,9 +162,50 @@ static void tile_scalar(nstf_type t, const uint8_t *w, uint64_t row_bytes, int r
         }
 }
 
+/* Super-blocks: W[e] = d * sc[e/16] * q[e] - dmin * m[e/16] (nstf_mmk_decode)
+ * against the 8 x blocks of 32 it spans. */
+static void ktile_scalar(nstf_type t, const uint8_t *w, uint64_t row_bytes, int rm, const xq16 *x, int64_t t0,
+                         int rn, float *y, int64_t ldy) {
+    const uint64_t bb = (uint64_t)nstf_type_block_bytes(t);
+    nstf_mmk_block blk;
+    for (int r = 0; r < rm; r++) {
+        float acc[RN_I16] = {0};
+        for (int64_t b = 0; b < x->nb / 8; b++) {
+            nstf_mmk_decode(t, w + (uint64_t)r * row_bytes + (uint64_t)b * bb, &blk);
+            for (int k = 0; k < rn; k++)
+                for (int c = 0; c < 8; c++) {
+                    const int64_t xb = (t0 + k) * x->nb + 8 * b + c;
+                    const int16_t *q = x->q + xb * QK;
+                    int32_t lo = 0, hi = 0, slo = 0, shi = 0;
+                    for (int j = 0; j < 16; j++) {
+                        lo += blk.q[32 * c + j] * blk.sc[2 * c] * q[j];
+                        hi += blk.q[32 * c + 16 + j] * blk.sc[2 * c + 1] * q[16 + j];
+                        slo += q[j];
+                        shi += q[16 + j];
+                    }
+                    acc[k] += (float)(lo + hi) * (blk.d * x->d[xb]);
+                    acc[k] -= (float)(blk.m[2 * c] * slo + blk.m[2 * c + 1] * shi) * (blk.dmin * x->d[xb]);
+                }
+        }
+        for (int k = 0; k < rn; k++) y[k * ldy + r] = acc[k];
+    }
+}
+
 /* ---- AVX2 tiles ----------------------------------------------------------- */
 #if NSTF_CPU_HAVE_AVX2
-enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, N_KINDS };
+enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, K_Q4_K, K_Q5_K, K_Q6_K, N_KINDS };
+
+/* acc[t] lane r -> y[t * ldy + r] for r < rm. */
+static ALWAYS_INLINE void store_tile(const int RN, const __m256 *acc, int rm, float *y, int64_t ldy) {
+    if (rm == 8) {
+#pragma GCC unroll 8
+        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 8
+        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
+    }
+}
 
 /* The 32 signed codes of one block. */
 static ALWAYS_INLINE __m256i codes32(const int kind, const uint8_t *bl, __m256i iq4) {
@@ -223,32 +271,134 @@ static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t 
             if (has_m) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
         }
     }
-    if (rm == 8) {
+    store_tile(RN, acc, rm, y, ldy);
+}
+
+/* Super-block tiles (Q4_K, Q5_K, Q6_K): per super-block the 8 rows are
+ * decoded to int16 into wq[chunk][row][32], with per chunk of 32 a scale
+ * vector over the rows (dv: d * sc for Q4_K / Q5_K, d for Q6_K whose
+ * 16-value scales are multiplied into its codes) and the mins' (mv =
+ * -dmin * m). Q6_K's |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
+ * with |x| <= 32767 stay below 2^31: the tree sums in int32 up to 4 lanes
+ * of 4 products and finishes in fp32. */
+static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
+                                     const xq16 *x, int64_t t0, float *y, int64_t ldy) {
+    const int bb = kt == NSTF_TYPE_Q4_K ? 144 : kt == NSTF_TYPE_Q5_K ? 176 : 210;
+    const uint8_t *wr[8];
+    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    const int64_t nb = x->nb;
+    __m256 acc[RN_I16];
 #pragma GCC unroll 8
-        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-    } else {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+    _Alignas(32) int16_t wq[8][8][32];
+    _Alignas(32) float dvs[8][8], mvs[8][8];
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb / 8; b++) {
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *blk = wr[r] + (uint64_t)b * (uint64_t)bb;
+            __m256i c8[8];
+            if (kt == NSTF_TYPE_Q6_K) {
+                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 208));
+                const __m256i m30 = _mm256_set1_epi8(0x30), o32 = _mm256_set1_epi8(32);
+                for (int n = 0; n < 2; n++) {
+                    const __m256i A = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
+                    const __m256i B = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
+                    const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+                    c8[4 * n] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+                    c8[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+                    c8[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4), _mm256_and_si256(H, m30));
+                    c8[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
+                                                    _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+                }
+                for (int c = 0; c < 8; c++) {
+                    const __m256i v = _mm256_sub_epi8(c8[c], o32);
+                    const int8_t *sc = (const int8_t *)blk + 192 + 2 * c;
+                    _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                                                                               _mm256_set1_epi16(sc[0])));
+                    _mm256_store_si256((__m256i *)(wq[c][r] + 16),
+                                       _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                                                          _mm256_set1_epi16(sc[1])));
+                    dvs[c][r] = d;
+                    mvs[c][r] = 0.0f;
+                }
+            } else {
+                const bool five = kt == NSTF_TYPE_Q5_K;
+                const float d = nstf_fp16_to_f32(nstf_load_u16(blk)), dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 2));
+                const uint8_t *qs = blk + (five ? 48 : 16);
+                __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+                const __m256i m10 = _mm256_set1_epi8(0x10);
+                for (int j = 0; j < 4; j++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                    c8[2 * j] = _mm256_and_si256(v, m4);
+                    c8[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (five) { /* bits 2j, 2j+1 of each qh byte (hb shifted by 2j so far) */
+                        c8[2 * j] = _mm256_or_si256(c8[2 * j], _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+                        c8[2 * j + 1] = _mm256_or_si256(c8[2 * j + 1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
+                        hb = _mm256_srli_epi16(hb, 2);
+                    }
+                }
+                for (int c = 0; c < 8; c++) {
+                    uint8_t sc, m;
+                    nstf_k4_scale_min(c, blk + 4, &sc, &m);
+                    _mm256_store_si256((__m256i *)wq[c][r], _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c8[c])));
+                    _mm256_store_si256((__m256i *)(wq[c][r] + 16), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c8[c], 1)));
+                    dvs[c][r] = d * (float)sc;
+                    mvs[c][r] = -dmin * (float)m;
+                }
+            }
+        }
+        for (int c = 0; c < 8; c++) {
+            const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
 #pragma GCC unroll 8
-        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
+            for (int t = 0; t < RN; t++) {
+                const int64_t xb = (t0 + t) * nb + 8 * b + c;
+                const __m256i xlo = _mm256_load_si256((const __m256i *)(x->q + xb * QK));
+                const __m256i xhi = _mm256_load_si256((const __m256i *)(x->q + xb * QK + 16));
+                __m256i p[8], a[4];
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++)
+                    p[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)wq[c][r]), xlo),
+                                            _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(wq[c][r] + 16)), xhi));
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * r], p[2 * r + 1]),
+                                            _mm256_unpackhi_epi32(p[2 * r], p[2 * r + 1]));
+                const __m256 b0 = _mm256_cvtepi32_ps(
+                    _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
+                const __m256 b1 = _mm256_cvtepi32_ps(
+                    _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
+                const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+                acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
+                if (kt != NSTF_TYPE_Q6_K) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
+            }
+        }
     }
+    store_tile(RN, acc, rm, y, ldy);
 }
 
 typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, float *, int64_t);
-#define DEF_TILE(K, RN)                                                                                       \
+#define DEF_TILE(K, RN, KERN, KIND)                                                                           \
     static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, float *y, \
                                 int64_t ldy) {                                                                \
-        tile_avx2(K_##K, RN, w, rb, rm, x, t0, y, ldy);                                                       \
+        KERN(KIND, RN, w, rb, rm, x, t0, y, ldy);                                                             \
     }
-#define DEF_TILES(K) DEF_TILE(K, 1) DEF_TILE(K, 2) DEF_TILE(K, 3) DEF_TILE(K, 4) DEF_TILE(K, 5) DEF_TILE(K, 6) DEF_TILE(K, 7) DEF_TILE(K, 8)
-DEF_TILES(Q4_0)
-DEF_TILES(Q4_1)
-DEF_TILES(Q5_0)
-DEF_TILES(Q5_1)
-DEF_TILES(Q8_0)
-DEF_TILES(IQ4_NL)
+#define DEF_TILES(K, KERN, KIND)                                                                      \
+    DEF_TILE(K, 1, KERN, KIND) DEF_TILE(K, 2, KERN, KIND) DEF_TILE(K, 3, KERN, KIND)                  \
+    DEF_TILE(K, 4, KERN, KIND) DEF_TILE(K, 5, KERN, KIND) DEF_TILE(K, 6, KERN, KIND)                  \
+    DEF_TILE(K, 7, KERN, KIND) DEF_TILE(K, 8, KERN, KIND)
+DEF_TILES(Q4_0, tile_avx2, K_Q4_0)
+DEF_TILES(Q4_1, tile_avx2, K_Q4_1)
+DEF_TILES(Q5_0, tile_avx2, K_Q5_0)
+DEF_TILES(Q5_1, tile_avx2, K_Q5_1)
+DEF_TILES(Q8_0, tile_avx2, K_Q8_0)
+DEF_TILES(IQ4_NL, tile_avx2, K_IQ4_NL)
+DEF_TILES(Q4_K, ktile_avx2, NSTF_TYPE_Q4_K)
+DEF_TILES(Q5_K, ktile_avx2, NSTF_TYPE_Q5_K)
+DEF_TILES(Q6_K, ktile_avx2, NSTF_TYPE_Q6_K)
 #define TILE_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_3, tile_##K##_4, tile_##K##_5, tile_##K##_6, tile_##K##_7, tile_##K##_8},
 static const tile_fn k_tiles[N_KINDS][RN_I16] = {TILE_ROW(Q4_0) TILE_ROW(Q4_1) TILE_ROW(Q5_0) TILE_ROW(Q5_1)
-                                                     TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)};
+                                                     TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)
+                                                     TILE_ROW(Q4_K) TILE_ROW(Q5_K) TILE_ROW(Q6_K)};
 
 static int kind_of(nstf_type t) {
     switch (t) {
@@ -257,6 +407,9 @@ static int kind_of(nstf_type t) {
     case NSTF_TYPE_Q5_0: return K_Q5_0;
     case NSTF_TYPE_Q5_1: return K_Q5_1;
     case NSTF_TYPE_IQ4_NL: return K_IQ4_NL;
+    case NSTF_TYPE_Q4_K: return K_Q4_K;
+    case NSTF_TYPE_Q5_K: return K_Q5_K;
+    case NSTF_TYPE_Q6_K: return K_Q6_K;
     default: return K_Q8_0;
     }
 }
@@ -294,7 +447,10 @@ static void run_tile(const i16_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
         return;
     }
 #endif
-    tile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
+    if (is_k(c->wtype))
+        ktile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
+    else
+        tile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
 }
 
 /* Row tiles split over the threads (each keeps its rows hot) unless there

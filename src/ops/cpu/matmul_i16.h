@@ -1,5 +1,6 @@
 /* matmul_i16.h — the 16-bit activation matmul of the 32-element block
- * types (matmul_i16.c), the path nstf_cpu_matmul_a16 takes for them.
+ * types and Q4_K / Q5_K / Q6_K (matmul_i16.c), the path
+ * nstf_cpu_matmul_a16 takes for them.
  * Internal to src/ops/cpu. */
 #ifndef NSTF_OPS_CPU_MATMUL_I16_H
 #define NSTF_OPS_CPU_MATMUL_I16_H
