@@ -27,7 +27,7 @@
  *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default):
  *    for Q2_K, Q3_K and IQ4_XS x is its 8-bit blocks plus the 8-bit
  *    blocks of their rounding residual r = x - d q (scale d2 = amax(r)/127
- *    <= d/254); for the 32-element types and Q4_K, Q5_K, Q6_K x is
+ *    <= d/254), as for Q4_K, Q5_K, Q6_K below 4 tokens; otherwise x is
  *    quantized per block of 32 to int16 with d2 = amax/32767. Either way each x element moves by at
  *    most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
  *    Gaussian data ~ the 8-bit figure times (d2/d)^2 ~ 1/254^2: theory
@@ -163,7 +163,7 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)(n_in / 32) * 4), *r = malloc((size_t)n_in * 4);
     double *mod = malloc((size_t)(n_tok * n_out) * 8);
     if (!q || !q2 || !q16 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
-    const bool x16 = nstf_i16_type(t); /* int16 blocks of 32 (matmul_i16.c) */
+    const bool x16 = nstf_i16_serves(t, n_tok); /* int16 blocks of 32 (matmul_i16.c) */
     const int64_t nb16 = n_in / 32;
     int64_t over = 0;
     for (int64_t tk = 0; tk < n_tok; tk++) {

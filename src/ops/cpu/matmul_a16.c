@@ -26,7 +26,8 @@
  * Q4_K, Q5_K, Q6_K take another road to the same precision: their
  * activations go to int16 blocks of 32 (d = amax / 32767) in the same
  * arena, and one 16-bit integer dot product per block replaces the two
- * 8-bit ones (matmul_i16.c). Q2_K, Q3_K and IQ4_XS use the two levels. */
+ * 8-bit ones (matmul_i16.c). Q2_K, Q3_K and IQ4_XS use the two levels,
+ * as the other super-block types do below 4 rows (decode). */
 #include <string.h>
 
 #include "core/mem.h"
@@ -115,7 +116,7 @@ void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const fl
         return;
     }
     uint64_t per_tok;
-    if (nstf_i16_type(wtype) && nstf_i16_bytes(1, n_in, &per_tok)) {
+    if (nstf_i16_serves(wtype, n_tok) && nstf_i16_bytes(1, n_in, &per_tok)) {
         /* rows of 16-bit blocks (72 bytes per 32 values, plus alignment):
          * the arena of at least one token's 2 fp32 rows holds one or more */
         int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * 72));

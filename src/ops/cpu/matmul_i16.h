@@ -14,6 +14,9 @@
 
 /* True for the types computed here. */
 bool nstf_i16_type(nstf_type t);
+/* True where nstf_cpu_matmul_a16 takes this path for n_tok rows (the
+ * super-block types from 4 rows on). */
+bool nstf_i16_serves(nstf_type t, int64_t n_tok);
 /* Arena bytes for n_tok rows of n_in (a multiple of 32); false on
  * overflow or a bad shape. */
 bool nstf_i16_bytes(int64_t n_tok, int64_t n_in, uint64_t *out);
