@@ -24,13 +24,16 @@
  *        NMSE <= 1e-10 — only fp32 rounding of the kernels' scale
  *        products and summation order may differ.
  *  - The precise path (fp32 x, W dequantized on the fly): NMSE <= 1e-7.
- *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default): x
- *    is its 8-bit blocks plus the 8-bit blocks of their rounding residual
- *    r = x - d q (scale d2 = amax(r)/127 <= d/254), so each x element moves
- *    by at most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
+ *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default):
+ *    for Q2_K, Q3_K and IQ4_XS x is its 8-bit blocks plus the 8-bit
+ *    blocks of their rounding residual r = x - d q (scale d2 = amax(r)/127
+ *    <= d/254), as for Q4_K, Q5_K, Q6_K below 4 tokens; otherwise x is
+ *    quantized per block of 32 to int16 with d2 = amax/32767. Either way each x element moves by at
+ *    most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
  *    Gaussian data ~ the 8-bit figure times (d2/d)^2 ~ 1/254^2: theory
  *    ~4e-10 (32-blocks) .. 7e-10 (256-blocks), see NMSE_A16_TOL; (c) the
- *    two-level scalar model, NMSE <= 1e-10. Run with an arena for every
+ *    scalar model of the path (two levels, or the int16 blocks), NMSE <=
+ *    1e-10. Run with an arena for every
  *    row and with one for a third of them (rows in chunks); float weights
  *    must give nstf_cpu_matmul's output bit for bit.
  *  - The slow path (arena too small: dequantized blocks x fp32 x): NMSE <= 1e-7.
@@ -43,6 +46,7 @@
 #include "core/dtype.h"
 #include "core/threadpool.h"
 #include "ops/cpu/cpu_isa.h"
+#include "ops/cpu/matmul_i16.h"
 #include "ops/ops.h"
 #include "test_quant.h"
 #include "test_util.h"
@@ -65,6 +69,7 @@
 static nstf_pool *g_pools[5];
 static double g_max_nmse_q; /* largest quantized-path NMSE seen (>= 64 outputs) */
 static double g_max_nmse_a16; /* the same for the 16-bit activation path */
+static bool g_all_a16;        /* check the 16-bit path on every case (not every third) */
 
 /* The activation quantization nstf_cpu_matmul documents, in scalar form,
  * for blocks of bs (32, or 256 for the super-block types). */
@@ -77,6 +82,29 @@ static void model_quantize_x(const float *x, int8_t *q, float *d, int64_t nb, in
         for (int j = 0; j < bs; j++) q[b * bs + j] = (int8_t)nearbyintf(xb[j] * id);
         d[b] = amax / 127.0f;
     }
+}
+
+/* The 16-bit blocks of the a16 path's 32-element types: per 32,
+ * d = amax/32767, q = nearest-even(x * 32767/amax). */
+static void model_quantize_x16(const float *x, int16_t *q, float *d, int64_t nb) {
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        float id = amax != 0.0f ? 32767.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) q[b * 32 + j] = (int16_t)nearbyintf(xb[j] * id);
+        d[b] = amax / 32767.0f;
+    }
+}
+
+static double model_dot16(const float *wd, const int16_t *q, const float *d, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < nb; b++) {
+        double s = 0.0;
+        for (int j = 0; j < 32; j++) s += (double)wd[b * 32 + j] * q[b * 32 + j];
+        acc += s * d[b];
+    }
+    return acc;
 }
 
 /* sum_b d_b * sum_{i in b} W[i] * xq[i] in double, W dequantized. */
@@ -132,21 +160,29 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     const int bs = x_block(t);
     const int64_t nb = n_in / bs;
     int8_t *q = malloc((size_t)n_in), *q2 = malloc((size_t)n_in);
-    float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)nb * 4), *r = malloc((size_t)n_in * 4);
+    int16_t *q16 = malloc((size_t)n_in * 2);
+    float *d = malloc((size_t)nb * 4), *d2 = malloc((size_t)(n_in / 32) * 4), *r = malloc((size_t)n_in * 4);
     double *mod = malloc((size_t)(n_tok * n_out) * 8);
-    if (!q || !q2 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
+    if (!q || !q2 || !q16 || !d || !d2 || !r || !mod) { fprintf(stderr, "oom\n"); exit(2); }
+    const bool x16 = nstf_i16_serves(t, n_tok); /* int16 blocks of 32 (matmul_i16.c) */
+    const int64_t nb16 = n_in / 32;
     int64_t over = 0;
     for (int64_t tk = 0; tk < n_tok; tk++) {
         const float *xt = x + tk * n_in;
-        model_quantize_x(xt, q, d, nb, bs);
-        for (int64_t i = 0; i < n_in; i++) r[i] = xt[i] - d[i / bs] * (float)q[i];
-        model_quantize_x(r, q2, d2, nb, bs);
+        if (x16) {
+            model_quantize_x16(xt, q16, d2, nb16);
+        } else {
+            model_quantize_x(xt, q, d, nb, bs);
+            for (int64_t i = 0; i < n_in; i++) r[i] = xt[i] - d[i / bs] * (float)q[i];
+            model_quantize_x(r, q2, d2, nb, bs);
+        }
         for (int64_t o = 0; o < n_out; o++) {
-            mod[tk * n_out + o] = model_dot(wd + o * n_in, q, d, nb, bs) + model_dot(wd + o * n_in, q2, d2, nb, bs);
+            mod[tk * n_out + o] = x16 ? model_dot16(wd + o * n_in, q16, d2, nb16)
+                                      : model_dot(wd + o * n_in, q, d, nb, bs) + model_dot(wd + o * n_in, q2, d2, nb, bs);
             double bnd = 0.0, mag = 0.0;
             for (int64_t i = 0; i < n_in; i++) {
                 const double wv = fabs((double)wd[o * n_in + i]);
-                bnd += wv * d2[i / bs] * 0.5;
+                bnd += wv * d2[i / (x16 ? 32 : bs)] * 0.5;
                 mag += wv * fabs((double)xt[i]);
             }
             const double e = fabs((double)y[tk * n_out + o] - ref[tk * n_out + o]);
@@ -156,7 +192,8 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     CHECK(over == 0, "%s a16%s: %lld outputs beyond the 16-bit rounding bound", tag, chunked ? " (chunks)" : "",
           (long long)over);
     const double em = nmse(y, mod, n_tok * n_out);
-    CHECK(em <= NMSE_MODEL_TOL, "%s a16: NMSE vs the two-level model %.3g > %.3g", tag, em, NMSE_MODEL_TOL);
+    CHECK(em <= NMSE_MODEL_TOL, "%s a16: NMSE vs the %s model %.3g > %.3g", tag, x16 ? "int16" : "two-level", em,
+          NMSE_MODEL_TOL);
     int64_t n_used;
     const double eb = nmse_but_token1(y, ref, n_tok, n_out, &n_used);
     if (n_used >= 64) {
@@ -165,6 +202,7 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
     }
     free(q);
     free(q2);
+    free(q16);
     free(d);
     free(d2);
     free(r);
@@ -283,7 +321,7 @@ static void run_case(nstf_type t, int64_t n_tok, int64_t n_in, int64_t n_out, in
         CHECK(over == 0, "%s: %lld outputs beyond the int8 rounding bound", tag, (long long)over);
     }
     /* every third case (the grid rotates shapes and thread counts through it) */
-    if (arena == ARENA_FIT && seed % 3 == 0) check_a16(t, wd, w, x, ref, y, n_tok, n_in, n_out, nth, (seed & 1) != 0, tag);
+    if (arena == ARENA_FIT && (g_all_a16 || seed % 3 == 0)) check_a16(t, wd, w, x, ref, y, n_tok, n_in, n_out, nth, (seed & 1) != 0, tag);
     free(wf);
     free(wd);
     free(w);
@@ -320,6 +358,16 @@ static void run_type(nstf_type t, bool full, uint64_t *k) {
     for (size_t j = 0; j < 6; j++)
         for (int nth = 1; nth <= 4; nth++)
             if (full || nth == 1 + (int)(j % 4)) run_case(t, toks[j], small_in, 17, nth, ARENA_FIT, ++*k);
+    /* the 16-bit path's tiles (matmul_i16.c: 8 rows x 8 tokens, super-block
+     * types from 4 tokens): token counts around both, ragged rows */
+    g_all_a16 = true;
+    for (size_t j = 0; j < 5; j++) {
+        const int64_t n16[] = {4, 7, 9, 13, 41};
+        /* seeds of their own: the grid's stay as they were */
+        run_case(t, n16[j], j == 4 ? (sb ? 512 : 576) : small_in, j % 2 ? 17 : 13, 1 + (int)(j % 4), ARENA_FIT,
+                 900001 + *k * 8 + j);
+    }
+    g_all_a16 = false;
     /* prefill-sized token counts with small n_out (work split over tokens) */
     run_case(t, 512, sb ? 512 : 576, 5, 2, ARENA_FIT, ++*k);
     if (!full) return;

@@ -572,8 +572,10 @@ void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float 
  * only asks. */
 bool nstf_cpu_act_residual(nstf_type wtype, const float *x, float *r, int64_t n_in);
 /* Same contract as nstf_cpu_matmul, with activations carried to ~16 bits:
- * every row is evaluated as its 8-bit blocks plus their 8-bit rounding
- * residual in one kernel call over the interleaved rows (matmul_a16.c).
+ * int16 blocks of 32 for the 32-element types and Q4_K / Q5_K / Q6_K;
+ * for the other types every row is evaluated as its 8-bit blocks plus
+ * their 8-bit rounding residual in one kernel call over the interleaved
+ * rows (matmul_a16.c).
  * Needs nstf_cpu_reserve_a16 for the shape; otherwise it runs
  * nstf_cpu_matmul. Allocates nothing. */
 void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const float *x, float *y,

@@ -44,6 +44,7 @@
 #include "core/mem.h"
 #include "ops/cpu/cpu_isa.h"
 #include "ops/cpu/matmul_k.h"
+#include "ops/cpu/q32_simd.h"
 #include "ops/ops.h"
 
 #define NSTF_MATMUL_AVX2 NSTF_CPU_HAVE_AVX2
@@ -227,24 +228,6 @@ static ALWAYS_INLINE float fp16_load(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* 16 packed bytes -> 32 nibbles in element order (low nibbles = elements
- * 0..15, high nibbles = 16..31). */
-static ALWAYS_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
-    /* same 16 bytes in both halves (a load), shift the upper half by 4 */
-    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
-}
-
-/* 32 bits -> 32 bytes, 0xFF where bit i of x is set (byte i). */
-static ALWAYS_INLINE __m256i bits_to_bytes(uint32_t x) {
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
-                                    _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
-                                                       0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
 /* Sums of four vectors -> one __m128 {sum a, sum b, sum c, sum d}. */
 static ALWAYS_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
     __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
@@ -300,18 +283,10 @@ static ALWAYS_INLINE __m256i reduce8_q4(const __m256i p[8]) {
 }
 static ALWAYS_INLINE __m256i reduce8_q8(const __m256i p[8]) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i q[8], a[4];
+    __m256i q[8];
 #pragma GCC unroll 8
     for (int r = 0; r < 8; r++) q[r] = _mm256_madd_epi16(p[r], ones);
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) /* per half: rows (2r, 2r+1) x 2 */
-        a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(q[2 * r], q[2 * r + 1]),
-                                _mm256_unpackhi_epi32(q[2 * r], q[2 * r + 1]));
-    /* per half: rows 0..3 and rows 4..7 */
-    __m256i b0 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1]));
-    __m256i b1 = _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
-                            _mm256_permute2x128_si256(b0, b1, 0x31));
+    return nstf_q32_reduce8_i32(q);
 }
 
 static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t *w,
@@ -328,14 +303,6 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
     const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
-    /* gather the 8 rows' scale words when the row offsets fit the int32 index */
-    const bool gather = false && row_bytes * 8 + (uint64_t)nb * bbytes < (1u << 31);
-    const __m256i vidx = _mm256_setr_epi32(
-        (int)(wr[0] - w), (int)(wr[1] - w), (int)(wr[2] - w), (int)(wr[3] - w),
-        (int)(wr[4] - w), (int)(wr[5] - w), (int)(wr[6] - w), (int)(wr[7] - w));
-    /* bytes {0,1,4,5,8,9,12,13} = low halves (d), {2,3,...} = high halves (m) */
-    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
@@ -348,25 +315,12 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
     for (int64_t b = 0; b < nb; b++) {
         const uint64_t off = (uint64_t)b * bbytes;
         if (RN <= 2) {
-#pragma GCC unroll 6
-            for (int k = 0; k < 8 * bbytes; k += 64) _mm_prefetch((const char *)pf + k, _MM_HINT_T0);
+            nstf_q32_prefetch(pf, 8 * bbytes);
             pf += 8 * bbytes;
         }
         /* scales of the 8 rows: first 4 bytes of each block (d, and m for Q4_1) */
-        __m256i h;
-        if (gather) {
-            h = _mm256_i32gather_epi32((const int *)(w + off), vidx, 1);
-        } else {
-            uint32_t u[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) memcpy(&u[r], wr[r] + off, 4);
-            h = _mm256_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3], (int)u[4],
-                                  (int)u[5], (int)u[6], (int)u[7]);
-        }
-        h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, split), 0xd8);
-        const __m256 dv = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
         __m256 mv = _mm256_setzero_ps();
-        if (has_m) mv = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        const __m256 dv = nstf_q32_scales8(wr, off, has_m, &mv);
 
         __m256i wv[8];
 #pragma GCC unroll 8
@@ -377,12 +331,12 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
                 const uint8_t *bl = wr[r] + off + (kind == KIND_Q5_1 ? 4 : 2);
                 uint32_t qh;
                 memcpy(&qh, bl, 4);
-                wv[r] = _mm256_or_si256(unpack_nibbles(bl + 4),
-                                        _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+                wv[r] = _mm256_or_si256(nstf_q32_nibbles(bl + 4),
+                                        _mm256_and_si256(nstf_q32_bits(qh), _mm256_set1_epi8(0x10)));
             } else if (kind == KIND_IQ4_NL) {
-                wv[r] = _mm256_shuffle_epi8(iq4_table, unpack_nibbles(wr[r] + off + 2));
+                wv[r] = _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2));
             } else {
-                wv[r] = unpack_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
+                wv[r] = nstf_q32_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
             }
         }
 #pragma GCC unroll 4

@@ -20,10 +20,18 @@
  * nstf_cpu_reserve_a16; rows go through in chunks that fit it. The fast
  * kernel's own arena is reserved for 2 chunk rows. Float weight types and
  * calls beyond the reservation run nstf_cpu_matmul (fp32 activations for
- * float weights; its fallback otherwise). */
+ * float weights; its fallback otherwise).
+ *
+ * The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and
+ * Q4_K, Q5_K, Q6_K take another road to the same precision: their
+ * activations go to int16 blocks of 32 (d = amax / 32767) in the same
+ * arena, and one 16-bit integer dot product per block replaces the two
+ * 8-bit ones (matmul_i16.c). Q2_K, Q3_K and IQ4_XS use the two levels,
+ * as the other super-block types do below 4 rows (decode). */
 #include <string.h>
 
 #include "core/mem.h"
+#include "ops/cpu/matmul_i16.h"
 #include "ops/ops.h"
 
 /* floats of the arena: rows [2 c, n_in] then outputs [2 c, n_out] */
@@ -106,6 +114,20 @@ void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const fl
     if (chunk < 1) {
         nstf_cpu_matmul(cpu, wtype, w, x, y, n_tok, n_in, n_out);
         return;
+    }
+    uint64_t per_tok;
+    if (nstf_i16_serves(wtype, n_tok) && nstf_i16_bytes(1, n_in, &per_tok)) {
+        /* rows of 16-bit blocks (72 bytes per 32 values, plus alignment):
+         * the arena of at least one token's 2 fp32 rows holds one or more */
+        int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * 72));
+        if (n16 > n_tok) n16 = n_tok;
+        uint64_t need;
+        while (n16 > 0 && (!nstf_i16_bytes(n16, n_in, &need) || need > cpu->a16_bytes)) n16--;
+        for (int64_t t0 = 0; n16 > 0 && t0 < n_tok; t0 += n16) {
+            const int64_t n = n_tok - t0 < n16 ? n_tok - t0 : n16;
+            nstf_i16_matmul(cpu->pool, wtype, w, x + t0 * n_in, y + t0 * n_out, n, n_in, n_out, cpu->a16_rows);
+        }
+        if (n16 > 0) return;
     }
     a16_ctx c = {.wtype = wtype, .x = x, .y = y, .n_in = n_in, .n_out = n_out};
     c.rows = cpu->a16_rows;
