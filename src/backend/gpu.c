@@ -547,6 +547,13 @@ nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
     return NSTF_OK;
 }
 
+nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream) {
+    if (be->vt != &k_gpu_vt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not a GPU backend", be->device);
+    *dev = gpu_of(be)->dev;
+    *stream = gpu_of(be)->stream;
+    return NSTF_OK;
+}
+
 /* ---- peaks ------------------------------------------------------------------------------------ */
 
 nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops) {

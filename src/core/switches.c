@@ -49,6 +49,9 @@ static const nstf_switch_def g_defs[] = {
                       "home folder: the roofline cache is ~/.cache/nstf/roofline.json without XDG_CACHE_HOME"},
     [NSTF_SW_API_KEY] = {"NSTF_API_KEY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                          "the bearer token nstf serve asks of every request (--api-key overrides)", 1},
+    [NSTF_SW_NCCL_LIBRARY] = {"NSTF_NCCL_LIBRARY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
+                              "the NCCL (RCCL) library tensor-parallel runs load (default: libnccl.so.2 / "
+                              "librccl.so.1 through the loader's path)"},
 };
 _Static_assert(sizeof g_defs / sizeof g_defs[0] == NSTF_SW_COUNT, "one registry row per nstf_switch_id");
 
