@@ -442,6 +442,7 @@ static nstf_status gpu_marks_reserve(nstf_backend *be, int cap) {
     for (int i = 0; i < g->n_evs; i++) evs[i] = g->evs[i];
     nstf_free(g->evs);
     g->evs = evs;
+    NSTF_TRY(nstf_gpu_set_device(g->dev)); /* events belong to the current device: the stream's */
     for (; g->n_evs < cap; g->n_evs++) NSTF_TRY(nstf_gpu_event_create(&g->evs[g->n_evs]));
     return NSTF_OK;
 }
