@@ -32,6 +32,11 @@
 #                         than bf16 activations already have. Where greedy
 #                         tokens differ (a near-tie flipped by the reordered
 #                         sums), this says whether that is all it is.
+#   stall                 fault test: NSTF_TP_STALL_AT=200 makes rank 1 stop
+#                         before its 200th all-reduce (SmolLM2 does 60 a
+#                         token: mid-decode) with --tp-timeout 2000: the run
+#                         must exit non-zero within 60 s, naming rank 1
+#                         (NCCL aborted, no hang)
 #   decode_8b             nstf bench -p 0 -n 128 on the llama3-8b bf16
 #                         shape, one GPU and --tp 2 (INFO: ms per token and
 #                         the ratio; target <= 0.60)
@@ -135,7 +140,24 @@ for m in $models; do
     fi
 done
 
-# 4. decode time on the llama3-8b shape
+# 4. a stalled rank ends the run with an error naming it
+m=models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$m" ] || m="$tmp/smollm2-135m.gguf"
+t0=$(date +%s)
+NSTF_TP_STALL_AT=200 timeout 120 "$B/nstf" run -m "$m" -p "$prompt" -n 64 --temp 0 --ignore-eos --device gpu --tp 2 \
+    --tp-timeout 2000 >"$logs/stall.txt" 2>"$logs/stall.log"
+rc=$?
+dt=$(($(date +%s) - t0))
+if [ $rc -eq 124 ]; then
+    fail "stall (no exit after 120 s: a hang; log $logs/stall.log)"
+elif [ $rc -ne 0 ] && [ $dt -le 60 ] && grep -q 'rank 1' "$logs/stall.log"; then
+    pass "stall (exit $rc after ${dt} s: $(tail -n 1 "$logs/stall.log"))"
+else
+    fail "stall (exit $rc after ${dt} s; log $logs/stall.log)"
+    tail -n 3 "$logs/stall.log" | sed 's/^/    /'
+fi
+
+# 5. decode time on the llama3-8b shape
 m8="$tmp/llama3-8b.gguf"
 if [ -f "$m8" ]; then
     t1=$("$B/nstf" bench -m "$m8" -p 0 -n 128 -r 3 --device gpu -o jsonl 2>"$logs/bench1.log" |

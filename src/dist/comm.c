@@ -293,8 +293,8 @@ void nstf_comm_free(nstf_comm *c) {
         else pthread_join(c->th[r], NULL);
     }
     if (c->wedged) return; /* its threads may still touch the communicator */
-    for (int r = 0; r < c->n; r++)
-        if (c->ccl[r]) nstf_gpu_ccl_destroy(c->ccl[r]);
+    for (int r = 0; r < c->n; r++) /* (ncclCommAbort freed an aborted one) */
+        if (c->ccl[r] && !atomic_load(&c->aborted)) nstf_gpu_ccl_destroy(c->ccl[r]);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->job_cv);
     pthread_cond_destroy(&c->done_cv);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "core/switches.h"
 #include "dist/comm.h"
 #include "model/llama.h"
 
@@ -200,6 +201,8 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
     nstf_status st = NSTF_OK;
     for (int r = 0; r < n && st == NSTF_OK; r++) st = shard_make(g, m, r);
     if (st == NSTF_OK) st = nstf_comm_create(be, n, timeout_ms, &g->comm);
+    const int stall = nstf_switch_int(NSTF_SW_TP_STALL_AT); /* a fault test's stalled rank */
+    if (st == NSTF_OK && stall > 0) nstf_comm_fault(g->comm, n - 1, stall - 1);
     if (st == NSTF_OK) {
         create_job j = {g, be, shape};
         st = nstf_comm_run(g->comm, create_rank, &j);
