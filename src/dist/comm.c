@@ -145,12 +145,15 @@ static void describe_stall(nstf_comm *c, char *out, size_t cap) {
         if (c->calls[r] > hi) hi = c->calls[r];
     }
     size_t k = (size_t)snprintf(out, cap, "no progress for %d ms: ", c->timeout_ms);
-    for (int r = 0; r < c->n && k < cap; r++)
-        if (c->calls[r] == lo && (lo < hi || c->st[r] == NSTF_ERR_INTERNAL))
+    for (int r = 0; r < c->n && k < cap; r++) {
+        if (lo < hi && c->calls[r] == lo)
             k += (size_t)snprintf(out + k, cap - k, "rank %d (%s) stalled before collective %lld; ", r,
                                   c->be[r]->device, (long long)lo + 1);
+        else if (lo == hi && c->st[r] == NSTF_ERR_INTERNAL) /* (not finished) */
+            k += (size_t)snprintf(out + k, cap - k, "rank %d (%s) did not finish; ", r, c->be[r]->device);
+    }
     if (k < cap)
-        snprintf(out + k, cap - k, lo < hi ? "the others reached collective %lld" : "every rank at collective %lld",
+        snprintf(out + k, cap - k, lo < hi ? "the others reached collective %lld" : "every rank had entered %lld collectives",
                  (long long)hi);
 }
 
