@@ -23,9 +23,13 @@
 #                         --ignore-eos), --tp 2 against one GPU: the same
 #                         text. Models: the random bf16 smollm2-135m,
 #                         llama32-1b and llama3-8b shapes (nstf gen-model),
-#                         and SmolLM2-135M-Instruct Q4_1 (models/)
+#                         and SmolLM2-135M-Instruct Q4_1 (models/). On the
+#                         random models, whose logits are nearly flat, a
+#                         reordered fp32 sum may flip a near-tie: there a
+#                         difference is an INFO line with its position and
+#                         kl_<model> is the verdict; on SmolLM2 it fails
 #   kl_<model>            teacher-forced: nstf perplexity over README.md
-#                         (-c 256, 4 windows); --tp 2's mean KL divergence
+#                         (-c 256, 2 windows); --tp 2's mean KL divergence
 #                         from one GPU's logits must be at most one GPU's
 #                         own from the CPU's fp32 logits (--precise): the
 #                         split may reorder fp32 sums but not add more error
@@ -81,7 +85,7 @@ else
 fi
 
 # 2. topology and the 16 KB all-reduce
-"$B/nstf" devices --topology >"$logs/topology.log" 2>&1
+timeout 300 "$B/nstf" devices --topology >"$logs/topology.log" 2>&1
 rc=$?
 cat "$logs/topology.log"
 if [ $rc -eq 0 ] && grep -q 'GPU 0 -> GPU 1' "$logs/topology.log"; then pass topology; else fail "topology (exit $rc; log $logs/topology.log)"; fi
@@ -105,9 +109,9 @@ mean_kld() { sed -n 's/^Mean *KLD: *\([0-9.e+-]*\).*/\1/p' "$1" | head -n 1; }
 for m in $models; do
     name=$(basename "$m" .gguf)
     # greedy tokens
-    "$B/nstf" run -m "$m" -p "$prompt" -n 256 --temp 0 --ignore-eos --device gpu >"$logs/run1_$name.txt" 2>"$logs/run1_$name.log"
+    timeout 900 "$B/nstf" run -m "$m" -p "$prompt" -n 256 --temp 0 --ignore-eos --device gpu >"$logs/run1_$name.txt" 2>"$logs/run1_$name.log"
     r1=$?
-    "$B/nstf" run -m "$m" -p "$prompt" -n 256 --temp 0 --ignore-eos --device gpu --tp 2 -v >"$logs/run2_$name.txt" \
+    timeout 900 "$B/nstf" run -m "$m" -p "$prompt" -n 256 --temp 0 --ignore-eos --device gpu --tp 2 -v >"$logs/run2_$name.txt" \
         2>"$logs/run2_$name.log"
     r2=$?
     if [ $r1 -ne 0 ] || [ $r2 -ne 0 ]; then
@@ -117,15 +121,18 @@ for m in $models; do
         pass "tokens_$name (256 greedy tokens, --tp 2 = one GPU)"
     else
         at=$(cmp "$logs/run1_$name.txt" "$logs/run2_$name.txt" 2>/dev/null | sed -n 's/.*byte \([0-9]*\).*/\1/p')
-        fail "tokens_$name (--tp 2's text differs from one GPU's from byte ${at:-?}; see kl_$name)"
+        case $m in
+        "$tmp"/*) info "tokens_$name: --tp 2's text differs from one GPU's from byte ${at:-?} (random weights: near-tied logits; kl_$name decides)" ;;
+        *) fail "tokens_$name (--tp 2's text differs from one GPU's from byte ${at:-?}; see kl_$name)" ;;
+        esac
     fi
     # teacher-forced KL: one GPU's logits as the base; the CPU's fp32 as the reference error
-    ppl="-f README.md -c 256 --chunks 4"
+    ppl="-f README.md -c 256 --chunks 2"
     # shellcheck disable=SC2086
-    "$B/nstf" perplexity -m "$m" $ppl --device gpu --save-logits "$tmp/base_$name.bin" >"$logs/ppl1_$name.log" 2>&1 &&
-        "$B/nstf" perplexity -m "$m" -c 256 --chunks 4 --device gpu --tp 2 --kl-base "$tmp/base_$name.bin" \
+    timeout 900 "$B/nstf" perplexity -m "$m" $ppl --device gpu --save-logits "$tmp/base_$name.bin" >"$logs/ppl1_$name.log" 2>&1 &&
+        timeout 900 "$B/nstf" perplexity -m "$m" -c 256 --chunks 2 --device gpu --tp 2 --kl-base "$tmp/base_$name.bin" \
             >"$logs/ppl2_$name.log" 2>&1 &&
-        "$B/nstf" perplexity -m "$m" -c 256 --chunks 4 --device cpu --precise --kl-base "$tmp/base_$name.bin" \
+        timeout 900 "$B/nstf" perplexity -m "$m" -c 256 --chunks 2 --device cpu --precise --kl-base "$tmp/base_$name.bin" \
             >"$logs/pplcpu_$name.log" 2>&1
     rc=$?
     k2=$(mean_kld "$logs/ppl2_$name.log")
@@ -160,9 +167,9 @@ fi
 # 5. decode time on the llama3-8b shape
 m8="$tmp/llama3-8b.gguf"
 if [ -f "$m8" ]; then
-    t1=$("$B/nstf" bench -m "$m8" -p 0 -n 128 -r 3 --device gpu -o jsonl 2>"$logs/bench1.log" |
+    t1=$(timeout 900 "$B/nstf" bench -m "$m8" -p 0 -n 128 -r 3 --device gpu -o jsonl 2>"$logs/bench1.log" |
         sed -n 's/.*"avg_ns": \([0-9]*\).*/\1/p')
-    t2=$("$B/nstf" bench -m "$m8" -p 0 -n 128 -r 3 --device gpu --tp 2 -o jsonl 2>"$logs/bench2.log" |
+    t2=$(timeout 900 "$B/nstf" bench -m "$m8" -p 0 -n 128 -r 3 --device gpu --tp 2 -o jsonl 2>"$logs/bench2.log" |
         sed -n 's/.*"avg_ns": \([0-9]*\).*/\1/p')
     if [ -n "$t1" ] && [ -n "$t2" ]; then
         info "decode_8b: one GPU $(awk -v t="$t1" 'BEGIN { printf "%.3f", t / 128e6 }') ms/token, --tp 2 $(awk -v t="$t2" 'BEGIN { printf "%.3f", t / 128e6 }') ms/token, ratio $(awk -v a="$t2" -v b="$t1" 'BEGIN { printf "%.2f", a / b }') (target <= 0.60)"
