@@ -36,6 +36,7 @@ static struct {
     decltype(&ncclGetVersion) get_version;
     decltype(&ncclGetUniqueId) get_unique_id;
     decltype(&ncclCommInitRankConfig) init_rank_config;
+    decltype(&ncclCommInitAll) init_all;
     decltype(&ncclGroupStart) group_start;
     decltype(&ncclGroupEnd) group_end;
     decltype(&ncclAllReduce) all_reduce;
@@ -62,6 +63,7 @@ static nstf_status ccl_load(void) {
             CCL_SYM(get_version, "ncclGetVersion");
             CCL_SYM(get_unique_id, "ncclGetUniqueId");
             CCL_SYM(init_rank_config, "ncclCommInitRankConfig");
+            CCL_SYM(init_all, "ncclCommInitAll");
             CCL_SYM(group_start, "ncclGroupStart");
             CCL_SYM(group_end, "ncclGroupEnd");
             CCL_SYM(all_reduce, "ncclAllReduce");
@@ -120,6 +122,15 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
     const double deadline = now_ms() + timeout_ms;
     for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
         if (c[i]) r = ccl_wait(c[i], deadline);
+    if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
+        /* a library older than the header may refuse the config: blocking
+         * communicators then (abort still ends a wait) */
+        for (int i = 0; i < n; i++)
+            if (c[i]) (void)ccl.comm_abort(c[i]);
+        memset(c, 0, sizeof c);
+        r = ccl.init_all(c, n, devs);
+        if (r == ncclSuccess) snprintf(desc + strlen(desc), cap - strlen(desc), " (blocking)");
+    }
     if (r != ncclSuccess) {
         for (int i = 0; i < n; i++)
             if (c[i]) (void)ccl.comm_abort(c[i]);
