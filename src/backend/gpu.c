@@ -450,6 +450,7 @@ static nstf_status gpu_marks_reserve(nstf_backend *be, int cap) {
 static nstf_status gpu_mark(nstf_backend *be, int i) {
     gpu_backend *g = gpu_of(be);
     if (i < 0 || i >= g->n_evs) return nstf_set_error(NSTF_ERR_RANGE, "time mark %d of %d", i, g->n_evs);
+    NSTF_TRY(nstf_gpu_set_device(g->dev)); /* (a caller's thread may have another device current) */
     return nstf_gpu_event_record(g->evs[i], g->stream);
 }
 
