@@ -331,14 +331,28 @@ static void case_matmul_bwd_w(test_rng *r) {
     matmul_bwd_w_case(r, 64);
 }
 
-static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {
-    const int64_t n = 21, dim = 64;
+/* n tokens (the sixth ignored) over a vocabulary of n_vocab. rows: tokens
+ * per chunk of the GPU's cross-entropy (NSTF_CE_ROWS; NULL: as the process
+ * has it, one chunk here by default), gemm: the NSTF_GEMM switch (NULL: as
+ * the process has it, by default wgmma on Hopper where the shape allows;
+ * "mma": the portable GEMM throughout); both restored after the case. The
+ * CPU backend ignores them. */
+static void ce_case(test_rng *r, int64_t n, int64_t n_vocab, bool frozen, const char *rows, const char *gemm) {
+    const int64_t dim = 64;
+    char old_rows[24], old_gemm[24];
+    nstf_switch_value_text(NSTF_SW_CE_ROWS, old_rows, sizeof old_rows);
+    nstf_switch_value_text(NSTF_SW_GEMM, old_gemm, sizeof old_gemm);
+    CHECK((!rows || nstf_switch_set(NSTF_SW_CE_ROWS, rows) == NSTF_OK) &&
+              (!gemm || nstf_switch_set(NSTF_SW_GEMM, gemm) == NSTF_OK),
+          "switches: %s", nstf_last_error());
+    if (!rows) rows = old_rows;
+    if (!gemm) gemm = old_gemm;
     float *h = malloc((size_t)(n * dim) * 4), *w = malloc((size_t)(n_vocab * dim) * 4);
     void *hh = act_make(r, h, n * dim, 1.0f), *hw = act_make(r, w, n_vocab * dim, 0.3f);
-    int32_t tg[21];
-    for (int i = 0; i < n; i++) tg[i] = (int32_t)(rng_next(r) % (uint64_t)n_vocab);
+    int32_t *tg = malloc((size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < n; i++) tg[i] = (int32_t)(rng_next(r) % (uint64_t)n_vocab);
     tg[5] = -1; /* ignored */
-    const double n_norm = 30; /* the step's count, more than this call's */
+    const double n_norm = n + 9; /* the step's count, more than this call's */
     float *dw0 = fvec(r, n_vocab * dim, 0.01f), *rdw = malloc((size_t)(n_vocab * dim) * 4);
     float *rdh = malloc((size_t)(n * dim) * 4), *rlse = malloc((size_t)n * 4);
     memcpy(rdw, dw0, (size_t)(n_vocab * dim) * 4);
@@ -366,7 +380,7 @@ static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {
     /* CPU: the fp32 matrix; GPU: bf16 (its values are bf16 numbers already) */
     const nstf_type wt = act_bf16() ? NSTF_TYPE_BF16 : NSTF_TYPE_F32;
     dbuf dh = up(hh, act_bytes(n * dim)), dw = up(hw, act_bytes(n_vocab * dim));
-    dbuf dt = up(tg, sizeof tg), dgw = up(dw0, (size_t)(n_vocab * dim) * 4), dgh = up(NULL, (size_t)(n * dim) * 4);
+    dbuf dt = up(tg, (size_t)n * sizeof(int32_t)), dgw = up(dw0, (size_t)(n_vocab * dim) * 4), dgh = up(NULL, (size_t)(n * dim) * 4);
     dbuf dl = up(NULL, (size_t)n * 4), dloss = up(NULL, 8);
     nstf_matrix m = {dw.d, wt, dim, n_vocab, NULL};
     nstf_op_args a = {.op = NSTF_OP_CROSS_ENTROPY, .label = "cross_entropy"};
@@ -387,11 +401,12 @@ static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {
     const double ltol = act_bf16() ? 1e-5 : 1e-6;
     CHECK(fabs(gloss - rloss) <= ltol * fabs(rloss), "%s: cross_entropy loss %.9g, reference %.9g (relative %.1e)",
           g_name, gloss, rloss, ltol);
-    char what[96];
+    char what[160];
     float *nb = malloc((size_t)(n_vocab * dim) * 4);
     for (int64_t i = 0; i < n * dim; i++) nb[i] = (float)ndh[i];
     double *rd = dvec(rdh, n * dim);
-    snprintf(what, sizeof what, "cross_entropy dh (vocabulary %lld)", (long long)n_vocab);
+    snprintf(what, sizeof what, "cross_entropy dh (%lld tokens, vocabulary %lld, chunks %s, gemm %s)", (long long)n,
+             (long long)n_vocab, rows, gemm);
     judge_naive(what, gdh, rd, act_bf16() ? nb : NULL, n * dim, 1e-7);
     free(rd);
     rd = dvec(rlse, n);
@@ -400,18 +415,29 @@ static void ce_case(test_rng *r, int64_t n_vocab, bool frozen) {
         CHECK(memcmp(gdw, dw0, (size_t)(n_vocab * dim) * 4) == 0, "%s: cross_entropy wrote a frozen dW", g_name);
     } else {
         for (int64_t i = 0; i < n_vocab * dim; i++) nb[i] = (float)(ndw[i] + dw0[i]);
-        snprintf(what, sizeof what, "cross_entropy dW (vocabulary %lld)", (long long)n_vocab);
+        snprintf(what, sizeof what, "cross_entropy dW (%lld tokens, vocabulary %lld, chunks %s, gemm %s)",
+                 (long long)n, (long long)n_vocab, rows, gemm);
         judge_added(what, gdw, rdw, dw0, n_vocab * dim, act_bf16() ? nb : NULL);
     }
     drop(dh), drop(dw), drop(dt), drop(dgw), drop(dgh), drop(dl), drop(dloss);
     free(h), free(w), free(hh), free(hw), free(dw0), free(rdw), free(rdh), free(rlse), free(ndh), free(ndw), free(z);
-    free(gdh), free(gdw), free(glse), free(nb), free(rd);
+    free(gdh), free(gdw), free(glse), free(nb), free(rd), free(tg);
+    CHECK(nstf_switch_set(NSTF_SW_CE_ROWS, old_rows) == NSTF_OK && nstf_switch_set(NSTF_SW_GEMM, old_gemm) == NSTF_OK,
+          "switches back to %s, %s: %s", old_rows, old_gemm, nstf_last_error());
 }
 
 static void case_cross_entropy(test_rng *r) {
-    ce_case(r, 200, false);
-    ce_case(r, 1096, false); /* more than one of the CPU's vocabulary chunks */
-    ce_case(r, 200, true);
+    ce_case(r, 21, 200, false, NULL, NULL);
+    ce_case(r, 21, 1096, false, NULL, NULL); /* more than one of the CPU's vocabulary chunks */
+    ce_case(r, 21, 200, true, NULL, NULL);
+    /* GPU chunks of tokens: 8 + 8 + 5 (a last chunk of 5 rows takes the
+     * portable dW GEMM: its K is not a multiple of 8) and 64 + 64 + 22; the
+     * same with the portable GEMM throughout */
+    ce_case(r, 21, 1096, false, "8", NULL);
+    ce_case(r, 150, 520, false, "64", NULL);
+    ce_case(r, 150, 520, true, "64", NULL);
+    ce_case(r, 21, 1096, false, "8", "mma");
+    ce_case(r, 150, 520, false, "64", "mma");
 }
 
 /* Three tensors, two with weight decay, a gap of untouched elements
@@ -484,7 +510,7 @@ static void case_grad_norm(test_rng *r) {
     const char *msg = nstf_last_error();
     CHECK(st == NSTF_ERR_RANGE && strstr(msg, "blk.0.ffn_up.weight") && strstr(msg, "element 17") && isnan(norm),
           "%s: grad_norm of a NaN gradient: status %d, '%s'", g_name, (int)st, msg);
-    nstf_batch b = {g_tok, g_pos, NULL, 1, false, false, NULL, 0, NULL};
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = 1};
     nstf_fwd_out o = {0};
     bool retry = false;
     (void)g_be->vt->end(g_be, &b, NSTF_OK, &o, &retry);

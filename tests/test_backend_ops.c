@@ -44,6 +44,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "core/switches.h"
 #include "ops/backward.h"
 #include "ops/optim.h"
 #include "test_quant.h"
@@ -585,6 +586,58 @@ static void attention_paged_case(test_rng *r) {
     free(after_k), free(after_v), free(ho), free(hak), free(hav), free(ref);
 }
 
+/* The training forward (lse saved): S sequences of n rows each, one after
+ * another, each attending to its own k, v rows at positions 0..n-1:
+ * without a cache (the trainer's one op over its batch) or, for one
+ * sequence, through a cache. Against nstf_ref_attention_lse per sequence:
+ * out as the other attention cases (bf16: 2x the NMSE of the reference
+ * rounded once), lse (fp32) NMSE <= 1e-7. */
+static void attention_lse_case(test_rng *r, int64_t n, int64_t S, bool cached) {
+    const int nh = 6, nkv = 2, hd = 64;
+    const int64_t qd = nh * hd, kvd = nkv * hd, N = S * n, n_ctx = 320;
+    const float scale = 0.125f;
+    float *qv = malloc((size_t)(N * qd) * 4), *kv = malloc((size_t)(N * kvd) * 4), *vv = malloc((size_t)(N * kvd) * 4);
+    void *hq = act_make(r, qv, N * qd, 1.0f), *hk = act_make(r, kv, N * kvd, 1.0f), *hv = act_make(r, vv, N * kvd, 1.0f);
+    float *ro = malloc((size_t)(N * qd) * 4), *rl = malloc((size_t)(N * nh) * 4);
+    for (int64_t b = 0; b < S; b++)
+        nstf_ref_attention_lse(qv + b * n * qd, kv + b * n * kvd, vv + b * n * kvd, ro + b * n * qd, rl + b * n * nh, n,
+                               0, nh, nkv, hd, scale);
+    dbuf dq = up(hq, act_bytes(N * qd)), dk = up(hk, act_bytes(N * kvd)), dv = up(hv, act_bytes(N * kvd));
+    dbuf dout = up(NULL, act_bytes(N * qd)), dl = up(NULL, (size_t)(N * nh) * 4), dck = {NULL, 0}, dcv = {NULL, 0};
+    if (cached) dck = up(NULL, act_bytes(n_ctx * kvd)), dcv = up(NULL, act_bytes(n_ctx * kvd));
+    nstf_op_args a;
+    if (cached) { /* one sequence through a cache, at the batch's positions 0..n-1 */
+        if (!open_batch((int)n, 0)) return;
+        a = attention_args(dq, dk, dv, dck, dcv, dout, g_io.pos, n, n_ctx);
+        a.attention.pos0 = 0;
+        a.attention.lse = dl.d;
+        close_batch((int)n, nstf_backend_op(g_be, &a));
+    } else {
+        a = attention_args(dq, dk, dv, dck, dcv, dout, NULL, n, n);
+        a.attention.pos0 = 0;
+        a.attention.n_seq = S;
+        a.attention.lse = dl.d;
+        run_op(&a, 1, 0);
+    }
+    void *ho = malloc(act_bytes(N * qd));
+    float *got = malloc((size_t)(N * qd) * 4), *gl = malloc((size_t)(N * nh) * 4);
+    down(dout, ho, "attention (lse) out"), down(dl, gl, "attention lse");
+    act_read(ho, got, N * qd);
+    double *rd = malloc((size_t)(N * qd) * 8), *rld = malloc((size_t)(N * nh) * 8);
+    for (int64_t i = 0; i < N * qd; i++) rd[i] = ro[i];
+    for (int64_t i = 0; i < N * nh; i++) rld[i] = rl[i];
+    char what[96];
+    snprintf(what, sizeof what, "attention with lse, %lld x %lld tokens%s", (long long)S, (long long)n,
+             cached ? ", cached" : "");
+    judge(what, got, rd, N * qd, act_bf16(), 1e-7);
+    snprintf(what, sizeof what, "attention lse, %lld x %lld tokens%s", (long long)S, (long long)n,
+             cached ? ", cached" : "");
+    judge(what, gl, rld, N * nh, false, 1e-7);
+    drop(dq), drop(dk), drop(dv), drop(dout), drop(dl), drop(dck), drop(dcv);
+    free(qv), free(kv), free(vv), free(hq), free(hk), free(hv), free(ro), free(rl), free(ho), free(got), free(gl);
+    free(rd), free(rld);
+}
+
 static void case_attention(test_rng *r) {
     attention_case(r, 1, 0, 0);
     attention_case(r, 1, 261, 0);
@@ -598,6 +651,12 @@ static void case_attention(test_rng *r) {
     attention_case(r, 19, 150, 40);
     attention_case(r, 19, 150, 1000);
     attention_paged_case(r);
+    /* the training forward: through a cache, without one, and a batch of
+     * sequences in one op (45 rows: a partial 64-row tile; 70: two tiles) */
+    attention_lse_case(r, 37, 1, true);
+    attention_lse_case(r, 37, 1, false);
+    attention_lse_case(r, 45, 3, false);
+    attention_lse_case(r, 70, 4, false);
 }
 
 static void case_swiglu(test_rng *r) {

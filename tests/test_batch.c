@@ -13,7 +13,10 @@
  * prefill chunks of some sequences with the decode of others and asks for
  * the logits of selected rows only (the last row of a chunk that ends a
  * prompt, every decode row): each row bitwise the sequence alone again,
- * and the greedy token of the last row equal to the argmax of its logits.
+ * and the greedy token of the last row equal to the argmax of its logits;
+ * a step that asks for every row's greedy token (argmax_rows) with only
+ * the first row's logits on the host: the tokens the argmax of each row,
+ * the first row bitwise, nothing written past it.
  * A paged run without a block table, a block outside the pool and a row
  * outside the batch are errors.
  * Uses the real SmolLM2 model (exit 77 when it has not been fetched). */
@@ -105,8 +108,38 @@ static void paged_mixed(const nstf_llama *m, nstf_backend *be, int32_t prompt[N_
             PUT(s, k_len[s] + i, tok[s][i]);
             ROW(s, 16 + i);
         }
-        if (paged_step(r, tbl, bt, bp, bs, n, rows, nr, lg, NULL)) diff += paged_diff(lg, alone, seqs, idx, nr, nv);
-        rows_seen += nr;
+        if (step < N_STEPS - 1) {
+            if (paged_step(r, tbl, bt, bp, bs, n, rows, nr, lg, NULL)) diff += paged_diff(lg, alone, seqs, idx, nr, nv);
+            rows_seen += nr;
+            continue;
+        }
+        /* the last step as the server runs it: every row's greedy token from
+         * the backend, the logits of the first row only on the host */
+        int32_t ams[N_SEQ] = {-1, -1, -1};
+        for (size_t j = 0; j < (size_t)nv; j++) lg[(size_t)nv + j] = -1.0f; /* must stay untouched */
+        const nstf_batch b = {.tokens = bt, .pos = bp, .seq = bs, .n = n, .rows = rows, .n_rows = nr, .blocks = tbl,
+                              .argmax_rows = true, .host_rows = 1};
+        nstf_status st = nstf_llama_forward(r, &b, lg, ams);
+        CHECK(st == NSTF_OK, "paged forward with every row's greedy token: %s", nstf_last_error());
+        if (st != NSTF_OK) continue;
+        diff += paged_diff(lg, alone, seqs, idx, 1, nv);
+        rows_seen += 1;
+        int am_bad = 0;
+        for (int i = 0; i < nr; i++) {
+            const float *a = alone + ((size_t)seqs[i] * (16 + N_STEPS) + idx[i]) * nv;
+            int best = 0;
+            for (int j = 1; j < nv; j++) best = a[j] > a[best] ? j : best;
+            am_bad += ams[i] != best;
+        }
+        CHECK(am_bad == 0, "%s: %d of %d rows' greedy tokens are not their logits' argmax", mode, am_bad, nr);
+        CHECK(lg[nv] == -1.0f && lg[2 * (size_t)nv - 1] == -1.0f, "%s: logits of a row past host_rows were copied",
+              mode);
+        nstf_batch bb = b;
+        bb.host_rows = nr + 1;
+        CHECK(nstf_llama_forward(r, &bb, lg, ams) == NSTF_ERR_INVALID_ARG, "host_rows past n_rows accepted");
+        bb = b;
+        bb.rows = NULL;
+        CHECK(nstf_llama_forward(r, &bb, lg, ams) == NSTF_ERR_INVALID_ARG, "argmax_rows without rows accepted");
     }
 #undef PUT
 #undef ROW

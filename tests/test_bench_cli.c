@@ -3,7 +3,8 @@
  * output parses (cJSON) and carries llama-bench's fields with their types;
  * JSONL, CSV and markdown come out; a saved run used as --baseline passes
  * and an impossible baseline fails with exit 3 naming the test; levels
- * on the CPU report one level; profile writes a valid trace and an SVG.
+ * on the CPU report one level; --decode-batch prints a row per batch;
+ * profile writes a valid trace and an SVG.
  * Timing values are not checked beyond being positive (performance lives
  * in benchmarks, never in tests). */
 #define _GNU_SOURCE
@@ -133,6 +134,13 @@ int main(void) {
                                    "--sparse-attn", "2,16", "--sparse-block", "8", NULL});
     CHECK(rc == 0 && strstr(g_out, "tg4 @ d96") && strstr(g_err, "top-k 2 blocks of 8, window 16"),
           "--sparse-attn 2,16: exit %d: %s", rc, g_err);
+    rc = run((const char *const[]){"bench", "-m", tiny, "--decode-batch", "1,3", "-d", "20", "-r", "2", "-t", "1",
+                                   NULL});
+    CHECK(rc == 0 && strstr(g_out, "depth 20, 2 steps each") && strstr(g_out, "\n| 1 | ") &&
+              strstr(g_out, "| 1.00x |") && strstr(g_out, "\n| 3 | "),
+          "--decode-batch 1,3: exit %d: %s%s", rc, g_out, g_err);
+    rc = run((const char *const[]){"bench", "-m", tiny, "--decode-batch", "0", NULL});
+    CHECK(rc == 2, "--decode-batch 0: exit %d: %s", rc, g_err);
     rc = run((const char *const[]){"bench", "-m", tiny, "--sparse-attn", "2,", NULL});
     CHECK(rc == 2, "--sparse-attn '2,': exit %d: %s", rc, g_err);
 

@@ -16,7 +16,9 @@
  * fp16 operands the naive GEMM takes the same fp16 inputs). Also
  * nstf_gpu_bf16_to_f16 bit for bit against the host's nstf_f32_to_fp16 on
  * every bf16 bit pattern (saturation, infinities, NaN, subnormals), and
- * nstf_gpu_transpose_bf16 bit for bit. Exit 77 = no GPU. */
+ * nstf_gpu_transpose_bf16 bit for bit, and the rows of C bit for bit the
+ * same whatever M is (what the serving engine's prompt rows rely on).
+ * Exit 77 = no GPU. */
 #include "core/switches.h"
 #include "gpu_harness.h"
 
@@ -266,6 +268,54 @@ int main(void) {
             CHECK(bad == 0, "%lld elements differ", (long long)bad);
             gh_free(dx);
             gh_free(dy);
+            gh_end();
+        }
+    }
+    /* row invariance: a row of C must not depend on how many rows A has
+     * (no split-K; each output sums its K slices in one order). The
+     * serving engine relies on it: it runs prompt rows on the GEMM whatever
+     * their count (nstf_batch.row_invariant), so that a prompt recomputed
+     * after a prefix-cache hit (fewer rows) gives the same numbers. Each M
+     * against the rows of one M = 300 call, bit for bit, on the default
+     * kernel choice (M past 128 changes the tile count, so also the wgmma
+     * tile width the choice takes) */
+    {
+        const int64_t inv[][2] = {{576, 576}, {2048, 1536}, {3072, 2048}};
+        const int64_t ms[] = {1, 2, 3, 8, 9, 19, 64, 128, 129, 300};
+        for (const auto &s : inv) {
+            const int64_t N = s[0], K = s[1], MM = 300;
+            gh_begin("gemm rows independent of M: N=%lld K=%lld, M = 1 .. %lld vs M = %lld", (long long)N, (long long)K,
+                     (long long)MM, (long long)MM);
+            std::vector<uint16_t> a(MM * K), w(N * K);
+            test_rng rng = {seed++};
+            for (auto &v : a) v = f2bf(rng_uniform(&rng) * 2.0f - 1.0f);
+            for (auto &v : w) v = f2bf((rng_uniform(&rng) * 2.0f - 1.0f) * 0.05f);
+            gh_buf da = gh_alloc(a.size() * 2, a.data()), dw = gh_alloc(w.size() * 2, w.data());
+            gh_buf dc = gh_alloc((size_t)(MM * N) * 4, nullptr);
+            std::vector<float> full(MM * N), part(MM * N);
+            gh_launched(nstf_gpu_gemm_bf16(da.as<const uint16_t>(), dw.as<const uint16_t>(), dc.p(), T_F32, NULL, T_F32,
+                                           MM, N, K, NSTF_GEMM_EPI_NONE, NULL),
+                        "gemm");
+            gh_must(nstf_gpu_memcpy_d2h(full.data(), dc.p(), full.size() * 4, NULL), "d2h");
+            int64_t bad_m = -1, bad = 0;
+            for (const int64_t m : ms) {
+                gh_poison(dc);
+                gh_launched(nstf_gpu_gemm_bf16(da.as<const uint16_t>(), dw.as<const uint16_t>(), dc.p(), T_F32, NULL,
+                                               T_F32, m, N, K, NSTF_GEMM_EPI_NONE, NULL),
+                            "gemm");
+                gh_must(nstf_gpu_memcpy_d2h(part.data(), dc.p(), (size_t)(m * N) * 4, NULL), "d2h");
+                const int64_t d = memcmp(part.data(), full.data(), (size_t)(m * N) * 4) != 0;
+                if (d && bad_m < 0) bad_m = m;
+                bad += d;
+            }
+            CHECK(bad == 0, "%lld of %d row counts give other bits (first M = %lld, kernel %s there, %s at M = %lld)",
+                  (long long)bad, (int)(sizeof ms / sizeof ms[0]), (long long)bad_m,
+                  nstf_gpu_gemm_path(bad_m > 0 ? bad_m : 1, N, K), nstf_gpu_gemm_path(MM, N, K), (long long)MM);
+            gh_note("kernels: %s (M <= 128), %s (M = %lld)", nstf_gpu_gemm_path(1, N, K), nstf_gpu_gemm_path(MM, N, K),
+                    (long long)MM);
+            gh_free(da);
+            gh_free(dw);
+            gh_free(dc);
             gh_end();
         }
     }

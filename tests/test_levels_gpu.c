@@ -18,7 +18,10 @@
  * 3. L3's decode on the fused GEMVs gives bitwise the logits of the same
  *    step on the unfused kernels (graph replay included: 4 steps); for
  *    weights the fused GEMVs take (BF16, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
- *    Q4_K, Q5_K, Q6_K) the fused step must be the one L3 runs.
+ *    Q4_K, Q5_K, Q6_K) the fused step must be the one L3 runs, Qwen2's
+ *    QKV bias and Qwen3's per-head q/k norm included (run on the files
+ *    `nstf convert` writes of tests/data/arch/qwen2, qwen3 or larger
+ *    random ones: scripts/device/qwen_fused_check.sh).
  * Exit 77 (skipped) without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -190,6 +193,13 @@ static int64_t run_steps(placed *g, const int32_t *ids, int nv, float *out) {
     return g->be->vt->kernels(g->be) - k0;
 }
 
+/* The kernels of a decode step: the nodes of its graph where the step
+ * replayed one (k, the count run_steps returns, is then 1), else k. */
+static int64_t step_kernels(const placed *g, int64_t k) {
+    const int64_t nodes = g->be->vt->graph_kernels(g->be);
+    return nodes > 0 ? nodes : k;
+}
+
 /* Every step of x against ref: KL and top-1 (near-ties of ref allowed). */
 static void agree_with(const char *what, const float *ref, const float *x, int nv) {
     double worst = 0;
@@ -223,10 +233,12 @@ static void test_model(const char *path) {
     test_rng r = {0x1234567u};
     for (int i = 0; i < N_TOK + N_GEN; i++) ids[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
     if (cpu.run) run_steps(&cpu, ids, nv, lc);
+    int64_t k_l3 = 0;
     for (int L = N_LEVELS - 1; g.run && L >= 0; L--) {
         CHECK(placed_set(&g, NSTF_OPT_LEVEL, L) == NSTF_OK, "%s", nstf_last_error());
         int64_t k = run_steps(&g, ids, nv, lg + (size_t)L * N_STEP * nv);
         printf("  L%d: %lld kernels in the last decode step\n", L, (long long)k);
+        if (L == 3) k_l3 = step_kernels(&g, k);
     }
     for (int L = 0; g.run && cpu.run && L < N_LEVELS; L++) {
         char what[64];
@@ -240,8 +252,9 @@ static void test_model(const char *path) {
     /* L3 decodes on the fused GEMVs (with programmatic dependent launch);
      * the same step on the unfused kernels must give the same bits */
     const nstf_type wt = m->w.layers[0].wq.type;
-    /* the fused GEMVs have no QKV bias (Qwen2) or per-head q/k norm (Qwen3): such models decode unfused */
-    const bool extras = m->w.layers[0].bq || m->w.layers[0].q_norm;
+    /* Qwen2's QKV bias and Qwen3's per-head q/k norm fuse too (the bias in
+     * the RoPE epilogue, the norm with the RoPE in a second kernel) */
+    const bool qkv_bias = m->w.layers[0].bq != NULL, qk_norm = m->w.layers[0].q_norm != NULL;
     /* a mix (Q4_K_M: Q6_K, Q5_0 and Q4_K matrices side by side) groups
      * matrices of different types, which decode unfused: only a model of
      * one weight type is held to the fused path */
@@ -252,27 +265,32 @@ static void test_model(const char *path) {
                                 ly->w_gate.type, ly->w_up.type, ly->w_down.type};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) uniform = uniform && ts[i] == wt;
     }
-    const bool fusable_types = !extras && uniform && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
+    const bool fusable_types = uniform && (wt == NSTF_TYPE_BF16 || wt == NSTF_TYPE_F16 || wt == NSTF_TYPE_Q8_0 ||
                                            wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_Q4_1 || wt == NSTF_TYPE_Q5_0 ||
                                            wt == NSTF_TYPE_Q5_1 || wt == NSTF_TYPE_Q4_K || wt == NSTF_TYPE_Q5_K ||
                                            wt == NSTF_TYPE_Q6_K);
-    if (g.run && placed_get(&g, NSTF_OPT_FUSED) && !extras) {
+    if (g.run && placed_get(&g, NSTF_OPT_FUSED)) {
         float *un = malloc(sizeof(float) * N_STEP * nv);
         CHECK(un != NULL, "out of memory");
         CHECK(placed_set(&g, NSTF_OPT_LEVEL, 3) == NSTF_OK, "%s", nstf_last_error());
         (void)placed_set(&g, NSTF_OPT_FUSED, 0);
-        const int64_t k_un = un ? run_steps(&g, ids, nv, un) : 0;
+        const int64_t k_un = un ? run_steps(&g, ids, nv, un) : 0, n_un = step_kernels(&g, k_un);
         (void)placed_set(&g, NSTF_OPT_FUSED, 1);
         int64_t diff = 0;
         for (size_t i = 0; un && i < (size_t)N_STEP * nv; i++)
             diff += memcmp(&un[i], &lg[(size_t)3 * N_STEP * nv + i], sizeof(float)) != 0;
-        printf("  L3 fused decode vs the unfused kernels (%lld kernels per step, graph): %lld of %lld logits differ "
-               "(0 allowed)\n", (long long)k_un, (long long)diff, (long long)N_STEP * nv);
+        printf("  L3 fused decode%s%s vs the unfused kernels (%lld kernels per step, graph): %lld of %lld logits differ "
+               "(0 allowed)\n", qkv_bias ? " with the QKV bias" : "", qk_norm ? " with the q/k norm" : "",
+               (long long)k_un, (long long)diff, (long long)N_STEP * nv);
         CHECK(un && diff == 0, "fused decode differs from the unfused kernels");
+        printf("  L3 decode step (graph nodes): %lld kernels fused, %lld unfused (fewer required)\n", (long long)k_l3,
+               (long long)n_un);
+        CHECK(k_l3 > 0 && k_l3 < n_un, "the fused decode step runs %lld kernels, the unfused one %lld",
+              (long long)k_l3, (long long)n_un);
         free(un);
     } else {
-        printf("  L3 fused decode: not used for weights of type %s%s%s%s\n", nstf_type_name(wt),
-               uniform ? "" : " mixed with other types", extras ? " with QKV biases or q/k norms" : "",
+        printf("  L3 fused decode: not used for weights of type %s%s%s%s%s\n", nstf_type_name(wt),
+               uniform ? "" : " mixed with other types", qkv_bias ? " (QKV bias)" : "", qk_norm ? " (q/k norm)" : "",
                fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
         CHECK(!fusable_types, "L3 did not run the fused decode on %s weights", nstf_type_name(wt));
     }

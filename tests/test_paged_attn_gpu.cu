@@ -5,8 +5,9 @@
  * prefill chunks and single decode tokens interleaved in one batch, two
  * sequences sharing their first blocks (a common prompt prefix), block
  * sizes that do and do not divide the tile (16, 5), head_dim 64 and 128,
- * GQA ratios 1, 4, 8, padded token strides; and a decode batch of 64
- * sequences of different lengths.
+ * GQA ratios 1, 3, 4, 8, 16 (the kernel's largest group), head_dim 30
+ * (key rows not 16-byte aligned), padded token strides; and a decode batch
+ * of 64 sequences of different lengths.
  *
  * Metric (tests/gpu_harness.h): the bf16 rule, NMSE of the bf16 output vs
  * the fp64 reference at most 2x the NMSE of a naive host implementation in
@@ -189,6 +190,9 @@ static void check_arguments(void) {
                                    0.1f, 0, NULL) == NSTF_ERR_INVALID_ARG, "3 heads over 2 kv heads must be refused");
     CHECK(nstf_gpu_paged_attention(d, D, d, D, d, D, d, d, d, H * D, pos, seq, tbl, 1, n_ctx, 1, BS, 4, H, 1, D, 0.1f, 0,
                                    NULL) == NSTF_ERR_INVALID_ARG, "a q stride shorter than its row must be refused");
+    CHECK(nstf_gpu_paged_attention(d, 17 * 16, d, 16, d, 16, d, d, d, 17 * 16, pos, seq, tbl, 1, n_ctx, 1, BS, 4, 17,
+                                   1, 16, 0.1f, 0, NULL) == NSTF_ERR_UNSUPPORTED,
+          "17 query heads per kv head must be refused");
     /* position 9 lies in the third block, 7, outside the pool of 4: nothing
      * is written there and keys 8, 9 are not there; keys 0..7 (q = 0, every
      * v = 1) average to exactly 1. A slot outside [0, n_seq): zeros. */
@@ -209,7 +213,7 @@ static void check_arguments(void) {
     }
     gh_must(nstf_gpu_memcpy_d2h(vc.data(), d + 8192, vc.size() * 2, nullptr), "d2h");
     CHECK(vc == ones, "the pool was written through a block or slot outside it");
-    gh_note("head_dim 300, context not whole blocks, heads/kv, short stride refused; block 7 of 4, slot 1 of 1 skipped");
+    gh_note("head_dim 300, context not whole blocks, heads/kv, short stride, 17 heads per kv head refused; block 7 of 4, slot 1 of 1 skipped");
     gh_free(b); gh_free(o); gh_free(ib);
 }
 
@@ -230,6 +234,10 @@ int main(void) {
     run_case({decode, 2, 8, 128, 16, -1, 0}, seed++);
     /* sliding windows (Mistral): shorter than some histories, longer than others */
     run_case({mixed, 2, 3, 64, 16, 1, 50}, seed++);
+    /* 16 query heads per kv head (the kernel's largest group), odd head
+     * sizes (rows not 16-byte aligned: the scalar key reads) */
+    run_case({mixed, 1, 16, 128, 16, 1, 0}, seed++);
+    run_case({mixed, 2, 4, 30, 5, 1, 0}, seed++);
     run_case({decode, 2, 4, 64, 16, -1, 100}, seed++);
     check_arguments();
     return gh_finish("test_paged_attn_gpu");

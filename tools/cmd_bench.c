@@ -14,6 +14,7 @@
 #include "prof/memory.h"
 #include "prof/regress.h"
 #include "prof/report.h"
+#include "prof/stats.h"
 
 int cmd_bench(int argc, char **argv);
 
@@ -38,6 +39,10 @@ static void bench_usage(FILE *f) {
             "      --sparse-attn K[,W]   sparse decode attention in every layer (top-k blocks, window\n"
             "                            positions; as nstf run); --sparse-block N (default 16)\n"
             "      --dense-attn          dense attention even where the model file plans sparse\n"
+            "      --decode-batch B[,B]  instead of pp/tg: one batched decode step of B sequences over a\n"
+            "                            paged KV cache at depth -d (default 512), as nstf serve runs it:\n"
+            "                            ms per step with every row's greedy token on the device, and with\n"
+            "                            every row's logits to the host; each against the first B\n"
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
             "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
@@ -80,6 +85,56 @@ static bool parse_list(const char *flag, const char *s, long min, long max, int_
     return true;
 }
 
+/* --decode-batch: one table per model, a row per B (bench_batch.c). */
+static int decode_batch(const char *model, const int *bs, int n_b, int depth, int reps, bool warmup,
+                        const char *device, int threads) {
+    int max_b = 0;
+    for (int i = 0; i < n_b; i++) max_b = bs[i] > max_b ? bs[i] : max_b;
+    nstf_session_params sp = nstf_session_default_params();
+    sp.n_threads = threads;
+    sp.device = device;
+    nstf_session *s = NULL;
+    if (nstf_bench_batch_open(model, &sp, max_b, depth, &s) != NSTF_OK) {
+        cli_lib_err();
+        return 1;
+    }
+    nstf_weights_touch(s, stderr, true);
+    uint64_t *ns = calloc((size_t)reps, sizeof *ns), rng = 0x2545f4914f6cdd1dull;
+    double *ms = calloc((size_t)reps, sizeof *ms);
+    if (!ns || !ms) {
+        free(ns);
+        free(ms);
+        nstf_session_close(s);
+        cli_err("out of memory");
+        return 1;
+    }
+    printf("%s on %s, depth %d, %d steps each (median ms)\n\n", model, nstf_session_device(s), depth, reps);
+    printf("| sequences | greedy ids to host | x first | all logits to host | x first |\n");
+    printf("|---:|---:|---:|---:|---:|\n");
+    double first[2] = {0, 0};
+    int rc = 0;
+    for (int i = 0; i < n_b && rc == 0; i++) {
+        double med[2];
+        for (int lh = 0; lh < 2 && rc == 0; lh++) {
+            const nstf_bench_batch_test t = {bs[i], depth, reps, warmup, lh == 1};
+            if (nstf_bench_decode_batch(s, &t, &rng, ns) != NSTF_OK) {
+                cli_err("--decode-batch %d: %s", bs[i], nstf_last_error());
+                rc = 1;
+                break;
+            }
+            for (int k = 0; k < reps; k++) ms[k] = (double)ns[k] / 1e6;
+            med[lh] = nstf_stats_compute(ms, reps).median;
+            if (i == 0) first[lh] = med[lh];
+        }
+        if (rc == 0)
+            printf("| %d | %.3f | %.2fx | %.3f | %.2fx |\n", bs[i], med[0], med[0] / first[0], med[1], med[1] / first[1]);
+    }
+    free(ns);
+    free(ms);
+    nstf_session_close(s);
+    return rc;
+}
+
 typedef struct {
     char model[512];
     char test[64];
@@ -91,7 +146,9 @@ typedef struct {
 int cmd_bench(int argc, char **argv) {
     char *models[MAX_LIST];
     int n_models = 0;
-    int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1};
+    int_list n_prompt = {{512}, 1}, n_gen = {{128}, 1}, n_depth = {{0}, 1}, n_batch = {{512}, 1}, threads = {{0}, 1},
+             dec_batch = {{0}, 0};
+    bool depth_set = false;
     int reps = 5, level = 0, act_bits = 0, sparse = 0, sp_topk = 0, sp_window = 0, sp_block = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
     const char *device = "auto", *baseline = NULL, *gpus = NULL;
@@ -135,6 +192,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) {
             VAL();
             if (!parse_list(a, v, 0, 1 << 22, &n_depth)) return 2;
+            depth_set = true;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             VAL();
             if (!parse_list(a, v, 1, 1 << 16, &n_batch)) return 2;
@@ -165,6 +223,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--sparse-block")) {
             VAL();
             if (!cli_parse_int(a, v, 4, 64, &sp_block)) return 2;
+        } else if (!strcmp(a, "--decode-batch")) {
+            VAL();
+            if (!parse_list(a, v, 1, 4096, &dec_batch)) return 2;
         } else if (!strcmp(a, "--dense-attn")) {
             sparse = -1;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
@@ -200,6 +261,13 @@ int cmd_bench(int argc, char **argv) {
     if (n_models == 0) {
         cli_err("no model given (-m MODEL)");
         return 2;
+    }
+    if (dec_batch.n > 0) {
+        int rc = 0;
+        for (int mi = 0; mi < n_models && rc == 0; mi++)
+            rc = decode_batch(models[mi], dec_batch.v, dec_batch.n, depth_set ? n_depth.v[0] : 512, reps, warmup,
+                              device, threads.v[0]);
+        return rc;
     }
     if (levels && strcmp(device, "gpu") == 0) { /* the GPU level matrix, one model after another */
         int rc = 0;

@@ -55,21 +55,7 @@ mkdir -p "$logs" || exit 2
 ok=1
 smol=models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1 ($2)"; ok=0; }
-# run NAME COMMAND...: the command's output to $logs/NAME.log; 0 when it passed
-run() {
-    name=$1
-    shift
-    "$@" > "$logs/$name.log" 2>&1
-    rc=$?
-    case $rc in
-    0) pass "$name"; return 0 ;;
-    77) fail "$name" "skipped: no GPU seen; log $logs/$name.log" ;;
-    *) fail "$name" "exit $rc; log $logs/$name.log"; tail -n 5 "$logs/$name.log" | sed 's/^/    /' ;;
-    esac
-    return 1
-}
+. scripts/device/check_lib.sh # pass, fail, run
 # loss of the first and of the last step of a --log file
 first() { grep '"loss"' "$1" | head -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }
 last() { grep '"loss"' "$1" | tail -n 1 | sed 's/.*"loss": \([^,]*\),.*/\1/'; }

@@ -59,6 +59,18 @@ typedef struct nstf_batch {
     const int32_t *rows;   /* [n_rows] rows whose logits are wanted, or NULL */
     int n_rows;
     const int32_t *blocks; /* [n_seq, n_ctx / kv_block] cache block of each sequence's positions */
+    /* with rows: the greedy token of every selected row (argmax[n_rows]),
+     * and the logits of only the first host_rows of them (0..n_rows) copied
+     * to the host; the others' logits stay in the run (a server's greedy
+     * rows need one id each, not a vocabulary of floats) */
+    bool argmax_rows;
+    int host_rows;
+    /* every row's result must not depend on how many rows the batch has:
+     * a backend whose matmul path changes with the row count (GEMV for a
+     * few rows, GEMM for more) takes the one that handles any count. Set
+     * for batches with prompt rows, whose count a prefix taken from a cache
+     * changes: a repeated request then computes the same numbers */
+    bool row_invariant;
 } nstf_batch;
 
 /* The batch in backend memory, for the ops (begin fills it). */
@@ -71,7 +83,8 @@ typedef struct nstf_batch_io {
 typedef struct nstf_fwd_out {
     const float *logits;   /* backend memory [rows, n_vocab] */
     int64_t rows, n_vocab;
-    const int32_t *argmax; /* backend memory [1], or NULL */
+    const int32_t *argmax; /* backend memory [n_argmax], or NULL */
+    int64_t n_argmax;
     float *logits_host;    /* NULL: not copied */
     int32_t *argmax_host;  /* NULL: not copied */
 } nstf_fwd_out;

@@ -146,7 +146,8 @@ static nstf_status cpu_end(nstf_backend *be, const nstf_batch *b, nstf_status st
     if (st != NSTF_OK) return st;
     if (o->logits_host && o->logits_host != o->logits)
         memcpy(o->logits_host, o->logits, (size_t)o->rows * (size_t)o->n_vocab * sizeof(float));
-    if (o->argmax_host && o->argmax) *o->argmax_host = *o->argmax;
+    if (o->argmax_host && o->argmax && o->argmax_host != o->argmax)
+        memcpy(o->argmax_host, o->argmax, (size_t)o->n_argmax * sizeof(int32_t));
     return NSTF_OK;
 }
 
@@ -247,6 +248,20 @@ static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
         return layout_error(a);
     const float *q = a->attention.q.data;
     float *kc = a->attention.k_cache, *vc = a->attention.v_cache, *out = a->attention.out.data;
+    const int64_t S = a->attention.n_seq > 1 ? a->attention.n_seq : 1;
+    if (!kc || !vc || S > 1) { /* the training forward: each sequence attends to its own k, v rows */
+        if (kc || vc || !a->attention.lse || a->attention.pos0 != 0 || seq || blocks)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                                  "CPU backend: attention without a cache or over %lld sequences is the training "
+                                  "forward's (lse, position 0, no cache, no sequence slots)",
+                                  (long long)S);
+        const float *k = a->attention.k.data, *v = a->attention.v.data;
+        for (int64_t b = 0; b < S; b++)
+            nstf_cpu_attention_lse(cpu, q + b * n * qd, k + b * n * kvd, v + b * n * kvd, out + b * n * qd,
+                                   a->attention.lse + b * n * a->attention.n_heads, n, 0, a->attention.n_heads,
+                                   a->attention.n_kv_heads, hd, a->attention.scale);
+        return NSTF_OK;
+    }
     kv_write(a->attention.k.data, a->attention.v.data, kc, vc, pos, seq, blocks, bs, n, n_ctx, kvd);
     for (int64_t t0 = 0; t0 < n;) {
         const int32_t s = seq ? seq[t0] : 0;

@@ -205,7 +205,7 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
         if (e > g->wtmp_elems) g->wtmp_elems = e;
         if (m->n_out > g->n_rowids) g->n_rowids = m->n_out;
     }
-    g->am_bytes = nstf_gpu_argmax_scratch_bytes(1, p->n_vocab);
+    g->am_bytes = nstf_gpu_argmax_scratch_bytes(p->n_batch, p->n_vocab); /* every selected row of a batch */
     /* the split plan is not monotonic in the context: take the largest
      * scratch over every bound the decode step can use */
     g->fd_bytes = 0;
@@ -271,8 +271,10 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     NSTF_TRY(nstf_gpu_set_device(g->dev));
     g->pos0 = b->pos[0];
     /* a continuous batch (paged), or one that picks its logits rows, runs
-     * plainly: no device-position decode step, no graph, no fused GEMVs */
-    g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows;
+     * plainly: no device-position decode step, no graph, no fused GEMVs;
+     * so does a row-invariant one (a prompt), whose matmuls take the GEMM */
+    g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows && !b->row_invariant;
+    g->row_invariant = b->row_invariant;
     g->graph_used = false;
     g->unfused = 0;
     io->seq = NULL;
@@ -363,7 +365,8 @@ static nstf_status gpu_end(nstf_backend *be, const nstf_batch *b, nstf_status st
     if (o->logits_host)
         NSTF_TRY(nstf_gpu_memcpy_d2h(o->logits_host, o->logits, (size_t)o->rows * (size_t)o->n_vocab * sizeof(float),
                                      g->stream));
-    if (o->argmax_host && o->argmax) NSTF_TRY(nstf_gpu_memcpy_d2h(o->argmax_host, o->argmax, sizeof(int32_t), g->stream));
+    if (o->argmax_host && o->argmax)
+        NSTF_TRY(nstf_gpu_memcpy_d2h(o->argmax_host, o->argmax, (size_t)o->n_argmax * sizeof(int32_t), g->stream));
     if (!o->logits_host && !o->argmax_host) NSTF_TRY(nstf_gpu_stream_sync(g->stream));
     return NSTF_OK;
 }

@@ -57,6 +57,7 @@ typedef struct gpu_backend {
     uint64_t scores_bytes;
     /* the current forward */
     bool decode_step;   /* one token at level >= 2: positions read on the device (dio) */
+    bool row_invariant; /* the batch's rows must not depend on their count: matmuls skip the GEMV */
     int64_t pos0, bound;
     int64_t unfused;    /* matmuls of this decode step that can_fuse declined */
     /* graph of the decode step */

@@ -26,6 +26,7 @@
 
 #include "backend/gpu.h"
 #include "core/mem.h"
+#include "core/switches.h"
 #include "ops/optim.h"
 
 /* ---- layouts ---------------------------------------------------------------------- */
@@ -64,9 +65,16 @@ static bool mm_f16(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
     return w->type == NSTF_TYPE_F16 && g->wtmp && (uint64_t)n * (uint64_t)w->n_in <= g->wtmp_elems;
 }
 
+/* Whether mm() runs n tokens on the GEMV because they are few. Not for a
+ * batch that must be row-invariant (gpu.h): the GEMV and the GEMM sum in
+ * different orders, so a prompt row computed with 2 others would differ
+ * from the same row computed with 20; the GEMM's rows do not depend on M
+ * (no split-K: each output sums its K slices in one order in one tile). */
+static bool mm_few(const gpu_backend *g, int64_t n) { return n <= GEMV_MAX_TOK && !g->row_invariant; }
+
 /* Kernels mm() launches for n tokens. */
 static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
-    if (n <= GEMV_MAX_TOK || w->type == NSTF_TYPE_BF16) return 1;
+    if (mm_few(g, n) || w->type == NSTF_TYPE_BF16) return 1;
     if (mm_f16(g, w, n)) return 2;
     return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
 }
@@ -75,7 +83,7 @@ static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
  * dequantizing W to bf16 in the workspace unless it is bf16). */
 static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, void *y, nstf_type yt, int64_t n) {
     g->n_kernels += mm_kernels(g, w, n);
-    if (n <= GEMV_MAX_TOK) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
+    if (mm_few(g, n)) return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
     if (mm_f16(g, w, n)) {
         NSTF_TRY(nstf_gpu_bf16_to_f16(x, g->wtmp, n * w->n_in, g->stream));
         return nstf_gpu_gemm_f16(g->wtmp, w->data, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in,
@@ -116,6 +124,16 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         f.pos = a->matmul.rope.pos;
         f.rope_freqs = g->rope_freqs;
         f.rope_factors = a->matmul.rope.freq_factors;
+        /* Qwen: the QKV bias in the epilogue; the per-head q/k norm in a
+         * second kernel with the rotation (gemv_fused.cu says why) */
+        f.q_rows = a->matmul.rope.n_heads * a->matmul.rope.head_dim;
+        f.bias_q = a->matmul.bias[0];
+        f.bias_k = a->matmul.bias[1];
+        f.bias_v = a->matmul.bias[2];
+        f.q_norm = a->matmul.q_norm;
+        f.k_norm = a->matmul.k_norm;
+        f.qk_eps = a->matmul.eps;
+        if (f.q_norm) g->n_kernels++;
         break;
     case NSTF_MM_SWIGLU:
         f.epi = NSTF_GEMV_SWIGLU;
@@ -129,13 +147,9 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
-    /* the fused GEMVs have no bias or per-head norm (Qwen): the ops then run apart */
+    /* a bias or per-head norm (Qwen) fuses into the QKV matmul's RoPE epilogue only */
     bool extras = a->matmul.q_norm != NULL;
     for (int i = 0; i < a->matmul.n_w; i++) extras = extras || a->matmul.bias[i] != NULL;
-    if (extras) {
-        g->unfused++;
-        return false;
-    }
     nstf_matrix w = *a->matmul.w[0];
     const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
     bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
@@ -145,6 +159,7 @@ bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     case NSTF_MM_ROPE: ok = ok && n_w == 3 && norm && (a->matmul.rope.head_dim / 2) % 8 == 0; break;
     case NSTF_MM_SWIGLU: ok = ok && n_w == 2 && norm; break;
     }
+    ok = ok && (!extras || a->matmul.epi == NSTF_MM_ROPE);
     ok = ok && nstf_gpu_gemv_fusable(w.type, w.data, w.n_in, norm);
     if (!ok) g->unfused++;
     return ok;
@@ -253,11 +268,20 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
                                         a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
                                         a->attention.window, g->stream);
     }
-    if (a->attention.lse) { /* the training forward: one sequence at pos0.., lse saved */
-        if (a->attention.seq || a->attention.pos0 < 0)
+    if (a->attention.lse) { /* the training forward: lse saved */
+        const int64_t S = a->attention.n_seq > 1 ? a->attention.n_seq : 1;
+        if (a->attention.seq || a->attention.pos0 < 0 || (S > 1 && a->attention.k_cache) ||
+            (!a->attention.k_cache && a->attention.pos0 != 0))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
-                                  "GPU backend: attention with lse runs one sequence at consecutive positions");
+                                  "GPU backend: attention with lse runs one sequence at consecutive positions, or "
+                                  "a batch of sequences without a cache");
         g->n_kernels++;
+        if (!a->attention.k_cache) /* every sequence of the batch on its own rows, one launch */
+            return nstf_gpu_flash_attn_lse_batch(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
+                                                 a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
+                                                 a->attention.out.data, a->attention.out.stride, a->attention.lse,
+                                                 a->attention.n, S, a->attention.n_heads, a->attention.n_kv_heads,
+                                                 a->attention.head_dim, a->attention.scale, g->stream);
         return nstf_gpu_flash_attn_lse(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
                                        a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
                                        a->attention.k_cache, a->attention.v_cache, a->attention.out.data,
@@ -450,9 +474,7 @@ nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
  * not k-major into the training scratch: 2 bytes per element moved twice,
  * small beside the GEMM, for the wgmma rate instead of the portable
  * kernel's (gemm_bwd.cu). */
-static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) {
-    return k % 8 == 0 && n % 8 == 0 && strncmp(nstf_gpu_gemm_path(m, n, k), "wgmma", 5) == 0;
-}
+static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) { return nstf_gpu_gemm_kmajor_fast(m, n, k) != 0; }
 
 /* A matrix not stored bf16 (a frozen, quantized base) is dequantized into
  * the workspace first, as the forward's GEMM path does. */
@@ -516,9 +538,6 @@ nstf_status nstf_gpu_op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
                                  a->matmul_bwd_w.n_out, g->stream);
 }
 
-/* Logits chunks of at most CE_CHUNK_BYTES (fp32 logits + bf16 gradient). */
-#define CE_CHUNK_BYTES ((size_t)256 << 20)
-
 nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     const nstf_matrix *w = a->cross_entropy.w;
@@ -543,16 +562,22 @@ nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
         }
         n_norm = (double)nv;
     }
-    int64_t chunk = (int64_t)(CE_CHUNK_BYTES / (6 * (size_t)n)) / 8 * 8;
-    if (chunk < 64) chunk = 64;
-    if (chunk > vocab) chunk = vocab;
-    const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, chunk);
+    /* chunks of tokens within the budget (NSTF_CE_ROWS forces a size) */
+    const int sw = nstf_switch_int(NSTF_SW_CE_ROWS);
+    const int64_t rows = sw >= 8 ? (int64_t)sw / 8 * 8 : nstf_gpu_cross_entropy_rows(n, dim, vocab, NSTF_GPU_CE_BUDGET);
+    const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, rows, dim, vocab);
     void *scr = tscratch(g, sb);
     if (!scr) return no_scratch(a, sb);
-    g->n_kernels += 4 + 5 * ((vocab + chunk - 1) / chunk);
+    for (int64_t r0 = 0; r0 < n; r0 += rows) { /* the kernels nstf_gpu_cross_entropy launches */
+        const int64_t nc = n - r0 < rows ? n - r0 : rows;
+        const bool dw_fast = a->cross_entropy.dw && nstf_gpu_gemm_kmajor_fast(vocab, dim, nc);
+        g->n_kernels += 4 + (r0 == 0 && nstf_gpu_gemm_kmajor_fast(nc, dim, vocab)) +
+                        (a->cross_entropy.dw ? 1 + dw_fast : 0);
+    }
+    g->n_kernels++;
     return nstf_gpu_cross_entropy(a->cross_entropy.h.data, w->data, a->cross_entropy.targets,
                                   a->cross_entropy.ignore_index, n_norm, a->cross_entropy.lse, a->cross_entropy.dh,
-                                  a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, scr, sb, g->stream);
+                                  a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, rows, scr, sb, g->stream);
 }
 
 nstf_status nstf_gpu_op_adamw(nstf_backend *be, const nstf_op_args *a) {

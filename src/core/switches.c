@@ -43,6 +43,9 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_CKPT_STALL_MS] = {"NSTF_CKPT_STALL_MS", NSTF_SWITCH_INT, 0, 0, 600000, NULL,
                                "milliseconds a training checkpoint write sleeps mid-way through the weights (0: none; "
                                "for the tests that kill a run mid-write)"},
+    [NSTF_SW_CE_ROWS] = {"NSTF_CE_ROWS", NSTF_SWITCH_INT, NSTF_SWITCH_AUTO, 8, 65535 * 32, NULL,
+                         "tokens per chunk of the GPU cross-entropy, rounded down to a multiple of 8 (auto: the "
+                         "most whose logits fit its 2 GiB scratch; tests force small chunks)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,

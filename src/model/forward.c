@@ -376,11 +376,12 @@ static nstf_status layers(fwd *f) {
     lg.matmul.epi = NSTF_MM_STORE;
     NSTF_TRY(matmul(f, &lg, NULL));
 
-    if (f->b->argmax) {
+    if (f->b->argmax || f->b->argmax_rows) { /* the last row's greedy token, or every selected row's */
+        const int64_t from = f->b->argmax_rows ? 0 : rows - 1;
         nstf_op_args am = {.op = NSTF_OP_ARGMAX, .label = "argmax", .layer = -1};
-        am.argmax.x = f32_rows(s->logits + (rows - 1) * nv, nv);
+        am.argmax.x = f32_rows(s->logits + from * nv, nv);
         am.argmax.out = s->argmax;
-        am.argmax.n_rows = 1;
+        am.argmax.n_rows = rows - from;
         am.argmax.n = nv;
         NSTF_TRY(run(f, &am));
     }
@@ -389,11 +390,16 @@ static nstf_status layers(fwd *f) {
 
 /* The rows whose logits a batch asks for: 1..n of its rows. */
 static nstf_status check_rows(const nstf_batch *b) {
+    if (b->argmax_rows && !b->rows)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: greedy tokens of selected rows without the rows");
     if (!b->rows) return NSTF_OK;
     if (b->all_logits)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: logits of every row and of selected rows both asked for");
     if (b->n_rows < 1 || b->n_rows > b->n)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: %d logits rows of a batch of %d", b->n_rows, b->n);
+    if (b->argmax_rows && (b->host_rows < 0 || b->host_rows > b->n_rows))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: %d rows' logits to the host of %d rows", b->host_rows,
+                              b->n_rows);
     for (int i = 0; i < b->n_rows; i++)
         if (b->rows[i] < 0 || b->rows[i] >= b->n)
             return nstf_set_error(NSTF_ERR_RANGE, "forward: logits row %d of a batch of %d", b->rows[i], b->n);
@@ -426,8 +432,15 @@ nstf_status nstf_llama_stage_forward(nstf_llama_run *r, const nstf_batch *b, flo
     const nstf_llama_state *s = &r->s;
     fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
     const int64_t rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;
-    const nstf_fwd_out out = {s->logits, r->output ? rows : 0, r->output ? r->w.output.n_out : c->n_vocab, b->argmax && r->output ? s->argmax : NULL,
-                              r->output ? logits : NULL, r->output ? argmax : NULL};
+    const bool am = (b->argmax || b->argmax_rows) && r->output;
+    const int64_t host_rows = b->argmax_rows ? b->host_rows : rows;
+    const nstf_fwd_out out = {s->logits,
+                              r->output ? host_rows : 0,
+                              r->output ? r->w.output.n_out : c->n_vocab, /* a tensor-parallel rank's share */
+                              am ? s->argmax : NULL,
+                              b->argmax_rows ? rows : 1,
+                              r->output && host_rows > 0 ? logits : NULL,
+                              r->output ? argmax : NULL};
     for (int attempt = 0;; attempt++) {
         bool replayed = false, retry = false;
         NSTF_TRY(r->be->vt->begin(r->be, b, &f.io, &replayed));
@@ -442,8 +455,10 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
     const nstf_llama_state *s = &r->s;
     if (b->n < 1 || b->n > s->n_batch)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", b->n, s->n_batch);
-    if (argmax && !b->argmax)
+    if (argmax && !b->argmax && !b->argmax_rows)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: a greedy token asked for without batch.argmax");
+    if (b->argmax && b->argmax_rows)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward: the last row's greedy token and every row's both asked for");
     for (int t = 0; t < b->n; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= c->n_vocab)
             return nstf_set_error(NSTF_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", b->tokens[t],
@@ -467,8 +482,8 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
     return NSTF_OK;
 }
 
-nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
-                                   float *logits, int32_t *argmax) {
+static nstf_status forward_run(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                               bool prompt, float *logits, int32_t *argmax) {
     if (n < 1 || n > r->s.n_batch)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "forward of %d tokens (batch holds 1..%d)", n, r->s.n_batch);
     if (pos0 < 0 || pos0 + n > r->s.n_ctx)
@@ -477,8 +492,19 @@ nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int
     int32_t pbuf[256], *pos = n <= 256 ? pbuf : nstf_alloc((size_t)n * sizeof(int32_t), "positions");
     if (!pos) return NSTF_ERR_OOM;
     for (int t = 0; t < n; t++) pos[t] = pos0 + t;
-    const nstf_batch b = {.tokens = tokens, .pos = pos, .n = n, .all_logits = all_logits, .argmax = argmax != NULL};
+    const nstf_batch b = {.tokens = tokens, .pos = pos, .n = n, .all_logits = all_logits, .argmax = argmax != NULL,
+                          .row_invariant = prompt};
     nstf_status st = nstf_llama_forward(r, &b, logits, argmax);
     if (pos != pbuf) nstf_free(pos);
     return st;
+}
+
+nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
+                                   float *logits, int32_t *argmax) {
+    return forward_run(r, tokens, n, pos0, all_logits, false, logits, argmax);
+}
+
+nstf_status nstf_llama_forward_prompt(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, float *logits,
+                                      int32_t *argmax) {
+    return forward_run(r, tokens, n, pos0, false, true, logits, argmax);
 }

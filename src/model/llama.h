@@ -96,7 +96,7 @@ typedef struct nstf_llama_state {
     void *h;         /* [n_batch, 2 ffn_dim] gate, up (layout: the backend's place) */
     void *hs;        /* [n_batch, ffn_dim] silu(gate) * up */
     float *logits;   /* [n_batch, n_vocab] (the last row only unless all-logits) */
-    int32_t *argmax; /* [1] the greedy token of the last row */
+    int32_t *argmax; /* [n_batch] the greedy tokens (of the last row, or of each selected row) */
     void *k_cache;   /* [n_layers, n_seq, n_ctx, kv_dim]; paged: [n_layers, kv_blocks, kv_block, kv_dim] */
     void *v_cache;   /* as k_cache */
     void *block;     /* the one backend allocation everything above is carved from */
@@ -214,14 +214,22 @@ nstf_status nstf_llama_run_clear(nstf_llama_run *r);
 
 /* One forward of b (b->n <= n_batch; positions below n_ctx; seq < n_seq).
  * logits (host, may be NULL): the last token's [n_vocab], every token's
- * [n, n_vocab] with all_logits, or those of b->rows [n_rows, n_vocab].
- * argmax (host, may be NULL; needs b->argmax): the greedy token of the
- * last of those rows, computed on the backend. A paged run checks that
+ * [n, n_vocab] with all_logits, or those of b->rows [n_rows, n_vocab]
+ * (with b->argmax_rows only the first b->host_rows of them).
+ * argmax (host, may be NULL; needs b->argmax or b->argmax_rows): the
+ * greedy token of the last of those rows ([1]), or of every row of b->rows
+ * ([n_rows]), computed on the backend. A paged run checks that
  * every block a token writes or reads is one of its pool. */
 nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
 /* The common case: n tokens of sequence 0 at positions pos0.. */
 nstf_status nstf_llama_forward_seq(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, bool all_logits,
                                    float *logits, int32_t *argmax);
+/* The same for a chunk of a prompt (the last row's logits): its rows are
+ * computed alike whatever their number (nstf_batch.row_invariant), as nstf
+ * serve computes prompt rows, so a prompt gives the same numbers in both
+ * however it is chunked. */
+nstf_status nstf_llama_forward_prompt(nstf_llama_run *r, const int32_t *tokens, int n, int pos0, float *logits,
+                                      int32_t *argmax);
 
 /* The matmuls of the layers the forward issues (a group of adjacent
  * matrices as one), for a backend's plan: writes up to cap entries,

@@ -221,7 +221,7 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, i
                           (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx), &cache) &&
               nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
     sz[1] = sz[0];  /* y */
-    sz[8] = 16;     /* argmax */
+    sz[8] = B * 4 > 16 ? B * 4 : 16; /* argmax */
     sz[10] = sz[9]; /* v_cache */
     carve cv = {0, ok};
     uint64_t off[11];

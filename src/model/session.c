@@ -256,8 +256,8 @@ static nstf_status prefill(nstf_session *s, const int32_t *tokens, int n, int po
     for (int i = 0; i < n; i += s->n_batch) {
         int chunk = n - i < s->n_batch ? n - i : s->n_batch;
         bool last = i + chunk >= n;
-        NSTF_TRY(nstf_session_forward(s, tokens + i, chunk, pos0 + i, false, last && !argmax ? s->logits : NULL,
-                                      last ? argmax : NULL));
+        NSTF_TRY(nstf_llama_forward_prompt(s->run, tokens + i, chunk, pos0 + i, last && !argmax ? s->logits : NULL,
+                                           last ? argmax : NULL));
     }
     return NSTF_OK;
 }
@@ -314,7 +314,9 @@ void nstf_session_rewind(nstf_session *s, int n_past) {
 }
 
 /* Evaluate n tokens after the history in chunks of n_batch (the last
- * token's logits, or its greedy token on a GPU session, come back). Stops
+ * token's logits, or its greedy token on a GPU session, come back), as
+ * prompt rows (nstf_llama_forward_prompt: computed as nstf serve computes
+ * them, whatever the chunk's size). Stops
  * between chunks when interrupted (*stopped set; the history holds what
  * was evaluated). Room must have been made. */
 static nstf_status eval(nstf_session *s, const int32_t *ids, int64_t n, const nstf_gen_params *gp, bool *stopped) {
@@ -325,8 +327,8 @@ static nstf_status eval(nstf_session *s, const int32_t *ids, int64_t n, const ns
         }
         const int chunk = n - i < s->n_batch ? (int)(n - i) : s->n_batch;
         const bool last = i + chunk >= n;
-        NSTF_TRY(nstf_session_forward(s, ids + i, chunk, s->n_past, false, last && !s->dev_greedy ? s->logits : NULL,
-                                      last && s->dev_greedy ? &s->next : NULL));
+        NSTF_TRY(nstf_llama_forward_prompt(s->run, ids + i, chunk, s->n_past, last && !s->dev_greedy ? s->logits : NULL,
+                                           last && s->dev_greedy ? &s->next : NULL));
         memcpy(s->hist + s->n_past, ids + i, (size_t)chunk * sizeof(int32_t));
         s->n_past += chunk;
     }

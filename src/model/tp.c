@@ -235,7 +235,8 @@ typedef struct fwd_job {
 static nstf_status forward_rank(void *ctx, int r) {
     fwd_job *j = ctx;
     nstf_batch b = *j->b;
-    b.argmax = false; /* the greedy token comes from the gathered logits */
+    b.argmax = b.argmax_rows = false; /* greedy tokens come from the gathered logits */
+    b.host_rows = 0;
     return nstf_llama_stage_forward(j->g->runs[r], &b, j->g->part[r], NULL);
 }
 
@@ -245,19 +246,21 @@ nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float 
     fwd_job j = {g, b};
     NSTF_TRY(nstf_comm_run(g->comm, forward_rank, &j));
     const int64_t nv = g->v0[g->n], rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;
-    for (int q = 0; q < g->n; q++) { /* row i of the full logits: every rank's share of it, in rank order */
-        const int64_t share = g->v0[q + 1] - g->v0[q];
-        for (int64_t i = 0; i < rows; i++) {
-            const float *src = g->part[q] + i * share;
-            if (logits) memcpy(logits + i * nv + g->v0[q], src, (size_t)share * sizeof(float));
-            if (i == rows - 1) memcpy(g->row + g->v0[q], src, (size_t)share * sizeof(float));
+    const int64_t host = b->argmax_rows ? b->host_rows : rows; /* rows whose logits the caller takes */
+    for (int64_t i = 0; i < rows; i++) {
+        const bool want = argmax && (b->argmax_rows || i == rows - 1);
+        if (i >= host && !want) continue;
+        for (int q = 0; q < g->n; q++) { /* row i of the full logits: every rank's share, in rank order */
+            const int64_t share = g->v0[q + 1] - g->v0[q];
+            memcpy(g->row + g->v0[q], g->part[q] + i * share, (size_t)share * sizeof(float));
         }
-    }
-    if (argmax) { /* the first of the largest, as the argmax op */
-        int32_t best = 0;
-        for (int64_t v = 1; v < nv; v++)
-            if (g->row[v] > g->row[best]) best = (int32_t)v;
-        *argmax = best;
+        if (logits && i < host) memcpy(logits + i * nv, g->row, (size_t)nv * sizeof(float));
+        if (want) { /* the first of the largest, as the argmax op */
+            int32_t best = 0;
+            for (int64_t v = 1; v < nv; v++)
+                if (g->row[v] > g->row[best]) best = (int32_t)v;
+            argmax[b->argmax_rows ? i : 0] = best;
+        }
     }
     return NSTF_OK;
 }

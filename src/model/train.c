@@ -11,6 +11,7 @@
 
 #include "core/mem.h"
 #include "model/train.h"
+#include "ops/gpu/gpu_api.h" /* the GPU cross-entropy's chunk and scratch */
 
 #define ALIGN 256u
 #define PAD 8 /* tensors start at multiples of 8 elements: 16-byte rows of the bf16 copy */
@@ -164,7 +165,7 @@ static uint64_t act_bytes_per_tok(const nstf_llama_config *c, uint64_t es, int k
  * gradients and the batch's I/O buffers. */
 static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, uint64_t *total, train_mem *mem) {
     const nstf_llama_config *c = &t->c;
-    const uint64_t es = esize(be->act_type), kv_es = esize(be->kv_type), n = (uint64_t)t->n;
+    const uint64_t es = esize(be->act_type), n = (uint64_t)t->n;
     const uint64_t dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
                    kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim,
                    r = (uint64_t)t->sh.lora_rank;
@@ -206,7 +207,6 @@ static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, 
     const uint64_t o_datt = take(&cv, n, es * qd), o_dqkv = take(&cv, n, es * (qd + 2 * kvd));
     const uint64_t o_du = r ? take(&cv, n, es * r) : 0;
     const uint64_t grads_end = cv.off;
-    const uint64_t o_kc = take(&cv, (uint64_t)t->sh.seq_len, kvd * kv_es), o_vc = take(&cv, (uint64_t)t->sh.seq_len, kvd * kv_es);
     const uint64_t o_ids = take(&cv, n, 4), o_tgt = take(&cv, n, 4), o_pos = take(&cv, n, 4), o_loss = take(&cv, 1, 8);
     if (!cv.ok)
         return nstf_set_error(NSTF_ERR_RANGE, "training activations for %d x %d tokens overflow", t->sh.n_seq,
@@ -229,8 +229,6 @@ static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, 
     t->datt = base + o_datt;
     t->dqkv = base + o_dqkv;
     t->du = r ? base + o_du : NULL;
-    t->k_cache = base + o_kc;
-    t->v_cache = base + o_vc;
     t->d_ids = (int32_t *)(base + o_ids);
     t->d_tgt = (int32_t *)(base + o_tgt);
     t->d_pos = (int32_t *)(base + o_pos);
@@ -259,10 +257,8 @@ static uint64_t ops_scratch(const nstf_train *t, const nstf_backend *be) {
         const uint64_t tc = n < 256 ? n : 256, vc = V < 1024 ? V : 1024; /* NSTF_CE_TOK, NSTF_CE_VOCAB */
         ce = 4 * tc * (2 * dim + vc);
     } else {
-        uint64_t chunk = ((uint64_t)256 << 20) / (6 * n) / 8 * 8;
-        if (chunk < 64) chunk = 64;
-        if (chunk > V) chunk = V;
-        ce = 6 * n * chunk + 12 * n + 1024;
+        const int64_t rows = nstf_gpu_cross_entropy_rows((int64_t)n, (int64_t)dim, (int64_t)V, NSTF_GPU_CE_BUDGET);
+        ce = nstf_gpu_cross_entropy_scratch_bytes((int64_t)n, rows, (int64_t)dim, (int64_t)V);
     }
     uint64_t s = ce;
     const uint64_t rms = 4 * (n + 64 * dim), att = 4 * n * (uint64_t)t->c.n_heads;

@@ -107,7 +107,6 @@ typedef struct nstf_train {
     float *dX, *dxn, *dh;  /* [n, dim] fp32 */
     void *dX_act;          /* [n, dim] act type (GPU); == dX on the CPU */
     void *dhs, *dgu, *datt, *dqkv, *du;
-    void *k_cache, *v_cache; /* [seq_len, kv_dim] the attention op's cache rows */
     int32_t *d_ids, *d_tgt, *d_pos;
     double *d_loss;
     int32_t *h_ids, *h_tgt; /* host staging [n] */

@@ -50,11 +50,6 @@ static nstf_view aview(const nstf_train *t, void *p, int64_t stride) { return (n
 static nstf_view fview(float *p, int64_t stride) { return (nstf_view){p, NSTF_TYPE_F32, stride}; }
 
 /* view v moved down by rows rows */
-static nstf_view rows_at(nstf_view v, int64_t rows) {
-    v.data = (char *)v.data + (uint64_t)(rows * v.stride) * esz(v.type);
-    return v;
-}
-
 static nstf_status run(nstf_train *t, nstf_op_args *a) { return nstf_backend_op(t->be, a); }
 
 static nstf_op_args op(nstf_op o, const char *label, int layer, nstf_block block) {
@@ -191,24 +186,25 @@ static nstf_status layer_fwd(nstf_train *t, int l, unsigned parts) {
         rope.rope.n = t->n;
         rope.rope.r = rope_args(t);
         NSTF_TRY(run(t, &rope));
-        for (int b = 0; b < t->sh.n_seq; b++) { /* each sequence attends to itself */
+        { /* every sequence attends to itself: one op over the batch, no cache */
             nstf_op_args at = op(NSTF_OP_ATTENTION, "attention", l, NSTF_BLOCK_ATTN);
-            at.attention.q = rows_at(out[0], b * T);
-            at.attention.k = rows_at(out[1], b * T);
-            at.attention.v = rows_at(out[2], b * T);
-            at.attention.k_cache = t->k_cache;
-            at.attention.v_cache = t->v_cache;
-            at.attention.out = rows_at(aview(t, A->att, qd), b * T);
+            at.attention.q = out[0];
+            at.attention.k = out[1];
+            at.attention.v = out[2];
+            at.attention.k_cache = NULL;
+            at.attention.v_cache = NULL;
+            at.attention.out = aview(t, A->att, qd);
             at.attention.pos = t->d_pos;
             at.attention.seq = NULL;
             at.attention.n = T;
+            at.attention.n_seq = t->sh.n_seq;
             at.attention.n_ctx = T;
             at.attention.pos0 = 0;
             at.attention.n_heads = c->n_heads;
             at.attention.n_kv_heads = c->n_kv_heads;
             at.attention.head_dim = c->head_dim;
             at.attention.scale = 1.0f / sqrtf((float)c->head_dim);
-            at.attention.lse = A->lse + (int64_t)b * T * c->n_heads;
+            at.attention.lse = A->lse;
             NSTF_TRY(run(t, &at));
         }
     }

@@ -208,6 +208,10 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
             keys = fmin(keys, w + (double)n - 1);
         }
         c.bytes = 2.0 * sq * n * nh * hd + 2.0 * skv * keys * nkv * hd;
+        if (a->attention.n_seq > 1) { /* the training forward over a batch of sequences */
+            c.flops *= (double)a->attention.n_seq;
+            c.bytes *= (double)a->attention.n_seq;
+        }
         break;
     }
     case NSTF_OP_SWIGLU:

@@ -232,6 +232,12 @@ typedef struct nstf_op_args {
             int block_size;         /* positions per block */
             float *lse;             /* [n, n_heads] fp32 or NULL: each row's log-sum-exp of the
                                        scaled scores (the training forward saves it) */
+            /* The training forward (lse set, pos0 0, no seq or blocks) may
+             * pass k_cache = v_cache = NULL: nothing is written to a cache,
+             * each sequence attends to its own k, v rows. It may then run
+             * n_seq S > 1 independent sequences of n rows each, one after
+             * another in q, k, v, out and lse (0 or 1: one sequence). */
+            int64_t n_seq;
         } attention;
         /* The attention op's contract (the batch's k, v written into a
          * contiguous cache, causal, GQA) for a layer that tracks its cache

@@ -67,7 +67,7 @@ nstf_status nstf_bench_set_level(nstf_session *s, int level) {
     return s->be->vt->set_opt(s->be, NSTF_OPT_LEVEL, level);
 }
 
-static int32_t rand_token(uint64_t *rng, int n_vocab) {
+int32_t nstf_bench_token(uint64_t *rng, int n_vocab) {
     uint64_t x = *rng;
     x ^= x >> 12;
     x ^= x << 25;
@@ -78,19 +78,19 @@ static int32_t rand_token(uint64_t *rng, int n_vocab) {
 
 static nstf_status prompt(nstf_session *s, int32_t *toks, int n, int pos0, uint64_t *rng) {
     const int nv = s->model->cfg.n_vocab;
-    for (int i = 0; i < n; i++) toks[i] = rand_token(rng, nv);
+    for (int i = 0; i < n; i++) toks[i] = nstf_bench_token(rng, nv);
     return nstf_session_prefill(s, toks, n, pos0);
 }
 
 static nstf_status generate(nstf_session *s, int n, int pos0, bool argmax_only, uint64_t *rng) {
     const int nv = s->model->cfg.n_vocab;
-    int32_t tok = rand_token(rng, nv);
+    int32_t tok = nstf_bench_token(rng, nv);
     for (int i = 0; i < n; i++) {
         if (argmax_only) { /* greedy on the backend: only the token comes back */
             NSTF_TRY(nstf_session_forward(s, &tok, 1, pos0 + i, false, NULL, &tok));
         } else { /* the logits come back, as llama_decode does; the next token is random */
             NSTF_TRY(nstf_session_forward(s, &tok, 1, pos0 + i, false, s->logits, NULL));
-            tok = rand_token(rng, nv);
+            tok = nstf_bench_token(rng, nv);
         }
     }
     return NSTF_OK;

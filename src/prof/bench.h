@@ -65,4 +65,30 @@ typedef struct nstf_bench_test {
  * rng is a caller-held xorshift state for the random tokens. */
 nstf_status nstf_bench_run(nstf_session *s, const nstf_bench_test *t, uint64_t *rng, uint64_t *samples_ns);
 
+/* A random token id in [0, n_vocab) from the xorshift state rng. */
+int32_t nstf_bench_token(uint64_t *rng, int n_vocab);
+
+/* One batched decode step as nstf serve runs it (bench_batch.c): n_seq
+ * sequences of a paged KV cache, each with n_depth positions already
+ * there, decode one token each in one forward that asks for every row's
+ * greedy token on the backend (n_seq ids cross to the host), or with
+ * logits_host every row's logits copied to the host as well (what rows
+ * that draw or report log-probabilities cost). The session must be opened
+ * shaped (nstf_session_open_shaped) for at least n_seq sequences over
+ * blocks of nstf_bench_batch_block positions, nstf_bench_batch_blocks(n_seq,
+ * n_depth) of them, with a batch of at least n_seq tokens. Wall time of
+ * each step, the forward's last copy to the host included. */
+#define nstf_bench_batch_block 16
+typedef struct nstf_bench_batch_test {
+    int n_seq, n_depth, reps;
+    bool warmup, logits_host;
+} nstf_bench_batch_test;
+int nstf_bench_batch_blocks(int n_seq, int n_depth);
+/* A session shaped for tests of up to max_seq sequences at depth n_depth
+ * (p's n_batch and n_ctx are set from them). */
+nstf_status nstf_bench_batch_open(const char *model, const nstf_session_params *p, int max_seq, int n_depth,
+                                  nstf_session **out);
+nstf_status nstf_bench_decode_batch(nstf_session *s, const nstf_bench_batch_test *t, uint64_t *rng,
+                                    uint64_t *samples_ns);
+
 #endif

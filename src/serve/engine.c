@@ -77,9 +77,12 @@ struct nstf_engine {
     /* one step (the scheduler's) */
     nstf_engine_req **plan;          /* [n_seq] running requests, oldest first */
     int32_t *bt, *bp, *bseq;         /* [n_batch] */
-    int32_t *rows;                   /* [n_seq] */
+    int32_t *rows;                   /* [n_seq] rows sampled: those needing their logits first */
     nstf_engine_req **row_req;       /* [n_seq] */
-    float *logits;                   /* [n_seq, n_vocab] */
+    int32_t *rows_tmp;               /* [n_seq] (ordering the rows) */
+    nstf_engine_req **req_tmp;       /* [n_seq] */
+    float *logits;                   /* [n_seq, n_vocab] the rows that need them */
+    int32_t *argmax;                 /* [n_seq] every sampled row's greedy token (from the backend) */
     nstf_engine_stats st;
 };
 
@@ -269,13 +272,20 @@ static void logprobs(const float *l, int nv, int32_t id, int k, nstf_gen_token *
     for (int j = 0; j < t->n_top; j++) t->top_logprob[j] = (float)(l[t->top_id[j]] - lse);
 }
 
-/* One sampled token (under e->mu): emitted or the end. */
-static void emit(nstf_engine *e, nstf_engine_req *r, const float *logits) {
+/* Whether a request's next token needs its row of logits on the host: a
+ * draw, or log-probabilities. A greedy one without them needs only the
+ * greedy token, which the backend computes (first index of the maximum,
+ * as the sampler's greedy choice). */
+static bool needs_logits(const nstf_engine_req *r) { return r->gp.temperature > 0.0f || r->gp.logprobs >= 0; }
+
+/* One sampled token (under e->mu): emitted or the end. logits: the row's
+ * logits when needs_logits(r), else NULL and greedy is the token. */
+static void emit(nstf_engine *e, nstf_engine_req *r, const float *logits, int32_t greedy) {
     const nstf_tokenizer *tok = e->s->tok;
     nstf_gen_token t = {0};
-    const int32_t id = nstf_sampler_sample(&r->smp, logits);
+    const int32_t id = logits ? nstf_sampler_sample(&r->smp, logits) : greedy;
     nstf_sampler_accept(&r->smp, id);
-    if (r->gp.logprobs >= 0) logprobs(logits, e->n_vocab, id, r->gp.logprobs, &t);
+    if (logits && r->gp.logprobs >= 0) logprobs(logits, e->n_vocab, id, r->gp.logprobs, &t);
     const double now = now_ms();
     if (r->n_gen == 0 && r->t_first == 0) {
         r->t_first = now;
@@ -410,8 +420,10 @@ static void preempt(nstf_engine *e, nstf_engine_req *r) {
 /* This step's batch (under e->mu): decodes first, then prefill chunks,
  * oldest first, within n_batch tokens; blocks for every new position.
  * Returns the number of tokens (0: nothing to run); *n_rows the rows
- * whose logits are sampled. */
-static int plan(nstf_engine *e, int *n_rows, int *n_plan) {
+ * whose logits are sampled, ordered so that the *n_host that need their
+ * logits on the host come first; *prompt whether any row is a prompt's
+ * (or a preempted request's recomputed) token. */
+static int plan(nstf_engine *e, int *n_rows, int *n_host, int *n_plan, bool *prompt) {
     int np = 0;
     for (int i = 0; i < e->n_seq; i++)
         if (e->slots[i]) e->plan[np++] = e->slots[i];
@@ -440,10 +452,12 @@ static int plan(nstf_engine *e, int *n_rows, int *n_plan) {
         }
     }
     int n = 0, nr = 0, kept = 0;
+    *prompt = false;
     for (int i = 0; i < np; i++) {
         nstf_engine_req *r = e->plan[i];
         if (r->slot < 0 || r->chunk == 0) continue;
         e->plan[kept++] = r;
+        *prompt = *prompt || r->chunk > 1 || r->n_computed < r->n_prompt;
         for (int j = 0; j < r->chunk; j++) {
             e->bt[n] = r->tokens[r->n_computed + j];
             e->bp[n] = (int32_t)(r->n_computed + j);
@@ -455,7 +469,17 @@ static int plan(nstf_engine *e, int *n_rows, int *n_plan) {
             e->row_req[nr++] = r;
         }
     }
+    int nh = 0, ng = 0;
+    for (int i = 0; i < nr; i++) nh += needs_logits(e->row_req[i]);
+    for (int i = 0, h = 0; i < nr; i++) { /* stable: those needing logits, then the greedy ones */
+        const int at = needs_logits(e->row_req[i]) ? h++ : nh + ng++;
+        e->rows_tmp[at] = e->rows[i];
+        e->req_tmp[at] = e->row_req[i];
+    }
+    memcpy(e->rows, e->rows_tmp, (size_t)nr * sizeof *e->rows);
+    memcpy(e->row_req, e->req_tmp, (size_t)nr * sizeof *e->row_req);
     *n_rows = nr;
+    *n_host = nh;
     *n_plan = kept;
     return n;
 }
@@ -468,16 +492,22 @@ static void *engine_main(void *arg) {
         if (e->stop) break;
         reap(e);
         admit(e);
-        int n_rows = 0, n_plan = 0;
-        const int n = plan(e, &n_rows, &n_plan);
+        int n_rows = 0, n_host = 0, n_plan = 0;
+        bool prompt = false;
+        const int n = plan(e, &n_rows, &n_host, &n_plan, &prompt);
         if (n == 0) { /* nothing could run (not expected): wait for a change rather than spin */
             cond_wait_ms(&e->work, &e->mu, 20);
             continue;
         }
+        /* the sampled rows' greedy tokens come from the backend, and only
+         * the rows that need their logits cross to the host; prompt rows
+         * are computed alike whatever their count (a repeated request whose
+         * prompt partly came from the prefix cache gives the same numbers) */
         const nstf_batch b = {.tokens = e->bt, .pos = e->bp, .seq = e->bseq, .n = n, .rows = n_rows ? e->rows : NULL,
-                              .n_rows = n_rows, .blocks = nstf_kv_pages_table(e->pages)};
+                              .n_rows = n_rows, .blocks = nstf_kv_pages_table(e->pages), .argmax_rows = n_rows > 0,
+                              .host_rows = n_host, .row_invariant = prompt};
         pthread_mutex_unlock(&e->mu);
-        nstf_status st = nstf_llama_forward(e->s->run, &b, e->logits, NULL);
+        nstf_status st = nstf_llama_forward(e->s->run, &b, n_host ? e->logits : NULL, n_rows ? e->argmax : NULL);
         pthread_mutex_lock(&e->mu);
         e->st.steps++;
         e->st.step_tokens += n;
@@ -495,7 +525,7 @@ static void *engine_main(void *arg) {
             nstf_kv_seq_commit(e->pages, r->slot, r->tokens, r->n_computed);
         }
         for (int i = 0; st == NSTF_OK && i < n_rows; i++)
-            emit(e, e->row_req[i], e->logits + (size_t)i * (size_t)e->n_vocab);
+            emit(e, e->row_req[i], i < n_host ? e->logits + (size_t)i * (size_t)e->n_vocab : NULL, e->argmax[i]);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -555,6 +585,9 @@ nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) 
         e->plan = nstf_calloc((size_t)p.n_seq, sizeof *e->plan, "step plan");
         e->row_req = nstf_calloc((size_t)p.n_seq, sizeof *e->row_req, "step rows");
         e->rows = nstf_calloc((size_t)p.n_seq, sizeof *e->rows, "step rows");
+        e->req_tmp = nstf_calloc((size_t)p.n_seq, sizeof *e->req_tmp, "step rows");
+        e->rows_tmp = nstf_calloc((size_t)p.n_seq, sizeof *e->rows_tmp, "step rows");
+        e->argmax = nstf_calloc((size_t)p.n_seq, sizeof *e->argmax, "step greedy tokens");
         e->bt = nstf_calloc((size_t)e->n_batch, sizeof *e->bt, "step tokens");
         e->bp = nstf_calloc((size_t)e->n_batch, sizeof *e->bp, "step positions");
         e->bseq = nstf_calloc((size_t)e->n_batch, sizeof *e->bseq, "step slots");
@@ -563,7 +596,8 @@ nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) 
             st = nstf_set_error(NSTF_ERR_RANGE, "logits of %d sequences overflow", p.n_seq);
         else e->logits = nstf_alloc((size_t)nl * sizeof(float), "step logits");
         if (st == NSTF_OK &&
-            (!e->slots || !e->plan || !e->row_req || !e->rows || !e->bt || !e->bp || !e->bseq || !e->logits))
+            (!e->slots || !e->plan || !e->row_req || !e->rows || !e->req_tmp || !e->rows_tmp || !e->argmax || !e->bt ||
+             !e->bp || !e->bseq || !e->logits))
             st = NSTF_ERR_OOM;
     }
     if (st == NSTF_OK) {
@@ -605,6 +639,9 @@ void nstf_engine_free(nstf_engine *e) {
     nstf_free(e->plan);
     nstf_free(e->row_req);
     nstf_free(e->rows);
+    nstf_free(e->req_tmp);
+    nstf_free(e->rows_tmp);
+    nstf_free(e->argmax);
     nstf_free(e->bt);
     nstf_free(e->bp);
     nstf_free(e->bseq);

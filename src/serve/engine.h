@@ -13,8 +13,13 @@
  * at the head of the queue to be recomputed, with what it generated, when
  * blocks free up), (5) runs the whole step as ONE forward (one pass over
  * the weights for every sequence), with the logits of only the rows that
- * sample, and (6) samples, detokenizes, checks stop strings and limits,
- * and hands the new text to the request's reader.
+ * sample: their greedy tokens computed by the backend, and only the rows
+ * that draw or report log-probabilities copied to the host; prompt rows
+ * computed alike whatever their number (nstf_batch.row_invariant: a
+ * repeated seeded request gives the same tokens though the prefix cache
+ * left it fewer prompt rows to compute), and (6) samples, detokenizes,
+ * checks stop strings and limits, and hands the new text to the
+ * request's reader.
  *
  * Requests and readers: nstf_engine_submit queues a request; its reader
  * (an HTTP connection) takes the output as it comes with

@@ -8,7 +8,10 @@ What must hold (each check prints one line; any failure exits 1):
   - chat and completions, streamed and not: the greedy text equals what
     `nstf run --temp 0` prints for the same prompt and token count;
   - 16 concurrent clients with different prompts: every answer equals the
-    same request's answer when it ran alone; none lost; /metrics agrees
+    same request's answer when it ran alone, except (not with --device
+    cpu) from a near tie (NEAR_TIE below: the first differing token's top-2 log-probability
+    margin under 0.25; such answers are counted and printed); none lost;
+    /metrics agrees
     (answers counted, prompt and generated tokens summed as the usage
     fields say, time-to-first-token observations, no request or KV block
     left in use, some step batched several sequences);
@@ -186,21 +189,60 @@ def test_openai(s, args, openai):
     return client
 
 
-def test_concurrent(s, client):
+# A batched answer may differ from the same request alone only from a
+# near tie: at the first token where the two differ, the top two
+# log-probabilities of the run that has a token there (the request alone,
+# else the batched one) must be closer than NEAR_TIE. Batching changes how
+# a row's sums are ordered (on the GPU a step of a few rows takes the GEMV,
+# of more the GEMM), which moves logits by bf16 roundings (the batch
+# against the same sequence alone: mean KL about 1e-3, tests/test_e2e_gpu.c);
+# that can swap two tokens whose logits are that close, and everything
+# after follows the other token. 0.25 nats is the bound test_e2e_gpu.c
+# states for a top-1 flip between two devices. A difference from a margin
+# above it fails: that is a wrong row, not rounding. The CPU computes every
+# row alike whatever the batch, so with --device cpu no answer may differ.
+NEAR_TIE = 0.25
+
+
+def first_divergence(a, t):
+    """The first token index where the runs a and t (logprobs content lists) differ, and the top-2 margin there
+    (of a, else of t when a ended first), or None when they agree wherever both have tokens."""
+    for i in range(max(len(a), len(t))):
+        ta = a[i].token if i < len(a) else None
+        tt = t[i].token if i < len(t) else None
+        if ta == tt:
+            continue
+        run = a if i < len(a) else t
+        top = run[i].top_logprobs
+        margin = top[0].logprob - top[1].logprob if len(top) >= 2 else float("inf")
+        return i, margin
+    return None
+
+
+def test_concurrent(s, client, device):
     n = 12
     msgs = [[{"role": "user", "content": p}] for p in PROMPTS]
-    alone = [client.chat.completions.create(model="any", messages=m, temperature=0, max_tokens=n) for m in msgs]
+
+    def ask(m):
+        return client.chat.completions.create(model="any", messages=m, temperature=0, max_tokens=n, logprobs=True,
+                                              top_logprobs=2)
+    alone = [ask(m) for m in msgs]
     before = s.metrics()
     with cf.ThreadPoolExecutor(len(msgs)) as ex:
-        futs = [ex.submit(client.chat.completions.create, model="any", messages=m, temperature=0, max_tokens=n)
-                for m in msgs]
-        together = [f.result() for f in futs]
+        together = [f.result() for f in [ex.submit(ask, m) for m in msgs]]
     after = s.metrics()
     same = sum(a.choices[0].message.content == t.choices[0].message.content for a, t in zip(alone, together))
-    check(same == len(msgs), f"16 concurrent clients: {same} of {len(msgs)} answers equal the request alone")
+    near, far = [], []
     for i, (a, t) in enumerate(zip(alone, together)):
-        if a.choices[0].message.content != t.choices[0].message.content:
-            print(f"     prompt {i}: alone {a.choices[0].message.content!r} together {t.choices[0].message.content!r}")
+        if a.choices[0].message.content == t.choices[0].message.content:
+            continue
+        d = first_divergence(a.choices[0].logprobs.content, t.choices[0].logprobs.content)
+        at, margin = d if d else (-1, float("inf"))
+        (near if margin < NEAR_TIE and device != "cpu" else far).append(i)
+        print(f"     prompt {i}: differs at token {at}, top-2 margin {margin:.4f} there: alone "
+              f"{a.choices[0].message.content!r} together {t.choices[0].message.content!r}")
+    check(not far, f"16 concurrent clients: {same} of {len(msgs)} answers equal the request alone, {len(near)} differ "
+          f"from a near tie (top-2 margin < {NEAR_TIE}), {len(far)} otherwise")
 
     def d(name):
         return after.get(name, 0) - before.get(name, 0)
@@ -413,7 +455,7 @@ def main():
                "--read-timeout", "60")
     try:
         client = test_openai(s, args, openai)
-        test_concurrent(s, client)
+        test_concurrent(s, client, args.device or "auto")
         test_hostile(s)
         test_disconnect(s)
         test_sigterm(s)

@@ -1,22 +1,32 @@
 /* cross_entropy.cu — the loss of the logits z = h W^T, fused with the
- * logits matmul and chunked over the vocabulary, with its gradients
+ * logits matmul and chunked over the tokens, with its gradients
  * (nstf_ref_cross_entropy's contract): no [n_tok, n_vocab] tensor exists,
- * only one chunk of Vc logits per token at a time.
+ * only the logits of one chunk of tokens at a time, each computed once.
  *
- *   pass 1, per chunk: Z = h W_c^T (fp32, nstf_gpu_gemm_bf16); per row the
- *     running max m and sum s = sum e^(z - m) (ce_lse_kernel), and the
- *     target's logit when the chunk holds it;
- *   ce_finish_kernel: lse = m + log s per row; the loss, summed over rows in
- *     a fixed order (deterministic), in double;
- *   pass 2, per chunk: Z recomputed (the same call: the same bits), turned
- *     into G = (e^(z - m) / s - onehot) / n_norm (bf16, ce_grad_kernel), then
- *     dh += G W_c and dW_c += G^T h (nstf_gpu_gemm_ex, fp32 accumulation).
- * Ignored targets give zero rows. The chunk width comes from the scratch
- * the caller gives (nstf_gpu_cross_entropy_scratch_bytes). */
+ * Per chunk of `rows` tokens (the last one shorter):
+ *   Z = h_c W^T over the whole vocabulary (fp32, nstf_gpu_gemm_bf16);
+ *   ce_row_kernel: per row the log-sum-exp in one read of the row (each
+ *     thread a running max and sum, merged over the block) and the
+ *     target's logit;
+ *   ce_grad_kernel: G = (e^(z - lse) - onehot) / n_norm in bf16, in 32 x 32
+ *     tiles, also written transposed (G^T) when the weight gradient takes
+ *     the wgmma GEMM;
+ *   dh_c = G W and dW += G^T h_c: on Hopper the wgmma GEMM on k-major
+ *     operands (W^T made once per call, h_c^T per chunk, G^T above), with
+ *     the residual epilogue adding into dW; elsewhere, or for a shape the
+ *     wgmma path does not take (nstf_gpu_gemm_kmajor_fast), the portable
+ *     nstf_gpu_gemm_ex on the operands as stored.
+ * ce_finish_kernel sums the loss over all rows in a fixed order, in double
+ * (deterministic). Ignored targets give zero rows and no loss. The chunk is
+ * the caller's (nstf_gpu_cross_entropy_rows): thousands of rows, so the
+ * input gradient's GEMM (rows x dim outputs over K = the vocabulary) has
+ * tiles for every SM. */
 #include "gpu.h"
 
 #define CE_THREADS 256
 #define CE_LOG2E 1.4426950408889634f
+
+typedef unsigned short u16;
 
 static __device__ __forceinline__ float ce_block_max(float v, float *red) {
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
@@ -29,73 +39,82 @@ static __device__ __forceinline__ float ce_block_max(float v, float *red) {
     return wave_reduce_max(v);
 }
 
-__global__ void __launch_bounds__(CE_THREADS) ce_init_kernel(float *m, float *s, float *zt, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        m[r] = -__builtin_huge_valf();
-        s[r] = 0.0f;
-        zt[r] = 0.0f;
-    }
-}
-
-/* one block per row: fold the chunk's logits into (m, s) */
+/* One block per row of the chunk's logits z [n, nv] (nv % 4 == 0, rows
+ * 16-byte aligned): lse[r] and the target's logit zt[r]; 0 and 0 for an
+ * ignored row. */
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_lse_kernel(const float *__restrict__ z, int64_t nv, int64_t v0, const int32_t *__restrict__ targets,
-                  int32_t ignore, float *m, float *s, float *zt, int64_t n) {
+    ce_row_kernel(const float *__restrict__ z, int64_t nv, const int32_t *__restrict__ targets, int32_t ignore,
+                  float *__restrict__ lse, float *__restrict__ zt, int64_t n) {
     __shared__ float red[32];
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const int32_t tg = targets[r];
-        if (tg == ignore) continue; /* the whole block skips the row */
-        const float *zr = z + r * nv;
-        float cm = -__builtin_huge_valf();
-        for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) cm = fmaxf(cm, zr[j]);
-        cm = ce_block_max(cm, red);
-        const float m_old = m[r], m_new = fmaxf(m_old, cm);
-        float e = 0.0f;
-        for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) e += nstf_fast_exp2f((zr[j] - m_new) * CE_LOG2E);
-        e = block_reduce_sum(e, red);
-        if (threadIdx.x == 0) {
-            /* m_old = -inf on the first chunk: its sum is 0 and is not rescaled */
-            const float keep = m_old == -__builtin_huge_valf() ? 0.0f : nstf_fast_exp2f((m_old - m_new) * CE_LOG2E);
-            s[r] = s[r] * keep + e;
-            m[r] = m_new;
-            if (tg >= v0 && tg < v0 + nv) zt[r] = zr[tg - v0];
+        if (tg == ignore) { /* the whole block skips the row */
+            if (threadIdx.x == 0) lse[r] = 0.0f, zt[r] = 0.0f;
+            continue;
         }
-        __syncthreads();
+        const float4 *zr = (const float4 *)(z + r * nv);
+        float m = -__builtin_huge_valf(), s = 0.0f;
+        for (int64_t j = threadIdx.x; j < nv / 4; j += blockDim.x) {
+            const float4 x = zr[j];
+            const float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+            if (mx > m) { /* from -inf: s is 0 and stays 0 */
+                s *= nstf_fast_exp2f((m - mx) * CE_LOG2E);
+                m = mx;
+            }
+            s += nstf_fast_exp2f((x.x - m) * CE_LOG2E) + nstf_fast_exp2f((x.y - m) * CE_LOG2E) +
+                 nstf_fast_exp2f((x.z - m) * CE_LOG2E) + nstf_fast_exp2f((x.w - m) * CE_LOG2E);
+        }
+        const float bm = ce_block_max(m, red);
+        const float e = block_reduce_sum(s > 0.0f ? s * nstf_fast_exp2f((m - bm) * CE_LOG2E) : 0.0f, red);
+        if (threadIdx.x == 0) {
+            lse[r] = bm + nstf_fast_log2f(e) * 0.6931471805599453f;
+            zt[r] = tg >= 0 && tg < nv ? z[r * nv + tg] : 0.0f;
+        }
     }
 }
 
-/* G = (e^(z - m) / s - onehot) / n_norm, bf16 */
+/* G [n, nv] = (e^(z - lse) - onehot) * inv in bf16, and G^T [nv, n] when gt
+ * is not NULL: 32 x 32 tiles through shared memory (33 columns: the
+ * transposed reads fall in distinct banks), 8 rows per pass of the 256
+ * threads, as transpose_bf16_kernel. */
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_grad_kernel(const float *__restrict__ z, int64_t nv, int64_t v0, const int32_t *__restrict__ targets,
-                   int32_t ignore, const float *__restrict__ m, const float *__restrict__ s, float inv,
-                   nstf_bf16 *__restrict__ g, int64_t n) {
-    const int64_t total = n * nv, step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const int64_t r = i / nv, j = i % nv;
+    ce_grad_kernel(const float *__restrict__ z, int64_t nv, const int32_t *__restrict__ targets, int32_t ignore,
+                   const float *__restrict__ lse, float inv, u16 *__restrict__ g, u16 *__restrict__ gt, int64_t n) {
+    __shared__ u16 t[32][33];
+    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int i = ty; i < 32; i += CE_THREADS / 32) {
+        const int64_t r = r0 + i, c = c0 + tx;
+        if (r >= n || c >= nv) continue;
         const int32_t tg = targets[r];
         float v = 0.0f;
         if (tg != ignore) {
-            v = nstf_fast_exp2f((z[i] - m[r]) * CE_LOG2E) / s[r] * inv;
-            if (v0 + j == tg) v -= inv;
+            v = nstf_fast_exp2f((z[r * nv + c] - lse[r]) * CE_LOG2E) * inv;
+            if (c == tg) v -= inv;
         }
-        g[i] = nstf_float_to_bf16(v);
+        const u16 b = nstf_float_to_bf16(v).bits;
+        g[r * nv + c] = b;
+        t[i][tx] = b;
+    }
+    if (!gt) return; /* the same for the whole block */
+    __syncthreads();
+    for (int i = ty; i < 32; i += CE_THREADS / 32) {
+        const int64_t c = c0 + i, r = r0 + tx;
+        if (c < nv && r < n) gt[c * n + r] = t[tx][i];
     }
 }
 
-/* lse per row and the loss sum over rows in a fixed order, in double: one
- * block; thread i sums rows i, i + 256, ..., then thread 0 the threads in order */
+/* The loss sum over rows in a fixed order, in double, and lse out: one
+ * block; thread i sums rows i, i + 256, ..., then thread 0 the threads in
+ * order */
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_finish_kernel(const float *__restrict__ m, const float *__restrict__ s, const float *__restrict__ zt,
-                     const int32_t *__restrict__ targets, int32_t ignore, double inv, float *lse, double *loss,
-                     int64_t n) {
+    ce_finish_kernel(const float *__restrict__ rl, const float *__restrict__ zt, const int32_t *__restrict__ targets,
+                     int32_t ignore, double inv, float *lse, double *loss, int64_t n) {
     __shared__ double part[CE_THREADS];
     double acc = 0.0;
     for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
-        const bool on = targets[r] != ignore;
-        const float l = on ? m[r] + nstf_fast_log2f(s[r]) * 0.6931471805599453f : 0.0f;
-        if (lse) lse[r] = l;
-        if (on) acc += ((double)l - (double)zt[r]) * inv;
+        if (lse) lse[r] = rl[r];
+        if (targets[r] != ignore) acc += ((double)rl[r] - (double)zt[r]) * inv;
     }
     part[threadIdx.x] = acc;
     __syncthreads();
@@ -108,71 +127,75 @@ __global__ void __launch_bounds__(CE_THREADS)
 
 /* ---------------------------------------------------------------- host ---- */
 
-#define CE_ALIGN 256
-
-static size_t ce_round(size_t b) { return (b + CE_ALIGN - 1) / CE_ALIGN * CE_ALIGN; }
-
-extern "C" size_t nstf_gpu_cross_entropy_scratch_bytes(int64_t n_tok, int64_t chunk) {
-    return 3 * ce_round((size_t)n_tok * 4) + ce_round((size_t)n_tok * (size_t)chunk * 4) +
-           ce_round((size_t)n_tok * (size_t)chunk * 2);
-}
-
 extern "C" nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
                                               int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
-                                              double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab,
+                                              double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab, int64_t rows,
                                               void *scratch, size_t scratch_bytes, void *stream) {
     if (!h || !w || !targets || !dh || !loss || !scratch || n_tok <= 0 || dim <= 0 || n_vocab <= 0 ||
-        !(n_norm > 0))
+        !(n_norm > 0) || rows < 8 || rows % 8 || rows > (int64_t)65535 * 32 || n_vocab > (int64_t)65535 * 32)
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
-                              "nstf_gpu_cross_entropy: bad arguments (n_tok %lld, dim %lld, vocab %lld, n_norm %g)",
-                              (long long)n_tok, (long long)dim, (long long)n_vocab, n_norm);
+                              "nstf_gpu_cross_entropy: bad arguments (n_tok %lld, dim %lld, vocab %lld, n_norm %g, "
+                              "chunks of %lld rows)",
+                              (long long)n_tok, (long long)dim, (long long)n_vocab, n_norm, (long long)rows);
     if (n_vocab % 8 || dim % 8)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "nstf_gpu_cross_entropy: vocabulary %lld and width %lld must be multiples of 8",
                               (long long)n_vocab, (long long)dim);
-    /* the widest chunk (a multiple of 8, at most the vocabulary) the scratch holds */
-    int64_t vc = n_vocab;
-    while (vc > 8 && nstf_gpu_cross_entropy_scratch_bytes(n_tok, vc) > scratch_bytes) vc = (vc / 2 + 7) / 8 * 8;
-    if (nstf_gpu_cross_entropy_scratch_bytes(n_tok, vc) > scratch_bytes)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_cross_entropy: scratch of %zu bytes is too small",
-                              scratch_bytes);
+    const uint64_t need = nstf_gpu_cross_entropy_scratch_bytes(n_tok, rows, dim, n_vocab);
+    if (need > scratch_bytes)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_gpu_cross_entropy: scratch of %zu bytes is too small (%llu for %lld rows)",
+                              scratch_bytes, (unsigned long long)need, (long long)rows);
     gpuStream_t s = (gpuStream_t)stream;
+    const size_t vd = (size_t)n_vocab * (size_t)dim, rv = (size_t)rows * (size_t)n_vocab;
     char *p = (char *)scratch;
-    float *m = (float *)p, *sm = (float *)(p + ce_round((size_t)n_tok * 4)),
-          *zt = (float *)(p + 2 * ce_round((size_t)n_tok * 4));
-    float *z = (float *)(p + 3 * ce_round((size_t)n_tok * 4));
-    uint16_t *g = (uint16_t *)((char *)z + ce_round((size_t)n_tok * (size_t)vc * 4));
-    const unsigned rows_grid = (unsigned)(n_tok < NSTF_GPU_MAX_GRID ? n_tok : NSTF_GPU_MAX_GRID);
-    const int64_t rb = (n_tok + CE_THREADS - 1) / CE_THREADS;
-    ce_init_kernel<<<(unsigned)(rb < NSTF_GPU_MAX_GRID ? rb : NSTF_GPU_MAX_GRID), CE_THREADS, 0, s>>>(m, sm, zt,
-                                                                                                     n_tok);
-    GPU_LAUNCH_CHECK(s);
-    NSTF_TRY(nstf_gpu_memset(dh, 0, (size_t)n_tok * (size_t)dim * sizeof(float), stream));
-    const double inv = 1.0 / n_norm;
-    for (int pass = 0; pass < 2; pass++) {
-        for (int64_t v0 = 0; v0 < n_vocab; v0 += vc) {
-            const int64_t nv = n_vocab - v0 < vc ? n_vocab - v0 : vc;
-            const uint16_t *wc = w + v0 * dim;
-            NSTF_TRY(nstf_gpu_gemm_bf16(h, wc, z, NSTF_TYPE_F32, NULL, NSTF_TYPE_F32, n_tok, nv, dim,
+    float *rl = (float *)p;
+    p += nstf_gpu_ce_round(4 * (uint64_t)n_tok);
+    float *zt = (float *)p;
+    p += nstf_gpu_ce_round(4 * (uint64_t)n_tok);
+    u16 *wt = (u16 *)p; /* W^T [dim, V], made when a chunk's dh takes the wgmma GEMM */
+    p += nstf_gpu_ce_round(2 * vd);
+    float *z = (float *)p;
+    p += nstf_gpu_ce_round(4 * rv);
+    u16 *g = (u16 *)p;
+    p += nstf_gpu_ce_round(2 * rv);
+    u16 *gt = (u16 *)p;
+    p += nstf_gpu_ce_round(2 * rv);
+    u16 *ht = (u16 *)p;
+    const float inv = (float)(1.0 / n_norm);
+    bool wt_made = false;
+    for (int64_t r0 = 0; r0 < n_tok; r0 += rows) {
+        const int64_t nc = n_tok - r0 < rows ? n_tok - r0 : rows;
+        const uint16_t *hc = h + r0 * dim;
+        NSTF_TRY(nstf_gpu_gemm_bf16(hc, w, z, NSTF_TYPE_F32, NULL, NSTF_TYPE_F32, nc, n_vocab, dim, NSTF_GEMM_EPI_NONE,
+                                    stream));
+        ce_row_kernel<<<(unsigned)(nc < NSTF_GPU_MAX_GRID ? nc : NSTF_GPU_MAX_GRID), CE_THREADS, 0, s>>>(
+            z, n_vocab, targets + r0, ignore_index, rl + r0, zt + r0, nc);
+        GPU_LAUNCH_CHECK(s);
+        const bool dw_fast = dw && nstf_gpu_gemm_kmajor_fast(n_vocab, dim, nc);
+        ce_grad_kernel<<<dim3((unsigned)((n_vocab + 31) / 32), (unsigned)((nc + 31) / 32)), CE_THREADS, 0, s>>>(
+            z, n_vocab, targets + r0, ignore_index, rl + r0, inv, g, dw_fast ? gt : NULL, nc);
+        GPU_LAUNCH_CHECK(s);
+        /* dh_c [nc, dim] = G [nc, V] W [V, dim] */
+        if (nstf_gpu_gemm_kmajor_fast(nc, dim, n_vocab)) {
+            if (!wt_made) NSTF_TRY(nstf_gpu_transpose_bf16(w, dim, wt, n_vocab, dim, stream));
+            wt_made = true;
+            NSTF_TRY(nstf_gpu_gemm_bf16(g, wt, dh + r0 * dim, NSTF_TYPE_F32, NULL, NSTF_TYPE_F32, nc, dim, n_vocab,
                                         NSTF_GEMM_EPI_NONE, stream));
-            if (pass == 0) {
-                ce_lse_kernel<<<rows_grid, CE_THREADS, 0, s>>>(z, nv, v0, targets, ignore_index, m, sm, zt, n_tok);
-                GPU_LAUNCH_CHECK(s);
-                continue;
-            }
-            const int64_t eb = (n_tok * nv + CE_THREADS - 1) / CE_THREADS;
-            ce_grad_kernel<<<(unsigned)(eb < NSTF_GPU_MAX_GRID ? eb : NSTF_GPU_MAX_GRID), CE_THREADS, 0, s>>>(
-                z, nv, v0, targets, ignore_index, m, sm, (float)inv, (nstf_bf16 *)g, n_tok);
-            GPU_LAUNCH_CHECK(s);
-            NSTF_TRY(nstf_gpu_gemm_ex(g, nv, 0, wc, dim, 1, dh, NSTF_TYPE_F32, dim, n_tok, dim, nv, 1, stream));
-            if (dw)
-                NSTF_TRY(nstf_gpu_gemm_ex(g, nv, 1, h, dim, 1, dw + v0 * dim, NSTF_TYPE_F32, dim, nv, dim, n_tok, 1,
-                                          stream));
+        } else {
+            NSTF_TRY(nstf_gpu_gemm_ex(g, n_vocab, 0, w, dim, 1, dh + r0 * dim, NSTF_TYPE_F32, dim, nc, dim, n_vocab, 0,
+                                      stream));
         }
-        if (pass == 0) {
-            ce_finish_kernel<<<1, CE_THREADS, 0, s>>>(m, sm, zt, targets, ignore_index, inv, lse, loss, n_tok);
-            GPU_LAUNCH_CHECK(s);
+        /* dW [V, dim] += G^T [V, nc] h_c [nc, dim] */
+        if (dw_fast) {
+            NSTF_TRY(nstf_gpu_transpose_bf16(hc, dim, ht, nc, dim, stream));
+            NSTF_TRY(nstf_gpu_gemm_bf16(gt, ht, dw, NSTF_TYPE_F32, dw, NSTF_TYPE_F32, n_vocab, dim, nc,
+                                        NSTF_GEMM_EPI_RESIDUAL, stream));
+        } else if (dw) {
+            NSTF_TRY(nstf_gpu_gemm_ex(g, n_vocab, 1, hc, dim, 1, dw, NSTF_TYPE_F32, dim, n_vocab, dim, nc, 1, stream));
         }
     }
+    ce_finish_kernel<<<1, CE_THREADS, 0, s>>>(rl, zt, targets, ignore_index, 1.0 / n_norm, lse, loss, n_tok);
+    GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

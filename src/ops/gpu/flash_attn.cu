@@ -11,7 +11,12 @@
  * k, v directly, so no block waits for another. Shared-memory rows are padded
  * by 8 elements (16 bytes) so ldmatrix rows fall in distinct banks. With a
  * sliding window a block starts at the tile of its first row's window and
- * masks the tiles its rows' windows begin in. */
+ * masks the tiles its rows' windows begin in.
+ *
+ * Training (nstf_gpu_flash_attn_lse_batch): the grid's z is the sequence of
+ * a batch of independent sequences laid one after another (each block
+ * offsets its rows), no cache (kc NULL, pos0 0: every key comes from the
+ * new rows), and each row's log-sum-exp is saved for the backward. */
 #include "flash_common.h"
 
 #define FA_NW 4
@@ -44,6 +49,14 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
                       float *lse, int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale_log2, int window_arg) {
     const int window = WIN ? window_arg : 0;
     constexpr int LD = HD + 8;
+    { /* sequence blockIdx.z of a training batch (0 otherwise): its rows */
+        const int64_t s = blockIdx.z;
+        q += s * n_tok * q_stride;
+        kn += s * n_tok * k_stride;
+        vn += s * n_tok * v_stride;
+        out += s * n_tok * out_stride;
+        if (lse) lse += s * n_tok * n_heads;
+    }
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
     u16 *sk = sq + FA_BQ * LD;                  /* [STAGES][BKV][LD] */
@@ -56,7 +69,7 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
     const int64_t t1 = t0 + FA_BQ < n_tok ? t0 + FA_BQ : n_tok;
     const int h = blockIdx.y, group = n_heads / n_kv, hkv = h / group;
 
-    if (h % group == 0) flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, t0, t1, pos0, n_kv, hkv, tid, nt);
+    if (kc && h % group == 0) flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, t0, t1, pos0, n_kv, hkv, tid, nt);
 
     /* Q tile: rows past n_tok are zeros */
     for (int c = tid; c < FA_BQ * (HD / 8); c += nt) {
@@ -135,8 +148,8 @@ __global__ void __launch_bounds__(FA_NW *NSTF_WAVE)
 template <int HD>
 static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
                                      int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, float *lse,
-                                     int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale, int window,
-                                     gpuStream_t stream) {
+                                     int64_t n_tok, int64_t n_seq, int64_t pos0, int n_heads, int n_kv, float scale,
+                                     int window, gpuStream_t stream) {
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const size_t smem = fa_smem_bytes<HD>();
@@ -151,8 +164,9 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
         nstf_gpu_device_mark(&attr_set);
     }
     const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
-    if (n_qt > 0x7fffffff || n_heads > 65535) return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
-    dim3 grid((unsigned)n_qt, (unsigned)n_heads);
+    if (n_qt > 0x7fffffff || n_heads > 65535 || n_seq > 65535)
+        return nstf_set_error(NSTF_ERR_RANGE, "flash_attn: grid too large");
+    dim3 grid((unsigned)n_qt, (unsigned)n_heads, (unsigned)n_seq);
     kfn[window > 0]<<<grid, FA_NW * wave, smem, stream>>>(q, q_stride, k, k_stride, v, v_stride, kc, vc, out, out_stride,
                                                          lse, n_tok, pos0, n_heads, n_kv, scale * 1.4426950408889634f,
                                                          window);
@@ -160,20 +174,31 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     return NSTF_OK;
 }
 
+/* n_seq > 1 (training): no cache, pos0 0, n_ctx n_tok. */
 static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
                                   const uint16_t *v, int64_t v_stride, uint16_t *k_cache, uint16_t *v_cache,
-                                  uint16_t *out, int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
-                                  int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale, int window,
-                                  void *stream) {
-    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
-                              n_tok, pos0, n_ctx, n_heads, n_kv_heads, head_dim));
+                                  uint16_t *out, int64_t out_stride, float *lse, int64_t n_tok, int64_t n_seq,
+                                  int64_t pos0, int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                  int window, void *stream) {
+    /* without a cache (training) the checks see the new rows in its place:
+     * nothing is read from it at pos0 0 */
+    const bool cached = k_cache != NULL;
+    NSTF_TRY(flash_check_args("flash_attn", q, q_stride, k, k_stride, v, v_stride, cached ? k_cache : k,
+                              cached ? v_cache : v, out, out_stride, n_tok, pos0, n_ctx, n_heads, n_kv_heads,
+                              head_dim));
     if (window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn: window %d", window);
+    const bool ok = cached ? v_cache != NULL && n_seq == 1 : v_cache == NULL && pos0 == 0 && n_seq >= 1;
+    if (!ok)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "flash_attn: %lld sequences at %lld %s a cache: a batch of sequences runs at position "
+                              "0 without one",
+                              (long long)n_seq, (long long)pos0, cached ? "with" : "without");
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
         return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
-                                     n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
+                                     n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, window, s);
     return flash_attn_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
-                                  n_tok, pos0, n_heads, n_kv_heads, scale, window, s);
+                                  n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, window, s);
 }
 
 extern "C" nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -181,7 +206,7 @@ extern "C" nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_strid
                                               uint16_t *k_cache, uint16_t *v_cache, uint16_t *out, int64_t out_stride,
                                               int64_t n_tok, int64_t pos0, int64_t n_ctx, int n_heads, int n_kv_heads,
                                               int head_dim, float scale, int window, void *stream) {
-    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok, 1,
                           pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, window, stream);
 }
 
@@ -190,7 +215,7 @@ extern "C" nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, 
                                            uint16_t *out, int64_t out_stride, int64_t n_tok, int64_t pos0,
                                            int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim, float scale,
                                            void *stream) {
-    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok,
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, NULL, n_tok, 1,
                           pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }
 
@@ -200,7 +225,17 @@ extern "C" nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stri
                                                int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
                                                int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
                                                float scale, void *stream) {
-    if (!lse) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_lse: NULL lse");
-    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse, n_tok,
+    if (!lse || !k_cache) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_lse: NULL lse or cache");
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse, n_tok, 1,
                           pos0, n_ctx, n_heads, n_kv_heads, head_dim, scale, 0, stream);
+}
+
+extern "C" nstf_status nstf_gpu_flash_attn_lse_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                                     int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                                     uint16_t *out, int64_t out_stride, float *lse, int64_t n_tok,
+                                                     int64_t n_seq, int n_heads, int n_kv_heads, int head_dim,
+                                                     float scale, void *stream) {
+    if (!lse) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_attn_lse_batch: NULL lse");
+    return flash_attn_any(q, q_stride, k, k_stride, v, v_stride, NULL, NULL, out, out_stride, lse, n_tok, n_seq, 0,
+                          n_tok, n_heads, n_kv_heads, head_dim, scale, 0, stream);
 }

@@ -262,6 +262,12 @@ extern "C" const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k) {
     return names[gemm_pick(m, n, n_sm)];
 }
 
+extern "C" int nstf_gpu_gemm_kmajor_fast(int64_t m, int64_t n, int64_t k) {
+    int n_sm = 0, wave = 0;
+    if (m <= 0 || n <= 0 || k % 8 != 0 || n % 8 != 0 || nstf_mma_device(&n_sm, &wave) != NSTF_OK) return 0;
+    return gemm_pick(m, n, n_sm) >= 2;
+}
+
 extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
     int64_t grp = p / 32, r = p % 32;
     return r < 16 ? grp * 16 + r : n_ff + grp * 16 + (r - 16);

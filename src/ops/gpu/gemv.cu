@@ -283,6 +283,7 @@ template <int WT> struct gemv_float_fused {
                             : gemv_kernel<WT, 1, YB, FZ, GEMV_ROWS>;
     }
 };
+int nstf_gemv_fz_bytes(void) { return (int)sizeof(gemv_fz); }
 gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows) {
     if (wt == GW_F16) return gemv_fz_dispatch(fz, gemv_float_fused<GW_F16>{rows});
     return gemv_fz_dispatch(fz, gemv_float_fused<GW_BF16>{rows});

@@ -39,7 +39,10 @@ enum {
  * pair s and slot R/2 + s the second, and after the reduction the pairs
  * meet in shared memory. Pairs: SWIGLU (j, n_out/2 + j); ROPE, in the
  * rotated rows, (head h, dim 2i | 2i+1) or (i | i + head_dim/2) for NEOX,
- * past them (2p, 2p + 1) stored plainly. */
+ * past them (2p, 2p + 1) stored plainly. ROPE adds the QKV bias (Qwen2)
+ * to both rows of a pair before the rotation; with Qwen3's per-head norm
+ * the host passes rope_rows 0 (every pair stored plainly, biased) and a
+ * second kernel normalizes and rotates (gemv_fused.cu says why). */
 #define FZ_NORM 1
 #define FZ_EPI(fz) ((fz) >> 1)
 
@@ -50,6 +53,8 @@ struct gemv_fz {
     const int32_t *pos;
     const float *freqs; /* [hd/2] hi, [hd/2] lo */
     const float *factors; /* [hd/2] RoPE frequency factors, or NULL */
+    const float *bq, *bk, *bv; /* ROPE: QKV biases of rows [0, q_end), [q_end, k_end), [k_end, n_out), or NULL */
+    int q_end, k_end;
     int prefetch;       /* bytes per row to L2-prefetch before the PDL wait (0: none)... */
     int pf_blocks;      /* ...in blocks below this index (the first wave) */
     int no_pre;         /* 1: no early weight loads (the switch NSTF_GEMV_PRE=0, measurement) */
@@ -162,6 +167,16 @@ template <class K> static inline gemv_fn gemv_pick_plain(int wt, int nt, int row
         return y_bf16 ? K::template pick<true, GEMVQ_ROWS_BIG>(wt, nt) : K::template pick<false, GEMVQ_ROWS_BIG>(wt, nt);
     return y_bf16 ? K::template pick<true, GEMVQ_ROWS>(wt, nt) : K::template pick<false, GEMVQ_ROWS>(wt, nt);
 }
+
+/* sizeof(gemv_fz) as each kernel file was compiled (one per file below):
+ * nstf_gpu_gemv_fused launches nothing unless all equal its own. The
+ * struct goes by value from gemv_fused.cu into kernels compiled in three
+ * other files; a build that recompiled only some of them after gemv_fz
+ * changed (a lost header dependency) would run kernels that read the new
+ * fields at the old offsets: Qwen2's QKV bias dropped, and no error. */
+int nstf_gemv_fz_bytes(void);
+int nstf_gemvq_fz_bytes(void);
+int nstf_gemvk_fz_bytes(void);
 
 /* gemv.cu */
 gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows); /* fused BF16/F16 instance, blocks of 8, 16 or 32 rows */

@@ -4,7 +4,22 @@
  * nstf_gpu_gemv_fusable. The kernels are instances of gemv.cu's float
  * kernel (BF16, F16), gemvq.cu's quantized one (Q8_0, Q4_0, Q4_1, Q5_0,
  * Q5_1) and gemvk.cu's super-block one (Q4_K, Q5_K, Q6_K); their fused code
- * is gemv_fused.h. */
+ * is gemv_fused.h.
+ *
+ * What the fused decode covers: Llama (norm + QKV + RoPE, O + residual,
+ * norm + gate|up + SwiGLU, down + residual, norm + output), and Qwen's QKV
+ * extras. The QKV bias (Qwen2) is a runtime part of the RoPE epilogue, for
+ * every weight type above: each row of a pair gets its matrix's bias with
+ * the unfused BIAS op's rounding before the rotation. The per-head q/k
+ * RMSNorm (Qwen3) needs the sum of squares of a whole head (64..256 rows)
+ * before any of its pairs rotates, and a block computes GEMVQ_ROWS / 2 = 8
+ * pairs: blocks of whole heads would cut the grid 8-16x (Qwen3-0.6B's QKV
+ * is 4096 rows: 32 blocks of 128 on 132 SMs), or the blocks of a head would
+ * have to meet through global memory. So the GEMV (+ bias) stores q | k | v
+ * unrotated (rope_rows 0 in the kernel: every pair stored plainly) and one
+ * small kernel (nstf_gpu_head_norm_rope, one wave per head) normalizes and
+ * rotates q's and k's heads: two kernels where the unfused path runs the
+ * RMSNorm, the GEMV, HEAD_NORM and RoPE. */
 #include "gemv_common.h"
 #include "core/switches.h"
 
@@ -62,6 +77,20 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
                               "nstf_gpu_gemv_fused: RoPE of %d rows, head_dim %d, mode %d (rows a multiple of "
                               "head_dim, head_dim/2 a multiple of %d)",
                               fu->rope_rows, fu->head_dim, (int)fu->rope_mode, GEMVQ_ROWS / 2);
+    const bool extras = fu->bias_q || fu->bias_k || fu->bias_v || fu->q_norm;
+    if (extras && (epi != NSTF_GEMV_ROPE || fu->q_rows <= 0 || fu->q_rows % fu->head_dim ||
+                   fu->q_rows > fu->rope_rows || (fu->q_norm && fu->rope_rows > fu->q_rows && !fu->k_norm) ||
+                   !(fu->qk_eps >= 0.0f)))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "nstf_gpu_gemv_fused: a QKV bias or q/k norm wants the RoPE epilogue and q_rows %d a "
+                              "multiple of head_dim %d within rope_rows %d (and k_norm with k rows)",
+                              fu->q_rows, fu->head_dim, fu->rope_rows);
+    if (nstf_gemv_fz_bytes() != (int)sizeof(gemv_fz) || nstf_gemvq_fz_bytes() != (int)sizeof(gemv_fz) ||
+        nstf_gemvk_fz_bytes() != (int)sizeof(gemv_fz))
+        return nstf_set_error(NSTF_ERR_INTERNAL,
+                              "nstf_gpu_gemv_fused: the GEMV kernels were compiled with another gemv_fz (%d, %d, %d "
+                              "bytes; here %d): a stale build, rebuild gemv.cu, gemvq.cu and gemvk.cu",
+                              nstf_gemv_fz_bytes(), nstf_gemvq_fz_bytes(), nstf_gemvk_fz_bytes(), (int)sizeof(gemv_fz));
     uint64_t row_bytes = 0;
     (void)nstf_type_row_bytes(wtype, n_in, &row_bytes);
     const gemv_plan p = gemv_make_plan(wtype, w, norm ? NULL : x, 1, n_in);
@@ -69,12 +98,19 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     f.nx = fu->norm_x;
     f.nw = fu->norm_w;
     f.eps = fu->norm_eps;
-    f.rope_rows = fu->rope_rows;
+    f.rope_rows = fu->q_norm ? 0 : fu->rope_rows; /* with the q/k norm the rotation comes after it */
     f.hd = fu->head_dim;
     f.neox = fu->rope_mode == NSTF_ROPE_NEOX;
     f.pos = fu->pos;
     f.freqs = fu->rope_freqs;
     f.factors = fu->rope_factors;
+    if (extras) {
+        f.bq = fu->bias_q;
+        f.bk = fu->bias_k;
+        f.bv = fu->bias_v;
+        f.q_end = fu->q_rows;
+        f.k_end = fu->rope_rows;
+    }
     f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
@@ -87,6 +123,10 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     GPU_CHECK(nstf_gpu_launch(fn, dim3(grid), dim3(GEMV_THREADS), p.smem, s, nstf_gpu_pdl(), (const uint8_t *)w,
                               (size_t)row_bytes, x, y, (int)n_in, (int)n_out, p.chunk, p.x_vec, f));
     GPU_LAUNCH_CHECK(s);
-    return NSTF_OK;
+    if (!fu->q_norm) return NSTF_OK;
+    uint16_t *q = (uint16_t *)y;
+    return nstf_gpu_head_norm_rope(q, q + fu->q_rows, fu->q_norm, fu->k_norm, fu->q_rows / fu->head_dim,
+                                   (fu->rope_rows - fu->q_rows) / fu->head_dim, fu->head_dim, fu->qk_eps, fu->pos,
+                                   fu->rope_freqs, fu->rope_factors, fu->rope_mode, stream);
 }
 

@@ -1,9 +1,10 @@
-/* gemv_fused.h — the device side of the fused GEMVs, shared by both GEMV
- * kernels (gemv.cu, gemvq.cu) through their FZ template parameter: the
- * rows of a block's slots, the L2 prefetch before the PDL wait, the norm
- * prologue, the RoPE / SwiGLU / residual epilogues, the plain store
- * (FZ 0), and the frame of a block both kernels share (row slots,
- * accumulators, the final store). The host side is gemv_fused.cu. */
+/* gemv_fused.h — the device side of the fused GEMVs, shared by the GEMV
+ * kernels (gemv.cu, gemvq.cu, gemvk.cu) through their FZ template
+ * parameter: the rows of a block's slots, the L2 prefetch before the PDL
+ * wait, the norm prologue, the RoPE (with the QKV bias) / SwiGLU /
+ * residual epilogues, the plain store (FZ 0), and the frame of a block the
+ * kernels share (row slots, accumulators, the final store). The host side
+ * is gemv_fused.cu. */
 #ifndef NSTF_GEMV_FUSED_H
 #define NSTF_GEMV_FUSED_H
 
@@ -71,6 +72,16 @@ static __device__ __forceinline__ nstf_bf16 fz_xnorm(const gemv_fz &f, int i, fl
 
 static __device__ __forceinline__ float bf16_round(float v) { return nstf_bf16_to_float(nstf_float_to_bf16(v)); }
 
+/* Row `row`'s bf16 value v after its matrix's bias, as nstf_gpu_bias adds
+ * it (bf16 in, fp32 add, bf16 out); v as is where that matrix has none.
+ * The pointers are chosen by selects, not indexed (no scratch). */
+static __device__ __forceinline__ float fz_bias(const gemv_fz &f, int row, float v) {
+    const bool q = row < f.q_end, k = !q && row < f.k_end;
+    const float *b = q ? f.bq : k ? f.bk : f.bv;
+    if (!b) return v;
+    return bf16_round(v + b[row - (q ? 0 : k ? f.q_end : f.k_end)]);
+}
+
 /* Stores the block's results: v[r] is row rowv[r]'s dot product, complete
  * in every lane. Plain epilogues store per row; pair epilogues meet in
  * `pv` (R floats of shared memory). */
@@ -104,18 +115,24 @@ static __device__ __forceinline__ void fz_store(const float (&v)[RPW], const int
         return;
     }
     if (2 * p >= n_out) return;
-    if (2 * p >= f.rope_rows) {
-        yb[2 * p] = nstf_float_to_bf16(a);
-        yb[2 * p + 1] = nstf_float_to_bf16(b);
+    const bool rot = 2 * p < f.rope_rows;
+    const int half = f.hd / 2, i = rot ? p % half : 0;
+    const int r0 = rot ? (p / half) * f.hd + (f.neox ? i : 2 * i) : 2 * p, r1 = r0 + (rot && f.neox ? half : 1);
+    float a1 = a, b1 = b;
+    if (f.bq || f.bk || f.bv) { /* the unfused BIAS op, before RoPE */
+        a1 = fz_bias(f, r0, a);
+        b1 = fz_bias(f, r1, b);
+    }
+    if (!rot) {
+        yb[r0] = nstf_float_to_bf16(a1);
+        yb[r1] = nstf_float_to_bf16(b1);
         return;
     }
-    const int half = f.hd / 2, h = p / half, i = p % half;
-    const int r0 = h * f.hd + (f.neox ? i : 2 * i), r1 = r0 + (f.neox ? half : 1);
     float c, sn, hi = f.freqs[i], lo = f.freqs[half + i];
     if (f.factors) nstf_rope_scale(f.factors[i], &hi, &lo);
     nstf_rope_cs(*f.pos, hi, lo, &c, &sn);
     float y0, y1;
-    nstf_rope_rot(a, b, c, sn, &y0, &y1);
+    nstf_rope_rot(a1, b1, c, sn, &y0, &y1);
     yb[r0] = nstf_float_to_bf16(y0);
     yb[r1] = nstf_float_to_bf16(y1);
 }

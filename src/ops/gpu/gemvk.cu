@@ -18,8 +18,13 @@
  *    nstf_byte_1p). With s = sum f x and X = sum x over a run, a run's
  *    sum (a q + b) x = 128 a s + (b - 128 a) X: per run one scale c1 and
  *    one offset c0 on X, which is row-independent and computed once per
- *    block while x is staged. IQ4_XS codes go through the code book to
- *    exact floats (byte permutes, then 2^23 + u - (2^23 + 128)), no X.
+ *    block while x is staged. The 128 a X parts cancel, so the fma
+ *    roundings of s cost the codes' part log2(128 / |q|) bits: the short
+ *    codes go in at the byte's top bits (Q3_K's 3 bits: f = 1 + u / 8;
+ *    Q2_K's 2: f = 1 + u / 4), else an fp32 output of Q3_K weights had
+ *    ~20x the error of a plain fp32 sum. IQ4_XS codes go
+ *    through the code book to exact floats (byte permutes, then
+ *    2^23 + u - (2^23 + 128)), no X.
  *  - x is staged as fp32 (any token count; the plan sizes the chunk, a
  *    multiple of 256) in planes of 16-byte items indexed by the unit: the
  *    lanes of a wave read consecutive items, free of bank conflicts.
@@ -172,7 +177,10 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
         for (int w = 0; w < 4; w++) {
             const uint32_t hm = nstf_run16_word(a, w, mis);
             const uint32_t qs = nstf_run16_word(a + 5, w, mis);
-            const uint32_t q = ((qs >> (2 * r)) & 0x03030303u) | (((hm >> (4 * n + r)) & 0x01010101u) << 2) | 0x80808080u;
+            /* the 3-bit code u at bits 4..6: f = 1 + u / 8 (not 1 + u / 128),
+             * so the 1 that cancels against X costs 3 bits, not 7 */
+            const uint32_t u3 = ((qs >> (2 * r)) & 0x03030303u) | (((hm >> (4 * n + r)) & 0x01010101u) << 2);
+            const uint32_t q = (u3 << 4) | 0x80808080u;
 #pragma unroll
             for (int e = 0; e < 4; e++) wv[4 * w + e] = nstf_byte_1p(q, e);
         }
@@ -184,18 +192,18 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
         const int lo = (int)((gk_byte(s_lo, i8 & 3) >> (4 * n)) & 0xf);
         const int hi = (int)((gk_byte(s_hi, i8 & 3) >> (2 * (2 * n + (r >> 1)))) & 3);
         const float ds = nstf_h2f(a[16]) * (float)((lo | (hi << 4)) - 32);
-        c1 = 128.0f * ds;
-        c0 = -132.0f * ds; /* q = u - 4 = 128 f - 132 */
+        c1 = 8.0f * ds;
+        c0 = -12.0f * ds; /* q = u - 4 = 8 f - 12; both products exact */
     } else if constexpr (WT == GW_Q2_K) {
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            const uint32_t q = ((a[w] >> (2 * r)) & 0x03030303u) | 0x80808080u;
+            const uint32_t q = (((a[w] >> (2 * r)) & 0x03030303u) << 5) | 0x80808080u; /* f = 1 + u / 4 */
 #pragma unroll
             for (int e = 0; e < 4; e++) wv[4 * w + e] = nstf_byte_1p(q, e);
         }
         const int bi = (k & 1) + 2 * r; /* scales[8n + c + 2r]: byte bi of the 8 loaded */
         const uint32_t s = gk_byte(bi < 4 ? a[4] : a[5], bi & 3);
-        c1 = 128.0f * (nstf_h2f(a[6]) * (float)(s & 0xf));
+        c1 = 4.0f * (nstf_h2f(a[6]) * (float)(s & 0xf));
         c0 = -fmaf(nstf_h2f(a[6] >> 16), (float)(s >> 4), c1);
     } else { /* IQ4_XS */
 #pragma unroll
@@ -382,4 +390,5 @@ struct gemvk_fused {
         return nullptr;
     }
 };
+int nstf_gemvk_fz_bytes(void) { return (int)sizeof(gemv_fz); }
 gemv_fn nstf_gemvk_fused_pick(int wt, int fz) { return gemv_fz_dispatch(fz, gemvk_fused{wt}); }

@@ -357,4 +357,5 @@ struct gemvq_fused {
         return nullptr;
     }
 };
+int nstf_gemvq_fz_bytes(void) { return (int)sizeof(gemv_fz); }
 gemv_fn nstf_gemvq_fused_pick(int wt, int fz) { return gemv_fz_dispatch(fz, gemvq_fused{wt}); }

@@ -149,10 +149,11 @@ const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, const uint16_t 
 
 /* The decode GEMV of one token with the ops around it fused, so a layer is
  * six kernels: the RMSNorm before it (prologue) and the residual add, the
- * RoPE or the SwiGLU after it (epilogue). Each result is bitwise what the
- * unfused kernels give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_rope,
- * nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same order, the same
- * bf16 roundings in between. */
+ * RoPE or the SwiGLU after it (epilogue), with Qwen's QKV bias and per-head
+ * q/k norm before the RoPE. Each result is bitwise what the unfused kernels
+ * give (nstf_gpu_rmsnorm, nstf_gpu_gemv, nstf_gpu_bias, nstf_gpu_head_norm,
+ * nstf_gpu_rope, nstf_gpu_swiglu, nstf_gpu_add): the same sums in the same
+ * order, the same bf16 roundings in between. */
 typedef enum nstf_gemv_epi {
     NSTF_GEMV_STORE = 0,  /* y[o] = (W x)[o], y F32 */
     NSTF_GEMV_ACCUM = 1,  /* y[o] += (W x)[o], y F32 (the residual stream) */
@@ -176,6 +177,15 @@ typedef struct nstf_gemv_fusion {
     const float *rope_freqs; /* ROPE: device table of nstf_gpu_rope_freqs() */
     const float *rope_factors; /* ROPE: device [head_dim/2] frequency factors (as
                                   nstf_gpu_rope_strided's), or NULL */
+    /* ROPE only, Qwen's extras, applied where the unfused ops apply them
+     * (nstf_gpu_bias, then nstf_gpu_head_norm, then the rotation): rows
+     * [0, q_rows) are q's heads, [q_rows, rope_rows) k's, the rest v's. */
+    int q_rows;              /* needed with a bias or the q/k norm: a multiple of head_dim */
+    const float *bias_q, *bias_k, *bias_v; /* device fp32 biases of the three row
+                                              ranges (Qwen2), each NULL: none */
+    const float *q_norm, *k_norm; /* device fp32 [head_dim] per-head RMSNorm weights
+                                     of q's and k's heads (Qwen3), or NULL */
+    float qk_eps;            /* the per-head norm's epsilon */
 } nstf_gemv_fusion;
 
 /* Whether nstf_gpu_gemv_fused takes this weight (BF16 with n_in % 8 == 0 and
@@ -183,7 +193,10 @@ typedef struct nstf_gemv_fusion {
  * prologue (norm != 0), whether x of n_in fits the staging buffer. */
 int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm);
 /* One token: W [n_out, n_in] as in nstf_gpu_gemv, x [n_in] bf16 (unless
- * f->norm_x), y as f->epi says (n_out even for ROPE and SWIGLU). */
+ * f->norm_x), y as f->epi says (n_out even for ROPE and SWIGLU). One
+ * kernel; two with the per-head q/k norm (the GEMV stores q | k | v with
+ * their biases, then one kernel normalizes and rotates q's and k's heads:
+ * nstf_gpu_head_norm_rope). */
 nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
                                 int64_t n_in, int64_t n_out, const nstf_gemv_fusion *f,
                                 void *stream);
@@ -276,6 +289,12 @@ nstf_status nstf_gpu_bf16_to_f16(const uint16_t *x, uint16_t *y, int64_t n, void
  * without a usable device). For tests and benchmarks to print. On Hopper
  * the wgmma path is taken unless the environment has NSTF_GEMM=mma. */
 const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k);
+/* Whether an M x N x K call takes the wgmma path and meets what a gradient
+ * GEMM rewritten onto it needs (K and N multiples of 8: TMA rows of the
+ * transposed operands): the training ops then transpose the operand that is
+ * not k-major and call nstf_gpu_gemm_bf16 (1) rather than nstf_gpu_gemm_ex
+ * (0). */
+int nstf_gpu_gemm_kmajor_fast(int64_t m, int64_t n, int64_t k);
 
 /* SWIGLU packing: row p of the packed W holds row nstf_gpu_swiglu_packed_row(p,
  * n_ff) of the stacked [gate (n_ff rows); up (n_ff rows)] matrix. */
@@ -405,6 +424,16 @@ nstf_status nstf_gpu_bias(uint16_t *x, int64_t stride, const float *b, int64_t n
 nstf_status nstf_gpu_head_norm(uint16_t *q, int64_t q_stride, uint16_t *k, int64_t k_stride, const float *wq,
                                const float *wk, int64_t n_tok, int n_heads, int n_kv_heads, int head_dim,
                                float eps, void *stream);
+/* One token's per-head RMSNorm then RoPE, in place, in one kernel (the
+ * level-3 decode of Qwen3, after the fused QKV GEMV): q [n_heads, head_dim]
+ * and k [n_kv_heads, head_dim] bf16, each head row normalized as
+ * nstf_gpu_head_norm does, rounded to bf16, then rotated at position *pos
+ * as nstf_gpu_rope_strided does, with the device table `freqs` of
+ * nstf_gpu_rope_freqs and the device frequency `factors` (or NULL):
+ * bitwise the two kernels' result. head_dim even, <= 256. */
+nstf_status nstf_gpu_head_norm_rope(uint16_t *q, uint16_t *k, const float *wq, const float *wk, int n_heads,
+                                    int n_kv_heads, int head_dim, float eps, const int32_t *pos, const float *freqs,
+                                    const float *factors, nstf_rope_mode mode, void *stream);
 
 /* The workspace a low-rank matmul may use for its GEMM path: a bf16
  * buffer of wtmp_elems elements for a dequantized factor, row ids
@@ -479,6 +508,15 @@ nstf_status nstf_gpu_flash_attn_lse(const uint16_t *q, int64_t q_stride, const u
                                     int64_t out_stride, float *lse, int64_t n_tok, int64_t pos0,
                                     int64_t n_ctx, int n_heads, int n_kv_heads, int head_dim,
                                     float scale, void *stream);
+/* The training forward over a batch: n_seq independent sequences of n_tok
+ * rows each, one after another in q, k, v, out and lse (token strides as
+ * nstf_gpu_flash_attn), each attending causally to its own rows (positions
+ * 0..n_tok-1); no cache is read or written. One launch, the sequence in the
+ * grid's z. lse [n_seq * n_tok, n_heads] fp32. */
+nstf_status nstf_gpu_flash_attn_lse_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                                          int64_t k_stride, const uint16_t *v, int64_t v_stride, uint16_t *out,
+                                          int64_t out_stride, float *lse, int64_t n_tok, int64_t n_seq,
+                                          int n_heads, int n_kv_heads, int head_dim, float scale, void *stream);
 /* Attention backward from the saved lse (nstf_ref_attention_bwd): q, out,
  * dout, dq [n_tok, n_heads, head_dim]; k, v, dk, dv [pos0 + n_tok,
  * n_kv_heads, head_dim]; all bf16 with token strides (multiples of 8,
@@ -534,17 +572,47 @@ nstf_status nstf_gpu_swiglu_bwd(const uint16_t *gate, int64_t gate_stride, const
 nstf_status nstf_gpu_get_rows_bwd(const int32_t *ids, const float *dout, int64_t dout_stride,
                                   float *dtable, int64_t n_tok, int64_t dim, void *stream);
 
-/* Cross-entropy fused with the logits and chunked over the vocabulary
- * (nstf_ref_cross_entropy's contract): h [n_tok, dim] bf16 dense, w
- * [n_vocab, dim] bf16, targets [n_tok] (device), n_norm > 0; lse [n_tok]
- * (may be NULL); dh [n_tok, dim] fp32 written; dw [n_vocab, dim] fp32 +=
- * (NULL: a frozen matrix); *loss (device double) written. n_vocab and dim
- * multiples of 8. The chunk is the widest whose logits fit the scratch:
- * nstf_gpu_cross_entropy_scratch_bytes(n_tok, chunk). */
-size_t nstf_gpu_cross_entropy_scratch_bytes(int64_t n_tok, int64_t chunk);
+/* Cross-entropy fused with the logits (nstf_ref_cross_entropy's
+ * contract), chunked over the tokens: chunks of `rows` tokens (a multiple
+ * of 8) each compute their logits over the whole vocabulary (fp32), the
+ * row's log-sum-exp and loss, the logit gradient (bf16) and its two
+ * products, so no [n_tok, n_vocab] tensor exists and each logit is computed
+ * once. h [n_tok, dim] bf16 dense, w [n_vocab, dim] bf16, targets [n_tok]
+ * (device), n_norm > 0; lse [n_tok] (may be NULL); dh [n_tok, dim] fp32
+ * written; dw [n_vocab, dim] fp32 += (NULL: a frozen matrix); *loss (device
+ * double) written. n_vocab and dim multiples of 8. Scratch:
+ * nstf_gpu_cross_entropy_scratch_bytes(n_tok, rows, dim, n_vocab); the
+ * chunk for a scratch budget: nstf_gpu_cross_entropy_rows. */
+/* The scratch the GPU backend gives the cross-entropy: 2 GiB holds 4096
+ * tokens' logits at SmolLM2's vocabulary (49152), enough rows for the input
+ * gradient's GEMM (rows x dim outputs, K = the vocabulary) to fill an H100. */
+#define NSTF_GPU_CE_BUDGET ((uint64_t)2 << 30)
+static inline uint64_t nstf_gpu_ce_round(uint64_t b) { return (b + 255) / 256 * 256; }
+static inline uint64_t nstf_gpu_cross_entropy_scratch_bytes(int64_t n_tok, int64_t rows, int64_t dim,
+                                                            int64_t n_vocab) {
+    const uint64_t n = (uint64_t)n_tok, r = (uint64_t)rows, d = (uint64_t)dim, v = (uint64_t)n_vocab;
+    /* per-row lse and target logit [n_tok]; W^T [dim, V]; the chunk's logits [rows, V] fp32,
+     * gradient and its transpose [rows, V] bf16, h^T [dim, rows] */
+    return 2 * nstf_gpu_ce_round(4 * n) + nstf_gpu_ce_round(2 * v * d) +
+           nstf_gpu_ce_round(4 * r * v) + 2 * nstf_gpu_ce_round(2 * r * v) + nstf_gpu_ce_round(2 * d * r);
+}
+/* Rows per chunk within `budget` bytes of scratch: all n_tok (rounded up to
+ * 8) when they fit, else the fewest chunks that fit, of equal size (at
+ * least 8 rows: a budget below that is exceeded). */
+static inline int64_t nstf_gpu_cross_entropy_rows(int64_t n_tok, int64_t dim, int64_t n_vocab, uint64_t budget) {
+    const int64_t all = (n_tok + 7) / 8 * 8;
+    if (nstf_gpu_cross_entropy_scratch_bytes(n_tok, all, dim, n_vocab) <= budget) return all;
+    /* the fixed part, the rounding of the four per-chunk buffers, and the bytes of one row */
+    const uint64_t fixed = nstf_gpu_cross_entropy_scratch_bytes(n_tok, 0, dim, n_vocab) + 4 * 256;
+    const uint64_t per_row = 8 * (uint64_t)n_vocab + 2 * (uint64_t)dim;
+    int64_t most = budget > fixed ? (int64_t)((budget - fixed) / per_row) / 8 * 8 : 0;
+    if (most < 8) most = 8;
+    const int64_t chunks = (n_tok + most - 1) / most;
+    return ((n_tok + chunks - 1) / chunks + 7) / 8 * 8;
+}
 nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
                                    int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
-                                   double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab,
+                                   double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab, int64_t rows,
                                    void *scratch, size_t scratch_bytes, void *stream);
 
 /* AdamW over the flat fp32 arrays (nstf_cpu_adamw's contract and order of
