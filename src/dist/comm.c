@@ -110,7 +110,7 @@ static void *rank_main(void *p) {
         c->st[rank] = st;
         if (st != NSTF_OK) {
             snprintf(c->msg[rank], sizeof c->msg[rank], "%s", nstf_last_error());
-            snprintf(why, sizeof why, "rank %d (%s) failed: %s", rank, c->be[rank]->device, c->msg[rank]);
+            snprintf(why, sizeof why, "rank %d (%.120s) failed: %.400s", rank, c->be[rank]->device, c->msg[rank]);
         }
         c->n_done++;
         pthread_cond_broadcast(&c->done_cv);
