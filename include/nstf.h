@@ -87,6 +87,16 @@ typedef struct nstf_session_params {
     int sparse_topk;
     int sparse_window;
     int sparse_block;
+    /* Tensor parallel: the model split over n_tp devices (0 or 1: none),
+     * Megatron-style (heads, feed-forward width and vocabulary shared out;
+     * two all-reduces per layer). On a GPU: the GPUs listed in gpus
+     * ("0,1"; NULL: 0..n_tp-1), through NCCL (RCCL); on the CPU (device
+     * "cpu"): n_tp CPU backends sharing the threads. tp_timeout_ms: a
+     * rank that makes no progress for this long aborts the group with an
+     * error naming it (0: 30000). */
+    int n_tp;
+    const char *gpus;
+    int tp_timeout_ms;
 } nstf_session_params;
 
 /* Why generation stopped. */

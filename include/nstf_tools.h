@@ -130,6 +130,14 @@ int nstf_cpu_physical_count(void);
 const char *nstf_gpu_runtime(void);
 int nstf_gpu_count(void);
 nstf_status nstf_gpu_describe(int dev, char *buf, size_t cap);
+/* The link from GPU a to GPU b (`nstf devices --topology`): its kind in
+ * words ("NVLink", "xGMI", "PCIe", "none (host)"), peer access, and the
+ * measured peer-copy bandwidth of 256 MiB (GB/s) and latency of 4 bytes
+ * (us). */
+nstf_status nstf_gpu_link_measure(int a, int b, char *kind, size_t cap, int *peer, double *gbs, double *lat_us);
+/* A tensor-parallel all-reduce of `bytes` (fp32) over GPUs 0..n-1: the
+ * mean time of `reps` queued back to back (us), and the transport. */
+nstf_status nstf_gpu_allreduce_time(int n, uint64_t bytes, int reps, double *us, char *transport, size_t cap);
 
 /* ---- convolution (the conv2d ladder: kernels, benchmark, PyTorch ops) ------- */
 

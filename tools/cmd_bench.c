@@ -33,6 +33,8 @@ static void bench_usage(FILE *f) {
             "      --tg-argmax           tg: bring back only the greedy token computed on the device\n"
             "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
+            "      --tp N                tensor parallel over N GPUs (or N CPU ranks with --device cpu)\n"
+            "      --gpus LIST           the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
             "      --act-bits N          CPU activations of quantized matmuls: 16 (default), 8 or 32\n"
             "      --sparse-attn K[,W]   sparse decode attention in every layer (top-k blocks, window\n"
             "                            positions; as nstf run); --sparse-block N (default 16)\n"
@@ -149,7 +151,8 @@ int cmd_bench(int argc, char **argv) {
     bool depth_set = false;
     int reps = 5, level = 0, act_bits = 0, sparse = 0, sp_topk = 0, sp_window = 0, sp_block = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
-    const char *device = "auto", *baseline = NULL;
+    const char *device = "auto", *baseline = NULL, *gpus = NULL;
+    int n_tp = 0;
     double tolerance = 0.05;
     nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
     threads.v[0] = nstf_cpu_physical_count();
@@ -204,6 +207,12 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--device")) {
             VAL();
             device = v;
+        } else if (!strcmp(a, "--tp")) {
+            VAL();
+            if (!cli_parse_int(a, v, 1, 16, &n_tp)) return 2;
+        } else if (!strcmp(a, "--gpus")) {
+            VAL();
+            gpus = v;
         } else if (!strcmp(a, "--act-bits")) {
             VAL();
             if (!cli_parse_act_bits(a, v, &act_bits)) return 2;
@@ -298,6 +307,8 @@ int cmd_bench(int argc, char **argv) {
                 sp.n_batch = n_batch.v[bi];
                 sp.n_threads = threads.v[ti];
                 sp.device = device;
+                sp.n_tp = n_tp;
+                sp.gpus = gpus;
                 sp.cpu_act_bits = act_bits;
                 sp.sparse_attn = sparse;
                 if (sp_topk) sp.sparse_topk = sp_topk;

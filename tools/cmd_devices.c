@@ -73,13 +73,49 @@ static void list_switches(void) {
                cell[i][2], width[3], cell[i][3], width[4], cell[i][4], cell[i][5]);
 }
 
+/* Every ordered pair of GPUs: the link, peer access, measured peer-copy
+ * bandwidth and latency; then a 16 KB all-reduce over all of them. */
+static int list_topology(void) {
+    const int n = nstf_gpu_runtime() ? nstf_gpu_count() : 0;
+    if (n < 2) {
+        printf("topology: %d GPU%s, no links to show\n", n, n == 1 ? "" : "s");
+        return 0;
+    }
+    int rc = 0;
+    printf("topology (peer copies: 256 MiB for bandwidth, 4 bytes for latency):\n");
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++) {
+            if (a == b) continue;
+            char kind[32];
+            int peer = 0;
+            double gbs = 0, lat = 0;
+            if (nstf_gpu_link_measure(a, b, kind, sizeof kind, &peer, &gbs, &lat) != NSTF_OK) {
+                cli_err("GPU %d -> GPU %d: %s", a, b, nstf_last_error());
+                rc = 1;
+                continue;
+            }
+            printf("  GPU %d -> GPU %d: %-12s peer access %-3s  %7.1f GB/s  %6.2f us\n", a, b, kind, peer ? "yes" : "no",
+                   gbs, lat);
+        }
+    char tr[64];
+    double us = 0;
+    if (nstf_gpu_allreduce_time(n, 16384, 200, &us, tr, sizeof tr) != NSTF_OK) {
+        cli_err("all-reduce over %d GPUs: %s", n, nstf_last_error());
+        return 1;
+    }
+    printf("all-reduce of 16 KB over %d GPUs (%s): %.1f us each (200 back to back)\n", n, tr, us);
+    return rc;
+}
+
 static void devices_usage(FILE *f) {
-    fprintf(f, "usage: nstf devices [--verbose]\n\nLists the GPUs this build of nstf can run on.\n"
-               "  -v, --verbose   also list the environment switches (value, default, source)\n");
+    fprintf(f, "usage: nstf devices [--verbose] [--topology]\n\nLists the GPUs this build of nstf can run on.\n"
+               "  -v, --verbose   also list the environment switches (value, default, source)\n"
+               "  --topology      the link between every pair of GPUs (NVLink / xGMI / PCIe, peer access,\n"
+               "                  measured peer-copy bandwidth and latency) and a 16 KB all-reduce\n");
 }
 
 int cmd_devices(int argc, char **argv) {
-    int verbose = 0;
+    int verbose = 0, topology = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             devices_usage(stdout);
@@ -89,11 +125,16 @@ int cmd_devices(int argc, char **argv) {
             verbose = 1;
             continue;
         }
+        if (!strcmp(argv[i], "--topology")) {
+            topology = 1;
+            continue;
+        }
         if (argv[i][0] == '-') return cli_unknown_option(argv[i], devices_usage);
         cli_err("takes no arguments ('%s')", argv[i]);
         return 2;
     }
-    const int rc = list_devices();
+    int rc = list_devices();
+    if (topology && list_topology() != 0) rc = 1;
     if (verbose) {
         printf("\n");
         list_switches();

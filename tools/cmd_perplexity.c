@@ -28,6 +28,7 @@ static void usage(FILE *f) {
             "                        log-probabilities (their tokens are used; -f is not needed)\n"
             "  -t, --threads N       CPU threads (default: every core)\n"
             "  --device cpu|gpu|auto where to run (default auto)\n"
+            "  --tp N, --gpus LIST   tensor parallel over N GPUs (as nstf run)\n"
             "  --precise             CPU: fp32 activations in every matmul\n"
             "  -v                    model and device details\n");
 }
@@ -93,7 +94,8 @@ static void print_kl(const nstf_ppl_result *r) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model = NULL, *text_path = NULL, *device = "auto";
+    const char *model = NULL, *text_path = NULL, *device = "auto", *gpus = NULL;
+    int n_tp = 0;
     nstf_ppl_params pp = {0, 0, -1, NULL, NULL, NULL, NULL};
     int n_ctx = 0, n_batch = 0, threads = 0;
     bool precise = false, verbose = false;
@@ -119,7 +121,10 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(a, "--kl-base") || !strcmp(a, "--kl-divergence-base")) pp.kl_base = v;
         else if (!strcmp(a, "--save-logits")) pp.save_logits = v;
         else if (!strcmp(a, "--device")) device = v;
-        else {
+        else if (!strcmp(a, "--gpus")) gpus = v;
+        else if (!strcmp(a, "--tp")) {
+            if (!cli_parse_int(a, v, 1, 16, &n_tp)) return 2;
+        } else {
             fprintf(stderr, "nstf perplexity: unknown option '%s' (nstf perplexity --help)\n", a);
             return 2;
         }
@@ -154,6 +159,8 @@ int cmd_perplexity(int argc, char **argv) {
     sp.n_batch = pp.n_batch;
     sp.n_threads = threads;
     sp.device = device;
+    sp.n_tp = n_tp;
+    sp.gpus = gpus;
     sp.precise = precise;
     sp.verbose = verbose;
     nstf_session *s = NULL;

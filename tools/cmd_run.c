@@ -28,6 +28,12 @@ static void usage_common(FILE *f) {
             "  -ngl, --n-gpu-layers N    layers on the GPU: 0 = none (CPU), -1 or >= the layer count =\n"
             "                            all (the default), N between: the first N there, the rest and\n"
             "                            the output on the CPU (--gpu-layers too; -v shows the split)\n"
+            "      --tp N                tensor parallel: the model split over N GPUs (or, with --device\n"
+            "                            cpu, N CPU ranks): heads, feed-forward and vocabulary shared\n"
+            "                            out, two all-reduces per layer (NCCL / RCCL between GPUs)\n"
+            "      --gpus LIST           the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
+            "      --tp-timeout MS       a rank that makes no progress this long ends the run with an\n"
+            "                            error naming it (default 30000)\n"
             "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
             "  -ctk, --cache-type-k T    KV cache type: f32 on the CPU, bf16 on a GPU (the only ones)\n"
             "  -ctv, --cache-type-v T    the same for V\n"
@@ -250,6 +256,9 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
         else if (is(a, "--stream", NULL, NULL)) {
         } else if (is(a, "--device", NULL, NULL)) { VAL(); o->sp.device = v; }
         else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) INT(-1, 1 << 20, &o->n_gpu_layers);
+        else if (is(a, "--tp", NULL, NULL)) INT(1, 16, &o->sp.n_tp);
+        else if (is(a, "--gpus", NULL, NULL)) { VAL(); o->sp.gpus = v; }
+        else if (is(a, "--tp-timeout", NULL, NULL)) INT(1, 86400000, &o->sp.tp_timeout_ms);
         else if (is(a, "-fa", "--flash-attn", NULL)) {
             /* llama.cpp takes -fa alone (older) or -fa on|off|auto */
             if (i + 1 < argc && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "auto"))) i++;

@@ -58,6 +58,9 @@ class SessionParams(ctypes.Structure):
         ("sparse_topk", c_int),
         ("sparse_window", c_int),
         ("sparse_block", c_int),
+        ("n_tp", c_int),
+        ("gpus", c_char_p),
+        ("tp_timeout_ms", c_int),
     ]
 
 

@@ -4,8 +4,10 @@
 #include "backend/backend.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "core/mem.h"
+#include "ops/gpu/gpu_api.h"
 
 bool nstf_matrix_group_span(const nstf_matrix *const *w, int n_w, nstf_matrix *span) {
     if (n_w < 1 || w[0]->factors) return false;
@@ -41,6 +43,37 @@ nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
     *out = NULL;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                           "GPU %d: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)", dev);
+}
+
+/* The collectives of ops/gpu/gpu_api.h: no GPU rank can exist here
+ * (nstf_backend_gpu_stream refuses first), so these only answer. */
+nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap) {
+    (void)devs, (void)n, (void)comms, (void)timeout_ms;
+    snprintf(desc, cap, "none");
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
+    (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+void nstf_gpu_ccl_abort(void *comm) { (void)comm; }
+void nstf_gpu_ccl_destroy(void *comm) { (void)comm; }
+nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out) {
+    (void)a, (void)b;
+    memset(out, 0, sizeof *out);
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+nstf_status nstf_gpu_p2p_measure(int a, int b, size_t bytes, double *gbs, double *lat_us) {
+    (void)a, (void)b, (void)bytes;
+    *gbs = *lat_us = 0;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+
+nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream) {
+    (void)be;
+    *dev = -1;
+    *stream = NULL;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
 
 nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops) {

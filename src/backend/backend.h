@@ -224,6 +224,8 @@ nstf_status nstf_backend_gpu_line(int dev, char *buf, size_t cap);
 const nstf_backend_vt *nstf_backend_gpu_table(void);
 /* A backend on GPU dev (NSTF_ERR_UNSUPPORTED in a build without one). */
 nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out);
+/* A GPU backend's device and stream (for the collectives of dist/comm.c). */
+nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream);
 /* The GPU's peak rates measured on the device (copy bandwidth, bf16 matrix
  * rate), for the roofline of `nstf profile`. */
 nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops);

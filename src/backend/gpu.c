@@ -445,6 +445,7 @@ static nstf_status gpu_marks_reserve(nstf_backend *be, int cap) {
     for (int i = 0; i < g->n_evs; i++) evs[i] = g->evs[i];
     nstf_free(g->evs);
     g->evs = evs;
+    NSTF_TRY(nstf_gpu_set_device(g->dev)); /* events belong to the current device: the stream's */
     for (; g->n_evs < cap; g->n_evs++) NSTF_TRY(nstf_gpu_event_create(&g->evs[g->n_evs]));
     return NSTF_OK;
 }
@@ -452,6 +453,7 @@ static nstf_status gpu_marks_reserve(nstf_backend *be, int cap) {
 static nstf_status gpu_mark(nstf_backend *be, int i) {
     gpu_backend *g = gpu_of(be);
     if (i < 0 || i >= g->n_evs) return nstf_set_error(NSTF_ERR_RANGE, "time mark %d of %d", i, g->n_evs);
+    NSTF_TRY(nstf_gpu_set_device(g->dev)); /* (a caller's thread may have another device current) */
     return nstf_gpu_event_record(g->evs[i], g->stream);
 }
 
@@ -547,6 +549,13 @@ nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
         return st;
     }
     *out = &g->base;
+    return NSTF_OK;
+}
+
+nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream) {
+    if (be->vt != &k_gpu_vt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not a GPU backend", be->device);
+    *dev = gpu_of(be)->dev;
+    *stream = gpu_of(be)->stream;
     return NSTF_OK;
 }
 

@@ -52,6 +52,12 @@ static const nstf_switch_def g_defs[] = {
                       "home folder: the roofline cache is ~/.cache/nstf/roofline.json without XDG_CACHE_HOME"},
     [NSTF_SW_API_KEY] = {"NSTF_API_KEY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                          "the bearer token nstf serve asks of every request (--api-key overrides)", 1},
+    [NSTF_SW_NCCL_LIBRARY] = {"NSTF_NCCL_LIBRARY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
+                              "the NCCL (RCCL) library tensor-parallel runs load (default: libnccl.so.2 / "
+                              "librccl.so.1 through the loader's path)"},
+    [NSTF_SW_TP_STALL_AT] = {"NSTF_TP_STALL_AT", NSTF_SWITCH_INT, 0, 0, 1000000000, NULL,
+                             "the last rank of a tensor-parallel run stops before its collective N (1-based; 0: "
+                             "never; for the tests of the stall timeout)"},
 };
 _Static_assert(sizeof g_defs / sizeof g_defs[0] == NSTF_SW_COUNT, "one registry row per nstf_switch_id");
 

@@ -55,6 +55,8 @@ typedef enum {
     NSTF_SW_XDG_CACHE_HOME, /* string: cache folder (roofline cache) */
     NSTF_SW_HOME,           /* string: home folder (roofline cache without XDG_CACHE_HOME) */
     NSTF_SW_API_KEY,        /* string, secret: the bearer token `nstf serve` asks for (--api-key wins) */
+    NSTF_SW_NCCL_LIBRARY,   /* string: the NCCL (RCCL) library file tensor-parallel runs load */
+    NSTF_SW_TP_STALL_AT,    /* int: the last tensor-parallel rank stalls before its collective N (fault tests) */
     NSTF_SW_COUNT
 } nstf_switch_id;
 

@@ -224,6 +224,16 @@ static nstf_status sparse_attention(fwd *f, const nstf_op_args *at, int l) {
     return run(f, &a);
 }
 
+/* A tensor-parallel rank's block output y is its partial sum (a share of
+ * O's or down's input columns): the all-reduce makes it the whole, which
+ * the next norm adds into x like any carried output. */
+static nstf_status tp_reduce(fwd *f) {
+    if (!f->r->tp) return NSTF_OK;
+    NSTF_TRY(nstf_llama_tp_allreduce(f->r, f->r->s.y, f->n * f->c->dim));
+    f->pending = f->r->s.y;
+    return NSTF_OK;
+}
+
 static nstf_status layers(fwd *f) {
     const nstf_llama_config *c = f->c;
     const nstf_llama_weights *w = &f->r->w;
@@ -297,9 +307,10 @@ static nstf_status layers(fwd *f) {
         group(f, &o, &L->wo, NULL, NULL, s->y);
         o.matmul.out[0] = f32_rows(s->y, dim);
         o.matmul.x = act_rows(f, s->att, qd);
-        o.matmul.epi = NSTF_MM_ACCUM;
+        o.matmul.epi = f->r->tp ? NSTF_MM_STORE : NSTF_MM_ACCUM;
         o.matmul.res = s->x;
         NSTF_TRY(matmul(f, &o, s->xb));
+        NSTF_TRY(tp_reduce(f));
 
         /* feed-forward block */
         nstf_op_args gu = mm_args("gate_up_proj", l, NSTF_BLOCK_FFN, n);
@@ -315,9 +326,10 @@ static nstf_status layers(fwd *f) {
         group(f, &d, &L->w_down, NULL, NULL, s->y);
         d.matmul.out[0] = f32_rows(s->y, dim);
         d.matmul.x = gu.matmul.act;
-        d.matmul.epi = NSTF_MM_ACCUM;
+        d.matmul.epi = f->r->tp ? NSTF_MM_STORE : NSTF_MM_ACCUM;
         d.matmul.res = s->x;
         NSTF_TRY(matmul(f, &d, s->xb));
+        NSTF_TRY(tp_reduce(f));
     }
 
     if (!f->r->output) { /* a stage before the last: hand over x whole */
@@ -354,9 +366,10 @@ static nstf_status layers(fwd *f) {
         rows = f->b->n_rows;
         norm_x = s->y;
     }
+    const int64_t nv = w->output.n_out; /* n_vocab, or a tensor-parallel rank's share */
     nstf_op_args lg = mm_args("logits", -1, NSTF_BLOCK_OTHER, rows);
     group(f, &lg, &w->output, NULL, NULL, s->logits);
-    lg.matmul.out[0] = f32_rows(s->logits, c->n_vocab);
+    lg.matmul.out[0] = f32_rows(s->logits, nv);
     lg.matmul.norm_x = norm_x;
     lg.matmul.norm_w = w->out_norm;
     lg.matmul.eps = c->norm_eps;
@@ -366,10 +379,10 @@ static nstf_status layers(fwd *f) {
     if (f->b->argmax || f->b->argmax_rows) { /* the last row's greedy token, or every selected row's */
         const int64_t from = f->b->argmax_rows ? 0 : rows - 1;
         nstf_op_args am = {.op = NSTF_OP_ARGMAX, .label = "argmax", .layer = -1};
-        am.argmax.x = f32_rows(s->logits + from * (int64_t)c->n_vocab, c->n_vocab);
+        am.argmax.x = f32_rows(s->logits + from * nv, nv);
         am.argmax.out = s->argmax;
         am.argmax.n_rows = rows - from;
-        am.argmax.n = c->n_vocab;
+        am.argmax.n = nv;
         NSTF_TRY(run(f, &am));
     }
     return NSTF_OK;
@@ -414,7 +427,7 @@ static nstf_status check_blocks(const nstf_llama_state *s, const nstf_batch *b) 
 }
 
 /* One stage's part of the forward, in its backend's bracket. */
-static nstf_status stage_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
+nstf_status nstf_llama_stage_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
     const nstf_llama_config *c = &r->m->cfg;
     const nstf_llama_state *s = &r->s;
     fwd f = {.r = r, .be = r->be, .c = c, .b = b, .n = b->n};
@@ -423,7 +436,7 @@ static nstf_status stage_forward(nstf_llama_run *r, const nstf_batch *b, float *
     const int64_t host_rows = b->argmax_rows ? b->host_rows : rows;
     const nstf_fwd_out out = {s->logits,
                               r->output ? host_rows : 0,
-                              c->n_vocab,
+                              r->output ? r->w.output.n_out : c->n_vocab, /* a tensor-parallel rank's share */
                               am ? s->argmax : NULL,
                               b->argmax_rows ? rows : 1,
                               r->output && host_rows > 0 ? logits : NULL,
@@ -457,9 +470,10 @@ nstf_status nstf_llama_forward(nstf_llama_run *r, const nstf_batch *b, float *lo
     }
     NSTF_TRY(check_rows(b));
     NSTF_TRY(check_blocks(s, b));
+    if (r->tp) return nstf_llama_tp_forward(r, b, logits, argmax);
     /* stage after stage; x [n, dim] goes from one to the next through the host */
     for (nstf_llama_run *st = r; st; st = st->next) {
-        NSTF_TRY(stage_forward(st, b, logits, argmax));
+        NSTF_TRY(nstf_llama_stage_forward(st, b, logits, argmax));
         if (!st->next) break;
         const uint64_t bytes = (uint64_t)b->n * (uint64_t)c->dim * sizeof(float);
         NSTF_TRY(st->be->vt->download(st->be, st->xfer, st->s.x, bytes));

@@ -138,6 +138,9 @@ typedef struct nstf_llama_run {
     struct nstf_llama_run *next; /* the next stage (not owned), or NULL */
     float *xfer;           /* host buffer [n_batch, dim] for x between stages (owned; stages with next) */
     nstf_llama_sparse sparse; /* off unless nstf_llama_run_sparse_set */
+    struct nstf_llama_tp *tp; /* the tensor-parallel group this run is rank tp_rank of (model/tp.c),
+                                 or NULL; rank 0's run stands for the group */
+    int tp_rank;
 } nstf_llama_run;
 
 /* Sparse decode attention for the layers with layer[l] != 0 (layer: host
@@ -179,6 +182,33 @@ typedef struct nstf_llama_run_shape {
 nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, const nstf_llama_run_shape *shape,
                                          nstf_llama_run **out);
 void nstf_llama_run_free(nstf_llama_run *r);
+
+/* Tensor parallel (model/tp.c): m split over n backends (all CPU or all
+ * GPU, not owned; n in 1..NSTF_COMM_MAX) the Megatron way. Each rank holds
+ * a contiguous share of the KV heads (their query heads, the Q/K/V rows and
+ * the matching columns of O), of the feed-forward width (gate/up rows,
+ * down columns) and of the vocabulary (output rows), and the whole
+ * embedding and norms. Per layer the forward adds one all-reduce of the
+ * attention block's output and one of the feed-forward block's (fp32
+ * [n, dim]); the logits' shares are gathered on the host. Shares are as
+ * even as the quantization blocks allow (an uneven head count splits
+ * unevenly); a split that cannot be made is NSTF_ERR_UNSUPPORTED saying
+ * why. timeout_ms: the communicator's stall timeout (0: its default).
+ * The returned run is rank 0's: forward, clear and free act on the group.
+ * Low-rank matrices, sparse attention and stage chains are refused. */
+nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *be, int n,
+                                     const nstf_llama_run_shape *shape, int timeout_ms, nstf_llama_run **out);
+/* The group's communicator transport ("host", "NCCL 2.28.9"), NULL for a
+ * run that is not tensor-parallel. */
+const char *nstf_llama_run_tp_transport(const nstf_llama_run *r);
+/* Internal: free a tensor-parallel group (nstf_llama_run_free of rank 0). */
+void nstf_llama_tp_free(nstf_llama_run *r);
+/* Internal to the forward: the all-reduce of a tensor-parallel rank. */
+nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, int64_t n);
+/* Internal: a tensor-parallel forward (forward.c checked the batch). */
+nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
+/* Internal: one run's part of a forward, in its backend's bracket (no checks). */
+nstf_status nstf_llama_stage_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
 /* Empty the KV cache (every sequence reads as zeros). */
 nstf_status nstf_llama_run_clear(nstf_llama_run *r);
 

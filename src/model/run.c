@@ -253,6 +253,10 @@ static double gib(uint64_t b) { return (double)b / (1u << 30); }
 
 void nstf_llama_run_free(nstf_llama_run *r) {
     if (!r) return;
+    if (r->tp) { /* rank 0's run: the whole group */
+        nstf_llama_tp_free(r);
+        return;
+    }
     (void)nstf_llama_run_sparse_set(r, NULL, 0, 0, 0);
     if (r->be) {
         (void)r->be->vt->sync(r->be);

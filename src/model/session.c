@@ -73,6 +73,55 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
     return NSTF_OK;
 }
 
+/* A tensor-parallel run over p->n_tp backends: GPUs (the list p->gpus,
+ * or 0..n-1) unless the device is "cpu". */
+static nstf_status open_tp(nstf_session *s, int n_ctx) {
+    const nstf_session_params *p = &s->params;
+    const int n = p->n_tp;
+    if (n > 16) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--tp %d: at most 16 ranks", n);
+    const bool cpu = strcmp(p->device, "cpu") == 0 || (strcmp(p->device, "auto") == 0 && nstf_backend_gpu_count() < 1);
+    int dev[16];
+    const char *g = p->gpus;
+    for (int r = 0; r < n; r++) {
+        dev[r] = r;
+        if (!g || cpu) continue;
+        char *end;
+        const long v = strtol(g, &end, 10);
+        if (end == g || v < 0 || v > 1023)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG, "--gpus '%s': give %d device numbers, such as 0,1", p->gpus, n);
+        dev[r] = (int)v;
+        g = *end == ',' ? end + 1 : end;
+    }
+    if (g && !cpu && *g)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "--gpus '%s' lists more devices than --tp %d", p->gpus, n);
+    nstf_status st = NSTF_OK;
+    for (int r = 0; r < n && st == NSTF_OK; r++) {
+        if (cpu) {
+            const int th = p->n_threads ? (p->n_threads + n - 1) / n : 0;
+            const nstf_cpu_params cp = {th, p->precise, p->deterministic, p->cpu_act_bits};
+            st = nstf_backend_cpu_create(&cp, &s->be_tp[r]);
+        } else {
+            st = nstf_backend_gpu_create(dev[r], &s->be_tp[r]);
+        }
+    }
+    if (st == NSTF_OK) {
+        const nstf_session_shape *h = &s->shape;
+        const nstf_llama_run_shape sh = {n_ctx, p->n_batch, h->n_seq, 0, s->model->cfg.n_layers, true, true,
+                                         h->kv_block, h->kv_blocks};
+        st = nstf_llama_run_create_tp(s->model, s->be_tp, n, &sh, p->tp_timeout_ms, &s->run);
+    }
+    if (st != NSTF_OK) {
+        for (int r = 0; r < n; r++) nstf_backend_free(s->be_tp[r]);
+        memset(s->be_tp, 0, sizeof s->be_tp);
+        return st;
+    }
+    s->be = s->be_tp[0];
+    if (p->verbose)
+        fprintf(stderr, "nstf: tensor parallel over %d ranks (%s), rank 0 on %s\n", n, nstf_llama_run_tp_transport(s->run),
+                s->be->device);
+    return NSTF_OK;
+}
+
 /* The chat template: the one named (a family's plain form), else the
  * model's, else plain ChatML. */
 static nstf_status pick_template(nstf_session *s, const char *name) {
@@ -107,6 +156,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
     if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
     if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
     if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
+    if (p.n_tp < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor-parallel rank count %d", p.n_tp);
     if (p.n_gpu_layers < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "GPU layer count %d must be >= 0 (0: all)", p.n_gpu_layers);
     if (!p.device) p.device = "auto";
@@ -136,7 +186,8 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
             fprintf(stderr, "nstf: context %d is longer than the %d the model was trained for\n", p.n_ctx,
                     s->model->cfg.n_ctx_train);
         s->params.n_ctx = n_ctx;
-        st = open_gpu(s, n_ctx);
+        if (p.n_tp > 1) st = open_tp(s, n_ctx);
+        else st = open_gpu(s, n_ctx);
         if (st == NSTF_OK && !s->run) {
             const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic, p.cpu_act_bits};
             st = nstf_backend_cpu_create(&cp, &s->be);
@@ -184,6 +235,8 @@ void nstf_session_close(nstf_session *s) {
     nstf_llama_run_free(s->run_cpu);
     nstf_backend_free(s->be_cpu);
     nstf_llama_run_free(s->run);
+    if (s->be_tp[0])
+        for (int r = 1; r < 16; r++) nstf_backend_free(s->be_tp[r]);
     nstf_backend_free(s->be);
     nstf_free(s->logits);
     nstf_free(s->hist);

@@ -3,6 +3,12 @@
 #include "backend/backend.h"
 #include "model/session.h"
 
+#include <stdio.h>
+
+#include "core/clock.h"
+#include "dist/comm.h"
+#include "ops/gpu/gpu_api.h"
+
 _Static_assert((int)NSTF_SESSION_LEVEL == (int)NSTF_OPT_LEVEL && (int)NSTF_SESSION_GRAPHS == (int)NSTF_OPT_GRAPHS &&
                    (int)NSTF_SESSION_FUSED == (int)NSTF_OPT_FUSED,
                "nstf_session_opt and nstf_backend_opt disagree");
@@ -55,3 +61,53 @@ void nstf_session_mem_get(const nstf_session *s, nstf_session_mem *out) {
 const char *nstf_gpu_runtime(void) { return nstf_backend_gpu_runtime(); }
 int nstf_gpu_count(void) { return nstf_backend_gpu_count(); }
 nstf_status nstf_gpu_describe(int dev, char *buf, size_t cap) { return nstf_backend_gpu_line(dev, buf, cap); }
+
+nstf_status nstf_gpu_link_measure(int a, int b, char *kind, size_t cap, int *peer, double *gbs, double *lat_us) {
+    nstf_gpu_link l;
+    NSTF_TRY(nstf_gpu_link_query(a, b, &l));
+    snprintf(kind, cap, "%s", l.link);
+    *peer = l.access;
+    return nstf_gpu_p2p_measure(a, b, (size_t)256 << 20, gbs, lat_us);
+}
+
+typedef struct ar_job {
+    nstf_comm *c;
+    nstf_backend **be;
+    float *buf[NSTF_COMM_MAX];
+    int64_t n;
+    int reps;
+} ar_job;
+
+static nstf_status ar_rank(void *ctx, int r) {
+    ar_job *j = ctx;
+    for (int i = 0; i < j->reps; i++) NSTF_TRY(nstf_comm_allreduce(j->c, r, j->buf[r], j->n));
+    return j->be[r]->vt->sync(j->be[r]);
+}
+
+nstf_status nstf_gpu_allreduce_time(int n, uint64_t bytes, int reps, double *us, char *transport, size_t cap) {
+    if (n < 1 || n > NSTF_COMM_MAX || reps < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce over %d GPUs", n);
+    nstf_backend *be[NSTF_COMM_MAX] = {0};
+    ar_job j = {.be = be, .n = (int64_t)(bytes / sizeof(float)), .reps = 1};
+    nstf_status st = NSTF_OK;
+    for (int r = 0; r < n && st == NSTF_OK; r++) st = nstf_backend_gpu_create(r, &be[r]);
+    for (int r = 0; r < n && st == NSTF_OK; r++) {
+        st = be[r]->vt->alloc(be[r], bytes, (void **)&j.buf[r]);
+        if (st == NSTF_OK) st = be[r]->vt->zero(be[r], j.buf[r], bytes);
+    }
+    if (st == NSTF_OK) st = nstf_comm_create(be, n, 0, &j.c);
+    if (st == NSTF_OK) st = nstf_comm_run(j.c, ar_rank, &j); /* warm-up */
+    if (st == NSTF_OK) {
+        j.reps = reps;
+        const double t0 = nstf_time_ms();
+        st = nstf_comm_run(j.c, ar_rank, &j);
+        *us = (nstf_time_ms() - t0) * 1e3 / reps;
+        snprintf(transport, cap, "%s", nstf_comm_transport(j.c));
+    }
+    nstf_comm_free(j.c);
+    for (int r = 0; r < n; r++)
+        if (be[r]) {
+            if (j.buf[r]) be[r]->vt->free(be[r], j.buf[r]);
+            nstf_backend_free(be[r]);
+        }
+    return st;
+}

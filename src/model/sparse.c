@@ -25,6 +25,7 @@ nstf_status nstf_llama_run_sparse_set(nstf_llama_run *r, const uint8_t *layer, i
     const nstf_llama_config *c = &r->m->cfg;
     for (int l = r->l0; layer && l < r->l1; l++) n_slots += layer[l] != 0;
     if (n_slots == 0) return NSTF_OK;
+    if (r->tp) return nstf_set_error(NSTF_ERR_UNSUPPORTED, "sparse attention in a tensor-parallel run is not supported");
     if (block < NSTF_SPARSE_BLOCK_MIN || block > NSTF_SPARSE_BLOCK_MAX)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "sparse attention: block of %d positions (use %d..%d)", block,
                               NSTF_SPARSE_BLOCK_MIN, NSTF_SPARSE_BLOCK_MAX);

@@ -306,13 +306,13 @@ static nstf_status ab_launch(const u16 *q, int64_t q_stride, const u16 *k, int64
     int n_sm = 0, wave = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const size_t smem = ab_smem_bytes<HD>();
-    static bool attr_set = false; /* per instantiation */
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         GPU_CHECK(gpuFuncSetAttribute((const void *)attn_bwd_dq_kernel<HD>,
                                       gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         GPU_CHECK(gpuFuncSetAttribute((const void *)attn_bwd_dkv_kernel<HD>,
                                       gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     const int64_t rows = n_seq * n_tok * n_heads, dot_blocks = (rows + 255) / 256;
     attn_bwd_dot_kernel<<<(unsigned)(dot_blocks < NSTF_GPU_MAX_GRID ? dot_blocks : NSTF_GPU_MAX_GRID), 256, 0, s>>>(

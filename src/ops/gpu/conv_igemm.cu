@@ -220,14 +220,14 @@ static nstf_status conv_igemm_go(const conv_params &cp, const u16 *x, const u16 
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const int threads = CI_WAVES * wave;
     const size_t smem = (size_t)CI_STAGES * (BM + BN) * CI_LDS * sizeof(u16);
-    static bool attr_set = false; /* per instantiation */
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(conv_params, const u16 *, const u16 *, const float *, void *, int, int) =
             conv_igemm_kernel<BM, BN, WM, WN, NHWC, AMODE>;
         if (gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             gpuSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "conv2d level 4: cannot allow %zu bytes of shared memory", smem);
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     const int64_t M = cp.n * cp.p * cp.q;
     const dim3 grid((unsigned)(((M + BM - 1) / BM) * ((cp.kg + BN - 1) / BN)), (unsigned)cp.groups);

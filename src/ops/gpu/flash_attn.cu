@@ -157,11 +157,11 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     void (*const kfn[2])(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, u16 *,
                          int64_t, float *, int64_t, int64_t, int, int, float, int) = {flash_attn_kernel<HD, false>,
                                                                                       flash_attn_kernel<HD, true>};
-    static bool attr_set = false;
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         for (int i = 0; i < 2; i++)
             GPU_CHECK(gpuFuncSetAttribute((const void *)kfn[i], gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     const int64_t n_qt = (n_tok + FA_BQ - 1) / FA_BQ;
     if (n_qt > 0x7fffffff || n_heads > 65535 || n_seq > 65535)

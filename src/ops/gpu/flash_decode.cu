@@ -209,12 +209,12 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     float *part_ml = (float *)scratch;
     float *part_acc = part_ml + (size_t)n_kv * n_split * rows * 2;
     const size_t smem = fd_smem_bytes<HD>();
-    static bool attr_set = false;
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
                     int, int, float, int64_t, float *, float *, const int32_t *, int, int) = flash_decode_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     dim3 grid((unsigned)(n_split / FD_NW), (unsigned)n_kv);
     const int pdl = nstf_gpu_pdl();

@@ -218,14 +218,14 @@ static nstf_status gemm_launch(const u16 *a, const u16 *w, void *c, const void *
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
     const int threads = (BM / WM) * (BN / WN) * wave;
     const size_t smem = (size_t)GEMM_STAGES * (BM + BN) * GEMM_LDS * sizeof(u16);
-    static bool attr_set = false; /* per instantiation */
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const u16 *, const u16 *, void *, const void *, int64_t, int64_t, int64_t, int, int, int) =
             F16 ? gemm_f16_kernel<BM, BN, WM, WN> : gemm_bf16_kernel<BM, BN, WM, WN>;
         if (gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
             gpuSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "gemm: cannot allow %zu bytes of shared memory", smem);
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     const int64_t n_blocks = ((n + BN - 1) / BN) * ((m + BM - 1) / BM);
     if (n_blocks > 0x7fffffff) return nstf_set_error(NSTF_ERR_RANGE, "gemm: %lld blocks", (long long)n_blocks);

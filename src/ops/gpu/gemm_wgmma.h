@@ -508,14 +508,14 @@ static nstf_status gemm_wgmma_launch_bn(const u16 *a, const u16 *w, void *c, con
                                         int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
                                         cudaStream_t stream) {
     typedef wg_cfg<BN> cfg;
-    static bool attr_set = false; /* per instantiation */
-    if (!attr_set) {
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
                     int, int) = gemm_wgmma_kernel<BN, F16>;
         if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
             cudaSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cannot allow %d bytes of shared memory", cfg::SMEM);
-        attr_set = true;
+        nstf_gpu_device_mark(&attr_set);
     }
     CUtensorMap map_a, map_w;
     NSTF_TRY(wg_make_map(&map_a, a, m, k, WG_BM, F16));

@@ -167,6 +167,20 @@ extern "C" nstf_status nstf_gpu_fail(const char *stmt, const char *file, int lin
                                      const char *err_str);
 
 /* Wrap every runtime call in a function that returns nstf_status. */
+/* Work done once per device for a kernel: gpuFuncSetAttribute sets an
+ * attribute of the function on the current device only, so a process
+ * driving several GPUs (tensor parallel) sets it on each. Bit d of *mask:
+ * device d has it (devices past 63 redo it every call). */
+static inline bool nstf_gpu_device_done(const unsigned long long *mask) {
+    int d = 0;
+    if (gpuGetDevice(&d) != gpuSuccess || d > 63) return false;
+    return (__atomic_load_n(mask, __ATOMIC_ACQUIRE) >> d) & 1ull;
+}
+static inline void nstf_gpu_device_mark(unsigned long long *mask) {
+    int d = 0;
+    if (gpuGetDevice(&d) == gpuSuccess && d <= 63) __atomic_fetch_or(mask, 1ull << d, __ATOMIC_RELEASE);
+}
+
 #define GPU_CHECK(call)                                                             \
     do {                                                                            \
         gpuError_t gpu_check_e_ = (call);                                           \

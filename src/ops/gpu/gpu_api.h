@@ -676,6 +676,34 @@ nstf_status nstf_gpu_attn_sparse(const uint16_t *q, const uint16_t *k, const uin
                                  int window, float *kmin, float *kmax, float *mass, float mass_decay, int32_t *sel,
                                  float *work, void *stream);
 
+/* ---- collectives and peers (ccl.cu) ----------------------------------------------- *
+ * NCCL (RCCL on HIP), loaded with dlopen at first use so that a program
+ * that never runs tensor-parallel needs no NCCL library; a build without
+ * NSTF_HAVE_NCCL answers NSTF_ERR_UNSUPPORTED. ccl_init makes n
+ * non-blocking communicators, one per device devs[r], in one group,
+ * waiting at most timeout_ms (then aborting them); desc receives "NCCL
+ * 2.28.9". allreduce_f32 queues an in-place sum of buf [n] fp32 on stream
+ * and waits (at most timeout_ms) until NCCL has taken it. abort may be
+ * called from any thread while another waits on the communicator. */
+nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap);
+nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms);
+void nstf_gpu_ccl_abort(void *comm);
+void nstf_gpu_ccl_destroy(void *comm);
+
+/* The link from device a to device b: peer access (0/1), the runtime's
+ * performance rank (lower is better), native atomics over the link
+ * (NVIDIA: NVLink), and on HIP the link type (xGMI) and hops; link names
+ * it in words ("NVLink", "xGMI", "PCIe", "none"). */
+typedef struct nstf_gpu_link {
+    int access, perf_rank, atomics, hops;
+    char link[32];
+} nstf_gpu_link;
+nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out);
+/* Timed peer copies from a to b: bandwidth of `bytes` (GB/s, best of
+ * several) and the latency of a 4-byte copy (us, median), peer access
+ * enabled where the link has it. */
+nstf_status nstf_gpu_p2p_measure(int a, int b, size_t bytes, double *gbs, double *lat_us);
+
 #ifdef __cplusplus
 }
 #endif

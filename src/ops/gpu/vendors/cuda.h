@@ -9,6 +9,13 @@
 
 #define NSTF_GPU_VENDOR "CUDA"
 
+/* Collectives: NCCL (loaded at first use, ccl.cu). */
+#if defined(NSTF_HAVE_NCCL)
+#include <nccl.h>
+#define NSTF_CCL_NAME "NCCL"
+#define NSTF_CCL_LIBRARY "libnccl.so.2"
+#endif
+
 #define gpuError_t cudaError_t
 #define gpuSuccess cudaSuccess
 #define gpuGetErrorString cudaGetErrorString
@@ -52,6 +59,15 @@
 #define gpuGraphLaunch cudaGraphLaunch
 #define gpuGraphExecDestroy cudaGraphExecDestroy
 #define gpuGraphDestroy cudaGraphDestroy
+#define gpuDeviceCanAccessPeer cudaDeviceCanAccessPeer
+#define gpuDeviceEnablePeerAccess cudaDeviceEnablePeerAccess
+#define gpuErrorPeerAccessAlreadyEnabled cudaErrorPeerAccessAlreadyEnabled
+#define gpuMemcpyPeerAsync cudaMemcpyPeerAsync
+#define gpuDeviceGetP2PAttribute cudaDeviceGetP2PAttribute
+#define gpuDevP2PAttrPerformanceRank cudaDevP2PAttrPerformanceRank
+#define gpuDevP2PAttrNativeAtomicSupported cudaDevP2PAttrNativeAtomicSupported
+#define gpuStreamQuery cudaStreamQuery
+#define gpuErrorNotReady cudaErrorNotReady
 
 /* Device pass? (host code must not depend on the wave width). */
 #if defined(__CUDA_ARCH__)

@@ -11,6 +11,13 @@
 
 #define NSTF_GPU_VENDOR "HIP"
 
+/* Collectives: RCCL, NCCL's API under NCCL's names (loaded at first use, ccl.cu). */
+#if defined(NSTF_HAVE_NCCL)
+#include <rccl/rccl.h>
+#define NSTF_CCL_NAME "RCCL"
+#define NSTF_CCL_LIBRARY "librccl.so.1"
+#endif
+
 #define gpuError_t hipError_t
 #define gpuSuccess hipSuccess
 #define gpuGetErrorString hipGetErrorString
@@ -54,6 +61,15 @@
 #define gpuGraphLaunch hipGraphLaunch
 #define gpuGraphExecDestroy hipGraphExecDestroy
 #define gpuGraphDestroy hipGraphDestroy
+#define gpuDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define gpuDeviceEnablePeerAccess hipDeviceEnablePeerAccess
+#define gpuErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
+#define gpuMemcpyPeerAsync hipMemcpyPeerAsync
+#define gpuDeviceGetP2PAttribute hipDeviceGetP2PAttribute
+#define gpuDevP2PAttrPerformanceRank hipDevP2PAttrPerformanceRank
+#define gpuDevP2PAttrNativeAtomicSupported hipDevP2PAttrNativeAtomicSupported
+#define gpuStreamQuery hipStreamQuery
+#define gpuErrorNotReady hipErrorNotReady
 
 #if defined(__HIP_DEVICE_COMPILE__)
 #define NSTF_DEVICE_PASS 1

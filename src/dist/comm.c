@@ -1,0 +1,355 @@
+/* comm.c — the tensor-parallel communicator (see comm.h): the rank
+ * threads, the watchdog, the host-memory all-reduce, and the GPU one
+ * through ops/gpu/gpu_api.h's collectives (NCCL / RCCL). */
+#include "dist/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/clock.h"
+#include "core/mem.h"
+#include "ops/gpu/gpu_api.h"
+
+
+#define WATCH_MS 50 /* how often the watchdog looks at the group's progress */
+
+typedef struct thread_arg {
+    struct nstf_comm *c;
+    int rank;
+} thread_arg;
+
+struct nstf_comm {
+    int n, timeout_ms;
+    bool gpu;
+    nstf_backend *be[NSTF_COMM_MAX];
+    void *ccl[NSTF_COMM_MAX]; /* GPU: one communicator per rank */
+    char transport[64];
+    /* rank threads and the job */
+    pthread_t th[NSTF_COMM_MAX];
+    thread_arg targ[NSTF_COMM_MAX];
+    int n_threads;
+    pthread_mutex_t mu;
+    pthread_cond_t job_cv, done_cv, bar_cv;
+    uint64_t job_gen;
+    int n_done;
+    bool stop, wedged;
+    nstf_comm_job fn;
+    void *ctx;
+    nstf_status st[NSTF_COMM_MAX];
+    char msg[NSTF_COMM_MAX][512];
+    /* progress and abort (under mu) */
+    int64_t calls[NSTF_COMM_MAX]; /* collectives each rank has entered */
+    atomic_bool aborted;
+    char why[640];
+    int fault_rank;
+    int64_t fault_at;
+    /* the host all-reduce: every rank's buffer, a shared sum, a barrier */
+    float *buf[NSTF_COMM_MAX];
+    float *sum;
+    int64_t sum_cap;
+    int bar_in;
+    uint64_t bar_gen;
+};
+
+int nstf_comm_size(const nstf_comm *c) { return c->n; }
+const char *nstf_comm_transport(const nstf_comm *c) { return c->transport; }
+
+void nstf_comm_fault(nstf_comm *c, int rank, int64_t at) {
+    pthread_mutex_lock(&c->mu);
+    c->fault_rank = rank;
+    c->fault_at = at;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void nstf_comm_abort(nstf_comm *c, const char *why) {
+    pthread_mutex_lock(&c->mu);
+    const bool first = !atomic_load(&c->aborted);
+    if (first) {
+        snprintf(c->why, sizeof c->why, "%s", why);
+        atomic_store(&c->aborted, true);
+    }
+    pthread_cond_broadcast(&c->bar_cv);
+    pthread_cond_broadcast(&c->done_cv);
+    pthread_mutex_unlock(&c->mu);
+    /* ncclCommAbort from this thread makes the ranks' queued collectives
+     * (and the stream waits behind them) return */
+    if (first && c->gpu)
+        for (int r = 0; r < c->n; r++)
+            if (c->ccl[r]) nstf_gpu_ccl_abort(c->ccl[r]);
+}
+
+static nstf_status aborted_error(nstf_comm *c, int rank) {
+    return nstf_set_error(c->gpu ? NSTF_ERR_GPU : NSTF_ERR_RANGE, "rank %d: the communicator was aborted (%s)", rank,
+                          c->why);
+}
+
+/* ---- rank threads ------------------------------------------------------------------ */
+
+static void *rank_main(void *p) {
+    const thread_arg *a = p;
+    nstf_comm *c = a->c;
+    const int rank = a->rank;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->stop && c->job_gen == seen) pthread_cond_wait(&c->job_cv, &c->mu);
+        if (c->stop) break;
+        seen = c->job_gen;
+        const nstf_comm_job fn = c->fn;
+        void *ctx = c->ctx;
+        pthread_mutex_unlock(&c->mu);
+        nstf_clear_error();
+        nstf_status st = fn(ctx, rank);
+        if (st == NSTF_OK && atomic_load(&c->aborted)) st = aborted_error(c, rank);
+        char why[600] = "";
+        pthread_mutex_lock(&c->mu);
+        c->st[rank] = st;
+        if (st != NSTF_OK) {
+            snprintf(c->msg[rank], sizeof c->msg[rank], "%s", nstf_last_error());
+            snprintf(why, sizeof why, "rank %d (%.120s) failed: %.400s", rank, c->be[rank]->device, c->msg[rank]);
+        }
+        c->n_done++;
+        pthread_cond_broadcast(&c->done_cv);
+        if (st != NSTF_OK && !atomic_load(&c->aborted)) { /* the others must not wait for this rank */
+            pthread_mutex_unlock(&c->mu);
+            nstf_comm_abort(c, why);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+static struct timespec deadline_in(int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* The ranks that are behind: those with the fewest collectives entered
+ * (mu held). */
+static void describe_stall(nstf_comm *c, char *out, size_t cap) {
+    int64_t lo = c->calls[0], hi = c->calls[0];
+    for (int r = 1; r < c->n; r++) {
+        if (c->calls[r] < lo) lo = c->calls[r];
+        if (c->calls[r] > hi) hi = c->calls[r];
+    }
+    size_t k = (size_t)snprintf(out, cap, "no progress for %d ms: ", c->timeout_ms);
+    for (int r = 0; r < c->n && k < cap; r++) {
+        if (lo < hi && c->calls[r] == lo)
+            k += (size_t)snprintf(out + k, cap - k, "rank %d (%s) stalled before collective %lld; ", r,
+                                  c->be[r]->device, (long long)lo + 1);
+        else if (lo == hi && c->st[r] == NSTF_ERR_INTERNAL) /* (not finished) */
+            k += (size_t)snprintf(out + k, cap - k, "rank %d (%s) did not finish; ", r, c->be[r]->device);
+    }
+    if (k < cap)
+        snprintf(out + k, cap - k, lo < hi ? "the others reached collective %lld" : "every rank had entered %lld collectives",
+                 (long long)hi);
+}
+
+nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx) {
+    if (c->wedged || atomic_load(&c->aborted))
+        return nstf_set_error(NSTF_ERR_GPU, "tensor-parallel group: the communicator was aborted earlier (%s)", c->why);
+    pthread_mutex_lock(&c->mu);
+    c->fn = fn;
+    c->ctx = ctx;
+    c->n_done = 0;
+    for (int r = 0; r < c->n; r++) c->st[r] = NSTF_ERR_INTERNAL; /* not finished */
+    c->job_gen++;
+    pthread_cond_broadcast(&c->job_cv);
+    /* the watchdog */
+    int64_t last = -1;
+    double since = nstf_time_ms();
+    while (c->n_done < c->n) {
+        const struct timespec ts = deadline_in(WATCH_MS);
+        pthread_cond_timedwait(&c->done_cv, &c->mu, &ts);
+        if (atomic_load(&c->aborted)) {
+            /* give the ranks the timeout to come back from their aborted work */
+            const double t0 = nstf_time_ms();
+            while (c->n_done < c->n && nstf_time_ms() - t0 < c->timeout_ms) {
+                const struct timespec t2 = deadline_in(WATCH_MS);
+                pthread_cond_timedwait(&c->done_cv, &c->mu, &t2);
+            }
+            if (c->n_done < c->n) c->wedged = true;
+            break;
+        }
+        int64_t total = c->n_done;
+        for (int r = 0; r < c->n; r++) total += c->calls[r];
+        const double now = nstf_time_ms();
+        if (total != last) {
+            last = total;
+            since = now;
+        } else if (now - since > c->timeout_ms) {
+            char why[600];
+            describe_stall(c, why, sizeof why);
+            pthread_mutex_unlock(&c->mu);
+            nstf_comm_abort(c, why);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
+    nstf_status st = NSTF_OK;
+    int bad = -1;
+    /* the first failure that is not a consequence of the abort, else the abort */
+    for (int r = 0; r < c->n && bad < 0; r++)
+        if (c->st[r] != NSTF_OK && !strstr(c->msg[r], "was aborted")) bad = r;
+    if (bad >= 0) {
+        st = nstf_set_error(c->st[bad], "tensor-parallel rank %d (%s): %s", bad, c->be[bad]->device, c->msg[bad]);
+    } else if (atomic_load(&c->aborted)) {
+        st = nstf_set_error(NSTF_ERR_GPU, "tensor-parallel group aborted: %s%s", c->why,
+                            c->wedged ? " (a rank did not return after the abort)" : "");
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* ---- the all-reduce ------------------------------------------------------------------------- */
+
+/* The host barrier; false when the communicator was aborted (mu held).
+ * The last rank in grows the shared sum to `grow` values: every rank has
+ * then finished reading it. */
+static bool barrier(nstf_comm *c, int64_t grow) {
+    const uint64_t gen = c->bar_gen;
+    if (++c->bar_in == c->n) {
+        c->bar_in = 0;
+        if (grow > c->sum_cap) {
+            nstf_free(c->sum);
+            c->sum = nstf_alloc((size_t)grow * sizeof(float), "all-reduce buffer");
+            c->sum_cap = c->sum ? grow : 0;
+        }
+        c->bar_gen++;
+        pthread_cond_broadcast(&c->bar_cv);
+        return !atomic_load(&c->aborted);
+    }
+    while (c->bar_gen == gen && !atomic_load(&c->aborted)) pthread_cond_wait(&c->bar_cv, &c->mu);
+    return !atomic_load(&c->aborted);
+}
+
+/* Every rank's buffer is posted; rank r sums its slice over the ranks in
+ * rank order into the shared sum; then every rank copies the whole sum. */
+static nstf_status host_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
+    pthread_mutex_lock(&c->mu);
+    c->buf[rank] = buf;
+    bool ok = barrier(c, n);
+    pthread_mutex_unlock(&c->mu);
+    if (!ok) return aborted_error(c, rank);
+    if (c->sum_cap < n) return nstf_set_error(NSTF_ERR_OOM, "rank %d: out of memory for the all-reduce", rank);
+    const int64_t lo = n * rank / c->n, hi = n * (rank + 1) / c->n;
+    for (int64_t i = lo; i < hi; i++) {
+        float s = c->buf[0][i];
+        for (int r = 1; r < c->n; r++) s += c->buf[r][i];
+        c->sum[i] = s;
+    }
+    pthread_mutex_lock(&c->mu);
+    ok = barrier(c, 0);
+    pthread_mutex_unlock(&c->mu);
+    if (!ok) return aborted_error(c, rank);
+    memcpy(buf, c->sum, (size_t)n * sizeof(float));
+    return NSTF_OK;
+}
+
+nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
+    if (rank < 0 || rank >= c->n || n < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce of %lld values on rank %d of %d", (long long)n, rank,
+                              c->n);
+    pthread_mutex_lock(&c->mu);
+    const bool fault = rank == c->fault_rank && c->calls[rank] == c->fault_at;
+    if (!fault) c->calls[rank]++;
+    pthread_mutex_unlock(&c->mu);
+    if (fault) { /* a test's stalled rank: it never enters, until the abort */
+        while (!atomic_load(&c->aborted)) {
+            const struct timespec ts = {0, 5000000L};
+            nanosleep(&ts, NULL);
+        }
+        return aborted_error(c, rank);
+    }
+    if (atomic_load(&c->aborted)) return aborted_error(c, rank);
+    if (c->n == 1) return NSTF_OK;
+    if (!c->gpu) return host_allreduce(c, rank, buf, n);
+    int dev = 0;
+    void *stream = NULL;
+    NSTF_TRY(nstf_backend_gpu_stream(c->be[rank], &dev, &stream));
+    nstf_status st = nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
+    if (st != NSTF_OK && atomic_load(&c->aborted)) return aborted_error(c, rank);
+    return st;
+}
+
+/* ---- create / free --------------------------------------------------------------------------- */
+
+void nstf_comm_free(nstf_comm *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->job_cv);
+    pthread_mutex_unlock(&c->mu);
+    for (int r = 0; r < c->n_threads; r++) {
+        if (c->wedged) pthread_detach(c->th[r]); /* a rank that never came back: leave it */
+        else pthread_join(c->th[r], NULL);
+    }
+    if (c->wedged) return; /* its threads may still touch the communicator */
+    for (int r = 0; r < c->n; r++) /* (ncclCommAbort freed an aborted one) */
+        if (c->ccl[r] && !atomic_load(&c->aborted)) nstf_gpu_ccl_destroy(c->ccl[r]);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->job_cv);
+    pthread_cond_destroy(&c->done_cv);
+    pthread_cond_destroy(&c->bar_cv);
+    nstf_free(c->sum);
+    nstf_free(c);
+}
+
+nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nstf_comm **out) {
+    *out = NULL;
+    if (n < 1 || n > NSTF_COMM_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor-parallel group of %d ranks (1..%d)", n, NSTF_COMM_MAX);
+    if (timeout_ms < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "communicator timeout %d ms", timeout_ms);
+    const bool host = be[0]->host_memory;
+    for (int r = 1; r < n; r++)
+        if (be[r]->host_memory != host)
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor-parallel ranks must all be CPU or all GPU backends");
+    nstf_comm *c = nstf_calloc(1, sizeof *c, "communicator");
+    if (!c) return NSTF_ERR_OOM;
+    c->n = n;
+    c->gpu = !host;
+    c->timeout_ms = timeout_ms ? timeout_ms : NSTF_COMM_TIMEOUT_MS;
+    c->fault_rank = -1;
+    c->fault_at = -1;
+    atomic_init(&c->aborted, false);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->job_cv, NULL);
+    pthread_cond_init(&c->done_cv, NULL);
+    pthread_cond_init(&c->bar_cv, NULL);
+    for (int r = 0; r < n; r++) c->be[r] = be[r];
+    nstf_status st = NSTF_OK;
+    snprintf(c->transport, sizeof c->transport, "host");
+    if (c->gpu && n > 1) {
+        int devs[NSTF_COMM_MAX];
+        for (int r = 0; r < n && st == NSTF_OK; r++) {
+            void *stream;
+            st = nstf_backend_gpu_stream(be[r], &devs[r], &stream);
+        }
+        if (st == NSTF_OK) st = nstf_gpu_ccl_init(devs, n, c->ccl, c->timeout_ms, c->transport, sizeof c->transport);
+    } else if (c->gpu) {
+        snprintf(c->transport, sizeof c->transport, "none (one rank)");
+    }
+    for (int r = 0; r < n && st == NSTF_OK; r++) {
+        c->targ[r] = (thread_arg){c, r};
+        if (pthread_create(&c->th[r], NULL, rank_main, &c->targ[r]) != 0)
+            st = nstf_set_error(NSTF_ERR_OOM, "cannot start the thread of tensor-parallel rank %d", r);
+        else c->n_threads++;
+    }
+    if (st != NSTF_OK) {
+        nstf_comm_free(c);
+        return st;
+    }
+    *out = c;
+    return NSTF_OK;
+}

@@ -1,0 +1,266 @@
+/* tp.c — tensor-parallel runs (llama.h, nstf_llama_run_create_tp): the
+ * model split into one shard per rank, each shard placed on its backend
+ * as an ordinary run, and the group's forward.
+ *
+ * A shard is an nstf_llama of its own whose config has the rank's share
+ * of the heads (n_heads, n_kv_heads) and of the feed-forward width
+ * (ffn_dim), and whose weights are views of the model's:
+ *   - column-parallel (a share of the output rows: contiguous in the
+ *     file, so plain views): Q, K, V (and their biases), gate, up, and the
+ *     output matrix (the rank's vocabulary share);
+ *   - row-parallel (a share of the input columns: copied on the host into
+ *     matrices of their own, whole quantization blocks): O and down;
+ *   - replicated: the embedding, every norm, the RoPE factors.
+ * The forward (forward.c) is unchanged but for two all-reduces per layer
+ * (after O and after down: the block outputs are partial sums) and the
+ * logits, which each rank computes for its vocabulary share. This file
+ * runs the ranks' forwards at once on the communicator's threads and
+ * gathers the logits shares on the host (the greedy token from them). */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/mem.h"
+#include "core/switches.h"
+#include "dist/comm.h"
+#include "model/llama.h"
+
+typedef struct nstf_llama_tp {
+    int n;
+    nstf_comm *comm;
+    nstf_llama shard[NSTF_COMM_MAX];
+    nstf_llama_layer *layers[NSTF_COMM_MAX];
+    void *copies[NSTF_COMM_MAX]; /* the row-parallel matrices of each shard (host) */
+    nstf_llama_run *runs[NSTF_COMM_MAX];
+    int64_t v0[NSTF_COMM_MAX + 1]; /* the vocabulary split: rank r has rows [v0[r], v0[r + 1]) */
+    float *part[NSTF_COMM_MAX];    /* host [n_batch, share] each rank's logits */
+    float *row;                    /* host [n_vocab] the last row, for the greedy token */
+} nstf_llama_tp;
+
+/* [lo, hi) of part r of n over total, in whole units. */
+static void split(int64_t total, int64_t unit, int n, int r, int64_t *lo, int64_t *hi) {
+    const int64_t units = total / unit;
+    *lo = units * r / n * unit;
+    *hi = units * (r + 1) / n * unit;
+}
+
+/* Rows [r0, r1) of w: a view. */
+static nstf_status rows_view(const nstf_matrix *w, int64_t r0, int64_t r1, nstf_matrix *out) {
+    uint64_t rb;
+    if (!nstf_type_row_bytes(w->type, w->n_in, &rb)) return nstf_set_error(NSTF_ERR_RANGE, "bad row size");
+    *out = *w;
+    out->data = (const char *)w->data + (uint64_t)r0 * rb;
+    out->n_out = r1 - r0;
+    return NSTF_OK;
+}
+
+/* Columns [c0, c1) of w copied to dst (whole blocks: the caller checked). */
+static nstf_status cols_copy(const nstf_matrix *w, int64_t c0, int64_t c1, char *dst, nstf_matrix *out) {
+    uint64_t rb, off, len;
+    if (!nstf_type_row_bytes(w->type, w->n_in, &rb) || !nstf_type_row_bytes(w->type, c0, &off) ||
+        !nstf_type_row_bytes(w->type, c1 - c0, &len))
+        return nstf_set_error(NSTF_ERR_RANGE, "bad row size");
+    for (int64_t i = 0; i < w->n_out; i++) memcpy(dst + (uint64_t)i * len, (const char *)w->data + (uint64_t)i * rb + off, len);
+    *out = (nstf_matrix){dst, w->type, c1 - c0, w->n_out, NULL};
+    return NSTF_OK;
+}
+
+static bool block_ok(nstf_type t, int64_t c) { return c % nstf_type_block_elems(t) == 0; }
+
+/* Shard r of m (the rank's config and weight views; copies of O and down). */
+static nstf_status shard_make(nstf_llama_tp *g, const nstf_llama *m, int r) {
+    const nstf_llama_config *c = &m->cfg;
+    const int n = g->n, grp = c->n_heads / c->n_kv_heads;
+    const int64_t hd = c->head_dim;
+    int64_t k0, k1, f0, f1;
+    split(c->n_kv_heads, 1, n, r, &k0, &k1);
+    if (k1 <= k0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor parallel: %d KV heads cannot be split over %d ranks",
+                              c->n_kv_heads, n);
+    /* the feed-forward split in whole blocks of down's columns (at least 64) */
+    int64_t fu = nstf_type_block_elems(m->w.layers[0].w_down.type);
+    if (fu < 64) fu = 64;
+    if (c->ffn_dim % fu != 0 || c->ffn_dim / fu < n)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "tensor parallel: a feed-forward width of %d does not split into %d shares of whole "
+                              "%lld-column blocks",
+                              c->ffn_dim, n, (long long)fu);
+    split(c->ffn_dim, fu, n, r, &f0, &f1);
+    const int64_t q0 = k0 * grp * hd, q1 = k1 * grp * hd;
+    nstf_llama *s = &g->shard[r];
+    *s = *m;
+    s->file = NULL;
+    s->cfg.n_heads = (int)((k1 - k0) * grp);
+    s->cfg.n_kv_heads = (int)(k1 - k0);
+    s->cfg.ffn_dim = (int)(f1 - f0);
+    s->cfg.tied_output = false;
+    s->w.norms = NULL;
+    s->w.norm_floats = 0;
+    s->w.factors = NULL;
+    g->layers[r] = nstf_calloc((size_t)c->n_layers, sizeof *g->layers[r], "shard layers");
+    if (!g->layers[r]) return NSTF_ERR_OOM;
+    s->w.layers = g->layers[r];
+    /* the copies: every layer's O and down column shares, one allocation */
+    uint64_t total = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &m->w.layers[l];
+        const nstf_matrix *mats[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (mats[i]->factors)
+                return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor parallel: layer %d has low-rank matrices", l);
+        if (!block_ok(L->wo.type, q0) || !block_ok(L->wo.type, q1) || !block_ok(L->w_down.type, f0) ||
+            !block_ok(L->w_down.type, f1))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                                  "tensor parallel: layer %d's O / down shares over %d ranks do not fall on whole "
+                                  "quantization blocks (%s, %s); try another rank count",
+                                  l, n, nstf_type_name(L->wo.type), nstf_type_name(L->w_down.type));
+        uint64_t a, b;
+        if (!nstf_type_row_bytes(L->wo.type, q1 - q0, &a) || !nstf_mul_ok(a, (uint64_t)L->wo.n_out, &a) ||
+            !nstf_type_row_bytes(L->w_down.type, f1 - f0, &b) || !nstf_mul_ok(b, (uint64_t)L->w_down.n_out, &b) ||
+            !nstf_add_ok(total, ((a + 63) & ~(uint64_t)63) + ((b + 63) & ~(uint64_t)63), &total))
+            return nstf_set_error(NSTF_ERR_RANGE, "tensor parallel: shard size overflows");
+    }
+    char *buf = g->copies[r] = nstf_alloc((size_t)total ? (size_t)total : 1, "row-parallel shard");
+    if (!buf) return NSTF_ERR_OOM;
+    for (int l = 0; l < c->n_layers; l++) {
+        const nstf_llama_layer *L = &m->w.layers[l];
+        nstf_llama_layer *D = &g->layers[r][l];
+        *D = *L;
+        NSTF_TRY(rows_view(&L->wq, q0, q1, &D->wq));
+        NSTF_TRY(rows_view(&L->wk, k0 * hd, k1 * hd, &D->wk));
+        NSTF_TRY(rows_view(&L->wv, k0 * hd, k1 * hd, &D->wv));
+        NSTF_TRY(rows_view(&L->w_gate, f0, f1, &D->w_gate));
+        NSTF_TRY(rows_view(&L->w_up, f0, f1, &D->w_up));
+        if (L->bq) {
+            D->bq = L->bq + q0;
+            D->bk = L->bk + k0 * hd;
+            D->bv = L->bv + k0 * hd;
+        }
+        uint64_t a, b;
+        (void)nstf_type_row_bytes(L->wo.type, q1 - q0, &a);
+        (void)nstf_type_row_bytes(L->w_down.type, f1 - f0, &b);
+        NSTF_TRY(cols_copy(&L->wo, q0, q1, buf, &D->wo));
+        buf += ((a * (uint64_t)L->wo.n_out) + 63) & ~(uint64_t)63;
+        NSTF_TRY(cols_copy(&L->w_down, f0, f1, buf, &D->w_down));
+        buf += ((b * (uint64_t)L->w_down.n_out) + 63) & ~(uint64_t)63;
+    }
+    const nstf_matrix *out = c->tied_output ? &m->w.tok_embd : &m->w.output;
+    return rows_view(out, g->v0[r], g->v0[r + 1], &s->w.output);
+}
+
+static void tp_free(nstf_llama_tp *g) {
+    if (!g) return;
+    for (int r = g->n - 1; r >= 0; r--) {
+        if (g->runs[r]) {
+            g->runs[r]->tp = NULL; /* free the run alone */
+            nstf_llama_run_free(g->runs[r]);
+        }
+        nstf_free(g->layers[r]);
+        nstf_free(g->copies[r]);
+        nstf_free(g->part[r]);
+    }
+    nstf_comm_free(g->comm);
+    nstf_free(g->row);
+    nstf_free(g);
+}
+
+void nstf_llama_tp_free(nstf_llama_run *r) { tp_free(r->tp); }
+
+typedef struct create_job {
+    nstf_llama_tp *g;
+    nstf_backend *const *be;
+    const nstf_llama_run_shape *shape;
+} create_job;
+
+/* Each rank places its shard from its own thread (its device current). */
+static nstf_status create_rank(void *ctx, int r) {
+    create_job *j = ctx;
+    NSTF_TRY(nstf_llama_run_create_shaped(&j->g->shard[r], j->be[r], j->shape, &j->g->runs[r]));
+    j->g->runs[r]->tp = j->g;
+    j->g->runs[r]->tp_rank = r;
+    if (!j->be[r]->host_memory) { /* a device holds its own copy now; graphs do not capture the collectives yet */
+        nstf_free(j->g->copies[r]);
+        j->g->copies[r] = NULL;
+        NSTF_TRY(j->be[r]->vt->set_opt(j->be[r], NSTF_OPT_GRAPHS, 0));
+    }
+    return NSTF_OK;
+}
+
+nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *be, int n,
+                                     const nstf_llama_run_shape *shape, int timeout_ms, nstf_llama_run **out) {
+    *out = NULL;
+    const nstf_llama_config *c = &m->cfg;
+    if (n < 1 || n > NSTF_COMM_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel over %d ranks (1..%d)", n, NSTF_COMM_MAX);
+    if (shape->l0 != 0 || shape->l1 != c->n_layers || !shape->embed || !shape->output)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor parallel: a stage of the model cannot be split");
+    nstf_llama_tp *g = nstf_calloc(1, sizeof *g, "tensor-parallel group");
+    if (!g) return NSTF_ERR_OOM;
+    g->n = n;
+    const int64_t vu = c->n_vocab % (64 * n) == 0 ? 64 : 1;
+    for (int r = 0; r <= n; r++) g->v0[r] = c->n_vocab / vu * r / n * vu;
+    nstf_status st = NSTF_OK;
+    for (int r = 0; r < n && st == NSTF_OK; r++) st = shard_make(g, m, r);
+    if (st == NSTF_OK) st = nstf_comm_create(be, n, timeout_ms, &g->comm);
+    const int stall = nstf_switch_int(NSTF_SW_TP_STALL_AT); /* a fault test's stalled rank */
+    if (st == NSTF_OK && stall > 0) nstf_comm_fault(g->comm, n - 1, stall - 1);
+    if (st == NSTF_OK) {
+        create_job j = {g, be, shape};
+        st = nstf_comm_run(g->comm, create_rank, &j);
+    }
+    for (int r = 0; r < n && st == NSTF_OK; r++) {
+        const int64_t rows = shape->n_batch, share = g->v0[r + 1] - g->v0[r];
+        g->part[r] = nstf_alloc((size_t)rows * (size_t)share * sizeof(float), "logits share");
+        if (!g->part[r]) st = NSTF_ERR_OOM;
+    }
+    if (st == NSTF_OK && !(g->row = nstf_alloc((size_t)c->n_vocab * sizeof(float), "logits row"))) st = NSTF_ERR_OOM;
+    if (st != NSTF_OK) {
+        tp_free(g);
+        return st;
+    }
+    *out = g->runs[0];
+    return NSTF_OK;
+}
+
+const char *nstf_llama_run_tp_transport(const nstf_llama_run *r) { return r->tp ? nstf_comm_transport(r->tp->comm) : NULL; }
+
+nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, int64_t n) {
+    return nstf_comm_allreduce(r->tp->comm, r->tp_rank, buf, n);
+}
+
+typedef struct fwd_job {
+    nstf_llama_tp *g;
+    const nstf_batch *b;
+} fwd_job;
+
+static nstf_status forward_rank(void *ctx, int r) {
+    fwd_job *j = ctx;
+    nstf_batch b = *j->b;
+    b.argmax = b.argmax_rows = false; /* greedy tokens come from the gathered logits */
+    b.host_rows = 0;
+    return nstf_llama_stage_forward(j->g->runs[r], &b, j->g->part[r], NULL);
+}
+
+nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
+    nstf_llama_tp *g = r->tp;
+    if (r->tp_rank != 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: forward on rank %d", r->tp_rank);
+    fwd_job j = {g, b};
+    NSTF_TRY(nstf_comm_run(g->comm, forward_rank, &j));
+    const int64_t nv = g->v0[g->n], rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;
+    const int64_t host = b->argmax_rows ? b->host_rows : rows; /* rows whose logits the caller takes */
+    for (int64_t i = 0; i < rows; i++) {
+        const bool want = argmax && (b->argmax_rows || i == rows - 1);
+        if (i >= host && !want) continue;
+        for (int q = 0; q < g->n; q++) { /* row i of the full logits: every rank's share, in rank order */
+            const int64_t share = g->v0[q + 1] - g->v0[q];
+            memcpy(g->row + g->v0[q], g->part[q] + i * share, (size_t)share * sizeof(float));
+        }
+        if (logits && i < host) memcpy(logits + i * nv, g->row, (size_t)nv * sizeof(float));
+        if (want) { /* the first of the largest, as the argmax op */
+            int32_t best = 0;
+            for (int64_t v = 1; v < nv; v++)
+                if (g->row[v] > g->row[best]) best = (int32_t)v;
+            argmax[b->argmax_rows ? i : 0] = best;
+        }
+    }
+    return NSTF_OK;
+}

@@ -1,0 +1,266 @@
+/* ccl.cu — collectives over NCCL (RCCL on HIP) and the peer links between
+ * devices (gpu_api.h, "collectives and peers").
+ *
+ * The library is loaded with dlopen at first use (NSTF_CCL_LIBRARY, found
+ * through the loader's path, or the file NSTF_NCCL_LIBRARY names): a
+ * program that never runs tensor-parallel needs none, and one that does
+ * gets a clear error where it is missing. The API is NCCL's; RCCL keeps
+ * its names, so only the vendor header's include and library name differ.
+ * Communicators are non-blocking (config.blocking = 0): every call may
+ * return ncclInProgress, and we poll ncclCommGetAsyncError with a deadline,
+ * so a peer that never joins becomes an error, and ncclCommAbort from
+ * another thread ends a wait. NVLink multicast (NVLS) stays off:
+ * NCCL_NVLS_ENABLE=0 unless the environment sets it. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/switches.h"
+#include "gpu.h"
+
+#if defined(NSTF_HAVE_NCCL)
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* The entry points we use, resolved from the library. */
+static struct {
+    bool tried, ok;
+    char err[256];
+    decltype(&ncclGetVersion) get_version;
+    decltype(&ncclGetUniqueId) get_unique_id;
+    decltype(&ncclCommInitRankConfig) init_rank_config;
+    decltype(&ncclCommInitAll) init_all;
+    decltype(&ncclGroupStart) group_start;
+    decltype(&ncclGroupEnd) group_end;
+    decltype(&ncclAllReduce) all_reduce;
+    decltype(&ncclCommGetAsyncError) async_error;
+    decltype(&ncclCommAbort) comm_abort;
+    decltype(&ncclCommDestroy) destroy;
+    decltype(&ncclGetErrorString) error_string;
+} ccl;
+
+static pthread_mutex_t ccl_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static nstf_status ccl_load(void) {
+    pthread_mutex_lock(&ccl_mu);
+    if (!ccl.tried) {
+        ccl.tried = true;
+        setenv("NCCL_NVLS_ENABLE", "0", 0); /* NVLink multicast stays off unless set */
+        const char *path = nstf_switch_str(NSTF_SW_NCCL_LIBRARY);
+        void *h = dlopen(path && *path ? path : NSTF_CCL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            snprintf(ccl.err, sizeof ccl.err, "%s", dlerror());
+        } else {
+            bool all = true;
+#define CCL_SYM(field, name) all = all && (*(void **)&ccl.field = dlsym(h, name)) != NULL
+            CCL_SYM(get_version, "ncclGetVersion");
+            CCL_SYM(get_unique_id, "ncclGetUniqueId");
+            CCL_SYM(init_rank_config, "ncclCommInitRankConfig");
+            CCL_SYM(init_all, "ncclCommInitAll");
+            CCL_SYM(group_start, "ncclGroupStart");
+            CCL_SYM(group_end, "ncclGroupEnd");
+            CCL_SYM(all_reduce, "ncclAllReduce");
+            CCL_SYM(async_error, "ncclCommGetAsyncError");
+            CCL_SYM(comm_abort, "ncclCommAbort");
+            CCL_SYM(destroy, "ncclCommDestroy");
+            CCL_SYM(error_string, "ncclGetErrorString");
+#undef CCL_SYM
+            if (all) ccl.ok = true;
+            else snprintf(ccl.err, sizeof ccl.err, "%s lacks an entry point this build uses (too old?)", NSTF_CCL_LIBRARY);
+        }
+    }
+    const bool ok = ccl.ok;
+    pthread_mutex_unlock(&ccl_mu);
+    if (!ok)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "%s is not available (%s): put its directory on LD_LIBRARY_PATH or name the file in "
+                              "NSTF_NCCL_LIBRARY",
+                              NSTF_CCL_NAME, ccl.err);
+    return NSTF_OK;
+}
+
+static nstf_status ccl_fail(const char *what, ncclResult_t r) {
+    return nstf_set_error(NSTF_ERR_GPU, "%s: %s (%d)", what, ccl.error_string(r), (int)r);
+}
+
+/* Wait until the communicator's pending call is done (not ncclInProgress). */
+static ncclResult_t ccl_wait(ncclComm_t c, double deadline) {
+    ncclResult_t r = ncclInProgress;
+    while (ccl.async_error(c, &r) == ncclSuccess && r == ncclInProgress && now_ms() < deadline) {
+        const struct timespec ts = {0, 20000L};
+        nanosleep(&ts, NULL);
+    }
+    return r;
+}
+
+extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap) {
+    NSTF_TRY(ccl_load());
+    int v = 0;
+    (void)ccl.get_version(&v);
+    snprintf(desc, cap, "%s %d.%d.%d", NSTF_CCL_NAME, v / 10000, v / 100 % 100, v % 100);
+    ncclUniqueId id;
+    ncclResult_t r = ccl.get_unique_id(&id);
+    if (r != ncclSuccess) return ccl_fail("ncclGetUniqueId", r);
+    ncclComm_t c[64] = {0};
+    if (n < 1 || n > 64) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%d ranks", n);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    r = ccl.group_start();
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        GPU_CHECK(gpuSetDevice(devs[i]));
+        r = ccl.init_rank_config(&c[i], n, id, i, &cfg);
+    }
+    ncclResult_t e = ccl.group_end();
+    if (r == ncclSuccess || r == ncclInProgress) r = e;
+    const double deadline = now_ms() + timeout_ms;
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
+        if (c[i]) r = ccl_wait(c[i], deadline);
+    if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
+        /* a library older than the header may refuse the config: blocking
+         * communicators then (abort still ends a wait) */
+        for (int i = 0; i < n; i++)
+            if (c[i]) (void)ccl.comm_abort(c[i]);
+        memset(c, 0, sizeof c);
+        r = ccl.init_all(c, n, devs);
+        if (r == ncclSuccess) snprintf(desc + strlen(desc), cap - strlen(desc), " (blocking)");
+    }
+    if (r != ncclSuccess) {
+        for (int i = 0; i < n; i++)
+            if (c[i]) (void)ccl.comm_abort(c[i]);
+        if (r == ncclInProgress)
+            return nstf_set_error(NSTF_ERR_GPU, "%s: the communicators of %d GPUs were not ready within %d ms",
+                                  NSTF_CCL_NAME, n, timeout_ms);
+        return ccl_fail("ncclCommInitRankConfig", r);
+    }
+    for (int i = 0; i < n; i++) comms[i] = c[i];
+    return NSTF_OK;
+}
+
+extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
+    ncclComm_t c = (ncclComm_t)comm;
+    ncclResult_t r = ccl.all_reduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c, (gpuStream_t)stream);
+    if (r == ncclInProgress) r = ccl_wait(c, now_ms() + timeout_ms);
+    if (r == ncclInProgress)
+        return nstf_set_error(NSTF_ERR_GPU, "%s all-reduce not queued within %d ms", NSTF_CCL_NAME, timeout_ms);
+    if (r != ncclSuccess) return ccl_fail("ncclAllReduce", r);
+    return NSTF_OK;
+}
+
+extern "C" void nstf_gpu_ccl_abort(void *comm) {
+    if (comm && ccl.ok) (void)ccl.comm_abort((ncclComm_t)comm);
+}
+
+extern "C" void nstf_gpu_ccl_destroy(void *comm) {
+    if (comm && ccl.ok) (void)ccl.destroy((ncclComm_t)comm);
+}
+
+#else /* no NCCL in this build */
+
+extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap) {
+    (void)devs, (void)n, (void)comms, (void)timeout_ms;
+    snprintf(desc, cap, "none");
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                          "this build has no NCCL/RCCL (configure with -DNSTF_NCCL=ON where its header is installed)");
+}
+extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
+    (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
+}
+extern "C" void nstf_gpu_ccl_abort(void *comm) { (void)comm; }
+extern "C" void nstf_gpu_ccl_destroy(void *comm) { (void)comm; }
+
+#endif
+
+/* ---- peer links ------------------------------------------------------------------------- */
+
+extern "C" nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out) {
+    memset(out, 0, sizeof *out);
+    GPU_CHECK(gpuDeviceCanAccessPeer(&out->access, a, b));
+    if (out->access) {
+        GPU_CHECK(gpuDeviceGetP2PAttribute(&out->perf_rank, gpuDevP2PAttrPerformanceRank, a, b));
+        GPU_CHECK(gpuDeviceGetP2PAttribute(&out->atomics, gpuDevP2PAttrNativeAtomicSupported, a, b));
+    }
+#if defined(NSTF_GPU_HIP)
+    uint32_t type = 0, hops = 0;
+    if (hipExtGetLinkTypeAndHopCount(a, b, &type, &hops) == hipSuccess) {
+        out->hops = (int)hops;
+        /* hsa_amd_link_info_type_t: 0 HyperTransport, 1 QPI, 2 PCIe, 3 InfiniBand, 4 xGMI */
+        snprintf(out->link, sizeof out->link, "%s", type == 4 ? "xGMI" : type == 2 ? "PCIe" : "other");
+    } else {
+        snprintf(out->link, sizeof out->link, "%s", out->access ? "peer" : "none");
+    }
+#else
+    /* PCIe peer access has no native atomics on NVIDIA GPUs; NVLink has them */
+    snprintf(out->link, sizeof out->link, "%s", !out->access ? "none (host)" : out->atomics ? "NVLink" : "PCIe");
+#endif
+    return NSTF_OK;
+}
+
+static nstf_status enable_peer(int a, int b) {
+    GPU_CHECK(gpuSetDevice(a));
+    gpuError_t e = gpuDeviceEnablePeerAccess(b, 0);
+    if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
+    else GPU_CHECK(e);
+    return NSTF_OK;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+extern "C" nstf_status nstf_gpu_p2p_measure(int a, int b, size_t bytes, double *gbs, double *lat_us) {
+    *gbs = *lat_us = 0;
+    int access = 0;
+    GPU_CHECK(gpuDeviceCanAccessPeer(&access, a, b));
+    if (access) {
+        NSTF_TRY(enable_peer(a, b));
+        NSTF_TRY(enable_peer(b, a));
+    }
+    void *src = NULL, *dst = NULL, *stream = NULL, *e0 = NULL, *e1 = NULL;
+    GPU_CHECK(gpuSetDevice(b));
+    nstf_status st = nstf_gpu_malloc(&dst, bytes);
+    if (st == NSTF_OK) st = nstf_gpu_set_device(a);
+    if (st == NSTF_OK) st = nstf_gpu_malloc(&src, bytes);
+    if (st == NSTF_OK) st = nstf_gpu_memset(src, 0, bytes, NULL);
+    if (st == NSTF_OK) st = nstf_gpu_stream_create(&stream);
+    if (st == NSTF_OK) st = nstf_gpu_event_create(&e0);
+    if (st == NSTF_OK) st = nstf_gpu_event_create(&e1);
+    double best = 1e30, lat[21];
+    for (int i = 0; st == NSTF_OK && i < 6; i++) {
+        float ms = 0;
+        st = nstf_gpu_event_record(e0, stream);
+        if (st == NSTF_OK && gpuMemcpyPeerAsync(dst, b, src, a, bytes, (gpuStream_t)stream) != gpuSuccess)
+            st = nstf_set_error(NSTF_ERR_GPU, "peer copy GPU %d -> GPU %d failed", a, b);
+        if (st == NSTF_OK) st = nstf_gpu_event_record(e1, stream);
+        if (st == NSTF_OK) st = nstf_gpu_event_ms(e0, e1, &ms);
+        if (st == NSTF_OK && i > 0 && ms < best) best = ms; /* the first warms the link up */
+    }
+    for (int i = 0; st == NSTF_OK && i < 21; i++) {
+        float ms = 0;
+        st = nstf_gpu_event_record(e0, stream);
+        if (st == NSTF_OK && gpuMemcpyPeerAsync(dst, b, src, a, 4, (gpuStream_t)stream) != gpuSuccess)
+            st = nstf_set_error(NSTF_ERR_GPU, "peer copy GPU %d -> GPU %d failed", a, b);
+        if (st == NSTF_OK) st = nstf_gpu_event_record(e1, stream);
+        if (st == NSTF_OK) st = nstf_gpu_event_ms(e0, e1, &ms);
+        lat[i] = ms * 1e3;
+    }
+    if (st == NSTF_OK) {
+        qsort(lat, 21, sizeof lat[0], cmp_double);
+        *gbs = (double)bytes / (best * 1e-3) / 1e9;
+        *lat_us = lat[10];
+    }
+    nstf_gpu_event_destroy(e0);
+    nstf_gpu_event_destroy(e1);
+    if (stream) (void)nstf_gpu_stream_destroy(stream);
+    (void)nstf_gpu_free(src);
+    (void)nstf_gpu_free(dst);
+    return st;
+}
