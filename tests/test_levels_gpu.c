@@ -200,7 +200,14 @@ static int64_t step_kernels(const placed *g, int64_t k) {
     return nodes > 0 ? nodes : k;
 }
 
-/* Every step of x against ref: KL and top-1 (near-ties of ref allowed). */
+/* Every step of x against ref: KL and top-1. A top-1 flip is allowed at a
+ * near-tie of ref: its top two logits closer than 0.25, the bound
+ * test_e2e_gpu.c (TOP2_EPS) gives bf16 rounding. Two levels run different
+ * kernels (L0/L1 unfused and without graphs, L2/L3 fused), so their bf16
+ * activations round differently: on the random Qwen3-0.6B shape L0 flipped
+ * one of 5 tokens against L3 at a margin above 1e-2 (the bound before)
+ * with a KL of 4.2e-4, well inside the KL bound that stays the test. */
+#define LEVELS_TOP2_EPS 0.25
 static void agree_with(const char *what, const float *ref, const float *x, int nv) {
     double worst = 0;
     int agree = 0, close = 0, nonfinite = 0;
@@ -211,10 +218,10 @@ static void agree_with(const char *what, const float *ref, const float *x, int n
         worst = fmax(worst, k);
         int a = top1(r, nv, &mr), b = top1(y, nv, &mx);
         agree += a == b;
-        close += a != b && mr < 1e-2;
+        close += a != b && mr < LEVELS_TOP2_EPS;
     }
-    printf("  %-18s max KL %.2e (<= 1e-3), top-1 agree %d/%d (+%d near-ties), non-finite %d\n", what, worst, agree,
-           N_STEP, close, nonfinite);
+    printf("  %-18s max KL %.2e (<= 1e-3), top-1 agree %d/%d (+%d near-ties, gap < %.2f), non-finite %d\n", what,
+           worst, agree, N_STEP, close, LEVELS_TOP2_EPS, nonfinite);
     CHECK(nonfinite == 0 && worst <= 1e-3 && agree + close == N_STEP, "%s differs", what);
 }
 

@@ -41,6 +41,8 @@
 #                         token: mid-decode) with --tp-timeout 2000: the run
 #                         must exit non-zero within 60 s, naming rank 1
 #                         (NCCL aborted, no hang)
+#   (TP_SHAPES="smollm2-135m llama32-1b" leaves the 8B shape out of the
+#   tokens and KL checks: its CPU fp32 perplexity is the slowest step)
 #   decode_8b             nstf bench -p 0 -n 128 on the llama3-8b bf16
 #                         shape, one GPU and --tp 2 (INFO: ms per token and
 #                         the ratio; target <= 0.60)
@@ -79,7 +81,12 @@ echo "note: $n_gpu GPUs"
 
 # 1. the CPU tests of the sharding math and the communicator
 if [ -x "$B/tests/test_tp" ]; then
-    if "$B/tests/test_tp" >"$logs/test_tp.log" 2>&1; then pass test_tp; else fail "test_tp (log $logs/test_tp.log)"; fi
+    "$B/tests/test_tp" >"$logs/test_tp.log" 2>&1
+    case $? in
+    0) pass test_tp ;;
+    77) info "test_tp: skipped its SmolLM2 part ($(tail -n 1 "$logs/test_tp.log"))" ;;
+    *) fail "test_tp (log $logs/test_tp.log)" ;;
+    esac
 else
     fail "test_tp (not built: $B/tests/test_tp)"
 fi
@@ -93,10 +100,12 @@ ar=$(sed -n 's/^all-reduce of 16 KB over [0-9]* GPUs (\(.*\)): \([0-9.]*\) us ea
 info "allreduce_16k: ${ar:-not measured} (target <= 6 us)"
 
 # 3. the models
+# TP_SHAPES (default all three) names the random shapes checked for tokens
+# and KL; the llama3-8b shape is made for the decode timing either way
 models=""
 for shape in smollm2-135m llama32-1b llama3-8b; do
     if "$B/nstf" gen-model --shape $shape --type bf16 --seed 7 -o "$tmp/$shape.gguf" >"$logs/gen_$shape.log" 2>&1; then
-        models="$models $tmp/$shape.gguf"
+        case " ${TP_SHAPES:-smollm2-135m llama32-1b llama3-8b} " in *" $shape "*) models="$models $tmp/$shape.gguf" ;; esac
     else
         fail "gen_$shape (log $logs/gen_$shape.log)"
     fi
