@@ -27,6 +27,7 @@
 #include "backend/backend.h"
 #include "io/gguf.h"
 #include "model/llama.h"
+#include "model_test.h"
 #include "test_util.h"
 
 #define MODEL NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -163,18 +164,10 @@ static void paged_mixed(const nstf_llama *m, nstf_backend *be, int32_t prompt[N_
 }
 
 int main(void) {
-    FILE *mf = fopen(MODEL, "rb");
-    if (!mf) {
-        printf("test_batch: model not fetched (make model); skipped\n");
-        return 77;
-    }
-    fclose(mf);
     nstf_gguf *g;
     nstf_llama *m;
-    if (nstf_gguf_open(MODEL, &g) != NSTF_OK || nstf_llama_load(g, &m) != NSTF_OK) {
-        CHECK(0, "%s", nstf_last_error());
-        return test_finish("test_batch");
-    }
+    const int lrc = test_model_load(MODEL, "test_batch", &g, &m);
+    if (lrc) return lrc == 77 ? 77 : test_finish("test_batch");
     const int nv = m->cfg.n_vocab;
     for (int precise = 0; precise < 2; precise++) {
         nstf_backend *be;

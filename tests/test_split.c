@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "io/gguf.h"
 #include "model/llama.h"
+#include "model_test.h"
 #include "test_util.h"
 
 #define MODEL NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,18 +33,10 @@ static nstf_status logits_of(nstf_llama_run *r, const int32_t *ids, int nv, floa
 }
 
 int main(void) {
-    FILE *mf = fopen(MODEL, "rb");
-    if (!mf) {
-        printf("test_split: model not fetched (make model); skipped\n");
-        return 77;
-    }
-    fclose(mf);
     nstf_gguf *g;
     nstf_llama *m;
-    if (nstf_gguf_open(MODEL, &g) != NSTF_OK || nstf_llama_load(g, &m) != NSTF_OK) {
-        CHECK(0, "%s", nstf_last_error());
-        return test_finish("test_split");
-    }
+    const int lrc = test_model_load(MODEL, "test_split", &g, &m);
+    if (lrc) return lrc == 77 ? 77 : test_finish("test_split");
     const int nv = m->cfg.n_vocab, L = m->cfg.n_layers;
     int32_t ids[N_PROMPT + N_DEC];
     test_rng r = {0x5b117u};

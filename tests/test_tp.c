@@ -29,6 +29,7 @@
 #include "dist/comm.h"
 #include "io/gguf.h"
 #include "model/llama.h"
+#include "model_test.h"
 #include "test_util.h"
 
 #define MODEL NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -108,19 +109,14 @@ static double nmse_of(const float *x, const float *ref, size_t n) {
 
 int main(void) {
     test_comm();
-    FILE *mf = fopen(MODEL, "rb");
-    if (!mf) {
-        printf("test_tp: model not fetched (make model); the model part skipped\n");
-        test_finish("test_tp");
-        return 77;
-    }
-    fclose(mf);
     nstf_gguf *g;
     nstf_llama *m;
-    if (nstf_gguf_open(MODEL, &g) != NSTF_OK || nstf_llama_load(g, &m) != NSTF_OK) {
-        CHECK(0, "%s", nstf_last_error());
-        return test_finish("test_tp");
+    const int lrc = test_model_load(MODEL, "test_tp", &g, &m);
+    if (lrc == 77) { /* the communicator checks above still count */
+        const int rc = test_finish("test_tp");
+        return rc ? rc : 77;
     }
+    if (lrc) return test_finish("test_tp");
     const int nv = m->cfg.n_vocab;
     int32_t ids[N_PROMPT + N_DEC];
     test_rng rng = {0x7e57u};
