@@ -101,7 +101,7 @@ int nstf_session_threads(const nstf_session *s);
 
 /* Execution strategies of the backend (values as backend.h's options). */
 typedef enum nstf_session_opt {
-    NSTF_SESSION_LEVEL = 0,  /* execution level 0 .. n_levels-1 (GPU: L0 baseline .. L3 ultra) */
+    NSTF_SESSION_LEVEL = 0,  /* execution level 0 .. n_levels-1 (GPU: L0 baseline .. L4 persistent) */
     NSTF_SESSION_GRAPHS = 1, /* replay the decode step from a captured graph */
     NSTF_SESSION_FUSED = 2,  /* fused kernels where the weights allow */
 } nstf_session_opt;
@@ -112,6 +112,22 @@ nstf_status nstf_session_set_opt(nstf_session *s, nstf_session_opt opt, int valu
  * counts ops), and the kernels of its captured decode step (0: none). */
 int64_t nstf_session_kernels(const nstf_session *s);
 int64_t nstf_session_graph_kernels(const nstf_session *s);
+/* The timeline of a level-4 decode step (one persistent kernel) by kind of
+ * instruction: how many, the time from the barrier before them to the last
+ * block's end of work (work), and from there until block 0 left the barrier
+ * after them (wait: the barrier's latency), in microseconds, summed; total
+ * from the kernel's start to the last instruction's end. Turned on before
+ * the steps to look at (each step then records), read after one. */
+enum { NSTF_L4_KINDS = 7 };
+typedef struct nstf_l4_profile {
+    int n_ins;
+    double total_us;
+    int count[NSTF_L4_KINDS];
+    double work_us[NSTF_L4_KINDS], wait_us[NSTF_L4_KINDS];
+} nstf_l4_profile;
+const char *nstf_l4_kind_name(int kind); /* "embedding", "qkv+rope", "attention", "out-proj", "gate/up", "down", "logits" */
+nstf_status nstf_session_l4_profile(nstf_session *s, bool on);
+nstf_status nstf_session_l4_profile_get(nstf_session *s, nstf_l4_profile *out);
 /* Bytes on the device by kind. */
 typedef struct nstf_session_mem {
     uint64_t weights, kv_cache, activations, workspace;

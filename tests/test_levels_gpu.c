@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "gpu_model_test.h"
 #include "ops/gpu/gpu_api.h"
@@ -177,7 +178,7 @@ static int top1(const float *x, int n, double *margin) {
     return b;
 }
 
-#define N_LEVELS 4
+#define N_LEVELS 5
 
 /* The N_TOK-token prefill, then N_GEN decode steps at the current level;
  * out [N_STEP][nv]: each forward's logits. Returns the kernels of the last
@@ -225,6 +226,95 @@ static void agree_with(const char *what, const float *ref, const float *x, int n
     CHECK(nonfinite == 0 && worst <= 1e-3 && agree + close == N_STEP, "%s differs", what);
 }
 
+/* Whether L4 ran the step as one persistent kernel where it takes the
+ * weights (BF16, F16; no Qwen extras), and otherwise says why not. */
+static bool l4_takes(const nstf_llama *m) {
+    const nstf_llama_layer *ly = &m->w.layers[0];
+    const nstf_type t = ly->wq.type;
+    return (t == NSTF_TYPE_BF16 || t == NSTF_TYPE_F16) && ly->wk.type == t && ly->wv.type == t && ly->wo.type == t &&
+           ly->w_gate.type == t && ly->w_up.type == t && ly->w_down.type == t && !ly->bq && !ly->q_norm &&
+           m->cfg.head_dim <= 128 && m->cfg.head_dim % 64 == 0;
+}
+
+static void l4_used(placed *g, const nstf_llama *m, int64_t k) {
+    int64_t n_ins = 0;
+    const char *why = nstf_backend_gpu_l4_status(g->be, &n_ins);
+    if (l4_takes(m)) {
+        printf("  L4: one persistent kernel of %lld instructions per decode step\n", (long long)n_ins);
+        CHECK(!why && n_ins > 0 && k == 1, "L4 did not run the step as one kernel (%lld launches): %s", (long long)k,
+              why ? why : "");
+    } else {
+        printf("  L4: runs as L3 here (%s)\n", why ? why : "?");
+        CHECK(why != NULL, "L4 took weights it is not written for");
+    }
+}
+
+/* L4 against L3 over N_LONG greedy tokens: the same tokens until a
+ * position where L3's top two logits are closer than LEVELS_TOP2_EPS
+ * (after which the two continuations may differ); L4's greedy token (the
+ * argmax fused into its logits GEMV) is the argmax of its own logits at
+ * every step. Then the stall hook: a block that never reaches a grid
+ * barrier fails the step with an error within the timeout, and the next
+ * step runs again. */
+enum { N_LONG = 256 };
+static void test_l4_long(const nstf_llama *m) {
+    const int nv = m->cfg.n_vocab;
+    placed g = {0};
+    CHECK(place_model(m, true, false, N_TOK + N_LONG + 8, 32, &g) == NSTF_OK, "%s", nstf_last_error());
+    float *lg = malloc(sizeof(float) * nv);
+    int32_t *tok[2] = {malloc(sizeof(int32_t) * (N_LONG + 1)), malloc(sizeof(int32_t) * (N_LONG + 1))};
+    double *margin = malloc(sizeof(double) * (N_LONG + 1));
+    CHECK(lg && tok[0] && tok[1] && margin, "out of memory");
+    if (!g.run || !lg || !tok[0] || !tok[1] || !margin) goto out;
+    int32_t ids[N_TOK];
+    test_rng r = {0x9e3779b9u};
+    for (int i = 0; i < N_TOK; i++) ids[i] = (int32_t)(rng_next(&r) % (uint64_t)nv);
+    int argmax_bad = 0;
+    for (int v = 0; v < 2; v++) { /* v 0: L3, v 1: L4 */
+        CHECK(placed_set(&g, NSTF_OPT_LEVEL, 3 + v) == NSTF_OK, "%s", nstf_last_error());
+        CHECK(nstf_llama_forward_seq(g.run, ids, N_TOK, 0, false, lg, NULL) == NSTF_OK, "%s", nstf_last_error());
+        tok[v][0] = top1(lg, nv, &margin[0]);
+        for (int t = 0; t < N_LONG; t++) {
+            int32_t am = -1;
+            CHECK(nstf_llama_forward_seq(g.run, &tok[v][t], 1, N_TOK + t, false, lg, &am) == NSTF_OK, "%s",
+                  nstf_last_error());
+            double mg;
+            const int b = top1(lg, nv, &mg);
+            if (v == 0) margin[t + 1] = mg;
+            argmax_bad += am != b;
+            tok[v][t + 1] = am;
+        }
+    }
+    int same = 0;
+    while (same <= N_LONG && tok[0][same] == tok[1][same]) same++;
+    const bool tie = same <= N_LONG && margin[same] < LEVELS_TOP2_EPS;
+    printf("  L4 vs L3, %d greedy tokens: %d equal%s; L4's fused greedy token != argmax of its logits: %d\n", N_LONG,
+           same > N_LONG ? N_LONG : same,
+           same > N_LONG ? "" : tie ? " (then a near-tie of L3, gap < 0.25)" : "  FAIL (not at a near-tie)", argmax_bad);
+    CHECK(same > N_LONG || tie, "L4's greedy tokens differ from L3's at token %d (L3's top-2 gap %.3f)", same,
+          same <= N_LONG ? margin[same] : 0.0);
+    CHECK(argmax_bad == 0, "L4's greedy token is not the argmax of its logits in %d steps", argmax_bad);
+    /* the stall hook */
+    CHECK(nstf_backend_gpu_l4_stall(g.be, 1, 5, 300) == NSTF_OK, "%s", nstf_last_error());
+    const double t0 = nstf_time_ms() / 1e3;
+    const nstf_status st = nstf_llama_forward_seq(g.run, &tok[1][0], 1, N_TOK, false, lg, NULL);
+    const double dt = nstf_time_ms() / 1e3 - t0;
+    const char *msg = st != NSTF_OK ? nstf_last_error() : "";
+    printf("  L4 with a stalled block: %s after %.2f s: %s\n", st != NSTF_OK ? "failed" : "DID NOT FAIL", dt, msg);
+    CHECK(st != NSTF_OK && strstr(msg, "grid barrier") && dt < 10.0, "a stalled L4 step must fail within the timeout");
+    CHECK(nstf_backend_gpu_l4_stall(g.be, -1, -1, 0) == NSTF_OK, "%s", nstf_last_error());
+    int32_t am = -1;
+    const nstf_status st2 = nstf_llama_forward_seq(g.run, &tok[1][0], 1, N_TOK, false, lg, &am);
+    double mg;
+    CHECK(st2 == NSTF_OK && am == tok[1][1] && am == top1(lg, nv, &mg),
+          "the step after a stalled one: %s, token %d (before %d)", st2 == NSTF_OK ? "ok" : nstf_last_error(), am,
+          tok[1][1]);
+    printf("  L4 after the stall: the step runs again, the same token (%d)\n", am);
+out:
+    free(lg), free(tok[0]), free(tok[1]), free(margin);
+    placed_free(&g);
+}
+
 static void test_model(const char *path) {
     nstf_llama *m = NULL;
     if (load_model(path, &m) != NSTF_OK) {
@@ -246,10 +336,11 @@ static void test_model(const char *path) {
         int64_t k = run_steps(&g, ids, nv, lg + (size_t)L * N_STEP * nv);
         printf("  L%d: %lld kernels in the last decode step\n", L, (long long)k);
         if (L == 3) k_l3 = step_kernels(&g, k);
+        if (L == 4) l4_used(&g, m, k);
     }
     for (int L = 0; g.run && cpu.run && L < N_LEVELS; L++) {
         char what[64];
-        if (L < N_LEVELS - 1) {
+        if (L != 3) {
             snprintf(what, sizeof what, "L%d vs L3", L);
             agree_with(what, lg + (size_t)3 * N_STEP * nv, lg + (size_t)L * N_STEP * nv, nv);
         }
@@ -301,6 +392,7 @@ static void test_model(const char *path) {
                fusable_types ? "  FAIL (the fused GEMVs take this type)" : "");
         CHECK(!fusable_types, "L3 did not run the fused decode on %s weights", nstf_type_name(wt));
     }
+    if (g.run && l4_takes(m)) test_l4_long(m);
     free(lg);
     placed_free(&g);
     placed_free(&cpu);

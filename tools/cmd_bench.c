@@ -46,7 +46,9 @@ static void bench_usage(FILE *f) {
             "  -o, --output FMT          md, csv, json or jsonl (default md)\n"
             "      --baseline FILE       compare with a saved json/jsonl run (llama-bench's or ours)\n"
             "      --tolerance T         allowed slowdown for --baseline, e.g. 5%% (default 5%%)\n"
-            "      --level L             execution level 0..3 (GPU backends; the CPU has only level 0)\n"
+            "      --level L             execution level 0..4 (GPU backends, default 3; 4: the decode step as\n"
+            "                            one persistent kernel where the weights allow, else as 3; the\n"
+            "                            CPU has only level 0)\n"
             "      --levels              compare every execution level of the backend\n"
             "  -v, --verbose             memory table at load, progress lines\n"
             "  -h, --help                this text\n"
@@ -245,7 +247,7 @@ int cmd_bench(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--level")) {
             VAL();
-            if (!cli_parse_int(a, v, 0, 3, &level)) return 2;
+            if (!cli_parse_int(a, v, 0, 4, &level)) return 2;
             level_set = true;
         } else if (!strcmp(a, "--levels")) {
             levels = true;
@@ -328,14 +330,14 @@ int cmd_bench(int argc, char **argv) {
                 if (verbose) nstf_mem_report_print_session(stderr, s);
                 if (levels && mi == 0 && ti == 0 && bi == 0 && nstf_bench_n_levels(s) == 1)
                     fprintf(stderr, "nstf: bench --levels: the %s backend has only one execution level (L0); "
-                                    "levels L1-L3 are GPU execution strategies\n", nstf_bench_backend(s));
+                                    "levels L1-L4 are GPU execution strategies\n", nstf_bench_backend(s));
                 if (level_set && nstf_bench_set_level(s, level) != NSTF_OK) {
                     cli_lib_err();
                     nstf_session_close(s);
                     rc = 1;
                     break;
                 }
-                if (!level_set) level = nstf_bench_n_levels(s) - 1; /* the backend's default: its highest */
+                if (!level_set) level = nstf_session_get_opt(s, NSTF_SESSION_LEVEL); /* the backend's default */
                 nstf_bench_model_info info;
                 nstf_bench_model_info_get(s, &info);
                 nstf_bench_backend_info bi_info;

@@ -73,7 +73,7 @@ static nstf_status prof_fwd(nstf_session *s, const int32_t *toks, int n, int pos
 }
 
 #define MIB(x) ((double)(x) / (1 << 20))
-#define MAX_LEVELS 4
+#define MAX_LEVELS 5
 
 int nstf_levels_matrix(const char *model, int reps) {
     enum { PP = 512, DEPTH_MAX = 8192 };
@@ -118,7 +118,7 @@ int nstf_levels_matrix(const char *model, int reps) {
         k0 = nstf_session_kernels(s);
         if (st == NSTF_OK) st = nstf_session_forward(s, toks, 1, PP, false, NULL, NULL);
         dk[L] = nstf_session_kernels(s) - k0;
-        if (L == n_levels - 1) nodes = nstf_session_graph_kernels(s);
+        if (L == 3) nodes = nstf_session_graph_kernels(s); /* L3's graph */
         if (st == NSTF_OK) st = prof_fwd(s, toks, PP, 0, pcat[L]);
         if (st == NSTF_OK) st = prof_fwd(s, toks, 1, PP, dcat[L]);
         for (int b = 0; st == NSTF_OK && b < 3; b++) st = time_fwd(s, toks, batches[b], 0, reps, &sweep[L][b]);
@@ -132,7 +132,7 @@ int nstf_levels_matrix(const char *model, int reps) {
         nstf_session_close(s);
         return 1;
     }
-    static const char *lname[] = {"L0 baseline", "L1 fused", "L2 tiled", "L3 ultra"};
+    static const char *lname[] = {"L0 baseline", "L1 fused", "L2 tiled", "L3 ultra", "L4 persistent"};
     printf("\n### %s — %s (bf16 KV cache, context %d, median of %d; decode median of %d)\n\n", model,
            nstf_session_device(s),
            sp.n_ctx, reps, reps * 4);
@@ -146,8 +146,10 @@ int nstf_levels_matrix(const char *model, int reps) {
             const double *c = ph ? dcat[L] : pcat[L];
             double t = ph ? dc[L] : pf[L], t0 = ph ? dc[0] : pf[0];
             char kern[48];
-            if (ph && L == n_levels - 1 && nodes > 0)
+            if (ph && L == 3 && nodes > 0)
                 snprintf(kern, sizeof kern, "1 graph (%lld nodes)", (long long)nodes);
+            else if (ph && L == 4 && dk[L] == 1)
+                snprintf(kern, sizeof kern, "1 persistent kernel");
             else snprintf(kern, sizeof kern, "%lld", (long long)(ph ? dk[L] : pk[L]));
             printf("| %s | %s | %.3f | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %s |\n", lname[L],
                    ph ? "decode" : "prefill", t, t0 / t, c[CAT_ATTN], c[CAT_FFN], c[CAT_NORM], c[CAT_RESID],
@@ -165,6 +167,26 @@ int nstf_levels_matrix(const char *model, int reps) {
         printf("| %s |", lname[L]);
         for (int i = 0; i < 6; i++) printf(" %.3f (%.2fx) |", sweep[L][i], sweep[0][i] / sweep[L][i]);
         printf("\n");
+    }
+    /* where the time of the L4 step goes: its timeline by kind of instruction */
+    if (n_levels > 4 && nstf_session_set_opt(s, NSTF_SESSION_LEVEL, 4) == NSTF_OK &&
+        nstf_session_l4_profile(s, true) == NSTF_OK) {
+        nstf_l4_profile pr;
+        double ms = 0;
+        if (time_fwd(s, toks, 1, PP, 3, &ms) == NSTF_OK && nstf_session_l4_profile_get(s, &pr) == NSTF_OK) {
+            printf("\nL4 step at depth %d, from one traced step (device timer): %.1f us in the kernel over %d "
+                   "instructions; `work` runs from the barrier before an instruction to its last block's end, `wait` "
+                   "from there to the barrier's release.\n\n| instructions | count | work us | wait us | per "
+                   "instruction us |\n|---|---:|---:|---:|---:|\n",
+                   PP, pr.total_us, pr.n_ins);
+            for (int k = 0; k < NSTF_L4_KINDS; k++)
+                if (pr.count[k])
+                    printf("| %s | %d | %.1f | %.1f | %.2f |\n", nstf_l4_kind_name(k), pr.count[k], pr.work_us[k],
+                           pr.wait_us[k], (pr.work_us[k] + pr.wait_us[k]) / pr.count[k]);
+        } else {
+            printf("\nL4 profile: %s\n", nstf_last_error());
+        }
+        (void)nstf_session_l4_profile(s, false);
     }
     printf("\nWorkspace = dequantization buffer + argmax/flash-decode scratch, plus for L0/L1 the fp32 score "
            "matrix [n_heads, %d, %d].\n", PP, sp.n_ctx);

@@ -76,6 +76,28 @@ nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream) {
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
 
+nstf_status nstf_backend_gpu_l4_stall(nstf_backend *be, int block, int ins, int timeout_ms) {
+    (void)be, (void)block, (void)ins, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+
+nstf_status nstf_backend_gpu_l4_profile(nstf_backend *be, bool on) {
+    (void)be, (void)on;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+
+nstf_status nstf_backend_gpu_l4_profile_get(nstf_backend *be, nstf_l4_profile *out) {
+    (void)be;
+    memset(out, 0, sizeof *out);
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+
+const char *nstf_backend_gpu_l4_status(nstf_backend *be, int64_t *instructions) {
+    (void)be;
+    *instructions = 0;
+    return "this build has no GPU backend";
+}
+
 nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops) {
     (void)be;
     *copy_gbs = *matrix_gflops = 0;

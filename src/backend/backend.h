@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "nstf_tools.h"
 #include "ops/ops.h"
 
 typedef struct nstf_backend nstf_backend;
@@ -116,7 +117,7 @@ typedef struct nstf_backend_mem {
 
 /* Options a backend may have; setting one it lacks is NSTF_ERR_UNSUPPORTED. */
 typedef enum nstf_backend_opt {
-    NSTF_OPT_LEVEL = 0, /* execution level, 0 .. n_levels - 1 (default the highest) */
+    NSTF_OPT_LEVEL = 0, /* execution level, 0 .. n_levels - 1 (default: the backend's fastest) */
     NSTF_OPT_GRAPHS,    /* replay the decode step from a captured graph (default 1) */
     NSTF_OPT_FUSED,     /* fused ops where the weights allow (default 1) */
     NSTF_OPT_PROFILE,   /* per-op marks wanted: no graphs, no overlapped launches */
@@ -226,6 +227,17 @@ const nstf_backend_vt *nstf_backend_gpu_table(void);
 nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out);
 /* A GPU backend's device and stream (for the collectives of dist/comm.c). */
 nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream);
+/* Level 4 (the persistent decode kernel): a test hook that makes block
+ * `block` leave without arriving at the grid barrier after instruction
+ * `ins` (-1: none), with the barrier timeout in ms (0: the default); and
+ * the program's instruction count (0: none recorded) with the reason the
+ * model's step runs at level 3 instead (NULL: it does not). */
+nstf_status nstf_backend_gpu_l4_stall(nstf_backend *be, int block, int ins, int timeout_ms);
+const char *nstf_backend_gpu_l4_status(nstf_backend *be, int64_t *instructions);
+/* Level 4's timeline (nstf_tools.h: nstf_l4_profile): recorded at every
+ * step while on; the last step's, summed by kind of instruction. */
+nstf_status nstf_backend_gpu_l4_profile(nstf_backend *be, bool on);
+nstf_status nstf_backend_gpu_l4_profile_get(nstf_backend *be, nstf_l4_profile *out);
 /* The GPU's peak rates measured on the device (copy bandwidth, bf16 matrix
  * rate), for the roofline of `nstf profile`. */
 nstf_status nstf_backend_gpu_peaks(nstf_backend *be, double *copy_gbs, double *matrix_gflops);

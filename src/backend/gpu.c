@@ -96,6 +96,7 @@ static void gpu_destroy(nstf_backend *be) {
     gpu_backend *g = gpu_of(be);
     if (g->stream) (void)nstf_gpu_stream_sync(g->stream);
     nstf_gpu_graph_destroy(g->graph);
+    gpu_l4_free(g);
     for (int i = 0; i < g->n_evs; i++) nstf_gpu_event_destroy(g->evs[i]);
     nstf_free(g->evs);
     (void)nstf_gpu_free(g->scores);
@@ -276,6 +277,8 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     g->decode_step = n == 1 && g->level >= 2 && !b->blocks && !b->rows && !b->row_invariant;
     g->row_invariant = b->row_invariant;
     g->graph_used = false;
+    g->l4_used = false;
+    g->l4_rec = false;
     g->unfused = 0;
     io->seq = NULL;
     io->rows = NULL;
@@ -306,6 +309,13 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
     }
     if (!g->decode_step) return NSTF_OK;
     g->bound = decode_bound(g, g->pos0);
+    /* one persistent kernel, or its recording: a replay as a graph is, so
+     * not with graphs off (the ops must then run, as test_backend_ops and
+     * tensor parallel need) nor while profiling */
+    if (g->level >= 4 && g->fused_on && g->graphs_on && !g->prof_on) {
+        NSTF_TRY(gpu_l4_begin(g, b, replayed));
+        if (*replayed || g->l4_rec) return NSTF_OK;
+    }
     if (g->graphs_on && g->level >= 3 && !g->prof_on && g->decoded_once) {
         if (g->graph && g->graph_bound == g->bound && g->graph_argmax == b->argmax) {
             NSTF_TRY(nstf_gpu_graph_launch(g->graph, g->stream));
@@ -334,6 +344,10 @@ static nstf_status gpu_begin(nstf_backend *be, const nstf_batch *b, nstf_batch_i
 static nstf_status gpu_end(nstf_backend *be, const nstf_batch *b, nstf_status st, const nstf_fwd_out *o, bool *retry) {
     gpu_backend *g = gpu_of(be);
     *retry = false;
+    if (g->l4_rec) {
+        NSTF_TRY(gpu_l4_end(g, b, st, retry));
+        if (*retry) return NSTF_OK; /* the kernel does not take this model's step: again at L3 */
+    }
     if (g->pdl_set) {
         (void)nstf_gpu_set_pdl(g->pdl_prev);
         g->pdl_set = false;
@@ -368,12 +382,13 @@ static nstf_status gpu_end(nstf_backend *be, const nstf_batch *b, nstf_status st
     if (o->argmax_host && o->argmax)
         NSTF_TRY(nstf_gpu_memcpy_d2h(o->argmax_host, o->argmax, (size_t)o->n_argmax * sizeof(int32_t), g->stream));
     if (!o->logits_host && !o->argmax_host) NSTF_TRY(nstf_gpu_stream_sync(g->stream));
-    return NSTF_OK;
+    return gpu_l4_check(g);
 }
 
 /* ---- options, marks ------------------------------------------------------------------------- */
 
 static void drop_graph(gpu_backend *g) {
+    gpu_l4_drop(g); /* recorded with the other settings */
     nstf_gpu_graph_destroy(g->graph); /* captured with the other settings */
     g->graph = NULL;
     g->graph_bound = -1;
@@ -401,6 +416,7 @@ static nstf_status set_level(gpu_backend *g, int level) {
         g->scores = p;
         g->scores_bytes = b;
     }
+    if (level != g->level) gpu_l4_drop(g);
     g->level = level;
     return NSTF_OK;
 }
@@ -476,6 +492,7 @@ static int64_t gpu_graph_kernels(const nstf_backend *be) {
 /* Each op inside a named range for Nsight Systems (NVTX; no-ops elsewhere). */
 #define RANGED(name)                                                           \
     static nstf_status ranged_##name(nstf_backend *be, const nstf_op_args *a) { \
+        if (gpu_of(be)->l4_rec) return gpu_l4_record(gpu_of(be), a);          \
         nstf_gpu_range_push(a->label ? a->label : #name);                      \
         nstf_status st = nstf_gpu_op_##name(be, a);                            \
         nstf_gpu_range_pop();                                                  \
@@ -536,7 +553,7 @@ nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
     g->base.host_memory = false;
     g->base.int8_act = false;
     g->dev = dev;
-    g->level = GPU_N_LEVELS - 1;
+    g->level = GPU_DEFAULT_LEVEL;
     g->graphs_on = true;
     g->fused_on = true;
     g->model_fusable = true;
@@ -550,6 +567,28 @@ nstf_status nstf_backend_gpu_create(int dev, nstf_backend **out) {
     }
     *out = &g->base;
     return NSTF_OK;
+}
+
+nstf_status nstf_backend_gpu_l4_stall(nstf_backend *be, int block, int ins, int timeout_ms) {
+    if (be->vt != &k_gpu_vt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not a GPU backend", be->device);
+    return gpu_l4_set_stall(gpu_of(be), block, ins, timeout_ms);
+}
+
+nstf_status nstf_backend_gpu_l4_profile(nstf_backend *be, bool on) {
+    if (be->vt != &k_gpu_vt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not a GPU backend", be->device);
+    return gpu_l4_trace(gpu_of(be), on);
+}
+
+nstf_status nstf_backend_gpu_l4_profile_get(nstf_backend *be, nstf_l4_profile *out) {
+    if (be->vt != &k_gpu_vt) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s is not a GPU backend", be->device);
+    return gpu_l4_trace_get(gpu_of(be), out);
+}
+
+const char *nstf_backend_gpu_l4_status(nstf_backend *be, int64_t *instructions) {
+    *instructions = 0;
+    if (be->vt != &k_gpu_vt) return "not a GPU backend";
+    *instructions = gpu_l4_instructions(gpu_of(be));
+    return gpu_l4_reason(gpu_of(be));
 }
 
 nstf_status nstf_backend_gpu_stream(nstf_backend *be, int *dev, void **stream) {

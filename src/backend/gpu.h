@@ -17,6 +17,12 @@
  *    prologue; RoPE, SwiGLU or residual-add epilogue: 6 kernels per layer,
  *    where the weight types allow; can_fuse), programmatic dependent launch
  *    on sm_90, and replayed as one graph launch.
+ * L4 persistent: the decode step recorded once as a program of one
+ *    persistent kernel (gpu_l4.c, ops/gpu/decode_l4.cu): one launch per
+ *    token, grid barriers in place of kernel boundaries; a step the
+ *    kernel does not take (weight types, Qwen's extras, sparse or
+ *    low-rank layers) runs as L3, and so does every step with graphs off
+ *    or while profiling.
  * Levels 0 and 1 allocate the score matrix [n_heads, n_batch, n_ctx] fp32
  * on first selection (workspace; kept until the backend is freed). */
 #ifndef NSTF_BACKEND_GPU_H
@@ -26,9 +32,13 @@
 
 #include "backend/backend.h"
 #include "ops/gpu/gpu_api.h"
+#include "ops/gpu/l4_api.h"
 
-#define GPU_N_LEVELS 4
+#define GPU_N_LEVELS 5
+#define GPU_DEFAULT_LEVEL 3 /* L4 is not yet faster on the models measured (docs/levels.md) */
 #define GEMV_MAX_TOK 8 /* at most this many tokens use the GEMV (weights as stored) */
+
+typedef struct gpu_l4 gpu_l4;
 
 typedef struct gpu_backend {
     nstf_backend base;
@@ -64,6 +74,9 @@ typedef struct gpu_backend {
     void *graph;
     int64_t graph_bound, graph_nodes, k0;
     bool graph_argmax, graphs_on, graph_used, decoded_once, capturing;
+    /* level 4 (gpu_l4.c) */
+    gpu_l4 *l4;
+    bool l4_rec, l4_used; /* this step: recording the program; ran the persistent kernel */
     /* options */
     int level;
     bool fused_on, prof_on, model_fusable;
@@ -86,6 +99,20 @@ NSTF_OPS(NSTF_X)
 #undef NSTF_X
 void nstf_gpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int64_t n, void *buf, nstf_view *out);
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a);
+
+/* gpu_l4.c: level 4 (the bracket calls begin/end/check; ops go to record
+ * while g->l4_rec). */
+nstf_status gpu_l4_begin(gpu_backend *g, const nstf_batch *b, bool *replayed);
+nstf_status gpu_l4_record(gpu_backend *g, const nstf_op_args *a);
+nstf_status gpu_l4_end(gpu_backend *g, const nstf_batch *b, nstf_status st, bool *retry);
+nstf_status gpu_l4_check(gpu_backend *g);
+void gpu_l4_drop(gpu_backend *g);
+void gpu_l4_free(gpu_backend *g);
+const char *gpu_l4_reason(const gpu_backend *g);
+nstf_status gpu_l4_set_stall(gpu_backend *g, int block, int ins, int timeout_ms);
+int64_t gpu_l4_instructions(const gpu_backend *g);
+nstf_status gpu_l4_trace(gpu_backend *g, bool on);
+nstf_status gpu_l4_trace_get(gpu_backend *g, nstf_l4_profile *out);
 
 #endif
 #endif

@@ -47,6 +47,15 @@ nstf_status nstf_session_set_opt(nstf_session *s, nstf_session_opt opt, int valu
 }
 int64_t nstf_session_kernels(const nstf_session *s) { return s->be->vt->kernels(s->be); }
 int64_t nstf_session_graph_kernels(const nstf_session *s) { return s->be->vt->graph_kernels(s->be); }
+const char *nstf_l4_kind_name(int kind) {
+    static const char *const k[NSTF_L4_KINDS] = {"embedding", "qkv+rope", "attention", "out-proj",
+                                                 "gate/up",   "down",     "logits"};
+    return kind >= 0 && kind < NSTF_L4_KINDS ? k[kind] : "?";
+}
+nstf_status nstf_session_l4_profile(nstf_session *s, bool on) { return nstf_backend_gpu_l4_profile(s->be, on); }
+nstf_status nstf_session_l4_profile_get(nstf_session *s, nstf_l4_profile *out) {
+    return nstf_backend_gpu_l4_profile_get(s->be, out);
+}
 
 void nstf_session_mem_get(const nstf_session *s, nstf_session_mem *out) {
     nstf_backend_mem mem;

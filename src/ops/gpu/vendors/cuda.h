@@ -67,6 +67,10 @@
 #define gpuDevP2PAttrPerformanceRank cudaDevP2PAttrPerformanceRank
 #define gpuDevP2PAttrNativeAtomicSupported cudaDevP2PAttrNativeAtomicSupported
 #define gpuStreamQuery cudaStreamQuery
+#define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
+#define gpuLaunchCooperativeKernel cudaLaunchCooperativeKernel
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuErrorNotReady cudaErrorNotReady
 
 /* Device pass? (host code must not depend on the wave width). */
@@ -80,6 +84,26 @@
  * because every NSTF reduction is executed by all lanes of the warp. */
 #define NSTF_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), NSTF_WAVE)
 #define NSTF_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src), NSTF_WAVE)
+/* The lanes of a wave meet (shared memory written by one lane, read by another). */
+#define NSTF_WAVE_SYNC() __syncwarp()
+/* Nanoseconds of the device's global timer (for timeouts in device code). */
+#define NSTF_TIMER_NS() nstf_globaltimer_ns()
+static __device__ __forceinline__ unsigned long long nstf_globaltimer_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* Grid barriers (decode_l4.cu): add with release and load with acquire
+ * semantics at device scope (cumulative over the block's writes that a
+ * preceding __syncthreads ordered), cheaper than a full fence. */
+static __device__ __forceinline__ void nstf_red_add_release_gpu(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned nstf_ld_acquire_gpu(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 
 /* Fast transcendental intrinsics (arguments range-reduced by the caller). */
 #define nstf_fast_exp2f(x) exp2f(x) /* ex2.approx.ftz: 2 ulp */

@@ -69,6 +69,10 @@
 #define gpuDevP2PAttrPerformanceRank hipDevP2PAttrPerformanceRank
 #define gpuDevP2PAttrNativeAtomicSupported hipDevP2PAttrNativeAtomicSupported
 #define gpuStreamQuery hipStreamQuery
+#define gpuMallocHost hipHostMalloc
+#define gpuFreeHost hipHostFree
+#define gpuLaunchCooperativeKernel hipLaunchCooperativeKernel
+#define gpuOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define gpuErrorNotReady hipErrorNotReady
 
 #if defined(__HIP_DEVICE_COMPILE__)
@@ -143,6 +147,18 @@ static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
 /* ROCm's shuffles take no member mask (the whole wave participates). */
 #define NSTF_SHFL_XOR(v, m) __shfl_xor((v), (m), NSTF_WAVE)
 #define NSTF_SHFL(v, src) __shfl((v), (src), NSTF_WAVE)
+/* The lanes of a wave meet (shared memory written by one lane, read by another). */
+#define NSTF_WAVE_SYNC() __builtin_amdgcn_wave_barrier()
+/* Nanoseconds of the device's constant 100 MHz counter (for timeouts in device code). */
+#define NSTF_TIMER_NS() ((unsigned long long)wall_clock64() * 10ull)
+/* Grid barriers (decode_l4.cu): add with release and load with acquire
+ * semantics at agent (device) scope. */
+static __device__ __forceinline__ void nstf_red_add_release_gpu(unsigned *p, unsigned v) {
+    (void)__hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+static __device__ __forceinline__ unsigned nstf_ld_acquire_gpu(const unsigned *p) {
+    return __hip_atomic_load((unsigned *)p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 /* v_exp_f32 computes 2^x; v_sin/v_cos take revolutions (the backend
  * inserts the 1/2pi scale). Callers range-reduce to [-pi, pi]. */
