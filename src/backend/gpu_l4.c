@@ -232,10 +232,20 @@ static void rec_matmul(gpu_backend *g, gpu_l4 *l, const nstf_op_args *a) {
         in->epi = NSTF_GEMV_STORE;
         in->y_bf16 = a->matmul.out[0].type == NSTF_TYPE_BF16;
         break;
-    case NSTF_MM_ACCUM:
+    case NSTF_MM_ACCUM: {
         in->epi = NSTF_GEMV_ACCUM;
         in->y = a->matmul.res;
+        const nstf_l4_ins *at = l->n > 1 ? &l->ins[l->n - 2] : NULL;
+        if (at && at->op == NSTF_L4_ATTN && a->matmul.x.data == at->out) { /* it merges the attention's splits */
+            if (w.n_in != (int64_t)at->n_heads * at->head_dim) FAIL("an out-projection of another width (%s)", LBL(a));
+            in->n_heads = at->n_heads;
+            in->n_kv_heads = at->n_kv_heads;
+            in->head_dim = at->head_dim;
+            in->window = at->window;
+            if (at->n_heads * NSTF_L4_SPLITS > l->max_n_in) l->max_n_in = at->n_heads * NSTF_L4_SPLITS; /* its weights */
+        }
         break;
+    }
     case NSTF_MM_ROPE:
         in->epi = NSTF_GEMV_ROPE;
         in->head_dim = a->matmul.rope.head_dim;
@@ -316,6 +326,9 @@ nstf_status gpu_l4_end(gpu_backend *g, const nstf_batch *b, nstf_status st, bool
     g->l4_rec = false;
     if (st != NSTF_OK) return st;
     if (!l->failed && l->n < 2) l4_fail(l, "an empty step");
+    for (int i = 0; i < l->n && !l->failed; i++) /* an attention's output exists only as partials */
+        if (l->ins[i].op == NSTF_L4_ATTN && (i + 1 == l->n || l->ins[i + 1].op != NSTF_L4_GEMV || !l->ins[i + 1].n_heads))
+            l4_fail(l, "an attention whose output is not the next matmul's input");
     if (!l->failed) {
         int grid = 0;
         size_t smem = 0;

@@ -48,7 +48,7 @@
 #define L4_THREADS 512
 #define L4_WAVES (L4_THREADS / NSTF_WAVE)
 #define L4_GMAX 4       /* query heads per kv head (more: the step runs at L3) */
-#define L4_SPLITS 64    /* most splits of the context per kv head */
+#define L4_SPLITS NSTF_L4_SPLITS /* most splits of the context per kv head */
 #define L4_PREFETCH (64u << 10) /* bytes of the next GEMV's rows a block starts towards L2 */
 
 /* control words: [0] barrier arrivals, [1] blocks left, [2] argmax blocks done,
@@ -332,6 +332,8 @@ static __device__ __forceinline__ void l4_best_reduce(float &bv, int32_t &bi, fl
         }
 }
 
+static __device__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws);
+
 template <bool F16>
 static __device__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_smem &sm, float *red) {
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE, n_in = in.n_in;
@@ -354,6 +356,8 @@ static __device__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_
             ss = block_reduce_sum(ss, red);
             const float rn = nstf_fast_rsqrtf(ss / (float)n_in + in.eps);
             for (int i = threadIdx.x; i < n_in; i += L4_THREADS) xs[i] = l4_bf16r(xs[i] * rn * nw[i]);
+        } else if (in.n_heads > 0) { /* the out-projection: the attention's splits merged */
+            l4_merge(in, c, xs, sm.nws);
         } else {
 #pragma unroll 4
             for (int i = threadIdx.x; i < n_in; i += L4_THREADS)
@@ -472,8 +476,19 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
     const int G = in.n_heads / in.n_kv_heads, kvd = in.kv_dim;
     const float sl2 = in.scale * 1.4426950408889634f;
     NSTF_WAVE_SYNC(); /* the previous item's reads of qs are done */
-    for (int i = lane; i < G * HD; i += NSTF_WAVE)
-        qs[i] = nstf_bf16_to_float(((const nstf_bf16 *)in.q)[(size_t)hkv * G * HD + i]) * sl2;
+    { /* q's loads all in flight before the first store */
+        constexpr int QPL = L4_GMAX * HD / NSTF_WAVE;
+        const nstf_bf16 *qg = (const nstf_bf16 *)in.q + (size_t)hkv * G * HD;
+        float qv[QPL];
+#pragma unroll
+        for (int k = 0; k < QPL; k++) {
+            const int i = k * NSTF_WAVE + lane;
+            qv[k] = i < G * HD ? nstf_bf16_to_float(qg[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < QPL; k++)
+            if (k * NSTF_WAVE + lane < G * HD) qs[k * NSTF_WAVE + lane] = qv[k] * sl2;
+    }
     NSTF_WAVE_SYNC();
     float m[L4_GMAX], l[L4_GMAX], acc[L4_GMAX][DPL];
 #pragma unroll
@@ -493,7 +508,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
         for (int g = 0; g < L4_GMAX; g++) sc[g] = 0.0f;
         if (valid) {
             const uint4 *kr = (const uint4 *)(kc + (size_t)j * kvd);
-#pragma unroll 4
+#pragma unroll 8
             for (int ch = 0; ch < HD / 8; ch++) {
                 const uint4 kv = kr[ch];
                 const float kf[8] = {nstf_bf16lo_to_float(kv.x), nstf_bf16hi_to_float(kv.x), nstf_bf16lo_to_float(kv.y),
@@ -544,18 +559,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
                 }
         }
     }
-    if (n_split == 1) {
-        if (lane >= DL) return;
-#pragma unroll
-        for (int g = 0; g < L4_GMAX; g++) {
-            if (g >= G) break;
-            nstf_bf16 *o = (nstf_bf16 *)in.out + (size_t)(hkv * G + g) * HD + lane * DPL;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) o[d] = nstf_float_to_bf16(acc[g][d] / l[g]);
-        }
-        return;
-    }
-    /* partials [n_kv][n_split][G][HD + 2] */
+    /* partials [n_kv][n_split][G][HD + 2]: the out-projection merges them (l4_merge) */
     float *part = c.part + (((size_t)hkv * n_split + s) * G) * (HD + 2);
 #pragma unroll
     for (int g = 0; g < L4_GMAX; g++) {
@@ -569,81 +573,83 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
 #pragma unroll
             for (int d = 0; d < DPL; d++) pg[2 + lane * DPL + d] = acc[g][d];
     }
-    __threadfence();
-    NSTF_WAVE_SYNC();
-    u32 done = 0;
-    if (lane == 0) done = atomicAdd(&c.sync[3 + hkv], 1u);
-    done = (u32)NSTF_SHFL((int)done, 0);
-    if (done != (u32)n_split - 1) return;
-    __threadfence(); /* the last split of this kv head merges them all */
-    /* the partials are read volatile (another SM wrote them; no stale L1
-     * line), many loads in flight: lane s holds split s's (m, l), the
-     * weights 2^(m_s - M) go to the lanes by shuffles, acc in batches of 8
-     * splits. M = max m_s; out = sum_s w_s acc_s / sum_s w_s l_s. */
+}
+
+/* The split plan of the attention at position pos (the same in the
+ * attention and in the merge): keys [lo, pos], n_split splits of chunk
+ * keys, at least one key per lane, enough of them to give every wave one. */
+static __device__ __forceinline__ int l4_splits(const nstf_l4_ins &in, int64_t pos, int64_t *lo, int64_t *chunk) {
+    *lo = in.window > 0 && pos + 1 > in.window ? pos + 1 - in.window : 0;
+    const int64_t len = pos + 1 - *lo;
+    const int n_kv = in.n_kv_heads, tw = (int)gridDim.x * L4_WAVES;
+    int64_t want = (tw + n_kv - 1) / n_kv;
+    if (want > L4_SPLITS) want = L4_SPLITS;
+    int64_t ch = (len + want - 1) / want;
+    ch = (ch + NSTF_WAVE - 1) / NSTF_WAVE * NSTF_WAVE;
+    *chunk = ch;
+    return (int)((len + ch - 1) / ch);
+}
+
+/* The out-projection's input: every head's attention output merged from
+ * the splits' partials (M = max m_s, w_s = 2^(m_s - M) / sum_s 2^(m_s -
+ * M) l_s, out = sum_s w_s acc_s), rounded to bf16 as the attention op
+ * stores it, into xs. A wave per head computes the weights (into ws),
+ * then every thread a column. Each block with rows reads the n_heads x
+ * n_split x (head_dim + 2) floats of partials from L2. */
+static __device__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws) {
     constexpr int SPL = (L4_SPLITS + NSTF_WAVE - 1) / NSTF_WAVE;
-    const volatile float *base = c.part + ((size_t)hkv * n_split * G) * (HD + 2);
-    const size_t ss = (size_t)G * (HD + 2);
-    for (int g = 0; g < G; g++) {
-        const volatile float *pg = base + (size_t)g * (HD + 2);
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int nh = in.n_heads, G = in.n_heads / in.n_kv_heads, hd = in.head_dim;
+    int64_t lo, chunk;
+    const int S = l4_splits(in, c.dio[1], &lo, &chunk);
+    const size_t ss = (size_t)G * (hd + 2); /* floats from one split of a kv head to the next */
+    for (int h = wave; h < nh; h += L4_WAVES) {
+        const float *ph = c.part + (((size_t)(h / G) * S) * G + h % G) * (hd + 2);
         float ms[SPL], ls[SPL], mx = -__builtin_huge_valf();
 #pragma unroll
         for (int k = 0; k < SPL; k++) {
             const int sp = k * NSTF_WAVE + lane;
-            ms[k] = sp < n_split ? pg[sp * ss] : -__builtin_huge_valf();
-            ls[k] = sp < n_split ? pg[sp * ss + 1] : 0.0f;
+            ms[k] = sp < S ? ph[sp * ss] : -__builtin_huge_valf();
+            ls[k] = sp < S ? ph[sp * ss + 1] : 0.0f;
             mx = fmaxf(mx, ms[k]);
         }
         const float b = nstf_softmax_base(wave_reduce_max(mx));
         float den = 0.0f;
 #pragma unroll
         for (int k = 0; k < SPL; k++) {
-            ms[k] = nstf_fast_exp2f(ms[k] - b); /* now the weight w_s (0 past the splits) */
+            ms[k] = nstf_fast_exp2f(ms[k] - b);
             den = fmaf(ms[k], ls[k], den);
         }
         den = wave_reduce_sum(den);
-        float num[DPL];
 #pragma unroll
-        for (int d = 0; d < DPL; d++) num[d] = 0.0f;
-        for (int s0 = 0; s0 < n_split; s0 += 8) {
-            float av[8][DPL];
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-#pragma unroll
-                for (int d = 0; d < DPL; d++)
-                    av[e][d] = s0 + e < n_split && lane < DL ? pg[(s0 + e) * ss + 2 + lane * DPL + d] : 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const int sp = s0 + e;
-                float w = 0.0f;
-#pragma unroll
-                for (int k = 0; k < SPL; k++) {
-                    const float wk = NSTF_SHFL(ms[k], sp % NSTF_WAVE);
-                    if (sp / NSTF_WAVE == k) w = wk;
-                }
-#pragma unroll
-                for (int d = 0; d < DPL; d++) num[d] = fmaf(w, av[e][d], num[d]);
-            }
-        }
-        if (lane < DL) {
-            nstf_bf16 *o = (nstf_bf16 *)in.out + (size_t)(hkv * G + g) * HD + lane * DPL;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) o[d] = nstf_float_to_bf16(num[d] / den);
+        for (int k = 0; k < SPL; k++) {
+            const int sp = k * NSTF_WAVE + lane;
+            if (sp < S) ws[h * L4_SPLITS + sp] = ms[k] / den;
         }
     }
-    if (lane == 0) c.sync[3 + hkv] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < nh * hd; e += L4_THREADS) {
+        const int h = e / hd, d = e % hd;
+        const float *pa = c.part + (((size_t)(h / G) * S) * G + h % G) * (hd + 2) + 2 + d;
+        float num = 0.0f;
+        for (int s0 = 0; s0 < S; s0 += 8) {
+            float av[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) av[k] = s0 + k < S ? pa[(size_t)(s0 + k) * ss] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (s0 + k < S) num = fmaf(ws[h * L4_SPLITS + s0 + k], av[k], num);
+        }
+        xs[e] = l4_bf16r(num);
+    }
 }
 
 template <int HD> static __device__ void l4_attn(const nstf_l4_ins &in, const l4_ctl &c, float *qsm) {
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     const int64_t pos = c.dio[1];
-    const int64_t lo = in.window > 0 && pos + 1 > in.window ? pos + 1 - in.window : 0, len = pos + 1 - lo;
     const int n_kv = in.n_kv_heads, tw = (int)gridDim.x * L4_WAVES;
-    /* splits of at least one key per lane; enough of them to give every wave one */
-    int64_t want = (tw + n_kv - 1) / n_kv;
-    if (want > L4_SPLITS) want = L4_SPLITS;
-    int64_t chunk = (len + want - 1) / want;
-    chunk = (chunk + NSTF_WAVE - 1) / NSTF_WAVE * NSTF_WAVE;
-    const int n_split = (int)((len + chunk - 1) / chunk);
+    int64_t lo, chunk;
+    const int n_split = l4_splits(in, pos, &lo, &chunk);
     float *qs = qsm + (size_t)wave * c.q_stride;
     for (int item = blockIdx.x * L4_WAVES + wave; item < n_kv * n_split; item += tw) {
         const int hkv = item / n_split, s = item % n_split;
@@ -736,7 +742,7 @@ static void l4_layout(int max_n_in, int max_q, size_t cap, size_t *a, size_t *b,
     const size_t x = (size_t)max_n_in * sizeof(float), q = (size_t)L4_WAVES * max_q * sizeof(float);
     *a = ((x > q ? x : q) + 15) / 16 * 16;
     *b = ((size_t)max_n_in * sizeof(float) + 15) / 16 * 16;
-    const size_t used = *a + *b + 1024; /* and the static shared memory */
+    const size_t used = *a + *b + 4096; /* and the static shared memory, with room */
     size_t c = cap > used ? cap - used : 0;
     if (c > L4_STAGE_MAX) c = L4_STAGE_MAX;
     *stage = c / 16 * 16;
@@ -750,7 +756,7 @@ extern "C" nstf_status nstf_gpu_l4_shape(int max_n_in, int max_q, int *grid, siz
     size_t a, b, st;
     l4_layout(max_n_in, max_q, info.smem_per_block, &a, &b, &st);
     *smem = a + b + st;
-    if (*smem + 1024 > info.smem_per_block)
+    if (*smem + 4096 > info.smem_per_block)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "L4 decode: %zu bytes of shared memory for a GEMV input of %d",
                               *smem, max_n_in);
     GPU_CHECK(gpuFuncSetAttribute((const void *)l4_kernel, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));

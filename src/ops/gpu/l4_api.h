@@ -19,10 +19,14 @@ extern "C" {
  * after each instruction instead of at kernel boundaries.
  * ========================================================================== */
 
+/* Most splits of the context per kv head in the attention. */
+#define NSTF_L4_SPLITS 64
+
 typedef enum nstf_l4_op {
     NSTF_L4_EMBED = 1, /* x [n_in] f32 = row dio[0] of table w [n_out, n_in] (BF16/F16/F32) */
     NSTF_L4_GEMV,      /* y = W x with the fusions of nstf_gemv_fusion (epi, norm); W BF16 or F16 */
-    NSTF_L4_ATTN,      /* one token's attention over the cache rows 0..pos (k, v of pos already there) */
+    NSTF_L4_ATTN,      /* one token's attention over the cache rows 0..pos (k, v of pos already there),
+                          as split partials that the next GEMV merges (its n_heads > 0) */
 } nstf_l4_op;
 
 typedef struct nstf_l4_ins {
@@ -46,7 +50,8 @@ typedef struct nstf_l4_ins {
     /* ATTN */
     const uint16_t *q;    /* [n_heads * head_dim] bf16 */
     uint16_t *out;        /* [n_heads * head_dim] bf16 */
-    int32_t n_heads, n_kv_heads, window, layer;
+    int32_t n_heads, n_kv_heads, window, layer; /* also on the GEMV after an ATTN: its input is that
+                                                   attention's output, merged from the partials */
 } nstf_l4_ins;
 
 /* Scratch and control words of the persistent kernel (device memory of
