@@ -114,7 +114,7 @@ if(NSTF_CUDA)
   # End to end (GPU forward vs CPU forward), the execution levels (unfused
   # kernels vs fp64, every level vs L3) and run-to-run determinism: C tests
   # that use the nstf CLI for gen-model.
-  foreach(t test_e2e_gpu test_levels_gpu test_determinism_gpu test_train_gpu test_lowrank_gpu)
+  foreach(t test_e2e_gpu test_levels_gpu test_determinism_gpu test_train_gpu test_lowrank_gpu test_comm_gpu)
     add_executable(${t} ${PROJECT_SOURCE_DIR}/tests/${t}.c)
     target_link_libraries(${t} PRIVATE nstf_internal)
     target_compile_definitions(${t} PRIVATE NSTF_SOURCE_DIR="${PROJECT_SOURCE_DIR}"

@@ -8,6 +8,7 @@
 
 #include "core/mem.h"
 #include "ops/gpu/gpu_api.h"
+#include "ops/gpu/p2p_api.h"
 
 bool nstf_matrix_group_span(const nstf_matrix *const *w, int n_w, nstf_matrix *span) {
     if (n_w < 1 || w[0]->factors) return false;
@@ -57,6 +58,25 @@ nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
 void nstf_gpu_ccl_abort(void *comm) { (void)comm; }
+nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, nstf_p2p **out) {
+    (void)devs, (void)n, (void)cap;
+    *out = NULL;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+void nstf_gpu_p2p_free(nstf_p2p *p) { (void)p; }
+int64_t nstf_gpu_p2p_cap(const nstf_p2p *p) {
+    (void)p;
+    return 0;
+}
+nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, int64_t n, void *stream, int timeout_ms) {
+    (void)p, (void)rank, (void)buf, (void)n, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+nstf_status nstf_gpu_p2p_check(nstf_p2p *p, int rank) {
+    (void)p, (void)rank;
+    return NSTF_OK;
+}
+void nstf_gpu_p2p_abort(nstf_p2p *p) { (void)p; }
 void nstf_gpu_ccl_destroy(void *comm) { (void)comm; }
 nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out) {
     (void)a, (void)b;

@@ -1,6 +1,8 @@
 /* comm.c — the tensor-parallel communicator (see comm.h): the rank
  * threads, the watchdog, the host-memory all-reduce, and the GPU one
- * through ops/gpu/gpu_api.h's collectives (NCCL / RCCL). */
+ * through ops/gpu/gpu_api.h's collectives (NCCL / RCCL) or, for the small
+ * all-reduces of a decode step where every pair of GPUs has peer access,
+ * the one-shot peer all-reduce of ops/gpu/p2p_api.h. */
 #include "dist/comm.h"
 
 #include <pthread.h>
@@ -13,9 +15,11 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "ops/gpu/gpu_api.h"
+#include "ops/gpu/p2p_api.h"
 
 
 #define WATCH_MS 50 /* how often the watchdog looks at the group's progress */
+#define P2P_CAP (64 * 1024) /* floats: the peer all-reduce takes up to 256 KiB (a decode step's residual) */
 
 typedef struct thread_arg {
     struct nstf_comm *c;
@@ -27,7 +31,8 @@ struct nstf_comm {
     bool gpu;
     nstf_backend *be[NSTF_COMM_MAX];
     void *ccl[NSTF_COMM_MAX]; /* GPU: one communicator per rank */
-    char transport[64];
+    nstf_p2p *p2p;            /* GPU with peer access everywhere: all-reduces up to P2P_CAP floats */
+    char transport[96];
     /* rank threads and the job */
     pthread_t th[NSTF_COMM_MAX];
     thread_arg targ[NSTF_COMM_MAX];
@@ -77,9 +82,11 @@ void nstf_comm_abort(nstf_comm *c, const char *why) {
     pthread_mutex_unlock(&c->mu);
     /* ncclCommAbort from this thread makes the ranks' queued collectives
      * (and the stream waits behind them) return */
-    if (first && c->gpu)
+    if (first && c->gpu) {
+        nstf_gpu_p2p_abort(c->p2p);
         for (int r = 0; r < c->n; r++)
             if (c->ccl[r]) nstf_gpu_ccl_abort(c->ccl[r]);
+    }
 }
 
 static nstf_status aborted_error(nstf_comm *c, int rank) {
@@ -104,6 +111,7 @@ static void *rank_main(void *p) {
         pthread_mutex_unlock(&c->mu);
         nstf_clear_error();
         nstf_status st = fn(ctx, rank);
+        if (st == NSTF_OK && c->p2p) st = nstf_gpu_p2p_check(c->p2p, rank); /* what its stream met so far */
         if (st == NSTF_OK && atomic_load(&c->aborted)) st = aborted_error(c, rank);
         char why[600] = "";
         pthread_mutex_lock(&c->mu);
@@ -278,7 +286,9 @@ nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
     int dev = 0;
     void *stream = NULL;
     NSTF_TRY(nstf_backend_gpu_stream(c->be[rank], &dev, &stream));
-    nstf_status st = nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
+    nstf_status st = c->p2p && n <= nstf_gpu_p2p_cap(c->p2p)
+                         ? nstf_gpu_p2p_allreduce_f32(c->p2p, rank, buf, n, stream, c->timeout_ms)
+                         : nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
     if (st != NSTF_OK && atomic_load(&c->aborted)) return aborted_error(c, rank);
     return st;
 }
@@ -298,6 +308,7 @@ void nstf_comm_free(nstf_comm *c) {
     if (c->wedged) return; /* its threads may still touch the communicator */
     for (int r = 0; r < c->n; r++) /* (ncclCommAbort freed an aborted one) */
         if (c->ccl[r] && !atomic_load(&c->aborted)) nstf_gpu_ccl_destroy(c->ccl[r]);
+    nstf_gpu_p2p_free(c->p2p);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->job_cv);
     pthread_cond_destroy(&c->done_cv);
@@ -337,6 +348,13 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
             st = nstf_backend_gpu_stream(be[r], &devs[r], &stream);
         }
         if (st == NSTF_OK) st = nstf_gpu_ccl_init(devs, n, c->ccl, c->timeout_ms, c->transport, sizeof c->transport);
+        /* the peer all-reduce where every pair has peer access (else NCCL alone) */
+        if (st == NSTF_OK && nstf_gpu_p2p_create(devs, n, P2P_CAP, &c->p2p) == NSTF_OK) {
+            const size_t l = strlen(c->transport);
+            snprintf(c->transport + l, sizeof c->transport - l, ", peer one-shot up to %d KiB",
+                     (int)(P2P_CAP * sizeof(float) / 1024));
+        }
+        nstf_clear_error();
     } else if (c->gpu) {
         snprintf(c->transport, sizeof c->transport, "none (one rank)");
     }

@@ -1,0 +1,201 @@
+/* p2p_allreduce.cu — the one-shot all-reduce over peer memory
+ * (p2p_api.h) for the ranks of one process.
+ *
+ * Each device holds a receive area [2][n ranks][cap] floats (two slots,
+ * used by alternate calls) and flags [n ranks][P2P_BLOCKS] (one per source
+ * rank and block, raised to the call's number + 1; never reset). Call e
+ * on rank r, block b (its chunk of the buffer):
+ *   1. store the chunk into slot e % 2, row r, of every peer's area (the
+ *      link's writes are posted: a push costs no round trip);
+ *   2. __syncthreads, a system-scope fence, then raise flag [r][b] = e + 1
+ *      on every peer;
+ *   3. wait until its own flags [q][b] >= e + 1 for every peer q (a fence
+ *      after), then sum the chunk over the ranks in rank order (its own
+ *      values for q = r), so every rank computes the same bits.
+ * A slot is written again two calls later; by then the peer has finished
+ * reading it (a rank at call e has seen every peer's flag of call e - 1,
+ * raised after that peer's call e - 2 ended on its stream). The wait gives
+ * up after the timeout, or when the group is aborted (a word in host
+ * memory every device reads), and leaves an error word (host memory too,
+ * so the host reads it without a copy). */
+#include "gpu.h"
+#include "l4_api.h" /* page-locked host memory */
+#include "p2p_api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define P2P_THREADS 256
+#define P2P_BLOCKS 64 /* most blocks of one call */
+#define P2P_MAX 16
+
+struct nstf_p2p {
+    int n, devs[P2P_MAX];
+    int64_t cap;
+    float *recv[P2P_MAX];    /* device r: [2][n][cap] */
+    unsigned *flags[P2P_MAX]; /* device r: [n][P2P_BLOCKS] */
+    unsigned epoch[P2P_MAX]; /* the calls each rank made */
+    int *herr;               /* host memory, visible to the devices: [P2P_MAX] error words */
+    int *habort;             /* host memory: the group's abort word */
+};
+
+struct p2p_peers {
+    float *recv[P2P_MAX];
+    unsigned *flags[P2P_MAX];
+};
+
+static __device__ __forceinline__ unsigned long long p2p_now(void) { return NSTF_TIMER_NS(); }
+
+__global__ void __launch_bounds__(P2P_THREADS)
+    p2p_allreduce_kernel(float *buf, int64_t n, int rank, int nr, p2p_peers pe, unsigned e, int64_t cap,
+                         unsigned long long timeout_ns, int *err, const int *abort_word) {
+    const int b = blockIdx.x;
+    const int64_t per = (n + gridDim.x - 1) / gridDim.x, i0 = (int64_t)b * per, i1 = i0 + per < n ? i0 + per : n;
+    const size_t slot = (size_t)(e % 2u) * (size_t)nr * (size_t)cap;
+    /* 1. the chunk into every peer's slot */
+    for (int q = 0; q < nr; q++) {
+        if (q == rank) continue;
+        float *dst = pe.recv[q] + slot + (size_t)rank * (size_t)cap;
+        for (int64_t i = i0 + threadIdx.x; i < i1; i += P2P_THREADS) dst[i] = buf[i];
+    }
+    /* 2. raise this block's flag on every peer */
+    __syncthreads();
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        ok = 1;
+        __threadfence_system();
+        for (int q = 0; q < nr; q++)
+            if (q != rank) *(volatile unsigned *)&pe.flags[q][rank * P2P_BLOCKS + b] = e + 1u;
+        /* 3. wait for every peer's flag of this block */
+        const unsigned long long t0 = p2p_now();
+        for (int q = 0; q < nr && ok; q++) {
+            if (q == rank) continue;
+            const volatile unsigned *f = &pe.flags[rank][q * P2P_BLOCKS + b];
+            for (unsigned spin = 0; (int)(*f - (e + 1u)) < 0; spin++) {
+                if ((spin & 1023u) == 1023u &&
+                    (*(const volatile int *)abort_word || p2p_now() - t0 > timeout_ns)) {
+                    *(volatile int *)err = 1 + q; /* the peer that did not arrive, + 1 */
+                    __threadfence_system();
+                    ok = 0;
+                    break;
+                }
+            }
+        }
+        __threadfence_system();
+    }
+    __syncthreads();
+    if (!ok) return;
+    const float *mine = pe.recv[rank] + slot;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += P2P_THREADS) {
+        float s = 0.0f;
+        for (int q = 0; q < nr; q++) s += q == rank ? buf[i] : mine[(size_t)q * (size_t)cap + i];
+        buf[i] = s;
+    }
+}
+
+extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, nstf_p2p **out) {
+    *out = NULL;
+    if (n < 2 || n > P2P_MAX || cap < 1)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "peer all-reduce over %d devices of %lld floats", n, (long long)cap);
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++) {
+            int acc = 0;
+            if (a == b) continue;
+            GPU_CHECK(gpuDeviceCanAccessPeer(&acc, devs[a], devs[b]));
+            if (!acc)
+                return nstf_set_error(NSTF_ERR_UNSUPPORTED, "peer all-reduce: GPU %d cannot access GPU %d", devs[a],
+                                      devs[b]);
+        }
+    nstf_p2p *p = (nstf_p2p *)calloc(1, sizeof *p);
+    if (!p) return nstf_set_error(NSTF_ERR_OOM, "peer all-reduce state");
+    p->n = n;
+    p->cap = cap;
+    nstf_status st = NSTF_OK;
+    int cur = 0;
+    (void)gpuGetDevice(&cur);
+    for (int r = 0; r < n && st == NSTF_OK; r++) {
+        p->devs[r] = devs[r];
+        st = nstf_gpu_set_device(devs[r]);
+        for (int q = 0; q < n && st == NSTF_OK; q++) {
+            if (q == r) continue;
+            gpuError_t e = gpuDeviceEnablePeerAccess(devs[q], 0);
+            if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
+            else if (e != gpuSuccess) st = nstf_gpu_fail("gpuDeviceEnablePeerAccess", __FILE__, __LINE__, (int)e, gpuGetErrorString(e));
+        }
+        const size_t rb = (size_t)2 * n * (size_t)cap * sizeof(float), fb = (size_t)n * P2P_BLOCKS * sizeof(unsigned);
+        if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->recv[r], rb);
+        if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->flags[r], fb);
+        if (st == NSTF_OK) st = nstf_gpu_memset(p->flags[r], 0, fb, NULL);
+    }
+    if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->herr, P2P_MAX * sizeof(int));
+    if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->habort, sizeof(int));
+    if (st == NSTF_OK) {
+        memset(p->herr, 0, P2P_MAX * sizeof(int));
+        *p->habort = 0;
+        for (int r = 0; r < n && st == NSTF_OK; r++) {
+            st = nstf_gpu_set_device(devs[r]);
+            if (st == NSTF_OK) st = nstf_gpu_stream_sync(NULL);
+        }
+    }
+    (void)gpuSetDevice(cur);
+    if (st != NSTF_OK) {
+        nstf_gpu_p2p_free(p);
+        return st;
+    }
+    *out = p;
+    return NSTF_OK;
+}
+
+extern "C" void nstf_gpu_p2p_free(nstf_p2p *p) {
+    if (!p) return;
+    int cur = 0;
+    (void)gpuGetDevice(&cur);
+    for (int r = 0; r < p->n; r++) {
+        if (gpuSetDevice(p->devs[r]) != gpuSuccess) continue;
+        (void)nstf_gpu_free(p->recv[r]);
+        (void)nstf_gpu_free(p->flags[r]);
+    }
+    (void)gpuSetDevice(cur);
+    nstf_gpu_host_free(p->herr);
+    nstf_gpu_host_free(p->habort);
+    free(p);
+}
+
+extern "C" int64_t nstf_gpu_p2p_cap(const nstf_p2p *p) { return p ? p->cap : 0; }
+
+extern "C" void nstf_gpu_p2p_abort(nstf_p2p *p) {
+    if (p && p->habort) __atomic_store_n(p->habort, 1, __ATOMIC_RELEASE);
+}
+
+extern "C" nstf_status nstf_gpu_p2p_check(nstf_p2p *p, int rank) {
+    if (!p || rank < 0 || rank >= p->n) return nstf_set_error(NSTF_ERR_INVALID_ARG, "peer all-reduce: rank %d", rank);
+    const int e = __atomic_load_n(&p->herr[rank], __ATOMIC_ACQUIRE);
+    if (!e) return NSTF_OK;
+    if (__atomic_load_n(p->habort, __ATOMIC_ACQUIRE))
+        return nstf_set_error(NSTF_ERR_GPU, "peer all-reduce on rank %d: the group was aborted", rank);
+    return nstf_set_error(NSTF_ERR_GPU, "peer all-reduce on rank %d: rank %d did not arrive within the timeout", rank,
+                          e - 1);
+}
+
+extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, int64_t n, void *stream,
+                                                  int timeout_ms) {
+    if (!p || rank < 0 || rank >= p->n || n < 0 || n > p->cap || (n && !buf) || timeout_ms < 1)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "peer all-reduce of %lld floats on rank %d (cap %lld)",
+                              (long long)n, rank, p ? (long long)p->cap : 0LL);
+    NSTF_TRY(nstf_gpu_p2p_check(p, rank));
+    const unsigned e = p->epoch[rank]++;
+    if (n == 0) return NSTF_OK;
+    p2p_peers pe;
+    for (int q = 0; q < p->n; q++) {
+        pe.recv[q] = p->recv[q];
+        pe.flags[q] = p->flags[q];
+    }
+    int blocks = (int)((n + 1023) / 1024);
+    if (blocks > P2P_BLOCKS) blocks = P2P_BLOCKS;
+    gpuStream_t s = (gpuStream_t)stream;
+    GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, n, rank, p->n, pe,
+                              e, p->cap, (unsigned long long)timeout_ms * 1000000ull, &p->herr[rank],
+                              (const int *)p->habort));
+    return NSTF_OK;
+}
