@@ -1,23 +1,23 @@
 /* p2p_allreduce.cu — the one-shot all-reduce over peer memory
  * (p2p_api.h) for the ranks of one process.
  *
- * Each device holds a receive area [2][n ranks][cap] floats (two slots,
- * used by alternate calls) and flags [n ranks][P2P_BLOCKS] (one per source
- * rank and block, raised to the call's number + 1; never reset). Call e
- * on rank r, block b (its chunk of the buffer):
- *   1. store the chunk into slot e % 2, row r, of every peer's area (the
- *      link's writes are posted: a push costs no round trip);
- *   2. __syncthreads, a system-scope fence, then raise flag [r][b] = e + 1
- *      on every peer;
- *   3. wait until its own flags [q][b] >= e + 1 for every peer q (a fence
- *      after), then sum the chunk over the ranks in rank order (its own
- *      values for q = r), so every rank computes the same bits.
- * A slot is written again two calls later; by then the peer has finished
- * reading it (a rank at call e has seen every peer's flag of call e - 1,
- * raised after that peer's call e - 2 ended on its stream). The wait gives
- * up after the timeout, or when the group is aborted (a word in host
- * memory every device reads), and leaves an error word (host memory too,
- * so the host reads it without a copy). */
+ * Each device holds a receive area [2][n ranks][cap] of 8-byte words:
+ * the value's bits and a tag, the call's number + 1 (two slots, used by
+ * alternate calls). Call e on rank r:
+ *   1. store (value, e + 1) for every element of its buffer into slot
+ *      e % 2, row r, of every peer's area: one 8-byte store each, which
+ *      arrives whole, so no fence and no separate flag are needed, and the
+ *      link's writes are posted (a push costs no round trip);
+ *   2. for every element, wait until each peer's word in its own area
+ *      carries the tag e + 1, then sum the values in rank order (its own
+ *      for q = r), so every rank computes the same bits.
+ * A slot is written again two calls later; by then the peer has read it
+ * (a rank at call e has seen every peer's words of call e - 1, written
+ * after that peer's call e - 2 ended on its stream), and a word left from
+ * call e - 2 carries tag e - 1, never e + 1. The wait gives up after the
+ * timeout, or when the group is aborted (a word in host memory every
+ * device reads), and leaves an error word (host memory too, so the host
+ * reads it without a copy). */
 #include "gpu.h"
 #include "l4_api.h" /* page-locked host memory */
 #include "p2p_api.h"
@@ -27,69 +27,59 @@
 #include <string.h>
 
 #define P2P_THREADS 256
-#define P2P_BLOCKS 64 /* most blocks of one call */
+#define P2P_BLOCKS 64 /* most blocks of one call (4 elements per thread and more beyond) */
 #define P2P_MAX 16
 
 struct nstf_p2p {
     int n, devs[P2P_MAX];
     int64_t cap;
-    float *recv[P2P_MAX];    /* device r: [2][n][cap] */
-    unsigned *flags[P2P_MAX]; /* device r: [n][P2P_BLOCKS] */
+    unsigned long long *recv[P2P_MAX]; /* device r: [2][n][cap] words: tag << 32 | value bits */
     unsigned epoch[P2P_MAX]; /* the calls each rank made */
     int *herr;               /* host memory, visible to the devices: [P2P_MAX] error words */
     int *habort;             /* host memory: the group's abort word */
 };
 
+typedef unsigned long long u64;
 struct p2p_peers {
-    float *recv[P2P_MAX];
-    unsigned *flags[P2P_MAX];
+    u64 *recv[P2P_MAX];
 };
 
-static __device__ __forceinline__ unsigned long long p2p_now(void) { return NSTF_TIMER_NS(); }
 
 __global__ void __launch_bounds__(P2P_THREADS)
     p2p_allreduce_kernel(float *buf, int64_t n, int rank, int nr, p2p_peers pe, unsigned e, int64_t cap,
                          unsigned long long timeout_ns, int *err, const int *abort_word) {
-    const int b = blockIdx.x;
-    const int64_t per = (n + gridDim.x - 1) / gridDim.x, i0 = (int64_t)b * per, i1 = i0 + per < n ? i0 + per : n;
+    const unsigned tag = e + 1u;
     const size_t slot = (size_t)(e % 2u) * (size_t)nr * (size_t)cap;
-    /* 1. the chunk into every peer's slot */
-    for (int q = 0; q < nr; q++) {
-        if (q == rank) continue;
-        float *dst = pe.recv[q] + slot + (size_t)rank * (size_t)cap;
-        for (int64_t i = i0 + threadIdx.x; i < i1; i += P2P_THREADS) dst[i] = buf[i];
-    }
-    /* 2. raise this block's flag on every peer */
-    __syncthreads();
-    __shared__ int ok;
-    if (threadIdx.x == 0) {
-        ok = 1;
-        __threadfence_system();
+    const int64_t stride = (int64_t)gridDim.x * P2P_THREADS;
+    /* 1. (value, tag) into every peer's slot */
+    for (int64_t i = (int64_t)blockIdx.x * P2P_THREADS + threadIdx.x; i < n; i += stride) {
+        const u64 w = (u64)tag << 32 | __float_as_uint(buf[i]);
         for (int q = 0; q < nr; q++)
-            if (q != rank) *(volatile unsigned *)&pe.flags[q][rank * P2P_BLOCKS + b] = e + 1u;
-        /* 3. wait for every peer's flag of this block */
-        const unsigned long long t0 = p2p_now();
-        for (int q = 0; q < nr && ok; q++) {
-            if (q == rank) continue;
-            const volatile unsigned *f = &pe.flags[rank][q * P2P_BLOCKS + b];
-            for (unsigned spin = 0; (int)(*f - (e + 1u)) < 0; spin++) {
+            if (q != rank) *(volatile u64 *)&pe.recv[q][slot + (size_t)rank * (size_t)cap + i] = w;
+    }
+    /* 2. each element once every peer's word has arrived, summed in rank order */
+    const u64 *mine = pe.recv[rank] + slot;
+    const unsigned long long t0 = NSTF_TIMER_NS();
+    for (int64_t i = (int64_t)blockIdx.x * P2P_THREADS + threadIdx.x; i < n; i += stride) {
+        float s = 0.0f;
+        for (int q = 0; q < nr; q++) {
+            if (q == rank) {
+                s += buf[i];
+                continue;
+            }
+            const volatile u64 *src = (const volatile u64 *)&mine[(size_t)q * (size_t)cap + i];
+            u64 w = *src;
+            for (unsigned spin = 0; (unsigned)(w >> 32) != tag; spin++) {
                 if ((spin & 1023u) == 1023u &&
-                    (*(const volatile int *)abort_word || p2p_now() - t0 > timeout_ns)) {
+                    (*(const volatile int *)abort_word || NSTF_TIMER_NS() - t0 > timeout_ns)) {
                     *(volatile int *)err = 1 + q; /* the peer that did not arrive, + 1 */
                     __threadfence_system();
-                    ok = 0;
-                    break;
+                    return;
                 }
+                w = *src;
             }
+            s += __uint_as_float((unsigned)w);
         }
-        __threadfence_system();
-    }
-    __syncthreads();
-    if (!ok) return;
-    const float *mine = pe.recv[rank] + slot;
-    for (int64_t i = i0 + threadIdx.x; i < i1; i += P2P_THREADS) {
-        float s = 0.0f;
-        for (int q = 0; q < nr; q++) s += q == rank ? buf[i] : mine[(size_t)q * (size_t)cap + i];
         buf[i] = s;
     }
 }
@@ -123,10 +113,9 @@ extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, 
             if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
             else if (e != gpuSuccess) st = nstf_gpu_fail("gpuDeviceEnablePeerAccess", __FILE__, __LINE__, (int)e, gpuGetErrorString(e));
         }
-        const size_t rb = (size_t)2 * n * (size_t)cap * sizeof(float), fb = (size_t)n * P2P_BLOCKS * sizeof(unsigned);
+        const size_t rb = (size_t)2 * n * (size_t)cap * sizeof(u64);
         if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->recv[r], rb);
-        if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->flags[r], fb);
-        if (st == NSTF_OK) st = nstf_gpu_memset(p->flags[r], 0, fb, NULL);
+        if (st == NSTF_OK) st = nstf_gpu_memset(p->recv[r], 0, rb, NULL); /* tag 0: no call */
     }
     if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->herr, P2P_MAX * sizeof(int));
     if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->habort, sizeof(int));
@@ -154,7 +143,6 @@ extern "C" void nstf_gpu_p2p_free(nstf_p2p *p) {
     for (int r = 0; r < p->n; r++) {
         if (gpuSetDevice(p->devs[r]) != gpuSuccess) continue;
         (void)nstf_gpu_free(p->recv[r]);
-        (void)nstf_gpu_free(p->flags[r]);
     }
     (void)gpuSetDevice(cur);
     nstf_gpu_host_free(p->herr);
@@ -187,11 +175,8 @@ extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *
     const unsigned e = p->epoch[rank]++;
     if (n == 0) return NSTF_OK;
     p2p_peers pe;
-    for (int q = 0; q < p->n; q++) {
-        pe.recv[q] = p->recv[q];
-        pe.flags[q] = p->flags[q];
-    }
-    int blocks = (int)((n + 1023) / 1024);
+    for (int q = 0; q < p->n; q++) pe.recv[q] = p->recv[q];
+    int blocks = (int)((n + P2P_THREADS * 4 - 1) / (P2P_THREADS * 4));
     if (blocks > P2P_BLOCKS) blocks = P2P_BLOCKS;
     gpuStream_t s = (gpuStream_t)stream;
     GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, n, rank, p->n, pe,

@@ -1,8 +1,9 @@
 /* p2p_api.h — the one-shot all-reduce over peer memory (p2p_allreduce.cu)
  * of the devices one process drives (tensor parallel, dist/comm.c): each
  * rank pushes its buffer into every peer's receive slot over the link,
- * raises a flag there, waits for the peers' flags and sums the n buffers
- * in rank order, so every rank gets the same bits. For the small
+ * each value in one 8-byte word with the call's tag, waits for the peers'
+ * words of this call and sums the n buffers in rank order, so every rank
+ * gets the same bits. For the small
  * all-reduces of a decode step (a token's residual, 16 KB on an 8B model),
  * where NCCL's ring pays more in protocol than in bytes. */
 #ifndef NSTF_GPU_P2P_API_H
