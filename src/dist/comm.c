@@ -265,6 +265,11 @@ static nstf_status host_allreduce(nstf_comm *c, int rank, float *buf, int64_t n)
     return NSTF_OK;
 }
 
+bool nstf_comm_capturable(const nstf_comm *c, int64_t n) {
+    /* a planted fault (nstf_comm_fault) counts the host's calls: not in a graph */
+    return c->gpu && c->p2p && c->fault_rank < 0 && n >= 0 && n <= nstf_gpu_p2p_cap(c->p2p);
+}
+
 nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
     if (rank < 0 || rank >= c->n || n < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce of %lld values on rank %d of %d", (long long)n, rank,

@@ -54,6 +54,13 @@ nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx);
  * stream (the result is there for the ops queued after it). */
 nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n);
 
+/* Whether an all-reduce of n floats can be captured in a graph with the
+ * ops around it (the peer one-shot path takes it; NCCL's is not
+ * captured, nor are the calls of a group with a planted fault, which the
+ * host counts). A replayed call is not counted as progress by the
+ * watchdog: a stalled peer then shows as the kernel's own timeout. */
+bool nstf_comm_capturable(const nstf_comm *c, int64_t n);
+
 /* Abort (a watchdog, or a caller giving up): every rank's collectives
  * fail from now on. */
 void nstf_comm_abort(nstf_comm *c, const char *why);

@@ -169,6 +169,7 @@ typedef struct create_job {
     nstf_llama_tp *g;
     nstf_backend *const *be;
     const nstf_llama_run_shape *shape;
+    int64_t m_dim; /* the model's width: a decode step's all-reduce */
 } create_job;
 
 /* Each rank places its shard from its own thread (its device current). */
@@ -177,10 +178,12 @@ static nstf_status create_rank(void *ctx, int r) {
     NSTF_TRY(nstf_llama_run_create_shaped(&j->g->shard[r], j->be[r], j->shape, &j->g->runs[r]));
     j->g->runs[r]->tp = j->g;
     j->g->runs[r]->tp_rank = r;
-    if (!j->be[r]->host_memory) { /* a device holds its own copy now; graphs do not capture the collectives yet */
+    if (!j->be[r]->host_memory) { /* a device holds its own copy now */
         nstf_free(j->g->copies[r]);
         j->g->copies[r] = NULL;
-        NSTF_TRY(j->be[r]->vt->set_opt(j->be[r], NSTF_OPT_GRAPHS, 0));
+        /* a decode step's all-reduces (dim floats) on the peer path are
+         * kernels a graph captures with the step; NCCL's are not */
+        if (!nstf_comm_capturable(j->g->comm, j->m_dim)) NSTF_TRY(j->be[r]->vt->set_opt(j->be[r], NSTF_OPT_GRAPHS, 0));
     }
     return NSTF_OK;
 }
@@ -204,7 +207,7 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
     const int stall = nstf_switch_int(NSTF_SW_TP_STALL_AT); /* a fault test's stalled rank */
     if (st == NSTF_OK && stall > 0) nstf_comm_fault(g->comm, n - 1, stall - 1);
     if (st == NSTF_OK) {
-        create_job j = {g, be, shape};
+        create_job j = {g, be, shape, c->dim};
         st = nstf_comm_run(g->comm, create_rank, &j);
     }
     for (int r = 0; r < n && st == NSTF_OK; r++) {

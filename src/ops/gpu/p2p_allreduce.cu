@@ -17,7 +17,10 @@
  * call e - 2 carries tag e - 1, never e + 1. The wait gives up after the
  * timeout, or when the group is aborted (a word in host memory every
  * device reads), and leaves an error word (host memory too, so the host
- * reads it without a copy). */
+ * reads it without a copy). The call's number lives on the device (read
+ * by every block at the start, advanced by the last block to finish), so
+ * a captured launch replays correctly: a decode step with its all-reduces
+ * is one graph. */
 #include "gpu.h"
 #include "l4_api.h" /* page-locked host memory */
 #include "p2p_api.h"
@@ -34,7 +37,7 @@ struct nstf_p2p {
     int n, devs[P2P_MAX];
     int64_t cap;
     unsigned long long *recv[P2P_MAX]; /* device r: [2][n][cap] words: tag << 32 | value bits */
-    unsigned epoch[P2P_MAX]; /* the calls each rank made */
+    unsigned *ep[P2P_MAX];   /* device r: {calls done, blocks done in the current one} */
     int *herr;               /* host memory, visible to the devices: [P2P_MAX] error words */
     int *habort;             /* host memory: the group's abort word */
 };
@@ -46,9 +49,9 @@ struct p2p_peers {
 
 
 __global__ void __launch_bounds__(P2P_THREADS)
-    p2p_allreduce_kernel(float *buf, int64_t n, int rank, int nr, p2p_peers pe, unsigned e, int64_t cap,
+    p2p_allreduce_kernel(float *buf, int64_t n, int rank, int nr, p2p_peers pe, unsigned *ep, int64_t cap,
                          unsigned long long timeout_ns, int *err, const int *abort_word) {
-    const unsigned tag = e + 1u;
+    const unsigned e = *(volatile unsigned *)&ep[0], tag = e + 1u;
     const size_t slot = (size_t)(e % 2u) * (size_t)nr * (size_t)cap;
     const int64_t stride = (int64_t)gridDim.x * P2P_THREADS;
     /* 1. (value, tag) into every peer's slot */
@@ -81,6 +84,16 @@ __global__ void __launch_bounds__(P2P_THREADS)
             s += __uint_as_float((unsigned)w);
         }
         buf[i] = s;
+    }
+    /* the last block to finish advances the call number (every block has read it) */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&ep[1], 1u) == gridDim.x - 1) {
+            ep[1] = 0;
+            ep[0] = e + 1u;
+            __threadfence();
+        }
     }
 }
 
@@ -116,6 +129,8 @@ extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, 
         const size_t rb = (size_t)2 * n * (size_t)cap * sizeof(u64);
         if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->recv[r], rb);
         if (st == NSTF_OK) st = nstf_gpu_memset(p->recv[r], 0, rb, NULL); /* tag 0: no call */
+        if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->ep[r], 2 * sizeof(unsigned));
+        if (st == NSTF_OK) st = nstf_gpu_memset(p->ep[r], 0, 2 * sizeof(unsigned), NULL);
     }
     if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->herr, P2P_MAX * sizeof(int));
     if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->habort, sizeof(int));
@@ -143,6 +158,7 @@ extern "C" void nstf_gpu_p2p_free(nstf_p2p *p) {
     for (int r = 0; r < p->n; r++) {
         if (gpuSetDevice(p->devs[r]) != gpuSuccess) continue;
         (void)nstf_gpu_free(p->recv[r]);
+        (void)nstf_gpu_free(p->ep[r]);
     }
     (void)gpuSetDevice(cur);
     nstf_gpu_host_free(p->herr);
@@ -172,7 +188,6 @@ extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "peer all-reduce of %lld floats on rank %d (cap %lld)",
                               (long long)n, rank, p ? (long long)p->cap : 0LL);
     NSTF_TRY(nstf_gpu_p2p_check(p, rank));
-    const unsigned e = p->epoch[rank]++;
     if (n == 0) return NSTF_OK;
     p2p_peers pe;
     for (int q = 0; q < p->n; q++) pe.recv[q] = p->recv[q];
@@ -180,7 +195,7 @@ extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *
     if (blocks > P2P_BLOCKS) blocks = P2P_BLOCKS;
     gpuStream_t s = (gpuStream_t)stream;
     GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, n, rank, p->n, pe,
-                              e, p->cap, (unsigned long long)timeout_ms * 1000000ull, &p->herr[rank],
+                              p->ep[rank], p->cap, (unsigned long long)timeout_ms * 1000000ull, &p->herr[rank],
                               (const int *)p->habort));
     return NSTF_OK;
 }
