@@ -9,7 +9,10 @@
  * (seeded, rank-dependent, mixed signs and magnitudes). Checks: every
  * rank's result has the same bits; on the peer path it is exactly the fp32
  * sum in rank order (r0 + r1 + ...), on NCCL's within 1e-6 relative of
- * the fp64 sum. Exit 77 (skipped) with fewer than 2 GPUs. */
+ * the fp64 sum. Then the residual form (nstf_comm_allreduce_add, a
+ * decode step's 4096 floats, 10 calls): dst += the sum in the kernel on
+ * the peer path, exactly dst + (the rank-order sum), buf unchanged; the
+ * caller's add otherwise. Exit 77 (skipped) with fewer than 2 GPUs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,14 +30,24 @@ typedef struct job {
     float *dbuf[MAX_R];
     float *in[MAX_R], *out[MAX_R];
     int64_t n;
+    /* the residual form */
+    bool add, added[MAX_R];
+    float *ddst[MAX_R], *dst_in[MAX_R], *dst_out[MAX_R];
 } job;
 
 static nstf_status rank_job(void *ctx, int r) {
     job *j = ctx;
     nstf_backend *be = j->be[r];
-    NSTF_TRY(be->vt->upload(be, j->dbuf[r], j->in[r], (uint64_t)j->n * sizeof(float)));
-    NSTF_TRY(nstf_comm_allreduce(j->c, r, j->dbuf[r], j->n));
-    NSTF_TRY(be->vt->download(be, j->out[r], j->dbuf[r], (uint64_t)j->n * sizeof(float)));
+    const uint64_t bytes = (uint64_t)j->n * sizeof(float);
+    NSTF_TRY(be->vt->upload(be, j->dbuf[r], j->in[r], bytes));
+    if (j->add) {
+        NSTF_TRY(be->vt->upload(be, j->ddst[r], j->dst_in[r], bytes));
+        NSTF_TRY(nstf_comm_allreduce_add(j->c, r, j->dbuf[r], j->ddst[r], j->n, &j->added[r]));
+        NSTF_TRY(be->vt->download(be, j->dst_out[r], j->ddst[r], bytes));
+    } else {
+        NSTF_TRY(nstf_comm_allreduce(j->c, r, j->dbuf[r], j->n));
+    }
+    NSTF_TRY(be->vt->download(be, j->out[r], j->dbuf[r], bytes));
     return be->vt->sync(be);
 }
 
@@ -95,6 +108,50 @@ int main(void) {
                p2p ? "peer one-shot, exact rank-order sum" : "NCCL, 1e-6 relative", (long long)wrong,
                (long long)differ, p2p ? "" : "");
         CHECK(wrong == 0 && differ == 0, "all-reduce of %lld floats", (long long)j.n);
+    }
+    /* the residual form */
+    j.n = 4096;
+    j.add = true;
+    int64_t wrong = 0, differ = 0, touched = 0;
+    int added = 0;
+    for (int r = 0; r < R; r++) {
+        j.dst_in[r] = malloc(sizeof(float) * j.n);
+        j.dst_out[r] = malloc(sizeof(float) * j.n);
+        CHECK(j.dst_in[r] && j.dst_out[r], "out of memory");
+        CHECK(j.be[r]->vt->alloc(j.be[r], sizeof(float) * j.n, (void **)&j.ddst[r]) == NSTF_OK, "%s",
+              nstf_last_error());
+    }
+    for (int k = 0; k < 10; k++) {
+        for (int64_t i = 0; i < j.n; i++) {
+            const float x = (float)((double)(rng_next(&rng) % 2000001) / 1e6 - 1.0);
+            for (int r = 0; r < R; r++) {
+                j.in[r][i] = (float)((double)(rng_next(&rng) % 2000001) / 1e6 - 1.0);
+                j.dst_in[r][i] = x; /* the residual: the same on every rank */
+            }
+        }
+        CHECK(nstf_comm_run(j.c, rank_job, &j) == NSTF_OK, "all-reduce-add: %s", nstf_last_error());
+        for (int r = 0; r < R; r++) added += j.added[r];
+        for (int64_t i = 0; i < j.n; i++) {
+            float s = 0.0f;
+            for (int r = 0; r < R; r++) s += j.in[r][i];
+            for (int r = 0; r < R; r++) {
+                const float want = j.added[r] ? j.dst_in[r][i] + s : j.dst_in[r][i];
+                wrong += memcmp(&j.dst_out[r][i], &want, sizeof want) != 0;
+                if (j.added[r]) touched += memcmp(&j.out[r][i], &j.in[r][i], sizeof(float)) != 0;
+                else wrong += memcmp(&j.out[r][i], &s, sizeof s) != 0;
+                differ += memcmp(&j.dst_out[r][i], &j.dst_out[0][i], sizeof(float)) != 0;
+            }
+        }
+    }
+    printf("  residual form, 4096 floats x 10 calls: added in the kernel %d of %d times (%s), %lld wrong, "
+           "%lld differ between ranks, buf changed %lld\n",
+           added, 10 * R, peer ? "peer path: all" : "NCCL: none", (long long)wrong, (long long)differ,
+           (long long)touched);
+    CHECK(wrong == 0 && differ == 0 && touched == 0 && added == (peer ? 10 * R : 0), "all-reduce-add");
+    for (int r = 0; r < R; r++) {
+        j.be[r]->vt->free(j.be[r], j.ddst[r]);
+        free(j.dst_in[r]);
+        free(j.dst_out[r]);
     }
     nstf_comm_free(j.c);
     for (int r = 0; r < R; r++) {

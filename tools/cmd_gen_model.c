@@ -28,6 +28,7 @@ static const shape k_shapes[] = {
     {"smollm2-135m", 30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, true},
     {"llama32-1b", 16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f, true},
     {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f, false},
+    {"llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0f, false},
 };
 
 /* Every row of every tensor draws from its own xorshift64* stream, seeded
@@ -227,7 +228,7 @@ static nstf_status gen(const shape *sh, nstf_type type, const char *path, uint64
 nstf_status gen_model_file(const char *shape_name, nstf_type type, const char *path, uint64_t seed) {
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(k_shapes[i].name, shape_name)) return gen(&k_shapes[i], type, path, seed, 0.0f);
-    return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b)",
+    return nstf_set_error(NSTF_ERR_INVALID_ARG, "unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b, llama3-70b)",
                           shape_name);
 }
 
@@ -236,7 +237,7 @@ static void gen_usage(FILE *f) {
                "  writes a Llama GGUF with random weights (N(0, 0.02)) and a byte-level tokenizer\n"
                "  (a progress bar with rate and ETA on a terminal); rows are drawn on every\n"
                "  physical core, and the file depends only on the seed\n"
-               "  SHAPE: tiny | smollm2-135m | llama32-1b | llama3-8b\n"
+               "  SHAPE: tiny | smollm2-135m | llama32-1b | llama3-8b | llama3-70b\n"
                "  TYPE:  f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 (default bf16; norms stay f32)\n"
                "  -o, --output FILE   where to write it\n");
 }
@@ -267,7 +268,7 @@ int cmd_gen_model(int argc, char **argv) {
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(k_shapes[i].name, shape_name)) sh = &k_shapes[i];
     if (!sh) {
-        cli_err("unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b)", shape_name);
+        cli_err("unknown shape '%s' (tiny, smollm2-135m, llama32-1b, llama3-8b, llama3-70b)", shape_name);
         return 2;
     }
     nstf_type type;

@@ -68,8 +68,9 @@ int64_t nstf_gpu_p2p_cap(const nstf_p2p *p) {
     (void)p;
     return 0;
 }
-nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, int64_t n, void *stream, int timeout_ms) {
-    (void)p, (void)rank, (void)buf, (void)n, (void)stream, (void)timeout_ms;
+nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, float *dst, int64_t n, void *stream,
+                                       int timeout_ms) {
+    (void)p, (void)rank, (void)buf, (void)dst, (void)n, (void)stream, (void)timeout_ms;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
 nstf_status nstf_gpu_p2p_check(nstf_p2p *p, int rank) {

@@ -270,7 +270,8 @@ bool nstf_comm_capturable(const nstf_comm *c, int64_t n) {
     return c->gpu && c->p2p && c->fault_rank < 0 && n >= 0 && n <= nstf_gpu_p2p_cap(c->p2p);
 }
 
-nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
+static nstf_status allreduce(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
+    *added = false;
     if (rank < 0 || rank >= c->n || n < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce of %lld values on rank %d of %d", (long long)n, rank,
                               c->n);
@@ -291,11 +292,24 @@ nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
     int dev = 0;
     void *stream = NULL;
     NSTF_TRY(nstf_backend_gpu_stream(c->be[rank], &dev, &stream));
-    nstf_status st = c->p2p && n <= nstf_gpu_p2p_cap(c->p2p)
-                         ? nstf_gpu_p2p_allreduce_f32(c->p2p, rank, buf, n, stream, c->timeout_ms)
-                         : nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
+    nstf_status st;
+    if (c->p2p && n <= nstf_gpu_p2p_cap(c->p2p)) {
+        st = nstf_gpu_p2p_allreduce_f32(c->p2p, rank, buf, dst, n, stream, c->timeout_ms);
+        *added = dst != NULL && st == NSTF_OK;
+    } else {
+        st = nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
+    }
     if (st != NSTF_OK && atomic_load(&c->aborted)) return aborted_error(c, rank);
     return st;
+}
+
+nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
+    bool added;
+    return allreduce(c, rank, buf, NULL, n, &added);
+}
+
+nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
+    return allreduce(c, rank, buf, dst, n, added);
 }
 
 /* ---- create / free --------------------------------------------------------------------------- */

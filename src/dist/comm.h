@@ -53,6 +53,10 @@ nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx);
  * called by that rank inside a job. On a GPU it is queued on the rank's
  * stream (the result is there for the ops queued after it). */
 nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n);
+/* The same, then dst [n] += the sum: in the all-reduce's kernel where the
+ * transport can (*added true; buf is then left as it was), else the sum is
+ * in buf and the caller adds it (*added false). */
+nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added);
 
 /* Whether an all-reduce of n floats can be captured in a graph with the
  * ops around it (the peer one-shot path takes it; NCCL's is not

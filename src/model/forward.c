@@ -226,11 +226,13 @@ static nstf_status sparse_attention(fwd *f, const nstf_op_args *at, int l) {
 
 /* A tensor-parallel rank's block output y is its partial sum (a share of
  * O's or down's input columns): the all-reduce makes it the whole, which
- * the next norm adds into x like any carried output. */
+ * it adds into x itself where its transport can (the peer path), and the
+ * next norm adds like any carried output otherwise. */
 static nstf_status tp_reduce(fwd *f) {
     if (!f->r->tp) return NSTF_OK;
-    NSTF_TRY(nstf_llama_tp_allreduce(f->r, f->r->s.y, f->n * f->c->dim));
-    f->pending = f->r->s.y;
+    bool added = false;
+    NSTF_TRY(nstf_llama_tp_allreduce(f->r, f->r->s.y, f->r->s.x, f->n * f->c->dim, &added));
+    f->pending = added ? NULL : f->r->s.y;
     return NSTF_OK;
 }
 

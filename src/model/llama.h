@@ -203,8 +203,9 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
 const char *nstf_llama_run_tp_transport(const nstf_llama_run *r);
 /* Internal: free a tensor-parallel group (nstf_llama_run_free of rank 0). */
 void nstf_llama_tp_free(nstf_llama_run *r);
-/* Internal to the forward: the all-reduce of a tensor-parallel rank. */
-nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, int64_t n);
+/* Internal to the forward: the all-reduce of a tensor-parallel rank, with
+ * dst += the sum in the same kernel where the transport can (*added). */
+nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, float *dst, int64_t n, bool *added);
 /* Internal: a tensor-parallel forward (forward.c checked the batch). */
 nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
 /* Internal: one run's part of a forward, in its backend's bracket (no checks). */

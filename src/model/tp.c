@@ -226,8 +226,8 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
 
 const char *nstf_llama_run_tp_transport(const nstf_llama_run *r) { return r->tp ? nstf_comm_transport(r->tp->comm) : NULL; }
 
-nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, int64_t n) {
-    return nstf_comm_allreduce(r->tp->comm, r->tp_rank, buf, n);
+nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, float *dst, int64_t n, bool *added) {
+    return nstf_comm_allreduce_add(r->tp->comm, r->tp_rank, buf, dst, n, added);
 }
 
 typedef struct fwd_job {

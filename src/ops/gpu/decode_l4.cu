@@ -87,7 +87,7 @@ template <bool F16> static __device__ __forceinline__ float l4_w_hi(u32 w) {
 
 /* Every block calls it with the same k (0, 1, ...); returns false when the
  * step failed (a stall somewhere): the caller leaves. */
-static __device__ bool l4_barrier(const l4_ctl &c, u32 k, int ins) {
+static __device__ __forceinline__ bool l4_barrier(const l4_ctl &c, u32 k, int ins) {
     __shared__ int ok;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -111,7 +111,7 @@ static __device__ bool l4_barrier(const l4_ctl &c, u32 k, int ins) {
                         c.status[1] = ins;
                         c.status[2] = (int32_t)(n - k * gridDim.x);
                         c.status[3] = (int32_t)gridDim.x;
-                        __threadfence();
+                        NSTF_FENCE_GPU();
                     }
                     ok = 0;
                     break;
@@ -156,7 +156,7 @@ static __device__ __forceinline__ void l4_pair_rows(const nstf_l4_ins &in, int p
 }
 
 /* Starts the block's rows of a GEMV towards L2 (at most L4_PREFETCH bytes). */
-static __device__ void l4_prefetch(const nstf_l4_ins &in) {
+static __device__ __forceinline__ void l4_prefetch(const nstf_l4_ins &in) {
     if (threadIdx.x != 0 || in.op != NSTF_L4_GEMV) return;
     int u0, u1;
     l4_unit_range(in, blockIdx.x, &u0, &u1);
@@ -226,7 +226,7 @@ static __device__ __forceinline__ int l4_slot_row(const nstf_l4_ins &in, int u0,
 /* Starts the copies of a GEMV's constant data into the stage (cp.async on
  * NVIDIA; plain copies elsewhere); the kernel waits for them after the
  * barrier. */
-static __device__ void l4_stage(const nstf_l4_ins &in, const l4_smem &sm) {
+static __device__ __forceinline__ void l4_stage(const nstf_l4_ins &in, const l4_smem &sm) {
     if (in.op != NSTF_L4_GEMV) return;
     const int tid = threadIdx.x, n_in = in.n_in;
     if (l4_staged_nw(in))
@@ -332,10 +332,10 @@ static __device__ __forceinline__ void l4_best_reduce(float &bv, int32_t &bi, fl
         }
 }
 
-static __device__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws);
+static __device__ __forceinline__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws);
 
 template <bool F16>
-static __device__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_smem &sm, float *red) {
+static __device__ __forceinline__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_smem &sm, float *red) {
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE, n_in = in.n_in;
     int u0, u1;
     l4_unit_range(in, blockIdx.x, &u0, &u1);
@@ -428,12 +428,12 @@ static __device__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_
     if (threadIdx.x == 0) {
         c.am[2 * blockIdx.x] = bv;
         c.am[2 * blockIdx.x + 1] = __int_as_float(bi);
-        __threadfence();
+        NSTF_FENCE_GPU();
         last = atomicAdd(&c.sync[2], 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last) return;
-    __threadfence();
+    NSTF_FENCE_GPU();
     bv = -__builtin_huge_valf();
     bi = INT_MAX;
     for (int b = threadIdx.x; b < (int)gridDim.x; b += L4_THREADS) {
@@ -450,7 +450,7 @@ static __device__ void l4_gemv(const nstf_l4_ins &in, const l4_ctl &c, const l4_
 
 /* ---- embedding ------------------------------------------------------------ */
 
-static __device__ void l4_embed(const nstf_l4_ins &in, const l4_ctl &c) {
+static __device__ __forceinline__ void l4_embed(const nstf_l4_ins &in, const l4_ctl &c) {
     const int32_t tok = c.dio[0];
     const bool bad = tok < 0 || tok >= in.n_out;
     float *y = (float *)in.y;
@@ -469,7 +469,7 @@ static __device__ void l4_embed(const nstf_l4_ins &in, const l4_ctl &c) {
 /* One wave: kv head hkv, keys [k0, k1); the G query heads of the group.
  * Writes the partials (m, l, acc) of split s, or with one split the output. */
 template <int HD>
-static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int hkv, int s, int n_split, int64_t k0,
+static __device__ __forceinline__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int hkv, int s, int n_split, int64_t k0,
                                      int64_t k1, float *qs, int lane) {
     constexpr int DPL = HD / NSTF_WAVE > 0 ? HD / NSTF_WAVE : 1; /* dims per lane */
     constexpr int DL = HD / DPL;                                 /* lanes holding dims */
@@ -516,7 +516,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
                                      nstf_bf16lo_to_float(kv.w), nstf_bf16hi_to_float(kv.w)};
 #pragma unroll
                 for (int g = 0; g < L4_GMAX; g++) {
-                    if (g >= G) break;
+                    if (g >= G) continue;
                     float a = sc[g];
 #pragma unroll
                     for (int e = 0; e < 8; e++) a = fmaf(qs[g * HD + ch * 8 + e], kf[e], a);
@@ -527,7 +527,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
         float p[L4_GMAX];
 #pragma unroll
         for (int g = 0; g < L4_GMAX; g++) {
-            if (g >= G) break;
+            if (g >= G) continue;
             const float sv = valid ? sc[g] : -__builtin_huge_valf();
             const float mn = fmaxf(m[g], wave_reduce_max(sv));
             const float corr = nstf_fast_exp2f(m[g] - mn); /* m = -inf at first: 0 */
@@ -552,7 +552,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
             for (int e = 0; e < VE; e++)
 #pragma unroll
                 for (int g = 0; g < L4_GMAX; g++) {
-                    if (g >= G) break;
+                    if (g >= G) continue;
                     const float pj = NSTF_SHFL(p[g], (j0 + e) % NSTF_WAVE);
 #pragma unroll
                     for (int d = 0; d < DPL; d++) acc[g][d] = fmaf(pj, vv[e][d], acc[g][d]);
@@ -563,7 +563,7 @@ static __device__ void l4_attn_split(const nstf_l4_ins &in, const l4_ctl &c, int
     float *part = c.part + (((size_t)hkv * n_split + s) * G) * (HD + 2);
 #pragma unroll
     for (int g = 0; g < L4_GMAX; g++) {
-        if (g >= G) break;
+        if (g >= G) continue;
         float *pg = part + (size_t)g * (HD + 2);
         if (lane == 0) {
             pg[0] = m[g];
@@ -596,7 +596,7 @@ static __device__ __forceinline__ int l4_splits(const nstf_l4_ins &in, int64_t p
  * stores it, into xs. A wave per head computes the weights (into ws),
  * then every thread a column. Each block with rows reads the n_heads x
  * n_split x (head_dim + 2) floats of partials from L2. */
-static __device__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws) {
+static __device__ __forceinline__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *xs, float *ws) {
     constexpr int SPL = (L4_SPLITS + NSTF_WAVE - 1) / NSTF_WAVE;
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     const int nh = in.n_heads, G = in.n_heads / in.n_kv_heads, hd = in.head_dim;
@@ -644,7 +644,7 @@ static __device__ void l4_merge(const nstf_l4_ins &in, const l4_ctl &c, float *x
     }
 }
 
-template <int HD> static __device__ void l4_attn(const nstf_l4_ins &in, const l4_ctl &c, float *qsm) {
+template <int HD> static __device__ __forceinline__ void l4_attn(const nstf_l4_ins &in, const l4_ctl &c, float *qsm) {
     const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
     const int64_t pos = c.dio[1];
     const int n_kv = in.n_kv_heads, tw = (int)gridDim.x * L4_WAVES;
@@ -712,11 +712,11 @@ __global__ void __launch_bounds__(L4_THREADS, 1) l4_kernel(const nstf_l4_ins *__
     /* the last block to leave resets the barrier for the next step */
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
+        NSTF_FENCE_GPU();
         if (atomicAdd(&c.sync[1], 1u) == gridDim.x - 1) {
             c.sync[0] = 0;
             c.sync[1] = 0;
-            __threadfence();
+            NSTF_FENCE_GPU();
         }
     }
 }

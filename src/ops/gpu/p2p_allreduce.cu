@@ -49,7 +49,7 @@ struct p2p_peers {
 
 
 __global__ void __launch_bounds__(P2P_THREADS)
-    p2p_allreduce_kernel(float *buf, int64_t n, int rank, int nr, p2p_peers pe, unsigned *ep, int64_t cap,
+    p2p_allreduce_kernel(float *buf, float *dst, int64_t n, int rank, int nr, p2p_peers pe, unsigned *ep, int64_t cap,
                          unsigned long long timeout_ns, int *err, const int *abort_word) {
     const unsigned e = *(volatile unsigned *)&ep[0], tag = e + 1u;
     const size_t slot = (size_t)(e % 2u) * (size_t)nr * (size_t)cap;
@@ -76,23 +76,24 @@ __global__ void __launch_bounds__(P2P_THREADS)
                 if ((spin & 1023u) == 1023u &&
                     (*(const volatile int *)abort_word || NSTF_TIMER_NS() - t0 > timeout_ns)) {
                     *(volatile int *)err = 1 + q; /* the peer that did not arrive, + 1 */
-                    __threadfence_system();
+                    NSTF_FENCE_SYSTEM();
                     return;
                 }
                 w = *src;
             }
             s += __uint_as_float((unsigned)w);
         }
-        buf[i] = s;
+        if (dst) dst[i] += s;
+        else buf[i] = s;
     }
     /* the last block to finish advances the call number (every block has read it) */
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
+        NSTF_FENCE_GPU();
         if (atomicAdd(&ep[1], 1u) == gridDim.x - 1) {
             ep[1] = 0;
             ep[0] = e + 1u;
-            __threadfence();
+            NSTF_FENCE_GPU();
         }
     }
 }
@@ -182,8 +183,8 @@ extern "C" nstf_status nstf_gpu_p2p_check(nstf_p2p *p, int rank) {
                           e - 1);
 }
 
-extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, int64_t n, void *stream,
-                                                  int timeout_ms) {
+extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, float *dst, int64_t n,
+                                                  void *stream, int timeout_ms) {
     if (!p || rank < 0 || rank >= p->n || n < 0 || n > p->cap || (n && !buf) || timeout_ms < 1)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "peer all-reduce of %lld floats on rank %d (cap %lld)",
                               (long long)n, rank, p ? (long long)p->cap : 0LL);
@@ -194,7 +195,7 @@ extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *
     int blocks = (int)((n + P2P_THREADS * 4 - 1) / (P2P_THREADS * 4));
     if (blocks > P2P_BLOCKS) blocks = P2P_BLOCKS;
     gpuStream_t s = (gpuStream_t)stream;
-    GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, n, rank, p->n, pe,
+    GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, dst, n, rank, p->n, pe,
                               p->ep[rank], p->cap, (unsigned long long)timeout_ms * 1000000ull, &p->herr[rank],
                               (const int *)p->habort));
     return NSTF_OK;

@@ -22,11 +22,14 @@ typedef struct nstf_p2p nstf_p2p;
 nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, nstf_p2p **out);
 void nstf_gpu_p2p_free(nstf_p2p *p);
 int64_t nstf_gpu_p2p_cap(const nstf_p2p *p);
-/* Rank `rank`'s in-place sum of buf [n] (its device), queued on stream;
- * every rank makes the same calls in the same order. A peer that does not
+/* Rank `rank`'s sum of buf [n] (its device) over the ranks, in place, or
+ * with dst non-NULL added into dst [n] instead (dst[i] += sum: the
+ * residual add of tensor parallel, buf left as it was); queued on stream.
+ * Every rank makes the same calls in the same order. A peer that does not
  * arrive within timeout_ms makes the kernel give up; the rank's next call
  * (or nstf_gpu_p2p_check) reports it. */
-nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, int64_t n, void *stream, int timeout_ms);
+nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *buf, float *dst, int64_t n, void *stream,
+                                       int timeout_ms);
 /* The error a rank's earlier all-reduces left (after its stream reached them). */
 nstf_status nstf_gpu_p2p_check(nstf_p2p *p, int rank);
 /* Every waiting kernel of the group leaves (the communicator aborted). */

@@ -93,6 +93,10 @@ static __device__ __forceinline__ unsigned long long nstf_globaltimer_ns(void) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+/* Memory fences at device and at system scope (grid barriers, the peer
+ * all-reduce). */
+#define NSTF_FENCE_GPU() __threadfence()
+#define NSTF_FENCE_SYSTEM() __threadfence_system()
 /* Grid barriers (decode_l4.cu): add with release and load with acquire
  * semantics at device scope (cumulative over the block's writes that a
  * preceding __syncthreads ordered), cheaper than a full fence. */

@@ -149,8 +149,20 @@ static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
 #define NSTF_SHFL(v, src) __shfl((v), (src), NSTF_WAVE)
 /* The lanes of a wave meet (shared memory written by one lane, read by another). */
 #define NSTF_WAVE_SYNC() __builtin_amdgcn_wave_barrier()
-/* Nanoseconds of the device's constant 100 MHz counter (for timeouts in device code). */
-#define NSTF_TIMER_NS() ((unsigned long long)wall_clock64() * 10ull)
+/* Nanoseconds of the device's constant 100 MHz counter (for timeouts in
+ * device code): clang's steady counter (s_memrealtime on gfx9,
+ * s_sendmsg_rtn REALTIME on gfx11), or s_memrealtime itself where the
+ * compiler is older. */
+#if __has_builtin(__builtin_readsteadycounter)
+#define NSTF_TIMER_NS() ((unsigned long long)__builtin_readsteadycounter() * 10ull)
+#else
+#define NSTF_TIMER_NS() ((unsigned long long)__builtin_amdgcn_s_memrealtime() * 10ull)
+#endif
+/* Memory fences at device (agent) and at system scope (grid barriers, the
+ * peer all-reduce): the builtin, not __threadfence(), which calls a
+ * device-library function. */
+#define NSTF_FENCE_GPU() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
+#define NSTF_FENCE_SYSTEM() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "")
 /* Grid barriers (decode_l4.cu): add with release and load with acquire
  * semantics at agent (device) scope. */
 static __device__ __forceinline__ void nstf_red_add_release_gpu(unsigned *p, unsigned v) {
