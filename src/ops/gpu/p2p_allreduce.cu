@@ -33,23 +33,23 @@
 #define P2P_BLOCKS 64 /* most blocks of one call (4 elements per thread and more beyond) */
 #define P2P_MAX 16
 
+typedef unsigned long long u64;
+
 struct nstf_p2p {
     int n, devs[P2P_MAX];
     int64_t cap;
-    unsigned long long *recv[P2P_MAX]; /* device r: [2][n][cap] words: tag << 32 | value bits */
+    u64 *recv[P2P_MAX];      /* device r: [2][n][cap] words: tag << 32 | value bits */
     unsigned *ep[P2P_MAX];   /* device r: {calls done, blocks done in the current one} */
+    u64 **peers[P2P_MAX];    /* device r: the n receive areas' addresses (a table in device memory: a
+                                kernel parameter array indexed by rank would go to the stack) */
     int *herr;               /* host memory, visible to the devices: [P2P_MAX] error words */
     int *habort;             /* host memory: the group's abort word */
 };
 
-typedef unsigned long long u64;
-struct p2p_peers {
-    u64 *recv[P2P_MAX];
-};
 
 
 __global__ void __launch_bounds__(P2P_THREADS)
-    p2p_allreduce_kernel(float *buf, float *dst, int64_t n, int rank, int nr, p2p_peers pe, unsigned *ep, int64_t cap,
+    p2p_allreduce_kernel(float *buf, float *dst, int64_t n, int rank, int nr, u64 *const *peers, unsigned *ep, int64_t cap,
                          unsigned long long timeout_ns, int *err, const int *abort_word) {
     const unsigned e = *(volatile unsigned *)&ep[0], tag = e + 1u;
     const size_t slot = (size_t)(e % 2u) * (size_t)nr * (size_t)cap;
@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(P2P_THREADS)
     for (int64_t i = (int64_t)blockIdx.x * P2P_THREADS + threadIdx.x; i < n; i += stride) {
         const u64 w = (u64)tag << 32 | __float_as_uint(buf[i]);
         for (int q = 0; q < nr; q++)
-            if (q != rank) *(volatile u64 *)&pe.recv[q][slot + (size_t)rank * (size_t)cap + i] = w;
+            if (q != rank) *(volatile u64 *)&peers[q][slot + (size_t)rank * (size_t)cap + i] = w;
     }
     /* 2. each element once every peer's word has arrived, summed in rank order */
-    const u64 *mine = pe.recv[rank] + slot;
+    const u64 *mine = peers[rank] + slot;
     const unsigned long long t0 = NSTF_TIMER_NS();
     for (int64_t i = (int64_t)blockIdx.x * P2P_THREADS + threadIdx.x; i < n; i += stride) {
         float s = 0.0f;
@@ -131,6 +131,7 @@ extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, 
         if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->recv[r], rb);
         if (st == NSTF_OK) st = nstf_gpu_memset(p->recv[r], 0, rb, NULL); /* tag 0: no call */
         if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->ep[r], 2 * sizeof(unsigned));
+        if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->peers[r], (size_t)n * sizeof(u64 *));
         if (st == NSTF_OK) st = nstf_gpu_memset(p->ep[r], 0, 2 * sizeof(unsigned), NULL);
     }
     if (st == NSTF_OK) st = nstf_gpu_host_alloc((void **)&p->herr, P2P_MAX * sizeof(int));
@@ -140,6 +141,7 @@ extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, 
         *p->habort = 0;
         for (int r = 0; r < n && st == NSTF_OK; r++) {
             st = nstf_gpu_set_device(devs[r]);
+            if (st == NSTF_OK) st = nstf_gpu_memcpy_h2d(p->peers[r], p->recv, (size_t)n * sizeof(u64 *), NULL);
             if (st == NSTF_OK) st = nstf_gpu_stream_sync(NULL);
         }
     }
@@ -160,6 +162,7 @@ extern "C" void nstf_gpu_p2p_free(nstf_p2p *p) {
         if (gpuSetDevice(p->devs[r]) != gpuSuccess) continue;
         (void)nstf_gpu_free(p->recv[r]);
         (void)nstf_gpu_free(p->ep[r]);
+        (void)nstf_gpu_free(p->peers[r]);
     }
     (void)gpuSetDevice(cur);
     nstf_gpu_host_free(p->herr);
@@ -190,12 +193,11 @@ extern "C" nstf_status nstf_gpu_p2p_allreduce_f32(nstf_p2p *p, int rank, float *
                               (long long)n, rank, p ? (long long)p->cap : 0LL);
     NSTF_TRY(nstf_gpu_p2p_check(p, rank));
     if (n == 0) return NSTF_OK;
-    p2p_peers pe;
-    for (int q = 0; q < p->n; q++) pe.recv[q] = p->recv[q];
     int blocks = (int)((n + P2P_THREADS * 4 - 1) / (P2P_THREADS * 4));
     if (blocks > P2P_BLOCKS) blocks = P2P_BLOCKS;
     gpuStream_t s = (gpuStream_t)stream;
-    GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, dst, n, rank, p->n, pe,
+    GPU_CHECK(nstf_gpu_launch(p2p_allreduce_kernel, dim3(blocks), dim3(P2P_THREADS), 0, s, 0, buf, dst, n, rank, p->n,
+                              (u64 *const *)p->peers[rank],
                               p->ep[rank], p->cap, (unsigned long long)timeout_ms * 1000000ull, &p->herr[rank],
                               (const int *)p->habort));
     return NSTF_OK;
