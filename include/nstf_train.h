@@ -44,6 +44,9 @@ typedef struct nstf_train_params {
     const char *recompute;    /* "none" (default), "attn" or "full" */
     uint64_t seed;            /* data order and LoRA initialization (default 1) */
     int eval_batches;         /* micro-batches an evaluation reads (default 8) */
+    int dp;                   /* data-parallel ranks (default 1): GPUs 0..dp-1, or dp CPU backends sharing
+                                 the threads; each takes its batch x grad_accum sequences of a step, the
+                                 gradients are summed over the ranks before the (replicated) update */
 } nstf_train_params;
 
 nstf_train_params nstf_train_default_params(void);

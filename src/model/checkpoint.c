@@ -57,6 +57,19 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 }
 #define FNV0 0xcbf29ce484222325ull
 
+typedef struct put_job {
+    nstf_trainer *t;
+    const float *arr;
+    int64_t n_flat;
+} put_job;
+
+static nstf_status put_rank(void *ctx, int r) {
+    put_job *j = ctx;
+    for (int which = 0; which < 3; which++)
+        NSTF_TRY(nstf_train_put(j->t->trs[r], which, 0, j->n_flat, j->arr + (int64_t)which * j->n_flat));
+    return nstf_train_sync_copy(j->t->trs[r]);
+}
+
 uint64_t nstf_trainer_fingerprint(const nstf_trainer *t) {
     const nstf_llama_config *c = &t->model->cfg;
     const int32_t v[] = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
@@ -193,9 +206,15 @@ nstf_status nstf_trainer_resume(nstf_trainer *t, const char *dir) {
             st = nstf_set_error(NSTF_ERR_FORMAT, "--resume %s: %s fails its checksum (damaged)", dir, path);
     }
     const float *arr = (const float *)(base + CK_HEADER); /* CK_HEADER keeps them 4-byte aligned */
-    for (int which = 0; st == NSTF_OK && which < 3; which++)
-        st = nstf_train_put(t->tr, which, 0, h.n_flat, arr + (int64_t)which * h.n_flat);
-    if (st == NSTF_OK) st = nstf_train_sync_copy(t->tr);
+    if (st == NSTF_OK && t->dp > 1) { /* every data-parallel replica, each on its rank's thread */
+        put_job j = {t, arr, h.n_flat};
+        st = nstf_comm_run(t->comm, put_rank, &j);
+        if (st == NSTF_OK) st = nstf_trainer_make_current(t);
+    } else {
+        for (int which = 0; st == NSTF_OK && which < 3; which++)
+            st = nstf_train_put(t->tr, which, 0, h.n_flat, arr + (int64_t)which * h.n_flat);
+        if (st == NSTF_OK) st = nstf_train_sync_copy(t->tr);
+    }
     if (st == NSTF_OK) st = nstf_data_seek(t->data, h.epoch, h.index);
     if (st == NSTF_OK) {
         t->step = h.step;

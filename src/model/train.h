@@ -111,6 +111,11 @@ typedef struct nstf_train {
     double *d_loss;
     int32_t *h_ids, *h_tgt; /* host staging [n] */
     train_mem mem;
+    /* data parallel (nstf_train_set_dp): this replica's rank of dp_n; the
+     * step divides by every rank's targets and sums the gradients over
+     * the ranks before the norm and the update */
+    struct nstf_comm *dp_comm;
+    int dp_rank, dp_n;
 } nstf_train;
 
 /* The plan (sizes only) of training m on be with shape sh: fills mem
@@ -140,6 +145,10 @@ nstf_status nstf_train_get(nstf_train *t, int which, int64_t off, int64_t n, flo
 nstf_status nstf_train_put(nstf_train *t, int which, int64_t off, int64_t n, const float *host);
 /* After put of the weights: rewrite the compute copy from the master. */
 nstf_status nstf_train_sync_copy(nstf_train *t);
+
+/* Make t replica `rank` of n (a communicator over the n replicas'
+ * backends; its steps then run inside nstf_comm_run jobs, one per rank). */
+void nstf_train_set_dp(nstf_train *t, struct nstf_comm *c, int rank, int n);
 
 /* The FLOPs of one step per token (6 per matmul parameter and the
  * attention's 6 T q_dim per layer, causal), for MFU. */

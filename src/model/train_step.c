@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "dist/comm.h"
 #include "model/train.h"
 
 enum {
@@ -459,7 +460,7 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
     if (!(opt->lr >= 0) || !isfinite(opt->lr))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "learning rate %g is not a finite number >= 0", opt->lr);
     NSTF_TRY(be->vt->zero(be, t->g, (uint64_t)t->n_flat * 4));
-    const double n_norm = (double)n_micro * (double)t->n; /* every target counts */
+    const double n_norm = (double)n_micro * (double)t->n * (t->dp_comm ? t->dp_n : 1); /* every rank's targets */
     const int64_t per = (int64_t)t->sh.n_seq * (t->sh.seq_len + 1);
     double sum = 0;
     for (int mb = 0; mb < n_micro; mb++) {
@@ -467,7 +468,9 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
         NSTF_TRY(micro_batch(t, tokens + mb * per, n_norm, &l));
         sum += l;
     }
-    *loss = sum;
+    *loss = sum; /* this rank's share of the step's mean loss */
+    if (t->dp_comm) /* the gradients of every rank's sequences, summed in rank order */
+        NSTF_TRY(nstf_comm_allreduce(t->dp_comm, t->dp_rank, t->g, t->n_flat));
     double *sq = nstf_alloc((size_t)t->n_ptab * sizeof(double), "gradient sums");
     if (!sq) return NSTF_ERR_OOM;
     nstf_op_args gn = op(NSTF_OP_GRAD_NORM, "grad_norm", -1, NSTF_BLOCK_OTHER);
@@ -502,6 +505,12 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
     if (t->wc) aw.adamw.w_copy = aview(t, t->wc, t->n_flat);
     NSTF_TRY(run(t, &aw));
     return be->vt->sync(be);
+}
+
+void nstf_train_set_dp(nstf_train *t, nstf_comm *c, int rank, int n) {
+    t->dp_comm = n > 1 ? c : NULL;
+    t->dp_rank = rank;
+    t->dp_n = n;
 }
 
 nstf_status nstf_train_eval(nstf_train *t, const int32_t *tokens, int n_micro, double *loss) {

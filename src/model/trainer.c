@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/mem.h"
@@ -32,6 +33,7 @@ nstf_train_params nstf_train_default_params(void) {
     p.recompute = "none";
     p.seed = 1;
     p.eval_batches = 8;
+    p.dp = 1;
     return p;
 }
 
@@ -86,6 +88,8 @@ static nstf_status check_params(const nstf_train_params *p) {
                               (long long)p->steps);
     if (!p->data || !*p->data) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no training data: give --data FILE");
     if (p->eval_batches < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--eval-batches %d", p->eval_batches);
+    if (p->dp < 1 || p->dp > NSTF_COMM_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "--dp %d: data-parallel ranks must be in 1..%d", p->dp, NSTF_COMM_MAX);
     return NSTF_OK;
 }
 
@@ -102,18 +106,26 @@ static nstf_train_params resolve(const nstf_train_params *in) {
 /* The device: a GPU when asked (or, with auto, when one answers), else
  * the CPU in its precise, deterministic mode (fp32 activations, results
  * independent of the thread count). */
-static nstf_status open_backend(const nstf_train_params *p, nstf_backend **be) {
+static nstf_status open_backend(const nstf_train_params *p, int rank, nstf_backend **be) {
     *be = NULL;
     const bool gpu = !strcmp(p->device, "gpu"), cpu = !strcmp(p->device, "cpu"), aut = !strcmp(p->device, "auto");
     if (!gpu && !cpu && !aut) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--device %s: use cpu, gpu or auto", p->device);
     if (gpu && !nstf_backend_gpu_built())
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON)");
     if (gpu && nstf_backend_gpu_count() < 1) return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: no GPU found");
-    if ((gpu || aut) && nstf_backend_gpu_built() && nstf_backend_gpu_count() > 0) {
-        nstf_status st = nstf_backend_gpu_create(0, be);
+    if (gpu && p->dp > nstf_backend_gpu_count())
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--dp %d: this machine has %d GPUs", p->dp, nstf_backend_gpu_count());
+    if ((gpu || aut) && nstf_backend_gpu_built() && nstf_backend_gpu_count() >= p->dp) {
+        nstf_status st = nstf_backend_gpu_create(rank, be);
         if (st == NSTF_OK || gpu) return st;
     }
-    const nstf_cpu_params cp = {p->n_threads, true, true, 32}; /* training: fp32 activations */
+    /* dp CPU ranks share the threads (every core by default) */
+    int threads = p->n_threads;
+    if (p->dp > 1) {
+        if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        threads = threads / p->dp > 0 ? threads / p->dp : 1;
+    }
+    const nstf_cpu_params cp = {threads, true, true, 32}; /* training: fp32 activations */
     return nstf_backend_cpu_create(&cp, be);
 }
 
@@ -154,7 +166,7 @@ nstf_status nstf_train_plan_get(const nstf_train_params *in, nstf_train_plan *ou
     nstf_llama *m = NULL;
     nstf_backend *be = NULL;
     nstf_status st = open_model(p.model, &m, NULL);
-    if (st == NSTF_OK) st = open_backend(&p, &be);
+    if (st == NSTF_OK) st = open_backend(&p, 0, &be);
     train_mem mem;
     if (st == NSTF_OK) st = nstf_train_mem_plan(m, be, &sh, &mem);
     for (int k = 0; st == NSTF_OK && k < 3; k++) { /* the activations of every mode */
@@ -234,15 +246,36 @@ static char *dup_strs(nstf_train_params *p) {
 
 void nstf_trainer_close(nstf_trainer *t) {
     if (!t) return;
-    nstf_train_free(t->tr);
+    nstf_comm_free(t->comm);
+    for (int r = 0; r < NSTF_COMM_MAX; r++) nstf_train_free(t->trs[r]);
     nstf_data_close(t->data);
     nstf_data_close(t->eval);
-    nstf_backend_free(t->be);
+    for (int r = 0; r < NSTF_COMM_MAX; r++) nstf_backend_free(t->bes[r]);
     nstf_tokenizer_free(t->tok);
     nstf_llama_free(t->model);
     nstf_free(t->batch);
     nstf_free(t->strs);
     nstf_free(t);
+}
+
+typedef struct create_job {
+    nstf_trainer *t;
+    const train_shape *sh;
+} create_job;
+
+static nstf_status create_rank(void *ctx, int r) {
+    create_job *j = ctx;
+    return nstf_train_create(j->t->model, j->t->bes[r], j->sh, j->t->p.seed, &j->t->trs[r]);
+}
+
+/* After the ranks' jobs: rank 0's device current on this thread again (a
+ * backend allocation makes its device current), for what rank 0 does here
+ * (evaluation, checkpoints, export). */
+nstf_status nstf_trainer_make_current(nstf_trainer *t) {
+    void *p = NULL;
+    NSTF_TRY(t->be->vt->alloc(t->be, 1, &p));
+    t->be->vt->free(t->be, p);
+    return NSTF_OK;
 }
 
 nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
@@ -257,12 +290,25 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     train_shape sh;
     nstf_status st = t->strs ? shape_of(p, &sh) : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = open_model(p->model, &t->model, &t->tok);
-    if (st == NSTF_OK) st = open_backend(p, &t->be);
+    t->dp = p->dp;
+    for (int r = 0; r < t->dp && st == NSTF_OK; r++) st = open_backend(p, r, &t->bes[r]);
+    t->be = t->bes[0];
     if (st == NSTF_OK) st = nstf_data_open(p->data, t->model->cfg.n_vocab, p->seq, p->seed, true, t->tok, &t->data);
     if (st == NSTF_OK && p->eval_data)
         st = nstf_data_open(p->eval_data, t->model->cfg.n_vocab, p->seq, p->seed, false, t->tok, &t->eval);
-    if (st == NSTF_OK) st = nstf_train_create(t->model, t->be, &sh, p->seed, &t->tr);
-    const int64_t per = (int64_t)p->grad_accum * p->batch * (p->seq + 1);
+    /* the replicas: the same initialization (seed) on every rank, each
+     * made on its rank's thread (a GPU rank's device current there) */
+    if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, 0, &t->comm);
+    if (st == NSTF_OK && t->dp > 1) {
+        create_job j = {t, &sh};
+        st = nstf_comm_run(t->comm, create_rank, &j);
+        if (st == NSTF_OK) st = nstf_trainer_make_current(t);
+    } else if (st == NSTF_OK) {
+        st = nstf_train_create(t->model, t->be, &sh, p->seed, &t->trs[0]);
+    }
+    t->tr = t->trs[0];
+    for (int r = 0; r < t->dp && st == NSTF_OK; r++) nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
+    const int64_t per = (int64_t)t->dp * p->grad_accum * p->batch * (p->seq + 1);
     if (st == NSTF_OK && !(t->batch = nstf_alloc((size_t)per * sizeof(int32_t), "batch tokens"))) st = NSTF_ERR_OOM;
     if (st != NSTF_OK) {
         nstf_trainer_close(t);
@@ -273,10 +319,11 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     t->peak_flops = peak_flops(t->be);
     const nstf_llama_config *c = &t->model->cfg;
     snprintf(t->desc, sizeof t->desc,
-             "%s: %d layers, dim %d, vocabulary %d; %s (%lld trainable parameters); %lld tokens per step "
-             "(%d x %d x %d); data %lld tokens, %lld sequences",
-             t->be->device, c->n_layers, c->dim, c->n_vocab, p->lora_rank > 0 ? "LoRA" : "full fine-tune",
-             (long long)t->tr->mem.n_params, (long long)per / (p->seq + 1) * p->seq, p->grad_accum, p->batch, p->seq,
+             "%s%s: %d layers, dim %d, vocabulary %d; %s (%lld trainable parameters); %lld tokens per step "
+             "(%d x %d x %d x %d ranks); data %lld tokens, %lld sequences",
+             t->be->device, t->dp > 1 ? " and the other data-parallel ranks" : "", c->n_layers, c->dim, c->n_vocab,
+             p->lora_rank > 0 ? "LoRA" : "full fine-tune", (long long)t->tr->mem.n_params,
+             (long long)per / (p->seq + 1) * p->seq, p->grad_accum, p->batch, p->seq, t->dp,
              (long long)nstf_data_n_tokens(t->data), (long long)nstf_data_n_seq(t->data));
     *out = t;
     return NSTF_OK;
@@ -292,15 +339,38 @@ static nstf_status fill(nstf_data *d, int32_t *dst, int64_t n_seq, int seq) {
     return NSTF_OK;
 }
 
+/* One data-parallel step: rank r trains on its slice of the batch. */
+typedef struct dp_job {
+    nstf_trainer *t;
+    double loss[NSTF_COMM_MAX], norm[NSTF_COMM_MAX];
+} dp_job;
+
+static nstf_status dp_rank(void *ctx, int r) {
+    dp_job *j = ctx;
+    nstf_trainer *t = j->t;
+    const nstf_train_params *p = &t->p;
+    const int64_t per = (int64_t)p->grad_accum * p->batch * (p->seq + 1);
+    return nstf_train_step(t->trs[r], t->batch + r * per, p->grad_accum, t->step, &t->opt, p->clip, &j->loss[r],
+                           &j->norm[r]);
+}
+
 nstf_status nstf_trainer_step(nstf_trainer *t, nstf_train_stats *out) {
     const nstf_train_params *p = &t->p;
     const double t0 = nstf_time_ms();
-    NSTF_TRY(fill(t->data, t->batch, (int64_t)p->grad_accum * p->batch, p->seq));
+    NSTF_TRY(fill(t->data, t->batch, (int64_t)t->dp * p->grad_accum * p->batch, p->seq));
     t->opt.lr = nstf_lr_cosine(&t->sched, t->step);
     double loss = 0, norm = 0;
-    NSTF_TRY(nstf_train_step(t->tr, t->batch, p->grad_accum, t->step, &t->opt, p->clip, &loss, &norm));
+    if (t->dp > 1) {
+        dp_job j = {.t = t};
+        NSTF_TRY(nstf_comm_run(t->comm, dp_rank, &j));
+        NSTF_TRY(nstf_trainer_make_current(t));
+        for (int r = 0; r < t->dp; r++) loss += j.loss[r]; /* the ranks' shares of the mean */
+        norm = j.norm[0];                                   /* the same on every rank */
+    } else {
+        NSTF_TRY(nstf_train_step(t->tr, t->batch, p->grad_accum, t->step, &t->opt, p->clip, &loss, &norm));
+    }
     const double ms = nstf_time_ms() - t0;
-    const int64_t toks = (int64_t)p->grad_accum * p->batch * p->seq;
+    const int64_t toks = (int64_t)t->dp * p->grad_accum * p->batch * p->seq;
     t->step++;
     t->tokens += toks;
     t->last_loss = loss;

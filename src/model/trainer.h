@@ -4,6 +4,7 @@
 #ifndef NSTF_MODEL_TRAINER_H
 #define NSTF_MODEL_TRAINER_H
 
+#include "dist/comm.h"
 #include "io/tokenizer.h"
 #include "io/tokshard.h"
 #include "model/train.h"
@@ -14,10 +15,14 @@ struct nstf_trainer {
     char *strs;             /* the params' strings, one block */
     nstf_llama *model;
     nstf_tokenizer *tok;
-    nstf_backend *be;
+    nstf_backend *be;       /* rank 0's (checkpoints, evaluation and export use rank 0) */
     nstf_train *tr;
+    int dp;                 /* data-parallel ranks (1: none) */
+    nstf_backend *bes[NSTF_COMM_MAX];
+    nstf_train *trs[NSTF_COMM_MAX];
+    nstf_comm *comm;        /* over bes (dp > 1) */
     nstf_data *data, *eval;
-    int32_t *batch;          /* [grad_accum][batch][seq + 1] host */
+    int32_t *batch;          /* [dp][grad_accum][batch][seq + 1] host */
     int64_t step, tokens;    /* steps done, tokens trained on */
     double last_loss;
     nstf_lr_schedule sched;
@@ -25,6 +30,9 @@ struct nstf_trainer {
     double peak_flops;       /* the device's dense bf16 rate (0: unknown) */
     char desc[512];
 };
+
+/* Rank 0's device current on this thread (after jobs on the ranks' threads). */
+nstf_status nstf_trainer_make_current(nstf_trainer *t);
 
 /* The fingerprint of the model and training shape a checkpoint is for. */
 uint64_t nstf_trainer_fingerprint(const nstf_trainer *t);
