@@ -47,6 +47,8 @@ typedef struct nstf_train_params {
     int dp;                   /* data-parallel ranks (default 1): GPUs 0..dp-1, or dp CPU backends sharing
                                  the threads; each takes its batch x grad_accum sequences of a step, the
                                  gradients are summed over the ranks before the (replicated) update */
+    int dp_timeout_ms;        /* a rank that makes no progress this long fails the run, naming it
+                                 (0: the communicator's default, 30 s) */
 } nstf_train_params;
 
 nstf_train_params nstf_train_default_params(void);

@@ -22,6 +22,8 @@
  *    one of 50 steps' losses within 1e-5 relative (the gradients are summed
  *    in another order: rank by rank, not token by token); and a --dp 2 run
  *    stopped at step 25 resumes with --dp 1 to the same last loss (1e-5);
+ *    a stalled rank (NSTF_DP_STALL_AT=5, --dp-timeout 500) fails the run
+ *    within 10 s, naming rank 1;
  *  - from scratch with --shape; the memory plan (--plan) and a run that
  *    does not fit refused with the numbers;
  *  - bad input, each one clear line and a non-zero exit: an empty or too
@@ -270,6 +272,16 @@ int main(void) {
                a[49], d3);
         CHECK(rc == 0 && d3 <= 1e-5, "resume --dp 2 -> --dp 1: exit %d, last loss %.6f vs %.6f: %s", rc, lr3, a[49],
               g_err);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rc = run_child(TRAIN("--data", text, "--batch", "1", "--dp", "2", "--seq", "32", "--steps", "50", "--dp-timeout",
+                             "500"),
+                       "NSTF_DP_STALL_AT=5", 0, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        printf("  --dp 2 with rank 1 stalled before its 5th all-reduce: exit %d after %.1f s: %s", rc, dt, g_err);
+        CHECK(rc != 0 && dt < 10 && strstr(g_err, "rank 1") && strstr(g_err, "stalled"),
+              "a stalled data-parallel rank: exit %d after %.1f s: %s", rc, dt, g_err);
     }
 
     /* without a terminal: a plain line at the first step, every --print-every steps (10 by default) and the

@@ -38,7 +38,8 @@ static void usage(void) {
            "  --device D        cpu, gpu or auto (default)   -t N  CPU threads\n"
            "  --dp N            data parallel over N ranks (GPUs 0..N-1, or N CPU ranks sharing -t): each\n"
            "                    trains on its --batch x --accum sequences of a step, the gradients are\n"
-           "                    summed over the ranks before the update (default 1)\n"
+           "                    summed over the ranks before the update (default 1); --dp-timeout MS:\n"
+           "                    a rank that makes no progress this long fails the run (default 30000)\n"
            "  --recompute M     none (default), attn or full: activation checkpointing per layer\n"
            "  --plan            print the memory plan and exit (1 if the run does not fit)\n"
            "  --out FILE        write the trained model (GGUF; LoRA merged) at the end; --out-type T (bf16)\n"
@@ -132,6 +133,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--seq")) { if (!cli_parse_int(a, v, 2, 1 << 20, &p.seq)) return 2; }
         else if (!strcmp(a, "--accum")) { if (!cli_parse_int(a, v, 1, 1 << 20, &p.grad_accum)) return 2; }
         else if (!strcmp(a, "--dp")) { if (!cli_parse_int(a, v, 1, 16, &p.dp)) return 2; }
+        else if (!strcmp(a, "--dp-timeout")) { if (!cli_parse_int(a, v, 1, 1 << 30, &p.dp_timeout_ms)) return 2; }
         else if (!strcmp(a, "--lora")) { if (!cli_parse_int(a, v, 1, 4096, &p.lora_rank)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_parse_int(a, v, 1, 4096, &p.n_threads)) return 2; }
         else if (!strcmp(a, "--ckpt-every")) { if (!cli_parse_int(a, v, 1, 1 << 30, &ckpt_every)) return 2; }

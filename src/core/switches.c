@@ -58,6 +58,9 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_TP_STALL_AT] = {"NSTF_TP_STALL_AT", NSTF_SWITCH_INT, 0, 0, 1000000000, NULL,
                              "the last rank of a tensor-parallel run stops before its collective N (1-based; 0: "
                              "never; for the tests of the stall timeout)"},
+    [NSTF_SW_DP_STALL_AT] = {"NSTF_DP_STALL_AT", NSTF_SWITCH_INT, 0, 0, 1000000000, NULL,
+                             "the last rank of a data-parallel training run stops before its collective N "
+                             "(1-based; 0: never; for the tests of the stall timeout)"},
 };
 _Static_assert(sizeof g_defs / sizeof g_defs[0] == NSTF_SW_COUNT, "one registry row per nstf_switch_id");
 

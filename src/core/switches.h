@@ -57,6 +57,7 @@ typedef enum {
     NSTF_SW_API_KEY,        /* string, secret: the bearer token `nstf serve` asks for (--api-key wins) */
     NSTF_SW_NCCL_LIBRARY,   /* string: the NCCL (RCCL) library file tensor-parallel runs load */
     NSTF_SW_TP_STALL_AT,    /* int: the last tensor-parallel rank stalls before its collective N (fault tests) */
+    NSTF_SW_DP_STALL_AT,    /* int: the last data-parallel training rank stalls before its collective N (fault tests) */
     NSTF_SW_COUNT
 } nstf_switch_id;
 

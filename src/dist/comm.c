@@ -211,9 +211,9 @@ nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx) {
     for (int r = 0; r < c->n && bad < 0; r++)
         if (c->st[r] != NSTF_OK && !strstr(c->msg[r], "was aborted")) bad = r;
     if (bad >= 0) {
-        st = nstf_set_error(c->st[bad], "tensor-parallel rank %d (%s): %s", bad, c->be[bad]->device, c->msg[bad]);
+        st = nstf_set_error(c->st[bad], "rank %d (%s) of the parallel group: %s", bad, c->be[bad]->device, c->msg[bad]);
     } else if (atomic_load(&c->aborted)) {
-        st = nstf_set_error(NSTF_ERR_GPU, "tensor-parallel group aborted: %s%s", c->why,
+        st = nstf_set_error(NSTF_ERR_GPU, "the parallel group (tensor or data) aborted: %s%s", c->why,
                             c->wedged ? " (a rank did not return after the abort)" : "");
     }
     pthread_mutex_unlock(&c->mu);

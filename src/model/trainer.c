@@ -11,6 +11,7 @@
 
 #include "core/clock.h"
 #include "core/mem.h"
+#include "core/switches.h"
 #include "io/hf_model.h"
 #include "model/trainer.h"
 
@@ -88,6 +89,8 @@ static nstf_status check_params(const nstf_train_params *p) {
                               (long long)p->steps);
     if (!p->data || !*p->data) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no training data: give --data FILE");
     if (p->eval_batches < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--eval-batches %d", p->eval_batches);
+    if (p->dp_timeout_ms < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "--dp-timeout %d ms", p->dp_timeout_ms);
     if (p->dp < 1 || p->dp > NSTF_COMM_MAX)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "--dp %d: data-parallel ranks must be in 1..%d", p->dp, NSTF_COMM_MAX);
     return NSTF_OK;
@@ -298,7 +301,9 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
         st = nstf_data_open(p->eval_data, t->model->cfg.n_vocab, p->seq, p->seed, false, t->tok, &t->eval);
     /* the replicas: the same initialization (seed) on every rank, each
      * made on its rank's thread (a GPU rank's device current there) */
-    if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, 0, &t->comm);
+    if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, p->dp_timeout_ms, &t->comm);
+    const int stall = nstf_switch_int(NSTF_SW_DP_STALL_AT); /* a fault test's stalled rank */
+    if (st == NSTF_OK && t->dp > 1 && stall > 0) nstf_comm_fault(t->comm, t->dp - 1, stall - 1);
     if (st == NSTF_OK && t->dp > 1) {
         create_job j = {t, &sh};
         st = nstf_comm_run(t->comm, create_rank, &j);
