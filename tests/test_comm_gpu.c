@@ -13,13 +13,19 @@
  * (R - 1) 2^-24 sum_r |v_r| (the fp64 sum as exact). Then the residual form (nstf_comm_allreduce_add, a
  * decode step's 4096 floats, 10 calls): dst += the sum in the kernel on
  * the peer path, exactly dst + (the rank-order sum), buf unchanged; the
- * caller's add otherwise. Exit 77 (skipped) with fewer than 2 GPUs. */
+ * caller's add otherwise. Last, a stalled rank (nstf_comm_fault: the last
+ * rank never enters its first all-reduce) on a communicator with a 500 ms
+ * timeout: the job fails within 5 s naming it (the watchdog, or the
+ * others' kernels, which wait on the device for its data and give up at
+ * the same timeout), no hang. Exit 77
+ * (skipped) with fewer than 2 GPUs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "core/clock.h"
 #include "dist/comm.h"
 #include "test_util.h"
 
@@ -157,6 +163,26 @@ int main(void) {
         free(j.dst_out[r]);
     }
     nstf_comm_free(j.c);
+    /* a stalled rank */
+    j.c = NULL;
+    j.add = false;
+    j.n = 4096;
+    CHECK(nstf_comm_create(j.be, R, 500, &j.c) == NSTF_OK, "%s", nstf_last_error());
+    if (j.c) {
+        nstf_comm_fault(j.c, R - 1, 0);
+        const double t0 = nstf_time_ms();
+        const nstf_status st = nstf_comm_run(j.c, rank_job, &j);
+        const double ms = nstf_time_ms() - t0;
+        const char *msg = st != NSTF_OK ? nstf_last_error() : "";
+        char want[32];
+        snprintf(want, sizeof want, "rank %d", R - 1);
+        printf("  rank %d stalled before its first all-reduce: %s after %.0f ms: %s\n", R - 1,
+               st != NSTF_OK ? "failed" : "DID NOT FAIL", ms, msg);
+        CHECK(st != NSTF_OK && ms < 5000 && strstr(msg, want) &&
+                  (strstr(msg, "stalled") || strstr(msg, "did not arrive")),
+              "a stalled rank must fail the job within the timeout, naming it");
+        nstf_comm_free(j.c);
+    }
     for (int r = 0; r < R; r++) {
         j.be[r]->vt->free(j.be[r], j.dbuf[r]);
         nstf_backend_free(j.be[r]);
