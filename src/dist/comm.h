@@ -19,7 +19,13 @@
  *  - GPU (CUDA or HIP backends): NCCL (RCCL on HIP), non-blocking
  *    communicators initialised per device in one group, the library loaded
  *    at first use (ops/gpu/ccl.cu), ncclCommAbort on abort. NCCL's
- *    NVLink multicast (NVLS) is kept off (NCCL_NVLS_ENABLE=0 unless set). */
+ *    NVLink multicast (NVLS) is kept off (NCCL_NVLS_ENABLE=0 unless set).
+ *    Where every pair of GPUs has peer access, all-reduces up to 256 KiB
+ *    (a decode step's residual) take the one-shot peer all-reduce of
+ *    ops/gpu/p2p_api.h instead: the same bits on every rank (rank-order
+ *    sums), capturable in a graph, left on an abort or its own timeout.
+ * Used by tensor-parallel inference (model/tp.c) and data-parallel
+ * training (model/trainer.c). */
 #ifndef NSTF_DIST_COMM_H
 #define NSTF_DIST_COMM_H
 
