@@ -351,6 +351,13 @@ nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride, const uin
 /* Enqueue a host-to-device copy without waiting (small pageable copies are
  * staged at once, so `src` may be reused when this returns). */
 nstf_status nstf_gpu_memcpy_h2d_async(void *d_dst, const void *src, size_t bytes, void *stream);
+/* Enqueue a device-to-host copy without waiting (dst page-locked). */
+nstf_status nstf_gpu_memcpy_d2h_async(void *dst, const void *d_src, size_t bytes, void *stream);
+/* Page-locked host memory, also visible to the devices at the same
+ * address (unified addressing): the small results copied every step, the
+ * words a kernel and the host both read. */
+nstf_status nstf_gpu_host_alloc(void **p, size_t bytes);
+void nstf_gpu_host_free(void *p); /* NULL is a no-op */
 
 /* Capture the work enqueued on `stream` (a created stream, not NULL) between
  * begin and end into an executable graph; end also leaves capture mode after

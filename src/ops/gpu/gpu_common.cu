@@ -189,3 +189,18 @@ extern "C" nstf_status nstf_gpu_stream_sync(void *stream) {
     GPU_CHECK(gpuStreamSynchronize((gpuStream_t)stream));
     return NSTF_OK;
 }
+
+extern "C" nstf_status nstf_gpu_host_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    GPU_CHECK(gpuMallocHost(p, bytes));
+    return NSTF_OK;
+}
+
+extern "C" void nstf_gpu_host_free(void *p) {
+    if (p) (void)gpuFreeHost(p);
+}
+
+extern "C" nstf_status nstf_gpu_memcpy_d2h_async(void *dst, const void *d_src, size_t bytes, void *stream) {
+    GPU_CHECK(gpuMemcpyAsync(dst, d_src, bytes, gpuMemcpyDeviceToHost, (gpuStream_t)stream));
+    return NSTF_OK;
+}

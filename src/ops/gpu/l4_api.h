@@ -1,7 +1,7 @@
 /* l4_api.h — the C interface of level 4, the decode step as one
- * persistent kernel (decode_l4.cu): its program, launcher and the small
- * runtime pieces it needs. Apart from gpu_api.h so that a change here
- * rebuilds decode_l4.cu and the backend, not every kernel. */
+ * persistent kernel (decode_l4.cu): its program and launcher. Apart from
+ * gpu_api.h so that a change here rebuilds decode_l4.cu and the backend,
+ * not every kernel. */
 #ifndef NSTF_GPU_L4_API_H
 #define NSTF_GPU_L4_API_H
 
@@ -80,12 +80,6 @@ nstf_status nstf_gpu_l4_launch(const nstf_l4_ins *prog, int n_ins, const int32_t
                                size_t smem, int max_heads, int max_head_dim, int max_n_in, int max_q,
                                int32_t *status, int stall_block, int stall_ins, int timeout_ms,
                                unsigned long long *trace, void *stream);
-
-/* Page-locked host memory (for the small results copied every step). */
-nstf_status nstf_gpu_host_alloc(void **p, size_t bytes);
-void nstf_gpu_host_free(void *p);
-/* Enqueue a device-to-host copy without waiting (dst page-locked). */
-nstf_status nstf_gpu_memcpy_d2h_async(void *dst, const void *d_src, size_t bytes, void *stream);
 
 #ifdef __cplusplus
 }

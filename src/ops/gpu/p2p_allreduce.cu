@@ -22,7 +22,6 @@
  * a captured launch replays correctly: a decode step with its all-reduces
  * is one graph. */
 #include "gpu.h"
-#include "l4_api.h" /* page-locked host memory */
 #include "p2p_api.h"
 
 #include <stdio.h>
