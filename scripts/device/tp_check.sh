@@ -16,6 +16,10 @@
 # "tp_check: FAIL" (exit 1).
 #
 #   test_tp               the CPU tests of the sharding and the communicator
+#   test_comm_gpu         the all-reduce on every GPU of the machine: the
+#                         peer one-shot path exact and bit-equal on every
+#                         rank, NCCL past its cap, the residual form, and a
+#                         stalled rank failing within the timeout
 #   topology              nstf devices --topology: a line per GPU pair (link,
 #                         peer access, measured bandwidth and latency) and a
 #                         16 KB all-reduce (INFO allreduce_16k: us; target <= 6)
@@ -89,6 +93,14 @@ if [ -x "$B/tests/test_tp" ]; then
     esac
 else
     fail "test_tp (not built: $B/tests/test_tp)"
+fi
+
+# 1b. the all-reduce itself on the GPUs
+if [ -x "$B/tests/test_comm_gpu" ]; then
+    if "$B/tests/test_comm_gpu" >"$logs/test_comm_gpu.log" 2>&1; then pass test_comm_gpu
+    else fail "test_comm_gpu (log $logs/test_comm_gpu.log)"; fi
+else
+    fail "test_comm_gpu (not built: $B/tests/test_comm_gpu)"
 fi
 
 # 2. topology and the 16 KB all-reduce
