@@ -1,31 +1,35 @@
 /* decode_l4.cu — level 4: the whole decode step of one token as one
  * persistent kernel.
  *
- * The host records the step once as a program (nstf_l4_ins, gpu_api.h;
+ * The host records the step once as a program (nstf_l4_ins, l4_api.h;
  * backend/gpu_l4.c): the embedding row, then per layer the QKV GEMV (norm
  * prologue, RoPE epilogue that also writes k and v into the cache row of
- * the position), the attention, the out-projection GEMV (residual added),
- * the gate|up GEMV (norm prologue, SwiGLU epilogue), the down GEMV
- * (residual added), and the logits GEMV (norm prologue, greedy token
- * fused). One launch of one block per SM runs the program; after every
- * instruction but the last the blocks meet at a grid barrier: a counter in
- * global memory that each block adds one to and waits on (release by the
- * arriving thread's fence, acquire by the fence after the wait), so no
- * kernel boundary, launch or graph node sits between two ops. Before
- * working on an instruction each block starts its share of the next GEMV's
- * weights towards L2 (sm_90 bulk prefetch; the weights do not depend on
- * the step), so the barrier's wait overlaps the next op's first loads.
+ * the position), the attention, the out-projection GEMV (the attention's
+ * merge as its prologue, residual added), the gate|up GEMV (norm
+ * prologue, SwiGLU epilogue), the down GEMV (residual added), and the
+ * logits GEMV (norm prologue, greedy token fused). One cooperative launch
+ * of one block per SM runs the program; after every instruction but the
+ * last the blocks meet at a grid barrier: a counter in global memory that
+ * each block adds one to with release semantics and polls (relaxed loads,
+ * then one acquire load), so no kernel boundary, launch or graph node sits
+ * between two ops. While a block works on an instruction it reads the next
+ * one (a word per thread) and starts the next GEMV's first weight bytes
+ * towards L2 (sm_90 bulk prefetch); before the barrier it copies that
+ * GEMV's constant data into shared memory (cp.async: its weight rows up to
+ * the stage's size, the norm weights, the RoPE tables), so the barrier's
+ * wait overlaps the next op's first loads.
  *
  * Work: a GEMV's rows (pairs of rows for the RoPE and SwiGLU epilogues)
  * are cut into one contiguous range per block; the waves of a block take
- * 4 rows at a time, each lane 16-byte loads of the 4 rows against the
- * input staged in shared memory (fp32 of the bf16-rounded input: the norm
- * prologue is computed by every block that has rows). The attention is
- * split-KV: one wave per (kv head, split of the context), all query heads
- * of the kv head's group at once (K and V read once), a lane per key, an
- * online softmax over tiles of one key per lane; the last wave to finish
- * a kv head (a counter per kv head) merges its splits, so the merge needs
- * no barrier. The greedy token: each block reduces its rows' best
+ * 4 rows at a time, each lane 16-byte loads of the 4 rows (from the stage
+ * or global memory) against the input in shared memory (fp32 of the
+ * bf16-rounded input: the norm prologue is computed by every block that
+ * has rows). The attention is split-KV: one wave per (kv head, split of
+ * the context), all query heads of the kv head's group at once (K and V
+ * read once), a lane per key, an online softmax over tiles of one key per
+ * lane; each split stores its partial (m, l, acc), and the out-projection
+ * merges them in its prologue (l4_merge), so the merge needs neither a
+ * barrier nor atomics. The greedy token: each block reduces its rows' best
  * (value, index), the last block to finish (a counter) the blocks' bests
  * (nstf_argmax_better: first index on ties, NaN never wins).
  *
@@ -37,7 +41,9 @@
  * A barrier not complete within the timeout sets a status word {1,
  * instruction, blocks arrived, grid} and every block leaves; the host
  * turns that into an error. The counters reset themselves at the end of a
- * good step (the last block to leave zeroes the barrier counter). */
+ * good step (the last block to leave zeroes the barrier counter). With a
+ * trace buffer, block 0 and every block's end of work stamp the device's
+ * global timer (nstf bench --levels prints the timeline). */
 #include "gpu.h"
 #include "fused_math.h"
 #include "mma.h"
@@ -51,9 +57,8 @@
 #define L4_SPLITS NSTF_L4_SPLITS /* most splits of the context per kv head */
 #define L4_PREFETCH (64u << 10) /* bytes of the next GEMV's rows a block starts towards L2 */
 
-/* control words: [0] barrier arrivals, [1] blocks left, [2] argmax blocks done,
- * [3..3 + max kv heads) attention splits done per kv head */
-#define L4_SYNC_WORDS(heads) (3 + (heads))
+/* control words: [0] barrier arrivals, [1] blocks left, [2] argmax blocks done */
+#define L4_SYNC_WORDS 3
 
 typedef unsigned int u32;
 
@@ -729,7 +734,7 @@ static size_t l4_part_floats(int grid, int max_heads, int max_hd) {
 }
 
 extern "C" size_t nstf_gpu_l4_scratch_bytes(int grid, int max_heads, int max_head_dim) {
-    const size_t sync = ((size_t)L4_SYNC_WORDS(max_heads) * sizeof(u32) + 255) / 256 * 256;
+    const size_t sync = ((size_t)L4_SYNC_WORDS * sizeof(u32) + 255) / 256 * 256;
     const size_t am = ((size_t)grid * 2 * sizeof(float) + 255) / 256 * 256;
     return sync + am + l4_part_floats(grid, max_heads, max_head_dim) * sizeof(float);
 }
@@ -791,7 +796,7 @@ extern "C" nstf_status nstf_gpu_l4_launch(const nstf_l4_ins *prog, int n_ins, co
     c.b_floats = (int)(b / sizeof(float));
     c.stage_bytes = (int)(smem - a - b);
     c.trace = trace;
-    const size_t sync = ((size_t)L4_SYNC_WORDS(max_heads) * sizeof(u32) + 255) / 256 * 256;
+    const size_t sync = ((size_t)L4_SYNC_WORDS * sizeof(u32) + 255) / 256 * 256;
     const size_t am = ((size_t)grid * 2 * sizeof(float) + 255) / 256 * 256;
     c.dio = dio;
     c.sync = (u32 *)scratch;
