@@ -127,6 +127,10 @@ typedef struct nstf_l4_profile {
 } nstf_l4_profile;
 const char *nstf_l4_kind_name(int kind); /* "embedding", "qkv+rope", "attention", "out-proj", "gate/up", "down", "logits" */
 nstf_status nstf_session_l4_profile(nstf_session *s, bool on);
+/* Level 4's program for this session's model: its instructions (0: none
+ * recorded yet) and why the step runs as level 3 instead (NULL: it does
+ * not, or nothing was tried yet). */
+const char *nstf_session_l4_status(nstf_session *s, int64_t *instructions);
 nstf_status nstf_session_l4_profile_get(nstf_session *s, nstf_l4_profile *out);
 /* Bytes on the device by kind. */
 typedef struct nstf_session_mem {

@@ -100,7 +100,8 @@ int nstf_levels_matrix(const char *model, int reps) {
     uint64_t rng = 0x2545f4914f6cdd1dull;
     rand_toks(toks, PP, nv, &rng);
     double pf[MAX_LEVELS], dc[MAX_LEVELS], pcat[MAX_LEVELS][N_CAT], dcat[MAX_LEVELS][N_CAT], sweep[MAX_LEVELS][6];
-    int64_t pk[MAX_LEVELS], dk[MAX_LEVELS], nodes = 0;
+    int64_t pk[MAX_LEVELS], dk[MAX_LEVELS], nodes = 0, l4_ins = 0;
+    const char *l4_why = NULL;
     nstf_session_mem mem[MAX_LEVELS];
     nstf_status st = NSTF_OK;
     /* fill the cache to the deepest depth once at L3 (the contents do not
@@ -119,6 +120,7 @@ int nstf_levels_matrix(const char *model, int reps) {
         if (st == NSTF_OK) st = nstf_session_forward(s, toks, 1, PP, false, NULL, NULL);
         dk[L] = nstf_session_kernels(s) - k0;
         if (L == 3) nodes = nstf_session_graph_kernels(s); /* L3's graph */
+        if (L == 4) l4_why = nstf_session_l4_status(s, &l4_ins);
         if (st == NSTF_OK) st = prof_fwd(s, toks, PP, 0, pcat[L]);
         if (st == NSTF_OK) st = prof_fwd(s, toks, 1, PP, dcat[L]);
         for (int b = 0; st == NSTF_OK && b < 3; b++) st = time_fwd(s, toks, batches[b], 0, reps, &sweep[L][b]);
@@ -145,11 +147,13 @@ int nstf_levels_matrix(const char *model, int reps) {
         for (int L = 0; L < n_levels; L++) {
             const double *c = ph ? dcat[L] : pcat[L];
             double t = ph ? dc[L] : pf[L], t0 = ph ? dc[0] : pf[0];
-            char kern[48];
+            char kern[64];
             if (ph && L == 3 && nodes > 0)
                 snprintf(kern, sizeof kern, "1 graph (%lld nodes)", (long long)nodes);
-            else if (ph && L == 4 && dk[L] == 1)
-                snprintf(kern, sizeof kern, "1 persistent kernel");
+            else if (ph && L == 4 && dk[L] == 1 && !l4_why && l4_ins > 0)
+                snprintf(kern, sizeof kern, "1 persistent kernel (%lld instructions)", (long long)l4_ins);
+            else if (ph && L == 4 && l4_why)
+                snprintf(kern, sizeof kern, "as L3: %.30s", l4_why);
             else snprintf(kern, sizeof kern, "%lld", (long long)(ph ? dk[L] : pk[L]));
             printf("| %s | %s | %.3f | %.2fx | %.3f | %.3f | %.3f | %.3f | %.3f | %s |\n", lname[L],
                    ph ? "decode" : "prefill", t, t0 / t, c[CAT_ATTN], c[CAT_FFN], c[CAT_NORM], c[CAT_RESID],

@@ -52,6 +52,9 @@ const char *nstf_l4_kind_name(int kind) {
                                                  "gate/up",   "down",     "logits"};
     return kind >= 0 && kind < NSTF_L4_KINDS ? k[kind] : "?";
 }
+const char *nstf_session_l4_status(nstf_session *s, int64_t *instructions) {
+    return nstf_backend_gpu_l4_status(s->be, instructions);
+}
 nstf_status nstf_session_l4_profile(nstf_session *s, bool on) { return nstf_backend_gpu_l4_profile(s->be, on); }
 nstf_status nstf_session_l4_profile_get(nstf_session *s, nstf_l4_profile *out) {
     return nstf_backend_gpu_l4_profile_get(s->be, out);
