@@ -270,7 +270,7 @@ bool nstf_comm_capturable(const nstf_comm *c, int64_t n) {
     return c->gpu && c->p2p && c->fault_rank < 0 && n >= 0 && n <= nstf_gpu_p2p_cap(c->p2p);
 }
 
-static nstf_status allreduce(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
+nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
     *added = false;
     if (rank < 0 || rank >= c->n || n < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce of %lld values on rank %d of %d", (long long)n, rank,
@@ -305,11 +305,7 @@ static nstf_status allreduce(nstf_comm *c, int rank, float *buf, float *dst, int
 
 nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
     bool added;
-    return allreduce(c, rank, buf, NULL, n, &added);
-}
-
-nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
-    return allreduce(c, rank, buf, dst, n, added);
+    return nstf_comm_allreduce_add(c, rank, buf, NULL, n, &added);
 }
 
 /* ---- create / free --------------------------------------------------------------------------- */

@@ -206,14 +206,9 @@ nstf_status nstf_trainer_resume(nstf_trainer *t, const char *dir) {
             st = nstf_set_error(NSTF_ERR_FORMAT, "--resume %s: %s fails its checksum (damaged)", dir, path);
     }
     const float *arr = (const float *)(base + CK_HEADER); /* CK_HEADER keeps them 4-byte aligned */
-    if (st == NSTF_OK && t->dp > 1) { /* every data-parallel replica, each on its rank's thread */
+    if (st == NSTF_OK) { /* every data-parallel replica */
         put_job j = {t, arr, h.n_flat};
-        st = nstf_comm_run(t->comm, put_rank, &j);
-        if (st == NSTF_OK) st = nstf_trainer_make_current(t);
-    } else {
-        for (int which = 0; st == NSTF_OK && which < 3; which++)
-            st = nstf_train_put(t->tr, which, 0, h.n_flat, arr + (int64_t)which * h.n_flat);
-        if (st == NSTF_OK) st = nstf_train_sync_copy(t->tr);
+        st = nstf_trainer_on_ranks(t, put_rank, &j);
     }
     if (st == NSTF_OK) st = nstf_data_seek(t->data, h.epoch, h.index);
     if (st == NSTF_OK) {

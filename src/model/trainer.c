@@ -274,11 +274,17 @@ static nstf_status create_rank(void *ctx, int r) {
 /* After the ranks' jobs: rank 0's device current on this thread again (a
  * backend allocation makes its device current), for what rank 0 does here
  * (evaluation, checkpoints, export). */
-nstf_status nstf_trainer_make_current(nstf_trainer *t) {
+static nstf_status make_current(nstf_trainer *t) {
     void *p = NULL;
     NSTF_TRY(t->be->vt->alloc(t->be, 1, &p));
     t->be->vt->free(t->be, p);
     return NSTF_OK;
+}
+
+nstf_status nstf_trainer_on_ranks(nstf_trainer *t, nstf_comm_job fn, void *ctx) {
+    if (t->dp == 1) return fn(ctx, 0);
+    NSTF_TRY(nstf_comm_run(t->comm, fn, ctx));
+    return make_current(t);
 }
 
 nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
@@ -304,12 +310,9 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, p->dp_timeout_ms, &t->comm);
     const int stall = nstf_switch_int(NSTF_SW_DP_STALL_AT); /* a fault test's stalled rank */
     if (st == NSTF_OK && t->dp > 1 && stall > 0) nstf_comm_fault(t->comm, t->dp - 1, stall - 1);
-    if (st == NSTF_OK && t->dp > 1) {
+    if (st == NSTF_OK) {
         create_job j = {t, &sh};
-        st = nstf_comm_run(t->comm, create_rank, &j);
-        if (st == NSTF_OK) st = nstf_trainer_make_current(t);
-    } else if (st == NSTF_OK) {
-        st = nstf_train_create(t->model, t->be, &sh, p->seed, &t->trs[0]);
+        st = nstf_trainer_on_ranks(t, create_rank, &j);
     }
     t->tr = t->trs[0];
     for (int r = 0; r < t->dp && st == NSTF_OK; r++) nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
@@ -344,7 +347,7 @@ static nstf_status fill(nstf_data *d, int32_t *dst, int64_t n_seq, int seq) {
     return NSTF_OK;
 }
 
-/* One data-parallel step: rank r trains on its slice of the batch. */
+/* One step on rank r: its slice of the batch. */
 typedef struct dp_job {
     nstf_trainer *t;
     double loss[NSTF_COMM_MAX], norm[NSTF_COMM_MAX];
@@ -364,16 +367,11 @@ nstf_status nstf_trainer_step(nstf_trainer *t, nstf_train_stats *out) {
     const double t0 = nstf_time_ms();
     NSTF_TRY(fill(t->data, t->batch, (int64_t)t->dp * p->grad_accum * p->batch, p->seq));
     t->opt.lr = nstf_lr_cosine(&t->sched, t->step);
-    double loss = 0, norm = 0;
-    if (t->dp > 1) {
-        dp_job j = {.t = t};
-        NSTF_TRY(nstf_comm_run(t->comm, dp_rank, &j));
-        NSTF_TRY(nstf_trainer_make_current(t));
-        for (int r = 0; r < t->dp; r++) loss += j.loss[r]; /* the ranks' shares of the mean */
-        norm = j.norm[0];                                   /* the same on every rank */
-    } else {
-        NSTF_TRY(nstf_train_step(t->tr, t->batch, p->grad_accum, t->step, &t->opt, p->clip, &loss, &norm));
-    }
+    dp_job j = {.t = t};
+    NSTF_TRY(nstf_trainer_on_ranks(t, dp_rank, &j));
+    double loss = 0;
+    for (int r = 0; r < t->dp; r++) loss += j.loss[r]; /* the ranks' shares of the mean */
+    const double norm = j.norm[0];                      /* the same on every rank */
     const double ms = nstf_time_ms() - t0;
     const int64_t toks = (int64_t)t->dp * p->grad_accum * p->batch * p->seq;
     t->step++;

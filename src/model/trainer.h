@@ -31,8 +31,10 @@ struct nstf_trainer {
     char desc[512];
 };
 
-/* Rank 0's device current on this thread (after jobs on the ranks' threads). */
-nstf_status nstf_trainer_make_current(nstf_trainer *t);
+/* fn(ctx, r) for every data-parallel rank: on the ranks' threads (each
+ * GPU rank's device current there) and then rank 0's device made current
+ * on this thread again; with one rank, fn(ctx, 0) here. */
+nstf_status nstf_trainer_on_ranks(nstf_trainer *t, nstf_comm_job fn, void *ctx);
 
 /* The fingerprint of the model and training shape a checkpoint is for. */
 uint64_t nstf_trainer_fingerprint(const nstf_trainer *t);
