@@ -60,6 +60,19 @@ static nstf_status gpu_alloc(nstf_backend *be, uint64_t bytes, void **out) {
     return nstf_gpu_malloc(out, (size_t)(bytes ? bytes : 1));
 }
 
+nstf_status gpu_grow(gpu_backend *g, void **p, size_t *have, size_t want) {
+    if (want <= *have) return NSTF_OK;
+    if (*p) {
+        NSTF_TRY(nstf_gpu_stream_sync(g->stream));
+        NSTF_TRY(nstf_gpu_free(*p));
+    }
+    *p = NULL;
+    *have = 0;
+    NSTF_TRY(nstf_gpu_malloc(p, want));
+    *have = want;
+    return NSTF_OK;
+}
+
 static void gpu_free(nstf_backend *be, void *p) {
     (void)be;
     (void)nstf_gpu_free(p);

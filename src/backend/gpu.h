@@ -100,6 +100,10 @@ NSTF_OPS(NSTF_X)
 void nstf_gpu_place(nstf_backend *be, const nstf_matrix *const *w, int n_w, int64_t n, void *buf, nstf_view *out);
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a);
 
+/* A device buffer *p of *have bytes grown to at least `want` (the stream
+ * drained before the old, smaller one is freed; kept when big enough). */
+nstf_status gpu_grow(gpu_backend *g, void **p, size_t *have, size_t want);
+
 /* gpu_l4.c: level 4 (the bracket calls begin/end/check; ops go to record
  * while g->l4_rec). */
 nstf_status gpu_l4_begin(gpu_backend *g, const nstf_batch *b, bool *replayed);

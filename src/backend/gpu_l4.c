@@ -54,8 +54,8 @@ struct gpu_l4 {
     size_t smem;
     int stall_block, stall_ins, timeout_ms; /* the test hook */
     bool trace_on;
-    unsigned long long *dtrace; /* [1 + 2 n] (decode_l4.cu), while trace_on */
-    size_t dtrace_words;
+    void *dtrace;               /* [1 + 2 n] 64-bit words (decode_l4.cu), while trace_on */
+    size_t dtrace_bytes;
 };
 
 __attribute__((format(printf, 2, 3))) static void l4_fail(gpu_l4 *l, const char *fmt, ...) {
@@ -148,14 +148,9 @@ static nstf_status l4_launch(gpu_backend *g) {
     unsigned long long *trace = NULL;
     if (l->trace_on) {
         const size_t words = 1 + 2 * (size_t)l->n;
-        if (words > l->dtrace_words) {
-            NSTF_TRY(nstf_gpu_free(l->dtrace));
-            l->dtrace = NULL;
-            l->dtrace_words = 0;
-            NSTF_TRY(nstf_gpu_malloc((void **)&l->dtrace, words * sizeof *l->dtrace));
-            l->dtrace_words = words;
-        }
-        NSTF_TRY(nstf_gpu_memset(l->dtrace, 0, words * sizeof *l->dtrace, g->stream));
+        const size_t bytes = words * sizeof *trace;
+        NSTF_TRY(gpu_grow(g, &l->dtrace, &l->dtrace_bytes, bytes));
+        NSTF_TRY(nstf_gpu_memset(l->dtrace, 0, bytes, g->stream));
         trace = l->dtrace;
     }
     NSTF_TRY(nstf_gpu_l4_launch(l->dprog, l->n, g->dio, l->scratch, l->grid, l->smem, l->max_heads, l->max_hd,
@@ -343,21 +338,9 @@ nstf_status gpu_l4_end(gpu_backend *g, const nstf_batch *b, nstf_status st, bool
         return NSTF_OK;
     }
     const size_t pb = (size_t)l->n * sizeof(nstf_l4_ins);
-    if (pb > l->dprog_bytes) {
-        NSTF_TRY(nstf_gpu_free(l->dprog));
-        l->dprog = NULL;
-        l->dprog_bytes = 0;
-        NSTF_TRY(nstf_gpu_malloc(&l->dprog, pb));
-        l->dprog_bytes = pb;
-    }
-    const size_t sb = nstf_gpu_l4_scratch_bytes(l->grid, l->max_heads, l->max_hd);
-    if (sb > l->scratch_bytes) {
-        NSTF_TRY(nstf_gpu_free(l->scratch));
-        l->scratch = NULL;
-        l->scratch_bytes = 0;
-        NSTF_TRY(nstf_gpu_malloc(&l->scratch, sb));
-        l->scratch_bytes = sb;
-    }
+    NSTF_TRY(gpu_grow(g, &l->dprog, &l->dprog_bytes, pb));
+    NSTF_TRY(gpu_grow(g, &l->scratch, &l->scratch_bytes,
+                      nstf_gpu_l4_scratch_bytes(l->grid, l->max_heads, l->max_hd)));
     if (!l->dstatus) NSTF_TRY(nstf_gpu_malloc((void **)&l->dstatus, 4 * sizeof(int32_t)));
     if (!l->hstatus) NSTF_TRY(nstf_gpu_host_alloc((void **)&l->hstatus, 4 * sizeof(int32_t)));
     NSTF_TRY(nstf_gpu_memcpy_h2d(l->dprog, l->ins, pb, g->stream));

@@ -385,14 +385,7 @@ nstf_status nstf_gpu_op_head_norm(nstf_backend *be, const nstf_op_args *a) {
 /* The training ops' scratch: at least `bytes`, kept (grown on first need;
  * the stream is drained before an older, smaller buffer is freed). */
 static void *tscratch(gpu_backend *g, size_t bytes) {
-    if (bytes <= g->tscratch_bytes) return g->tscratch;
-    if (g->tscratch && (nstf_gpu_stream_sync(g->stream) != NSTF_OK || nstf_gpu_free(g->tscratch) != NSTF_OK))
-        return NULL;
-    g->tscratch = NULL;
-    g->tscratch_bytes = 0;
-    if (nstf_gpu_malloc(&g->tscratch, bytes) != NSTF_OK) return NULL;
-    g->tscratch_bytes = bytes;
-    return g->tscratch;
+    return gpu_grow(g, &g->tscratch, &g->tscratch_bytes, bytes) == NSTF_OK ? g->tscratch : NULL;
 }
 
 static nstf_status no_scratch(const nstf_op_args *a, size_t bytes) {

@@ -183,7 +183,7 @@ extern "C" nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out) {
     return NSTF_OK;
 }
 
-static nstf_status enable_peer(int a, int b) {
+extern "C" nstf_status nstf_gpu_enable_peer(int a, int b) {
     GPU_CHECK(gpuSetDevice(a));
     gpuError_t e = gpuDeviceEnablePeerAccess(b, 0);
     if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
@@ -201,8 +201,8 @@ extern "C" nstf_status nstf_gpu_p2p_measure(int a, int b, size_t bytes, double *
     int access = 0;
     GPU_CHECK(gpuDeviceCanAccessPeer(&access, a, b));
     if (access) {
-        NSTF_TRY(enable_peer(a, b));
-        NSTF_TRY(enable_peer(b, a));
+        NSTF_TRY(nstf_gpu_enable_peer(a, b));
+        NSTF_TRY(nstf_gpu_enable_peer(b, a));
     }
     void *src = NULL, *dst = NULL, *stream = NULL, *e0 = NULL, *e1 = NULL;
     GPU_CHECK(gpuSetDevice(b));

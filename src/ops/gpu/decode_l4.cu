@@ -77,7 +77,6 @@ struct l4_ctl {
     unsigned long long timeout_ns;
 };
 
-static __device__ __forceinline__ float l4_bf16r(float v) { return nstf_bf16_to_float(nstf_float_to_bf16(v)); }
 
 template <bool F16> static __device__ __forceinline__ float l4_w_lo(u32 w) {
     if (F16) return nstf_half_bits_to_float((unsigned short)(w & 0xffffu));
@@ -292,8 +291,8 @@ static __device__ __forceinline__ void l4_dot4(const uint4 *const (&p)[4], const
 static __device__ __forceinline__ void l4_rope_store(const nstf_l4_ins &in, int r0, int r1, float a, float b,
                                                      int32_t pos, const float *freqs, const float *factors) {
     nstf_bf16 *y = (nstf_bf16 *)in.y;
-    a = l4_bf16r(a); /* the unfused RoPE reads bf16 */
-    b = l4_bf16r(b);
+    a = bf16_round(a); /* the unfused RoPE reads bf16 */
+    b = bf16_round(b);
     if (r0 < in.rope_rows) {
         const int half = in.head_dim / 2, i = in.neox ? r0 % in.head_dim : (r0 % in.head_dim) / 2;
         float hi = freqs[i], lo = freqs[half + i], c, s;
@@ -360,7 +359,7 @@ static __device__ __forceinline__ void l4_gemv(const nstf_l4_ins &in, const l4_c
             }
             ss = block_reduce_sum(ss, red);
             const float rn = nstf_fast_rsqrtf(ss / (float)n_in + in.eps);
-            for (int i = threadIdx.x; i < n_in; i += L4_THREADS) xs[i] = l4_bf16r(xs[i] * rn * nw[i]);
+            for (int i = threadIdx.x; i < n_in; i += L4_THREADS) xs[i] = bf16_round(xs[i] * rn * nw[i]);
         } else if (in.n_heads > 0) { /* the out-projection: the attention's splits merged */
             l4_merge(in, c, xs, sm.nws);
         } else {
@@ -406,8 +405,8 @@ static __device__ __forceinline__ void l4_gemv(const nstf_l4_ins &in, const l4_c
             if (lane != 0) continue;
             if (in.epi == NSTF_GEMV_SWIGLU) {
                 nstf_bf16 *y = (nstf_bf16 *)in.y;
-                y[row[0]] = nstf_float_to_bf16(nstf_swiglu1(l4_bf16r(acc[0]), l4_bf16r(acc[1])));
-                if (row[2] >= 0) y[row[2]] = nstf_float_to_bf16(nstf_swiglu1(l4_bf16r(acc[2]), l4_bf16r(acc[3])));
+                y[row[0]] = nstf_float_to_bf16(nstf_swiglu1(bf16_round(acc[0]), bf16_round(acc[1])));
+                if (row[2] >= 0) y[row[2]] = nstf_float_to_bf16(nstf_swiglu1(bf16_round(acc[2]), bf16_round(acc[3])));
             } else if (in.epi == NSTF_GEMV_ROPE) {
                 l4_rope_store(in, row[0], row[1], acc[0], acc[1], pos, freqs, factors);
                 if (row[2] >= 0) l4_rope_store(in, row[2], row[3], acc[2], acc[3], pos, freqs, factors);
@@ -645,7 +644,7 @@ static __device__ __forceinline__ void l4_merge(const nstf_l4_ins &in, const l4_
             for (int k = 0; k < 8; k++)
                 if (s0 + k < S) num = fmaf(ws[h * L4_SPLITS + s0 + k], av[k], num);
         }
-        xs[e] = l4_bf16r(num);
+        xs[e] = bf16_round(num);
     }
 }
 
@@ -728,15 +727,14 @@ __global__ void __launch_bounds__(L4_THREADS, 1) l4_kernel(const nstf_l4_ins *__
 
 /* ---- host ----------------------------------------------------------------------- */
 
-static size_t l4_part_floats(int grid, int max_heads, int max_hd) {
-    (void)grid;
+static size_t l4_part_floats(int max_heads, int max_hd) {
     return (size_t)max_heads * L4_SPLITS * (size_t)(max_hd + 2);
 }
 
 extern "C" size_t nstf_gpu_l4_scratch_bytes(int grid, int max_heads, int max_head_dim) {
     const size_t sync = ((size_t)L4_SYNC_WORDS * sizeof(u32) + 255) / 256 * 256;
     const size_t am = ((size_t)grid * 2 * sizeof(float) + 255) / 256 * 256;
-    return sync + am + l4_part_floats(grid, max_heads, max_head_dim) * sizeof(float);
+    return sync + am + l4_part_floats(max_heads, max_head_dim) * sizeof(float);
 }
 
 /* The regions of the dynamic shared memory (l4_smem): A and B from the

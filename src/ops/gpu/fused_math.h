@@ -1,9 +1,13 @@
 /* fused_math.h — the element math that a standalone kernel and a fused
  * epilogue must do identically (so that fusing an op changes no bit):
- * SwiGLU's silu(g) * u and RoPE's rotation angle. Included by swiglu.cu,
- * rope.cu, attn_naive.cu and gemv_fused.h after gpu.h. */
+ * the bf16 rounding between ops, SwiGLU's silu(g) * u and RoPE's rotation
+ * angle. Included by swiglu.cu, rope.cu, attn_naive.cu, gemv_fused.h and
+ * decode_l4.cu after gpu.h. */
 #ifndef NSTF_GPU_FUSED_MATH_H
 #define NSTF_GPU_FUSED_MATH_H
+
+/* v rounded to bf16, as an op that stores bf16 leaves it for the next. */
+static __device__ __forceinline__ float bf16_round(float v) { return nstf_bf16_to_float(nstf_float_to_bf16(v)); }
 
 /* silu(g) * u = g / (1 + exp(-g)) * u, with exp(-g) = 2^(-g log2 e); for
  * g < -88 the power is +inf and g / inf = -0. */

@@ -70,7 +70,6 @@ static __device__ __forceinline__ nstf_bf16 fz_xnorm(const gemv_fz &f, int i, fl
     return nstf_float_to_bf16(f.nx[i] * rn * f.nw[i]);
 }
 
-static __device__ __forceinline__ float bf16_round(float v) { return nstf_bf16_to_float(nstf_float_to_bf16(v)); }
 
 /* Row `row`'s bf16 value v after its matrix's bias, as nstf_gpu_bias adds
  * it (bf16 in, fp32 add, bf16 out); v as is where that matrix has none.

@@ -706,6 +706,9 @@ typedef struct nstf_gpu_link {
     char link[32];
 } nstf_gpu_link;
 nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out);
+/* Device a may access device b's memory from now on (already enabled is
+ * not an error); leaves device a current. */
+nstf_status nstf_gpu_enable_peer(int a, int b);
 /* Timed peer copies from a to b: bandwidth of `bytes` (GB/s, best of
  * several) and the latency of a 4-byte copy (us, median), peer access
  * enabled where the link has it. */

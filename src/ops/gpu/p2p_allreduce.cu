@@ -120,12 +120,8 @@ extern "C" nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, 
     for (int r = 0; r < n && st == NSTF_OK; r++) {
         p->devs[r] = devs[r];
         st = nstf_gpu_set_device(devs[r]);
-        for (int q = 0; q < n && st == NSTF_OK; q++) {
-            if (q == r) continue;
-            gpuError_t e = gpuDeviceEnablePeerAccess(devs[q], 0);
-            if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
-            else if (e != gpuSuccess) st = nstf_gpu_fail("gpuDeviceEnablePeerAccess", __FILE__, __LINE__, (int)e, gpuGetErrorString(e));
-        }
+        for (int q = 0; q < n && st == NSTF_OK; q++)
+            if (q != r) st = nstf_gpu_enable_peer(devs[r], devs[q]); /* devs[r] stays current */
         const size_t rb = (size_t)2 * n * (size_t)cap * sizeof(u64);
         if (st == NSTF_OK) st = nstf_gpu_malloc((void **)&p->recv[r], rb);
         if (st == NSTF_OK) st = nstf_gpu_memset(p->recv[r], 0, rb, NULL); /* tag 0: no call */
