@@ -11,6 +11,7 @@
  * W + x + y. Usage: bench_gemv [n_tok [TYPES]] (default 1 token; TYPES a
  * comma list of weight types, default BF16,Q8_0,Q4_0,Q4_1). */
 #include "ops/gpu/gpu_api.h"
+#include "../common/gpu_time.h" /* time_batch_ms */
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -39,26 +40,6 @@ extern "C" bool nstf_type_from_name(const char *name, nstf_type *out); /* core/d
         if ((call) != NSTF_OK) { fprintf(stderr, "%s: %s\n", #call, nstf_last_error()); exit(1); } \
     } while (0)
 
-template <typename F> static double time_ms(cudaStream_t s, F &&launch) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) launch(i); /* warm-up */
-    std::vector<float> t;
-    for (int r = 0; r < REPS; r++) {
-        CK(cudaEventRecord(a, s));
-        for (int i = 0; i < BATCH; i++) launch(i);
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms / BATCH);
-    }
-    std::sort(t.begin(), t.end());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return t[REPS / 2];
-}
 
 struct shape {
     const char *model, *name;
@@ -73,16 +54,7 @@ int main(int argc, char **argv) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
-    /* the ceiling: device-to-device copy of 1 GiB */
-    const size_t cbytes = 1ull << 30;
-    void *c0, *c1;
-    CK(cudaMalloc(&c0, cbytes));
-    CK(cudaMalloc(&c1, cbytes));
-    CK(cudaMemset(c0, 1, cbytes));
-    double cms = time_ms(s, [&](int) { CK(cudaMemcpyAsync(c1, c0, cbytes, cudaMemcpyDeviceToDevice, s)); });
-    const double copy_gbs = 2.0 * cbytes / (cms * 1e-3) / 1e9;
-    CK(cudaFree(c0));
-    CK(cudaFree(c1));
+    const double copy_gbs = copy_rate_gbs(s, REPS); /* the ceiling */
     printf("device: %s (%s), %d SMs, L2 %.0f MiB\n", info.name, info.arch, info.n_sm, info.l2_bytes / 1048576.0);
     printf("ceiling: device-to-device copy %.0f GB/s (read+write of 1 GiB)\n", copy_gbs);
     printf("n_tok = %d; GB/s = (W + x + y bytes) / median time; %% of copy bandwidth\n\n", n_tok);
@@ -130,7 +102,7 @@ int main(int argc, char **argv) {
             CK(cudaMalloc(&y, (size_t)n_tok * sh.n_out * 2));
             CK(cudaMemset(x, 0x3f, (size_t)n_tok * sh.n_in * 2));
             const double bytes = (double)wbytes + n_tok * (sh.n_in + sh.n_out) * 2.0;
-            double ms = time_ms(s, [&](int i) {
+            double ms = time_batch_ms(s, BATCH, REPS, [&](int i) {
                 NK(nstf_gpu_gemv(t, (char *)w + (size_t)(i % n_copies) * wbytes, x, y, NSTF_TYPE_BF16,
                                  n_tok, sh.n_in, sh.n_out, s));
             });
@@ -138,7 +110,7 @@ int main(int argc, char **argv) {
             char peer[32] = "-";
             if (t == NSTF_TYPE_BF16) {
                 const float one = 1.0f, zero = 0.0f;
-                double pms = time_ms(s, [&](int i) {
+                double pms = time_batch_ms(s, BATCH, REPS, [&](int i) {
                     /* column-major view: W^T is [n_in, n_out], so C[n_out, n_tok] = (W^T)^T x */
                     cublasStatus_t st = cublasGemmEx(
                         cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.n_out, n_tok, (int)sh.n_in, &one,

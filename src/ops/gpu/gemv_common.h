@@ -71,6 +71,7 @@ struct gemv_plan {
     int x_vec;
     int quant;     /* a quantized kernel: gemvq_kernel (the 32-element types but 2-byte aligned Q4_1) or gemvk_kernel */
     int super;     /* gemvk_kernel (the 256-element types) */
+    int i8;        /* gemvk8_kernel (gemvk_i8.cu): one token of Q4_K or Q6_K, x as two int8 planes */
     size_t smem;
 };
 
@@ -111,13 +112,16 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     /* chunk: a multiple of the block (32 elements; 256 for the super-block
      * kernel), as large as the staging budget allows for nt token rows */
     const int blk = p.super ? 256 : 32;
-    const int xbytes = ((p.quant && nt == 1) || p.super) ? 4 : 2; /* fp32 staging: gemvq for one token, gemvk always */
-    int64_t cap = (GEMV_SMEM_BYTES / (xbytes * nt)) / blk * blk;
+    p.i8 = nt == 1 && (p.wt == GW_Q4_K || p.wt == GW_Q6_K);
+    /* staging bytes per 32 elements: two int8 planes and (dx, sum) for
+     * gemvk8; fp32 for gemvq at one token and gemvk always; else bf16 */
+    const int xbytes32 = p.i8 ? 72 : ((p.quant && nt == 1) || p.super) ? 128 : 64;
+    int64_t cap = (GEMV_SMEM_BYTES * 32 / (xbytes32 * nt)) / blk * blk;
     int64_t need = (n_in + blk - 1) / blk * blk;
     p.chunk = (int)(need < cap ? need : cap);
     p.n_chunks = (int)((n_in + p.chunk - 1) / p.chunk);
-    p.smem = (size_t)nt * (size_t)p.chunk * (size_t)xbytes;
-    if (p.quant && p.wt != GW_Q8_0) p.smem += (size_t)nt * (size_t)(p.chunk / 16) * 4; /* x sums */
+    p.smem = (size_t)nt * (size_t)p.chunk / 32 * (size_t)xbytes32;
+    if (p.quant && !p.i8 && p.wt != GW_Q8_0) p.smem += (size_t)nt * (size_t)(p.chunk / 16) * 4; /* x sums */
     return p;
 }
 
@@ -177,6 +181,7 @@ template <class K> static inline gemv_fn gemv_pick_plain(int wt, int nt, int row
 int nstf_gemv_fz_bytes(void);
 int nstf_gemvq_fz_bytes(void);
 int nstf_gemvk_fz_bytes(void);
+int nstf_gemvk8_fz_bytes(void);
 
 /* gemv.cu */
 gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows); /* fused BF16/F16 instance, blocks of 8, 16 or 32 rows */
@@ -187,5 +192,8 @@ gemv_fn nstf_gemvq_fused_pick(int wt, int fz);                  /* fused instanc
 /* gemvk.cu */
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
 gemv_fn nstf_gemvk_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
+/* gemvk_i8.cu: one token of Q4_K and Q6_K (plan.i8) */
+gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16);        /* plain instance, GEMVQ_ROWS or _BIG */
+gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows);       /* fused instance, GEMVQ_ROWS or _BIG; NULL: none */
 
 #endif

@@ -24,9 +24,11 @@
 #include "core/switches.h"
 
 /* The fused instance of plan p for FZ fz at `rows` rows per block (the
- * float kernel; the quantized ones have GEMVQ_ROWS), or NULL: none. */
+ * float kernel and gemvk_i8's; the other quantized ones have GEMVQ_ROWS),
+ * or NULL: none. */
 static gemv_fn gemv_fused_fn(const gemv_plan &p, int fz, int rows) {
     if (p.wt == GW_BF16 || p.wt == GW_F16) return nstf_gemv_float_fused_pick(p.wt, fz, rows);
+    if (p.i8) return nstf_gemvk8_fused_pick(p.wt, fz, rows);
     if (p.super) return nstf_gemvk_fused_pick(p.wt, fz);
     if (p.quant) return nstf_gemvq_fused_pick(p.wt, fz);
     return nullptr;
@@ -86,11 +88,12 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
                               "multiple of head_dim %d within rope_rows %d (and k_norm with k rows)",
                               fu->q_rows, fu->head_dim, fu->rope_rows);
     if (nstf_gemv_fz_bytes() != (int)sizeof(gemv_fz) || nstf_gemvq_fz_bytes() != (int)sizeof(gemv_fz) ||
-        nstf_gemvk_fz_bytes() != (int)sizeof(gemv_fz))
+        nstf_gemvk_fz_bytes() != (int)sizeof(gemv_fz) || nstf_gemvk8_fz_bytes() != (int)sizeof(gemv_fz))
         return nstf_set_error(NSTF_ERR_INTERNAL,
-                              "nstf_gpu_gemv_fused: the GEMV kernels were compiled with another gemv_fz (%d, %d, %d "
-                              "bytes; here %d): a stale build, rebuild gemv.cu, gemvq.cu and gemvk.cu",
-                              nstf_gemv_fz_bytes(), nstf_gemvq_fz_bytes(), nstf_gemvk_fz_bytes(), (int)sizeof(gemv_fz));
+                              "nstf_gpu_gemv_fused: the GEMV kernels were compiled with another gemv_fz (%d, %d, %d, "
+                              "%d bytes; here %d): a stale build, rebuild gemv.cu, gemvq.cu, gemvk.cu and gemvk_i8.cu",
+                              nstf_gemv_fz_bytes(), nstf_gemvq_fz_bytes(), nstf_gemvk_fz_bytes(), nstf_gemvk8_fz_bytes(),
+                              (int)sizeof(gemv_fz));
     uint64_t row_bytes = 0;
     (void)nstf_type_row_bytes(wtype, n_in, &row_bytes);
     const gemv_plan p = gemv_make_plan(wtype, w, norm ? NULL : x, 1, n_in);
@@ -113,7 +116,11 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     }
     f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
-    const int rows = p.quant ? GEMVQ_ROWS : gemv_fused_rows(n_out);
+    /* gemvk_i8's wide outputs take blocks of 32 rows, as unfused (RoPE's
+     * pairs stay in blocks of GEMVQ_ROWS: the head_dim check above) */
+    const int rows = p.i8 && n_out >= GEMVQ_BIG_OUT && epi != NSTF_GEMV_ROPE ? GEMVQ_ROWS_BIG
+                     : p.quant                                            ? GEMVQ_ROWS
+                                                                          : gemv_fused_rows(n_out);
     const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
     if (fz == 0) /* plain STORE: the unfused GEMV */
         return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);

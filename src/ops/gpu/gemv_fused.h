@@ -71,6 +71,30 @@ static __device__ __forceinline__ nstf_bf16 fz_xnorm(const gemv_fz &f, int i, fl
 }
 
 
+/* Elements i .. i + 7 of a staged chunk as floats: the normalized input
+ * under the norm prologue (FZ_NORM: one token, one chunk, so i indexes the
+ * row; the host checks), else xc[i ..] (xc: the token's row at the chunk)
+ * by one 16-byte load where x_vec says x is so aligned. */
+template <int FZ>
+static __device__ __forceinline__ void gemv_x8(const gemv_fz &f, const uint16_t *__restrict__ xc, int i, int x_vec,
+                                               float rn, float (&v)[8]) {
+    if (FZ & FZ_NORM) {
+#pragma unroll
+        for (int o = 0; o < 8; o++) v[o] = nstf_bf16_to_float(fz_xnorm(f, i + o, rn));
+    } else if (x_vec) {
+        const uint4 q = *(const uint4 *)(xc + i);
+        const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int o = 0; o < 4; o++) {
+            v[2 * o] = nstf_bf16lo_to_float(qw[o]);
+            v[2 * o + 1] = nstf_bf16hi_to_float(qw[o]);
+        }
+    } else {
+#pragma unroll
+        for (int o = 0; o < 8; o++) v[o] = nstf_bf16lo_to_float(xc[i + o]);
+    }
+}
+
 /* Row `row`'s bf16 value v after its matrix's bias, as nstf_gpu_bias adds
  * it (bf16 in, fp32 add, bf16 out); v as is where that matrix has none.
  * The pointers are chosen by selects, not indexed (no scratch). */

@@ -264,21 +264,7 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
         for (int t = 0; t < NT; t++) {
             for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
                 float v[8];
-                if (FZ & FZ_NORM) { /* one chunk, NT 1: the host checks */
-#pragma unroll
-                    for (int o = 0; o < 8; o++) v[o] = nstf_bf16_to_float(fz_xnorm(f, i + o, rn));
-                } else if (x_vec) {
-                    const uint4 q = *(const uint4 *)(x + (size_t)t * n_in + c0 + i);
-                    const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                    for (int o = 0; o < 4; o++) {
-                        v[2 * o] = nstf_bf16lo_to_float(qw[o]);
-                        v[2 * o + 1] = nstf_bf16hi_to_float(qw[o]);
-                    }
-                } else {
-#pragma unroll
-                    for (int o = 0; o < 8; o++) v[o] = nstf_bf16lo_to_float(x[(size_t)t * n_in + c0 + i + o]);
-                }
+                gemv_x8<FZ>(f, x + (size_t)t * n_in + c0, i, x_vec, rn, v);
                 int k, r;
                 gk_map<WT>((i >> 4) & 15, k, r);
                 const int u = (i >> 8) * T::UPB + k, q0 = 4 * r + ((i & 15) >> 2);
@@ -361,7 +347,10 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 /* ---- instances ------------------------------------------------------------ */
 
 struct gemvk_k {
-    template <int WT, int NT, bool YB, int R, int FZ> static gemv_fn fn() { return gemvk_kernel<WT, NT, YB, R, FZ>; }
+    template <int WT, int NT, bool YB, int R, int FZ> static gemv_fn fn() {
+        if constexpr (NT == 1 && (WT == GW_Q4_K || WT == GW_Q6_K)) return nullptr; /* gemvk_i8.cu's */
+        else return gemvk_kernel<WT, NT, YB, R, FZ>;
+    }
     template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
         switch (wt) {
         case GW_Q2_K: return gemv_pick_nt<gemvk_k, GW_Q2_K, YB, R>(nt);
@@ -374,20 +363,19 @@ struct gemvk_k {
     }
 };
 
-gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16); }
+/* One token of Q4_K or Q6_K goes to gemvk_i8.cu's integer kernel. */
+gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) {
+    if (nt == 1 && (wt == GW_Q4_K || wt == GW_Q6_K)) return nstf_gemvk8_pick(wt, rows, y_bf16);
+    return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16);
+}
 
-/* The fused instances (gemv_fused.cu): Q4_K, Q5_K and Q6_K, the types of
- * the Q4_K_M, Q5_K_M and Q6_K files; the rarer Q2_K, Q3_K and IQ4_XS run
- * unfused (nstf_gpu_gemv_fusable says no). */
+/* The fused instances (gemv_fused.cu): Q5_K here, Q4_K and Q6_K in
+ * gemvk_i8.cu (the types of the Q4_K_M, Q5_K_M and Q6_K files); the rarer
+ * Q2_K, Q3_K and IQ4_XS run unfused (nstf_gpu_gemv_fusable says no). */
 struct gemvk_fused {
     int wt;
     template <int FZ, bool YB> gemv_fn get() const {
-        switch (wt) {
-        case GW_Q4_K: return gemvk_kernel<GW_Q4_K, 1, YB, GEMVQ_ROWS, FZ>;
-        case GW_Q5_K: return gemvk_kernel<GW_Q5_K, 1, YB, GEMVQ_ROWS, FZ>;
-        case GW_Q6_K: return gemvk_kernel<GW_Q6_K, 1, YB, GEMVQ_ROWS, FZ>;
-        }
-        return nullptr;
+        return wt == GW_Q5_K ? gemvk_kernel<GW_Q5_K, 1, YB, GEMVQ_ROWS, FZ> : nullptr;
     }
 };
 int nstf_gemvk_fz_bytes(void) { return (int)sizeof(gemv_fz); }

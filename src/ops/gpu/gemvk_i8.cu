@@ -1,0 +1,292 @@
+/* gemvk_i8.cu — one token's GEMV of Q4_K and Q6_K weights on integer dot
+ * products (dp4a / v_dot4): the decode path of the Q4_K_M and Q6_K files.
+ * Plain and fused instances (gemv_fused.h's frame: row slots, the norm
+ * prologue, the epilogues, the PDL wait and early loads); gemvk.cu keeps
+ * the float kernel for more tokens and the other super-block types.
+ * Studied in bench/kernels/gemv/gemv_k_v1.cu (numbers in docs/PERFORMANCE.md).
+ *
+ *  - x is staged once per block as 16-bit fixed point per 32 elements:
+ *    dx = max|x| / 32639 and q = round(x / dx) = 256 hi + lo, two int8
+ *    planes, plus per 32 the pair (dx, fp32 sum of x) for Q4_K's min term.
+ *    |x - dx q| <= max|x| / 65278: finer than the bf16 x itself.
+ *  - A wave's lanes take 8 per super-block (NSTF_WAVE / 8 super-blocks per
+ *    step): lane c reads 16 bytes of codes, which hold two runs of 16
+ *    elements (low and high nibbles). The planes are stored permuted so
+ *    that lane c's runs are bytes 16 c and 128 + 16 c of the super-block's
+ *    256: consecutive lanes read consecutive 16 bytes (no bank conflicts).
+ *  - Per 4 codes two dot4 (hi and lo plane), exact in int32; per run one
+ *    conversion and fma with the sub-block scale and dx.
+ *  - Q4_K blocks (144 bytes) are 16-byte aligned: one 16-byte load of
+ *    codes and one of the header (d, dmin, scales) per lane and row. Q6_K
+ *    blocks (210 bytes) are 2-byte aligned: runs load as five words and
+ *    realign (quant.h).
+ *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
+ *    steps are loaded before the PDL wait. Rows past the end re-read the
+ *    last row and are never stored. */
+#include "gemv_fused.h"
+
+template <int WT> struct gk8_traits {
+    static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : NSTF_Q6_K_BYTES;
+    static constexpr int SBW = NSTF_WAVE / 8; /* super-blocks per wave step */
+};
+
+/* Sum of the four signed byte products of a and b, plus c. */
+static __device__ __forceinline__ int gk8_dot4(uint32_t a, uint32_t b, int c) {
+#if defined(__HIP_PLATFORM_AMD__)
+#if defined(__gfx11__) || defined(__gfx12__)
+    return __builtin_amdgcn_sudot4(true, (int)a, true, (int)b, c, false);
+#elif defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+    return __builtin_amdgcn_sdot4((int)a, (int)b, c, false);
+#else
+#pragma unroll
+    for (int e = 0; e < 4; e++) c += (int)(int8_t)(a >> (8 * e)) * (int)(int8_t)(b >> (8 * e));
+    return c;
+#endif
+#else
+    return __dp4a((int)a, (int)b, c);
+#endif
+}
+
+static __device__ __forceinline__ int gk8_round(float v) {
+#if defined(__HIP_PLATFORM_AMD__)
+    return (int)__builtin_rintf(v);
+#else
+    return __float2int_rn(v);
+#endif
+}
+
+/* 16 bytes of weights: read once, so not kept in L1 where x is (sm_90). */
+static __device__ __forceinline__ uint4 gk8_ld_w(const uint8_t *p) {
+#if defined(NSTF_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return *(const uint4 *)p;
+#endif
+}
+
+static __device__ __forceinline__ uint32_t gk8_byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
+
+/* Where element e (0..255) of a super-block sits in the permuted planes. */
+template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
+    int c, hi;
+    if constexpr (WT == GW_Q4_K) { /* lane c = 2p + h holds 64p + 16h + i (low) and + 32 (high) */
+        c = 2 * (e >> 6) + ((e >> 4) & 1);
+        hi = (e >> 5) & 1;
+    } else { /* Q6_K: lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
+        c = 4 * (e >> 7) + ((e >> 4) & 3);
+        hi = (e >> 6) & 1;
+    }
+    return 128 * hi + 16 * c + (e & 15);
+}
+
+/* The raw bytes of one lane's unit of one row. */
+template <int WT> struct gk8_raw {
+    uint32_t a[WT == GW_Q4_K ? 8 : 11];
+};
+
+template <int WT>
+static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int sb, int c) {
+    gk8_raw<WT> r;
+    if constexpr (WT == GW_Q4_K) {
+        const uint8_t *b = row + (size_t)sb * NSTF_Q4_K_BYTES;
+        const uint4 q = gk8_ld_w(b + 16 + 16 * c), h = *(const uint4 *)b;
+        r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
+        r.a[4] = h.x, r.a[5] = h.y, r.a[6] = h.z, r.a[7] = h.w;
+    } else { /* c = 4n + g: ql @ 64n + 16g, qh @ 128 + 32n + 16(g & 1), scales @ 192, d @ 208 */
+        const uint8_t *b = row + (size_t)sb * NSTF_Q6_K_BYTES;
+        const int n = c >> 2, g = c & 3;
+        const nstf_run16 ql = nstf_ld_run16_a2(b + 64 * n + 16 * g), qh = nstf_ld_run16_a2(b + 128 + 32 * n + 16 * (g & 1));
+#pragma unroll
+        for (int k = 0; k < 5; k++) r.a[k] = ql.w[k], r.a[5 + k] = qh.w[k];
+        /* the two scales (int8) in bytes 0 and 1, d in the high half */
+        r.a[10] = b[192 + 8 * n + g] | ((uint32_t)b[196 + 8 * n + g] << 8) | (nstf_ld_u16(b + 208) << 16);
+    }
+    return r;
+}
+
+template <int WT, bool Y_BF16, int ROWS, int FZ>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__restrict__ x,
+              void *__restrict__ y, int n_in, int n_out, int chunk, int x_vec, const gemv_fz f) {
+    typedef gk8_traits<WT> T;
+    constexpr int SBW = T::SBW;
+    extern __shared__ uint4 gemv_smem[];
+    __shared__ float fz_sh[ROWS > 32 ? ROWS : 32];
+    int8_t *xhs = (int8_t *)gemv_smem;     /* [chunk], permuted per super-block */
+    int8_t *xls = xhs + chunk;             /* [chunk] */
+    float2 *dss = (float2 *)(xls + chunk); /* [chunk / 32]: dx, sum */
+    constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
+    constexpr int RPW = ROWS / N_WAVES;
+    constexpr int UNR = RPW >= 4 ? 1 : 2;
+    static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int sbl = lane >> 3, c = lane & 7;
+    int rowv[RPW];
+    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
+    const uint8_t *wr[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
+    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+
+    gk8_raw<WT> raw[UNR][RPW];
+    auto load_batch = [&](int sb0, int sb_end) {
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            const int sb = sb0 + u * SBW + sbl;
+            if (sb < sb_end) {
+#pragma unroll
+                for (int r = 0; r < RPW; r++) raw[u][r] = gk8_load<WT>(wr[r], sb, c);
+            }
+        }
+    };
+    const int nsb0 = min(n_in, chunk) / 256;
+    if (!f.no_pre) load_batch(0, nsb0); /* constant data: before the PDL wait */
+    const float rn = fz_begin<FZ>(f, n_in, fz_sh);
+    if (f.no_pre) load_batch(0, nsb0);
+
+    float acc[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
+    for (int c0 = 0; c0 < n_in; c0 += chunk) {
+        const int len = min(chunk, n_in - c0); /* a multiple of 256 */
+        const int sbase = c0 / 256, nsb = len / 256;
+        if (c0) __syncthreads(); /* the previous chunk is consumed */
+        /* stage 8 elements per thread and pass; 4 lanes per 32 */
+        for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
+            float v[8];
+            gemv_x8<FZ>(f, x + c0, i, x_vec, rn, v);
+            float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int o = 0; o < 8; o++) {
+                amax = fmaxf(amax, fabsf(v[o]));
+                sum += v[o];
+            }
+            /* the 4 lanes of this 32 (lanes 4k .. 4k + 3: len is a multiple of 256) */
+            amax = fmaxf(amax, NSTF_SHFL_XOR(amax, 1));
+            amax = fmaxf(amax, NSTF_SHFL_XOR(amax, 2));
+            sum += NSTF_SHFL_XOR(sum, 1);
+            sum += NSTF_SHFL_XOR(sum, 2);
+            const float inv = amax > 0.0f ? 32639.0f / amax : 0.0f;
+            uint32_t hw[2] = {0, 0}, lw[2] = {0, 0};
+#pragma unroll
+            for (int o = 0; o < 8; o++) {
+                const int q = gk8_round(v[o] * inv); /* |q| <= 32639: hi in -127..127 */
+                const int hi = (q + 128) >> 8, lo = q - 256 * hi;
+                hw[o >> 2] |= ((uint32_t)hi & 0xffu) << (8 * (o & 3));
+                lw[o >> 2] |= ((uint32_t)lo & 0xffu) << (8 * (o & 3));
+            }
+            const int at = (i & ~255) + gk8_pos<WT>(i & 255);
+            *(uint2 *)(xhs + at) = make_uint2(hw[0], hw[1]);
+            *(uint2 *)(xls + at) = make_uint2(lw[0], lw[1]);
+            if ((i & 31) == 0) dss[i / 32] = make_float2(amax / 32639.0f, sum);
+        }
+        __syncthreads();
+        for (int s0 = 0; s0 < nsb; s0 += UNR * SBW) {
+            if (c0 || s0) load_batch(sbase + s0, sbase + nsb);
+#pragma unroll
+            for (int u = 0; u < UNR; u++) {
+                const int sbc = s0 + u * SBW + sbl; /* within the chunk */
+                if (sbc >= nsb) break;
+                const int8_t *ph = xhs + 256 * sbc + 16 * c, *pl = xls + 256 * sbc + 16 * c;
+                const uint4 xa = *(const uint4 *)ph, xb = *(const uint4 *)(ph + 128);
+                const uint4 la = *(const uint4 *)pl, lb = *(const uint4 *)(pl + 128);
+                const uint32_t xav[4] = {xa.x, xa.y, xa.z, xa.w}, xbv[4] = {xb.x, xb.y, xb.z, xb.w};
+                const uint32_t lav[4] = {la.x, la.y, la.z, la.w}, lbv[4] = {lb.x, lb.y, lb.z, lb.w};
+                if constexpr (WT == GW_Q4_K) {
+                    const int p = c >> 1, h = c & 1;
+                    const float4 dd = *(const float4 *)(dss + 8 * sbc + 2 * p); /* dx, sum of 2p and 2p + 1 */
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        const uint32_t *a = raw[u][r].a;
+                        int a0 = 0, b0 = 0, a1 = 0, b1 = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const uint32_t lo = a[k] & 0x0f0f0f0fu, hi = (a[k] >> 4) & 0x0f0f0f0fu;
+                            a0 = gk8_dot4(lo, xav[k], a0);
+                            b0 = gk8_dot4(lo, lav[k], b0);
+                            a1 = gk8_dot4(hi, xbv[k], a1);
+                            b1 = gk8_dot4(hi, lbv[k], b1);
+                        }
+                        /* sub-blocks j = 2p, 2p + 1 (core/dtype.h's scale/min unpacking), as
+                         * byte pairs: p < 2 reads scales[j] and [j + 4]; p >= 2 the
+                         * nibbles of scales[j + 4] and the top bits of [j - 4] and [j] */
+                        const int sh = 16 * (p & 1);
+                        const uint32_t y2 = a[5] >> sh, z2 = a[6] >> sh, w2 = a[7] >> sh;
+                        const uint32_t sc2 = p < 2 ? y2 & 0x3f3fu : (w2 & 0x0f0fu) | ((y2 >> 2) & 0x3030u);
+                        const uint32_t m2 = p < 2 ? z2 & 0x3f3fu : ((w2 >> 4) & 0x0f0fu) | ((z2 >> 2) & 0x3030u);
+                        const float d = nstf_h2f(a[4]), dmin = nstf_h2f(a[4] >> 16);
+                        const float S0 = (float)(a0 * 256 + b0), S1 = (float)(a1 * 256 + b1);
+                        const float t = fmaf((float)(sc2 & 0xffu) * dd.x, S0, (float)(sc2 >> 8) * dd.z * S1);
+                        /* the min term once per sub-block (the sums cover all 32): lane h = 0 */
+                        const float mn = h ? 0.0f : fmaf((float)(m2 & 0xffu), dd.y, (float)(m2 >> 8) * dd.w);
+                        acc[r] = fmaf(d, t, fmaf(-dmin, mn, acc[r]));
+                    }
+                } else {
+                    const int n = c >> 2, g = c & 3, sh = 2 * (g >> 1);
+                    const int bl = 8 * sbc + 4 * n + (g >> 1); /* the 32 of the low run; the high one + 2 */
+                    const float dx0 = dss[bl].x, dx1 = dss[bl + 2].x;
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        const uint32_t *a = raw[u][r].a;
+                        const uint32_t mis = (uint32_t)((uintptr_t)(wr[r] + (size_t)(sbase + sbc) * NSTF_Q6_K_BYTES) & 2);
+                        int a0 = 0, b0 = 0, a1 = 0, b1 = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const uint32_t L = nstf_run16_word(a, k, mis), H = nstf_run16_word(a + 5, k, mis);
+                            /* q - 32 per byte: (0x80 | q) - 0x20, then the top bit flipped */
+                            const uint32_t lo =
+                                (((L & 0x0f0f0f0fu) | (((H >> sh) & 0x03030303u) << 4) | 0x80808080u) - 0x20202020u) ^
+                                0x80808080u;
+                            const uint32_t hi = ((((L >> 4) & 0x0f0f0f0fu) | (((H >> (sh + 4)) & 0x03030303u) << 4) |
+                                                  0x80808080u) -
+                                                 0x20202020u) ^
+                                                0x80808080u;
+                            a0 = gk8_dot4(lo, xav[k], a0);
+                            b0 = gk8_dot4(lo, lav[k], b0);
+                            a1 = gk8_dot4(hi, xbv[k], a1);
+                            b1 = gk8_dot4(hi, lbv[k], b1);
+                        }
+                        const float d = nstf_h2f(a[10] >> 16);
+                        const float t = fmaf((float)(int8_t)gk8_byte(a[10], 0) * dx0, (float)(a0 * 256 + b0),
+                                             (float)(int8_t)gk8_byte(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
+                        acc[r] = fmaf(d, t, acc[r]);
+                    }
+                }
+            }
+        }
+    }
+    float accv[RPW][1];
+#pragma unroll
+    for (int r = 0; r < RPW; r++) accv[r][0] = acc[r];
+    gemv_finish<FZ, 1, Y_BF16, ROWS>(accv, rowv, y, n_out, f, fz_sh, lane);
+}
+
+/* ---- instances ------------------------------------------------------------ */
+
+gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16) {
+    if (wt != GW_Q4_K && wt != GW_Q6_K) return nullptr;
+    const bool q4 = wt == GW_Q4_K;
+    if (rows == GEMVQ_ROWS_BIG)
+        return q4 ? (y_bf16 ? gemvk8_kernel<GW_Q4_K, true, GEMVQ_ROWS_BIG, 0> : gemvk8_kernel<GW_Q4_K, false, GEMVQ_ROWS_BIG, 0>)
+                  : (y_bf16 ? gemvk8_kernel<GW_Q6_K, true, GEMVQ_ROWS_BIG, 0> : gemvk8_kernel<GW_Q6_K, false, GEMVQ_ROWS_BIG, 0>);
+    return q4 ? (y_bf16 ? gemvk8_kernel<GW_Q4_K, true, GEMVQ_ROWS, 0> : gemvk8_kernel<GW_Q4_K, false, GEMVQ_ROWS, 0>)
+              : (y_bf16 ? gemvk8_kernel<GW_Q6_K, true, GEMVQ_ROWS, 0> : gemvk8_kernel<GW_Q6_K, false, GEMVQ_ROWS, 0>);
+}
+
+template <int R> struct gemvk8_fused {
+    int wt;
+    template <int FZ, bool YB> gemv_fn get() const {
+        if (wt == GW_Q4_K) return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
+        if (wt == GW_Q6_K) return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+        return nullptr;
+    }
+};
+int nstf_gemvk8_fz_bytes(void) { return (int)sizeof(gemv_fz); }
+gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows) {
+    if (rows == GEMVQ_ROWS_BIG) return gemv_fz_dispatch(fz, gemvk8_fused<GEMVQ_ROWS_BIG>{wt});
+    return gemv_fz_dispatch(fz, gemvk8_fused<GEMVQ_ROWS>{wt});
+}
