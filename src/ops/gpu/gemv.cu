@@ -344,7 +344,8 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
         gemv_fn fn;
         const int rows = !p.quant ? GEMV_ROWS : nt == 1 && n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
-        if (p.super) fn = nstf_gemvk_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
+        if (p.i8) fn = nstf_gemvk8_pick(p.wt, rows, y_type == NSTF_TYPE_BF16);
+        else if (p.super) fn = nstf_gemvk_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else if (p.quant) fn = nstf_gemvq_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else fn = y_type == NSTF_TYPE_BF16 ? gemv_pick<true>(p.wt, nt) : gemv_pick<false>(p.wt, nt);
         if (!fn) return nstf_set_error(NSTF_ERR_INTERNAL, "nstf_gpu_gemv: no instance for %d tokens of %d rows", nt, rows);

@@ -363,11 +363,7 @@ struct gemvk_k {
     }
 };
 
-/* One token of Q4_K or Q6_K goes to gemvk_i8.cu's integer kernel. */
-gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) {
-    if (nt == 1 && (wt == GW_Q4_K || wt == GW_Q6_K)) return nstf_gemvk8_pick(wt, rows, y_bf16);
-    return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16);
-}
+gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16); }
 
 /* The fused instances (gemv_fused.cu): Q5_K here, Q4_K and Q6_K in
  * gemvk_i8.cu (the types of the Q4_K_M, Q5_K_M and Q6_K files); the rarer

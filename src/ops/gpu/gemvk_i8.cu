@@ -1,33 +1,39 @@
-/* gemvk_i8.cu — one token's GEMV of Q4_K and Q6_K weights on integer dot
- * products (dp4a / v_dot4): the decode path of the Q4_K_M and Q6_K files.
- * Plain and fused instances (gemv_fused.h's frame: row slots, the norm
- * prologue, the epilogues, the PDL wait and early loads); gemvk.cu keeps
- * the float kernel for more tokens and the other super-block types.
+/* gemvk_i8.cu — one token's GEMV on integer dot products (dp4a / v_dot4)
+ * for Q4_K and Q6_K (the Q4_K_M and Q6_K files' types) and Q4_0 / Q4_1:
+ * plain and fused instances (gemv_fused.h's frame: row slots, the norm
+ * prologue, the epilogues, the PDL wait and early loads); gemvk.cu and
+ * gemvq.cu keep the float kernels for more tokens and the other types.
  * Studied in bench/kernels/gemv/gemv_k_v1.cu (numbers in docs/PERFORMANCE.md).
  *
  *  - x is staged once per block as 16-bit fixed point per 32 elements:
  *    dx = max|x| / 32639 and q = round(x / dx) = 256 hi + lo, two int8
- *    planes, plus per 32 the pair (dx, fp32 sum of x) for Q4_K's min term.
- *    |x - dx q| <= max|x| / 65278: finer than the bf16 x itself.
- *  - A wave's lanes take 8 per super-block (NSTF_WAVE / 8 super-blocks per
- *    step): lane c reads 16 bytes of codes, which hold two runs of 16
- *    elements (low and high nibbles). The planes are stored permuted so
- *    that lane c's runs are bytes 16 c and 128 + 16 c of the super-block's
- *    256: consecutive lanes read consecutive 16 bytes (no bank conflicts).
+ *    planes, plus per 32 the pair (dx, fp32 sum of x) for the offsets and
+ *    mins. |x - dx q| <= max|x| / 65278: finer than the bf16 x itself.
+ *  - Work goes by groups of 256 elements: a super-block, or 8 blocks of a
+ *    32-element type. A wave's lanes take 8 per group (NSTF_WAVE / 8
+ *    groups per step): lane c reads 16 bytes of codes holding two runs of
+ *    16 elements (low and high nibbles; Q4_0 / Q4_1: block c of the group).
+ *    The planes are stored permuted so that lane c's runs are bytes 16 c
+ *    and 128 + 16 c of the group's 256: consecutive lanes read consecutive
+ *    16 bytes (no bank conflicts).
  *  - Per 4 codes two dot4 (hi and lo plane), exact in int32; per run one
- *    conversion and fma with the sub-block scale and dx.
+ *    conversion and fma with the scale and dx; offsets and mins through the
+ *    fp32 sums of x.
  *  - Q4_K blocks (144 bytes) are 16-byte aligned: one 16-byte load of
  *    codes and one of the header (d, dmin, scales) per lane and row. Q6_K
- *    blocks (210 bytes) are 2-byte aligned: runs load as five words and
- *    realign (quant.h).
+ *    (210 bytes) and Q4_0 (18) blocks are 2-byte aligned: runs load as
+ *    five words and realign (quant.h); Q4_1 (20) as four words.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
  *    steps are loaded before the PDL wait. Rows past the end re-read the
  *    last row and are never stored. */
 #include "gemv_fused.h"
 
 template <int WT> struct gk8_traits {
-    static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : NSTF_Q6_K_BYTES;
-    static constexpr int SBW = NSTF_WAVE / 8; /* super-blocks per wave step */
+    static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q6_K; /* a group is one block */
+    static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q6_K ? NSTF_Q6_K_BYTES
+                                 : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES : NSTF_Q4_1_BYTES;
+    static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
+    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q6_K ? 11 : WT == GW_Q4_0 ? 6 : 5; /* raw words */
 };
 
 /* Sum of the four signed byte products of a and b, plus c. */
@@ -70,40 +76,56 @@ static __device__ __forceinline__ uint4 gk8_ld_w(const uint8_t *p) {
 
 static __device__ __forceinline__ uint32_t gk8_byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
 
-/* Where element e (0..255) of a super-block sits in the permuted planes. */
+/* Where element e (0..255) of a group sits in the permuted planes. */
 template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     int c, hi;
     if constexpr (WT == GW_Q4_K) { /* lane c = 2p + h holds 64p + 16h + i (low) and + 32 (high) */
         c = 2 * (e >> 6) + ((e >> 4) & 1);
         hi = (e >> 5) & 1;
-    } else { /* Q6_K: lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
+    } else if constexpr (WT == GW_Q6_K) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
         c = 4 * (e >> 7) + ((e >> 4) & 3);
         hi = (e >> 6) & 1;
+    } else { /* Q4_0, Q4_1: lane c holds block c, 32c + i (low) and + 16 (high) */
+        c = e >> 5;
+        hi = (e >> 4) & 1;
     }
     return 128 * hi + 16 * c + (e & 15);
 }
 
 /* The raw bytes of one lane's unit of one row. */
 template <int WT> struct gk8_raw {
-    uint32_t a[WT == GW_Q4_K ? 8 : 11];
+    uint32_t a[gk8_traits<WT>::NA];
 };
 
+/* Lane c's unit of group g of a row: super-block g's codes 16c.., or
+ * block 8g + c. */
 template <int WT>
-static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int sb, int c) {
+static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int g, int c) {
     gk8_raw<WT> r;
     if constexpr (WT == GW_Q4_K) {
-        const uint8_t *b = row + (size_t)sb * NSTF_Q4_K_BYTES;
+        const uint8_t *b = row + (size_t)g * NSTF_Q4_K_BYTES;
         const uint4 q = gk8_ld_w(b + 16 + 16 * c), h = *(const uint4 *)b;
         r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
         r.a[4] = h.x, r.a[5] = h.y, r.a[6] = h.z, r.a[7] = h.w;
-    } else { /* c = 4n + g: ql @ 64n + 16g, qh @ 128 + 32n + 16(g & 1), scales @ 192, d @ 208 */
-        const uint8_t *b = row + (size_t)sb * NSTF_Q6_K_BYTES;
-        const int n = c >> 2, g = c & 3;
-        const nstf_run16 ql = nstf_ld_run16_a2(b + 64 * n + 16 * g), qh = nstf_ld_run16_a2(b + 128 + 32 * n + 16 * (g & 1));
+    } else if constexpr (WT == GW_Q6_K) { /* c = 4n + g: ql @ 64n + 16g, qh @ 128 + 32n + 16(g & 1), scales @ 192, d @ 208 */
+        const uint8_t *b = row + (size_t)g * NSTF_Q6_K_BYTES;
+        const int n = c >> 2, gg = c & 3;
+        const nstf_run16 ql = nstf_ld_run16_a2(b + 64 * n + 16 * gg), qh = nstf_ld_run16_a2(b + 128 + 32 * n + 16 * (gg & 1));
 #pragma unroll
         for (int k = 0; k < 5; k++) r.a[k] = ql.w[k], r.a[5 + k] = qh.w[k];
         /* the two scales (int8) in bytes 0 and 1, d in the high half */
-        r.a[10] = b[192 + 8 * n + g] | ((uint32_t)b[196 + 8 * n + g] << 8) | (nstf_ld_u16(b + 208) << 16);
+        r.a[10] = b[192 + 8 * n + gg] | ((uint32_t)b[196 + 8 * n + gg] << 8) | (nstf_ld_u16(b + 208) << 16);
+    } else if constexpr (WT == GW_Q4_0) { /* d @ 0, qs @ 2 */
+        const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q4_0_BYTES;
+        const nstf_run16 q = nstf_ld_run16_a2(b + 2);
+#pragma unroll
+        for (int k = 0; k < 5; k++) r.a[k] = q.w[k];
+        r.a[5] = nstf_ld_u16(b) | ((uint32_t)((uintptr_t)(b + 2) & 2) << 15); /* d; bit 16: the run is 2 mod 4 */
+    } else { /* Q4_1, 4-byte aligned: d | m @ 0, qs @ 4 */
+        const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q4_1_BYTES;
+#pragma unroll
+        for (int k = 0; k < 4; k++) r.a[k] = nstf_ld_u32(b + 4 + 4 * k);
+        r.a[4] = nstf_ld_u32(b);
     }
     return r;
 }
@@ -116,7 +138,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
     constexpr int SBW = T::SBW;
     extern __shared__ uint4 gemv_smem[];
     __shared__ float fz_sh[ROWS > 32 ? ROWS : 32];
-    int8_t *xhs = (int8_t *)gemv_smem;     /* [chunk], permuted per super-block */
+    int8_t *xhs = (int8_t *)gemv_smem;     /* [chunk], permuted per group of 256 */
     int8_t *xls = xhs + chunk;             /* [chunk] */
     float2 *dss = (float2 *)(xls + chunk); /* [chunk / 32]: dx, sum */
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
@@ -132,40 +154,43 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
     for (int r = 0; r < RPW; r++) wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
     if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
 
+    /* lane c's unit of group g holds data when its first element is below e_end */
+    auto unit_in = [&](int g, int e_end) { return T::SUPER ? 256 * g < e_end : 32 * (8 * g + c) < e_end; };
     gk8_raw<WT> raw[UNR][RPW];
-    auto load_batch = [&](int sb0, int sb_end) {
+    auto load_batch = [&](int g0, int e_end) { /* g0, e_end: from the row's start */
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
-            const int sb = sb0 + u * SBW + sbl;
-            if (sb < sb_end) {
+            const int g = g0 + u * SBW + sbl;
+            if (unit_in(g, e_end)) {
 #pragma unroll
-                for (int r = 0; r < RPW; r++) raw[u][r] = gk8_load<WT>(wr[r], sb, c);
+                for (int r = 0; r < RPW; r++) raw[u][r] = gk8_load<WT>(wr[r], g, c);
             }
         }
     };
-    const int nsb0 = min(n_in, chunk) / 256;
-    if (!f.no_pre) load_batch(0, nsb0); /* constant data: before the PDL wait */
+    const int e0 = min(n_in, chunk);
+    if (!f.no_pre) load_batch(0, e0); /* constant data: before the PDL wait */
     const float rn = fz_begin<FZ>(f, n_in, fz_sh);
-    if (f.no_pre) load_batch(0, nsb0);
+    if (f.no_pre) load_batch(0, e0);
 
     float acc[RPW];
 #pragma unroll
     for (int r = 0; r < RPW; r++) acc[r] = 0.0f;
-    for (int c0 = 0; c0 < n_in; c0 += chunk) {
-        const int len = min(chunk, n_in - c0); /* a multiple of 256 */
-        const int sbase = c0 / 256, nsb = len / 256;
+    for (int c0 = 0; c0 < n_in; c0 += chunk) { /* chunk: a multiple of 256 */
+        const int len = min(chunk, n_in - c0); /* a multiple of the block */
+        const int gbase = c0 / 256, ng = (len + 255) / 256;
         if (c0) __syncthreads(); /* the previous chunk is consumed */
-        /* stage 8 elements per thread and pass; 4 lanes per 32 */
-        for (int i = threadIdx.x * 8; i < len; i += GEMV_THREADS * 8) {
-            float v[8];
-            gemv_x8<FZ>(f, x + c0, i, x_vec, rn, v);
+        /* stage 8 elements per thread and pass, 4 lanes per 32; whole
+         * groups, so every wave's pass is whole (zeros past len) */
+        for (int i = threadIdx.x * 8; i < 256 * ng; i += GEMV_THREADS * 8) {
+            float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (i < len) gemv_x8<FZ>(f, x + c0, i, x_vec, rn, v);
             float amax = 0.0f, sum = 0.0f;
 #pragma unroll
             for (int o = 0; o < 8; o++) {
                 amax = fmaxf(amax, fabsf(v[o]));
                 sum += v[o];
             }
-            /* the 4 lanes of this 32 (lanes 4k .. 4k + 3: len is a multiple of 256) */
+            /* the 4 lanes of this 32: lanes 4k .. 4k + 3 */
             amax = fmaxf(amax, NSTF_SHFL_XOR(amax, 1));
             amax = fmaxf(amax, NSTF_SHFL_XOR(amax, 2));
             sum += NSTF_SHFL_XOR(sum, 1);
@@ -185,20 +210,20 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
             if ((i & 31) == 0) dss[i / 32] = make_float2(amax / 32639.0f, sum);
         }
         __syncthreads();
-        for (int s0 = 0; s0 < nsb; s0 += UNR * SBW) {
-            if (c0 || s0) load_batch(sbase + s0, sbase + nsb);
+        for (int s0 = 0; s0 < ng; s0 += UNR * SBW) {
+            if (c0 || s0) load_batch(gbase + s0, c0 + len);
 #pragma unroll
             for (int u = 0; u < UNR; u++) {
-                const int sbc = s0 + u * SBW + sbl; /* within the chunk */
-                if (sbc >= nsb) break;
-                const int8_t *ph = xhs + 256 * sbc + 16 * c, *pl = xls + 256 * sbc + 16 * c;
+                const int gc = s0 + u * SBW + sbl; /* group within the chunk */
+                if (!unit_in(gc, len)) continue;
+                const int8_t *ph = xhs + 256 * gc + 16 * c, *pl = xls + 256 * gc + 16 * c;
                 const uint4 xa = *(const uint4 *)ph, xb = *(const uint4 *)(ph + 128);
                 const uint4 la = *(const uint4 *)pl, lb = *(const uint4 *)(pl + 128);
                 const uint32_t xav[4] = {xa.x, xa.y, xa.z, xa.w}, xbv[4] = {xb.x, xb.y, xb.z, xb.w};
                 const uint32_t lav[4] = {la.x, la.y, la.z, la.w}, lbv[4] = {lb.x, lb.y, lb.z, lb.w};
                 if constexpr (WT == GW_Q4_K) {
                     const int p = c >> 1, h = c & 1;
-                    const float4 dd = *(const float4 *)(dss + 8 * sbc + 2 * p); /* dx, sum of 2p and 2p + 1 */
+                    const float4 dd = *(const float4 *)(dss + 8 * gc + 2 * p); /* dx, sum of 2p and 2p + 1 */
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
@@ -225,14 +250,14 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         const float mn = h ? 0.0f : fmaf((float)(m2 & 0xffu), dd.y, (float)(m2 >> 8) * dd.w);
                         acc[r] = fmaf(d, t, fmaf(-dmin, mn, acc[r]));
                     }
-                } else {
+                } else if constexpr (WT == GW_Q6_K) {
                     const int n = c >> 2, g = c & 3, sh = 2 * (g >> 1);
-                    const int bl = 8 * sbc + 4 * n + (g >> 1); /* the 32 of the low run; the high one + 2 */
+                    const int bl = 8 * gc + 4 * n + (g >> 1); /* the 32 of the low run; the high one + 2 */
                     const float dx0 = dss[bl].x, dx1 = dss[bl + 2].x;
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
-                        const uint32_t mis = (uint32_t)((uintptr_t)(wr[r] + (size_t)(sbase + sbc) * NSTF_Q6_K_BYTES) & 2);
+                        const uint32_t mis = (uint32_t)((uintptr_t)(wr[r] + (size_t)(gbase + gc) * NSTF_Q6_K_BYTES) & 2);
                         int a0 = 0, b0 = 0, a1 = 0, b1 = 0;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
@@ -255,6 +280,26 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                                              (float)(int8_t)gk8_byte(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
                         acc[r] = fmaf(d, t, acc[r]);
                     }
+                } else { /* Q4_0: d (q - 8); Q4_1: d q + m; one 32 of x, one dx */
+                    const float2 dd = dss[8 * gc + c];
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        const uint32_t *a = raw[u][r].a;
+                        const uint32_t mis = WT == GW_Q4_0 ? (a[5] >> 16) & 1u : 0u;
+                        int ah = 0, al = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const uint32_t wq = WT == GW_Q4_0 ? nstf_run16_word(a, k, mis) : a[k];
+                            const uint32_t lo = wq & 0x0f0f0f0fu, hi = (wq >> 4) & 0x0f0f0f0fu;
+                            ah = gk8_dot4(lo, xav[k], ah);
+                            al = gk8_dot4(lo, lav[k], al);
+                            ah = gk8_dot4(hi, xbv[k], ah);
+                            al = gk8_dot4(hi, lbv[k], al);
+                        }
+                        const float S = dd.x * (float)(ah * 256 + al);
+                        if constexpr (WT == GW_Q4_0) acc[r] = fmaf(nstf_h2f(a[5]), fmaf(-8.0f, dd.y, S), acc[r]);
+                        else acc[r] = fmaf(nstf_h2f(a[4]), S, fmaf(nstf_h2f(a[4] >> 16), dd.y, acc[r]));
+                    }
                 }
             }
         }
@@ -267,21 +312,32 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
 
 /* ---- instances ------------------------------------------------------------ */
 
+template <int R> struct gemvk8_k {
+    template <bool YB> static gemv_fn pick(int wt) {
+        switch (wt) {
+        case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
+        case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
+        case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
+        case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
+        }
+        return nullptr;
+    }
+};
 gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16) {
-    if (wt != GW_Q4_K && wt != GW_Q6_K) return nullptr;
-    const bool q4 = wt == GW_Q4_K;
     if (rows == GEMVQ_ROWS_BIG)
-        return q4 ? (y_bf16 ? gemvk8_kernel<GW_Q4_K, true, GEMVQ_ROWS_BIG, 0> : gemvk8_kernel<GW_Q4_K, false, GEMVQ_ROWS_BIG, 0>)
-                  : (y_bf16 ? gemvk8_kernel<GW_Q6_K, true, GEMVQ_ROWS_BIG, 0> : gemvk8_kernel<GW_Q6_K, false, GEMVQ_ROWS_BIG, 0>);
-    return q4 ? (y_bf16 ? gemvk8_kernel<GW_Q4_K, true, GEMVQ_ROWS, 0> : gemvk8_kernel<GW_Q4_K, false, GEMVQ_ROWS, 0>)
-              : (y_bf16 ? gemvk8_kernel<GW_Q6_K, true, GEMVQ_ROWS, 0> : gemvk8_kernel<GW_Q6_K, false, GEMVQ_ROWS, 0>);
+        return y_bf16 ? gemvk8_k<GEMVQ_ROWS_BIG>::pick<true>(wt) : gemvk8_k<GEMVQ_ROWS_BIG>::pick<false>(wt);
+    return y_bf16 ? gemvk8_k<GEMVQ_ROWS>::pick<true>(wt) : gemvk8_k<GEMVQ_ROWS>::pick<false>(wt);
 }
 
 template <int R> struct gemvk8_fused {
     int wt;
     template <int FZ, bool YB> gemv_fn get() const {
-        if (wt == GW_Q4_K) return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
-        if (wt == GW_Q6_K) return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+        switch (wt) {
+        case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
+        case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+        case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
+        case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
+        }
         return nullptr;
     }
 };
