@@ -249,10 +249,9 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
                 for (int r = 0; r < RPW; r++) {
                     const gemvq_raw<WT> &rw = raw[k][r];
                     constexpr int NQ = gemvq_raw<WT>::NQ;
-                    const uint32_t sel = rw.mis ? 0x5432u : 0x3210u;
                     uint32_t q[NQ];
 #pragma unroll
-                    for (int j = 0; j < NQ; j++) q[j] = __byte_perm(rw.q[j], rw.q[j + 1], sel);
+                    for (int j = 0; j < NQ; j++) q[j] = nstf_realign2(rw.q[j], rw.q[j + 1], rw.mis);
                     const float d = nstf_half_bits_to_float((unsigned short)(rw.sc & 0xffffu));
                     if constexpr (WT == GW_Q8_0) {
 #pragma unroll

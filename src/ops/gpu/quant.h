@@ -70,10 +70,21 @@ static __device__ __forceinline__ nstf_run16 nstf_ld_run16_a2(const uint8_t *p) 
     r.w[4] = nstf_ld_u16(p + 14); /* needed when a = p - 2; never past the run */
     return r;
 }
+/* The word at byte 2 of the pair (hi:lo) if mis, else lo: how a 2-byte
+ * aligned run is realigned from the words at the 4-aligned address below. */
+static __device__ __forceinline__ uint32_t nstf_realign2(uint32_t lo, uint32_t hi, uint32_t mis) {
+#if defined(__HIP_PLATFORM_AMD__)
+    /* HIP's __byte_perm with a selector known only at run time goes
+     * through a byte array in scratch; the funnel shift is one v_alignbit */
+    return __builtin_amdgcn_alignbit(hi, lo, mis ? 16u : 0u);
+#else
+    return __byte_perm(lo, hi, mis ? 0x5432u : 0x3210u);
+#endif
+}
 /* Word k (bytes 4k..4k+3) of a run whose five loaded words are w[0..4];
  * mis: the run's address % 4 == 2. */
 static __device__ __forceinline__ uint32_t nstf_run16_word(const uint32_t *w, int k, uint32_t mis) {
-    return __byte_perm(w[k], w[k + 1], mis ? 0x5432u : 0x3210u);
+    return nstf_realign2(w[k], w[k + 1], mis);
 }
 
 /* Bits 0..3 of x into bit 4 of bytes 0..3. */
