@@ -15,34 +15,15 @@ static float median_ms(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
-template <typename F> static float time_ms(F f) {
-    gpuEvent_t a, b;
-    DEV_CHECK(gpuEventCreate(&a));
-    DEV_CHECK(gpuEventCreate(&b));
-    for (int i = 0; i < 5; i++) f();
-    std::vector<float> t;
-    for (int i = 0; i < 20; i++) {
-        DEV_CHECK(gpuEventRecord(a, 0));
-        f();
-        DEV_CHECK(gpuEventRecord(b, 0));
-        DEV_CHECK(gpuEventSynchronize(b));
-        float ms = 0;
-        DEV_CHECK(gpuEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    DEV_CHECK(gpuEventDestroy(a));
-    DEV_CHECK(gpuEventDestroy(b));
-    return median_ms(t);
-}
 
 /* Median ms per launch of `batch` launches back to back on `stream`, over
- * `reps` repetitions after 3 warm-up launches; launch(i) gets the launch's
- * index (to rotate operands through more memory than the L2 holds). */
-template <typename F> static double time_batch_ms(gpuStream_t stream, int batch, int reps, F &&launch) {
+ * `reps` repetitions after `warm` warm-up launches; launch(i) gets the
+ * launch's index (to rotate operands through more memory than the L2 holds). */
+template <typename F> static double time_batch_ms(gpuStream_t stream, int warm, int batch, int reps, F &&launch) {
     gpuEvent_t a, b;
     DEV_CHECK(gpuEventCreate(&a));
     DEV_CHECK(gpuEventCreate(&b));
-    for (int i = 0; i < 3; i++) launch(i);
+    for (int i = 0; i < warm; i++) launch(i);
     std::vector<float> t;
     for (int r = 0; r < reps; r++) {
         DEV_CHECK(gpuEventRecord(a, stream));
@@ -58,6 +39,11 @@ template <typename F> static double time_batch_ms(gpuStream_t stream, int batch,
     return median_ms(t);
 }
 
+/* 5 warm-up calls of f, then the median of 20 single calls on the default stream. */
+template <typename F> static float time_ms(F f) {
+    return (float)time_batch_ms(0, 5, 1, 20, [&](int) { f(); });
+}
+
 /* The bandwidth ceiling: GB/s of a device-to-device copy of 1 GiB, read
  * plus write bytes, median of `reps` batches of 20. */
 static inline double copy_rate_gbs(gpuStream_t stream, int reps) {
@@ -66,7 +52,7 @@ static inline double copy_rate_gbs(gpuStream_t stream, int reps) {
     DEV_CHECK(gpuMalloc(&c0, bytes));
     DEV_CHECK(gpuMalloc(&c1, bytes));
     DEV_CHECK(gpuMemset(c0, 1, bytes));
-    const double ms = time_batch_ms(stream, 20, reps, [&](int) {
+    const double ms = time_batch_ms(stream, 3, 20, reps, [&](int) {
         DEV_CHECK(gpuMemcpyAsync(c1, c0, bytes, gpuMemcpyDeviceToDevice, stream));
     });
     DEV_CHECK(gpuFree(c0));

@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
             CK(cudaMalloc(&y, (size_t)n_tok * sh.n_out * 2));
             CK(cudaMemset(x, 0x3f, (size_t)n_tok * sh.n_in * 2));
             const double bytes = (double)wbytes + n_tok * (sh.n_in + sh.n_out) * 2.0;
-            double ms = time_batch_ms(s, BATCH, REPS, [&](int i) {
+            double ms = time_batch_ms(s, 3, BATCH, REPS, [&](int i) {
                 NK(nstf_gpu_gemv(t, (char *)w + (size_t)(i % n_copies) * wbytes, x, y, NSTF_TYPE_BF16,
                                  n_tok, sh.n_in, sh.n_out, s));
             });
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
             char peer[32] = "-";
             if (t == NSTF_TYPE_BF16) {
                 const float one = 1.0f, zero = 0.0f;
-                double pms = time_batch_ms(s, BATCH, REPS, [&](int i) {
+                double pms = time_batch_ms(s, 3, BATCH, REPS, [&](int i) {
                     /* column-major view: W^T is [n_in, n_out], so C[n_out, n_tok] = (W^T)^T x */
                     cublasStatus_t st = cublasGemmEx(
                         cb, CUBLAS_OP_T, CUBLAS_OP_N, (int)sh.n_out, n_tok, (int)sh.n_in, &one,

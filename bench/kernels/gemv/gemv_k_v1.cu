@@ -343,10 +343,10 @@ int main(int argc, char **argv) {
             NK(nstf_gpu_gemv(t, w, x, y, NSTF_TYPE_BF16, 1, sh.n_in, sh.n_out, s));
             CK(cudaStreamSynchronize(s));
             const auto ep = nmse();
-            const double pms = time_batch_ms(s, 20, g_reps, [&](int i) {
+            const double pms = time_batch_ms(s, 3, 20, g_reps, [&](int i) {
                 NK(nstf_gpu_gemv(t, w + (size_t)(i % n_copies) * wbytes, x, y, NSTF_TYPE_BF16, 1, sh.n_in, sh.n_out, s));
             });
-            const double xms = time_batch_ms(s, 20, g_reps, [&](int) { xq(); });
+            const double xms = time_batch_ms(s, 3, 20, g_reps, [&](int) { xq(); });
             printf("%-24s %7.1f MB  copy-rate time %6.2f us | production %7.2f us (%5.0f GB/s, %4.1f%%) nmse %.1e "
                    "(bf16 rounding %.1e) | xq16 %5.2f us\n",
                    sh.name, wbytes / 1e6, bytes / (copy_gbs * 1e9) * 1e6, pms * 1e3, bytes / (pms * 1e-3) / 1e9,
@@ -364,7 +364,7 @@ int main(int argc, char **argv) {
                 const auto ev = nmse();
                 const bool ok = ev.first <= 2.0 * ep.second + 1e-9 && ev.first == ev.first;
                 if (!ok) bad++;
-                const double ms = time_batch_ms(s, 20, g_reps, [&](int i) {
+                const double ms = time_batch_ms(s, 3, 20, g_reps, [&](int i) {
                     V.fn<<<blocks, 256, 0, s>>>(w + (size_t)(i % n_copies) * wbytes, rb, xh, xl, ds, y, sh.n_in,
                                                sh.n_out);
                 });

@@ -243,7 +243,7 @@ extern "C" const char *nstf_gpu_gemv_config(nstf_type wtype, const void *w, cons
     if (nt < 1) nt = 1;
     gemv_plan p = gemv_make_plan(wtype, w, x, nt, n_in);
     snprintf(buf, sizeof buf, "%s%s nt=%d chunk=%dx%d x=%s", gemv_wt_name(p.wt),
-             p.i8 ? "/super-block int8" : p.super ? "/super-block" : p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk,
+             p.i8 ? "/int8" : p.super ? "/super-block" : p.quant ? "/half-block" : (p.wt == GW_Q4_1 ? "/a2" : ""), nt, p.chunk,
              p.n_chunks, p.x_vec ? ((p.quant && nt == 1) || p.super ? "vec/f32" : "vec") : "scalar");
     return buf;
 }

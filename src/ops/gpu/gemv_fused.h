@@ -189,6 +189,19 @@ static __device__ __forceinline__ void gemv_rows(int (&rowv)[RPW], int wave, int
     for (int r = 0; r < RPW; r++) rowv[r] = fz_row<FZ, ROWS>(blockIdx.x, wave * RPW + r, n_out, f);
 }
 
+/* The wave's row slots (gemv_rows) and their weight rows: a slot past the
+ * end re-reads the last row (never stored). With `prefetch` (one token:
+ * PDL decode only) the rows' first bytes are started towards L2 too. */
+template <int FZ, int ROWS, int RPW>
+static __device__ __forceinline__ void gemv_row_ptrs(int (&rowv)[RPW], const uint8_t *(&wr)[RPW], const uint8_t *w,
+                                                     size_t row_bytes, int n_out, const gemv_fz &f, bool prefetch) {
+    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
+#pragma unroll
+    for (int r = 0; r < RPW; r++) wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
+    if (prefetch && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+}
+
 /* The fp32 accumulators of RPW rows x NT tokens (per lane), zeroed. */
 template <int RPW, int NT> static __device__ __forceinline__ void gemv_acc_zero(float (&acc)[RPW][NT]) {
 #pragma unroll

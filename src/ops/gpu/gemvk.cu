@@ -1,7 +1,7 @@
 /* gemvk.cu — the decode GEMV of the 256-element super-block types (Q2_K,
  * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) with fused dequantization: the kernel
  * gemvk_kernel and its instances (plain for nstf_gpu_gemv in gemv.cu, fused
- * for gemv_fused.cu). Same frame as gemvq.cu's kernel (gemv_fused.h: row
+ * for gemv_fused.cu; one token of Q4_K and Q6_K is gemvk_i8.cu's). Same frame as gemvq.cu's kernel (gemv_fused.h: row
  * slots, the norm prologue, the epilogues, the PDL wait and early loads).
  * Shape:
  *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192);
@@ -127,8 +127,6 @@ template <int WT> static __device__ __forceinline__ gk_raw<WT> gk_load(const uin
     return r;
 }
 
-static __device__ __forceinline__ uint32_t gk_byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
-
 /* Run r of unit k: the 16 code floats wv (in element order) and the run's
  * c1, c0: sum over the run of w x = c1 * sum wv x + c0 * X. */
 template <int WT>
@@ -140,12 +138,12 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
         const int s = 2 * (k >> 1) + r;                    /* sub-block */
         uint32_t sc, m;
         if (s < 4) {
-            sc = gk_byte(hd[1], s) & 63;
-            m = gk_byte(hd[2], s) & 63;
+            sc = nstf_byte_of(hd[1], s) & 63;
+            m = nstf_byte_of(hd[2], s) & 63;
         } else {
-            const uint32_t q8 = gk_byte(hd[3], s - 4);
-            sc = (q8 & 0xf) | ((gk_byte(hd[1], s - 4) >> 6) << 4);
-            m = (q8 >> 4) | ((gk_byte(hd[2], s - 4) >> 6) << 4);
+            const uint32_t q8 = nstf_byte_of(hd[3], s - 4);
+            sc = (q8 & 0xf) | ((nstf_byte_of(hd[1], s - 4) >> 6) << 4);
+            m = (q8 >> 4) | ((nstf_byte_of(hd[2], s - 4) >> 6) << 4);
         }
 #pragma unroll
         for (int w = 0; w < 4; w++) {
@@ -189,8 +187,8 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
         const int i8 = 2 * r + c;
         const uint32_t s_lo = i8 < 4 ? (a[10] | (a[11] << 16)) : (a[12] | (a[13] << 16));
         const uint32_t s_hi = a[14] | (a[15] << 16);
-        const int lo = (int)((gk_byte(s_lo, i8 & 3) >> (4 * n)) & 0xf);
-        const int hi = (int)((gk_byte(s_hi, i8 & 3) >> (2 * (2 * n + (r >> 1)))) & 3);
+        const int lo = (int)((nstf_byte_of(s_lo, i8 & 3) >> (4 * n)) & 0xf);
+        const int hi = (int)((nstf_byte_of(s_hi, i8 & 3) >> (2 * (2 * n + (r >> 1)))) & 3);
         const float ds = nstf_h2f(a[16]) * (float)((lo | (hi << 4)) - 32);
         c1 = 8.0f * ds;
         c0 = -12.0f * ds; /* q = u - 4 = 8 f - 12; both products exact */
@@ -202,7 +200,7 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
             for (int e = 0; e < 4; e++) wv[4 * w + e] = nstf_byte_1p(q, e);
         }
         const int bi = (k & 1) + 2 * r; /* scales[8n + c + 2r]: byte bi of the 8 loaded */
-        const uint32_t s = gk_byte(bi < 4 ? a[4] : a[5], bi & 3);
+        const uint32_t s = nstf_byte_of(bi < 4 ? a[4] : a[5], bi & 3);
         c1 = 4.0f * (nstf_h2f(a[6]) * (float)(s & 0xf));
         c0 = -fmaf(nstf_h2f(a[6] >> 16), (float)(s >> 4), c1);
     } else { /* IQ4_XS */
@@ -212,7 +210,8 @@ static __device__ __forceinline__ void gk_decode(const gk_raw<WT> &raw, int k, i
 #pragma unroll
             for (int e = 0; e < 4; e++) wv[4 * w + e] = nstf_byte_2p23(v, e) - 8388736.0f;
         }
-        const int ls = (int)(((gk_byte(a[5], k >> 1) >> (4 * (k & 1))) & 0xf) | (((a[4] >> (16 + 2 * k)) & 3) << 4));
+        const int ls =
+            (int)(((nstf_byte_of(a[5], k >> 1) >> (4 * (k & 1))) & 0xf) | (((a[4] >> (16 + 2 * k)) & 3) << 4));
         c1 = nstf_h2f(a[4]) * (float)(ls - 32);
         c0 = 0.0f;
     }
@@ -233,14 +232,10 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     constexpr int RPW = ROWS / N_WAVES;
     constexpr int UNROLL = T::template unroll<RPW, NT>();
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
-    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int lane = threadIdx.x % NSTF_WAVE;
     int rowv[RPW];
-    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
     const uint8_t *wr[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
-        wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
-    if (NT == 1 && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f); /* PDL: decode only */
+    gemv_row_ptrs<FZ, ROWS>(rowv, wr, w, row_bytes, n_out, f, NT == 1);
     const int units_per_chunk = chunk / (16 * NRUN);
     /* one token, one chunk: the first unit of each row loaded before the wait */
     const bool pre_on = NT == 1 && RPW <= 2 && !f.no_pre && chunk >= n_in && lane < n_in / (16 * NRUN);

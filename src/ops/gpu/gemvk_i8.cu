@@ -74,8 +74,6 @@ static __device__ __forceinline__ uint4 gk8_ld_w(const uint8_t *p) {
 #endif
 }
 
-static __device__ __forceinline__ uint32_t gk8_byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
-
 /* Where element e (0..255) of a group sits in the permuted planes. */
 template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     int c, hi;
@@ -145,14 +143,11 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
     constexpr int RPW = ROWS / N_WAVES;
     constexpr int UNR = RPW >= 4 ? 1 : 2;
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
-    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int lane = threadIdx.x % NSTF_WAVE;
     const int sbl = lane >> 3, c = lane & 7;
     int rowv[RPW];
-    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
     const uint8_t *wr[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
-    if (f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f);
+    gemv_row_ptrs<FZ, ROWS>(rowv, wr, w, row_bytes, n_out, f, true);
 
     /* lane c's unit of group g holds data when its first element is below e_end */
     auto unit_in = [&](int g, int e_end) { return T::SUPER ? 256 * g < e_end : 32 * (8 * g + c) < e_end; };
@@ -276,8 +271,8 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                             b1 = gk8_dot4(hi, lbv[k], b1);
                         }
                         const float d = nstf_h2f(a[10] >> 16);
-                        const float t = fmaf((float)(int8_t)gk8_byte(a[10], 0) * dx0, (float)(a0 * 256 + b0),
-                                             (float)(int8_t)gk8_byte(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
+                        const float t = fmaf((float)(int8_t)nstf_byte_of(a[10], 0) * dx0, (float)(a0 * 256 + b0),
+                                             (float)(int8_t)nstf_byte_of(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
                         acc[r] = fmaf(d, t, acc[r]);
                     }
                 } else { /* Q4_0: d (q - 8); Q4_1: d q + m; one 32 of x, one dx */

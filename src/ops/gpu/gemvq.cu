@@ -1,7 +1,8 @@
 /* gemvq.cu — the quantized decode GEMV kernel gemvq_kernel, fused
  * dequantization for the 32-element block types Q8_0, Q4_0, Q4_1 (4-byte
  * aligned W), Q5_0, Q5_1 and IQ4_NL, and its instances (plain for
- * nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu).
+ * nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu; one token of Q4_0
+ * and Q4_1 is gemvk_i8.cu's).
  * Shape:
  *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192),
  *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
@@ -147,14 +148,10 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     constexpr int N_WAVES = GEMV_THREADS / NSTF_WAVE;
     constexpr int RPW = ROWS / N_WAVES;
     static_assert(RPW >= 1 && RPW * N_WAVES == ROWS, "ROWS must be a multiple of the waves per block");
-    const int lane = threadIdx.x % NSTF_WAVE, wave = threadIdx.x / NSTF_WAVE;
+    const int lane = threadIdx.x % NSTF_WAVE;
     int rowv[RPW];
-    gemv_rows<FZ, ROWS>(rowv, wave, n_out, f);
     const uint8_t *wr[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; r++) /* rows past the end re-read the last row; never stored */
-        wr[r] = w + (size_t)min(rowv[r], n_out - 1) * row_bytes;
-    if (NT == 1 && f.prefetch) fz_prefetch<RPW>(w, row_bytes, rowv, n_out, lane, f); /* PDL: decode only */
+    gemv_row_ptrs<FZ, ROWS>(rowv, wr, w, row_bytes, n_out, f, NT == 1);
     /* one token, one chunk: the first unit of each row loaded before the
      * wait (as in gemv_kernel; one unit, not GEMVQ_UNROLL, and not in the
      * 32-row blocks: registers) */

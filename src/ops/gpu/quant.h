@@ -119,6 +119,9 @@ static __device__ __forceinline__ float nstf_byte_1p(uint32_t w, int e) {
     return __uint_as_float(__byte_perm(w, 0x3F000000u, 0x7044u | ((uint32_t)e << 8)));
 }
 
+/* Byte i (0..3) of w. */
+static __device__ __forceinline__ uint32_t nstf_byte_of(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
+
 static __device__ __forceinline__ float nstf_h2f(uint32_t bits) {
     return nstf_half_bits_to_float((unsigned short)(bits & 0xffffu));
 }
