@@ -354,8 +354,10 @@ static void test_model(const char *path) {
      * the RoPE epilogue, the norm with the RoPE in a second kernel) */
     const bool qkv_bias = m->w.layers[0].bq != NULL, qk_norm = m->w.layers[0].q_norm != NULL;
     /* a mix (Q4_K_M: Q6_K, Q5_0 and Q4_K matrices side by side) groups
-     * matrices of different types, which decode unfused: only a model of
-     * one weight type is held to the fused path */
+     * matrices of different types: a Q|K|V whose V differs fuses as two
+     * GEMVs, other mixed groups decode unfused; only a model of one weight
+     * type is held to the fused path (the bitwise check below runs for
+     * every model) */
     bool uniform = true;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const nstf_llama_layer *ly = &m->w.layers[l];

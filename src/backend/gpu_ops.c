@@ -100,10 +100,26 @@ static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, v
     return nstf_gpu_gemm_bf16(x, wb, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in, NSTF_GEMM_EPI_NONE, g->stream);
 }
 
+/* Whether a Q|K|V group that is not one span (its V has another weight
+ * type, as llama.cpp's Q4_K_M / Q5_K_M give some layers' V) runs as two
+ * fused GEMVs: Q|K with the RoPE epilogue, then V with the same norm
+ * prologue and the epilogue's plain store (rope_rows 0), into the same
+ * output row. Not with Qwen's extras (bias, q/k norm). */
+static bool qkv_split(const nstf_op_args *a, nstf_matrix *qk) {
+    if (a->matmul.epi != NSTF_MM_ROPE || a->matmul.n_w != 3 || !a->matmul.norm_x || a->matmul.q_norm) return false;
+    for (int i = 0; i < 3; i++)
+        if (a->matmul.bias[i]) return false;
+    const nstf_matrix *v = a->matmul.w[2];
+    return nstf_matrix_group_span(a->matmul.w, 2, qk) && v->n_in == qk->n_in && v->n_out % 2 == 0 &&
+           a->matmul.out[2].data == (const uint16_t *)a->matmul.out[0].data + qk->n_out &&
+           nstf_gpu_gemv_fusable(qk->type, qk->data, qk->n_in, 1) && nstf_gpu_gemv_fusable(v->type, v->data, v->n_in, 1);
+}
+
 /* The fused decode GEMV of a matmul op (one token; can_fuse said yes). */
 static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
     nstf_matrix w = *a->matmul.w[0];
-    if (a->matmul.n_w > 1) (void)nstf_matrix_group_span(a->matmul.w, a->matmul.n_w, &w);
+    bool split = false;
+    if (a->matmul.n_w > 1 && !nstf_matrix_group_span(a->matmul.w, a->matmul.n_w, &w)) split = qkv_split(a, &w);
     nstf_gemv_fusion f = {0};
     f.norm_x = a->matmul.norm_x;
     f.norm_w = a->matmul.norm_w;
@@ -141,7 +157,12 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         break;
     }
     g->n_kernels++;
-    return nstf_gpu_gemv_fused(w.type, w.data, x, y, w.n_in, w.n_out, &f, g->stream);
+    NSTF_TRY(nstf_gpu_gemv_fused(w.type, w.data, x, y, w.n_in, w.n_out, &f, g->stream));
+    if (!split) return NSTF_OK;
+    const nstf_matrix *v = a->matmul.w[2];
+    f.rope_rows = 0; /* V: every pair stored as computed */
+    g->n_kernels++;
+    return nstf_gpu_gemv_fused(v->type, v->data, x, a->matmul.out[2].data, v->n_in, v->n_out, &f, g->stream);
 }
 
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
@@ -152,7 +173,7 @@ bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     for (int i = 0; i < a->matmul.n_w; i++) extras = extras || a->matmul.bias[i] != NULL;
     nstf_matrix w = *a->matmul.w[0];
     const int n_w = a->matmul.n_w, norm = a->matmul.norm_x != NULL;
-    bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w);
+    bool ok = n_w == 1 || nstf_matrix_group_span(a->matmul.w, n_w, &w) || qkv_split(a, &w);
     switch (a->matmul.epi) {
     case NSTF_MM_STORE: ok = ok && n_w == 1 && norm; break;
     case NSTF_MM_ACCUM: ok = ok && n_w == 1 && !norm; break;
