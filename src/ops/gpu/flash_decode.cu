@@ -10,7 +10,10 @@
  * partial (m, l, unnormalized acc) for the valid rows. A second kernel
  * merges the S partials of each row: out = sum_s 2^(m_s - M) acc_s /
  * sum_s 2^(m_s - M) l_s. S is chosen from the context length and the SM
- * count so that about 3 blocks per SM are in flight. The merge stages the
+ * count so that about 3 blocks per SM are in flight; up to
+ * FD_ONE_BLOCK_KEYS keys one block per kv head has the S = FD_NW splits
+ * and its waves merge them in shared memory, in the same order, with no
+ * partials in global memory and no second kernel. The merge stages the
  * S (m, l) pairs and the weights 2^(m_s - M) in shared memory and unrolls
  * its loop over the splits, so the loads of acc_s are in flight together:
  * a plain loop over S pays one L2 latency per split (~10 us per layer at
@@ -37,12 +40,18 @@ template <int HD> static constexpr size_t fd_smem_bytes() {
            sizeof(u16);
 }
 
+/* The in-block merge keeps (m, l, acc) of 16 rows per wave where the K/V
+ * tiles were. */
+static_assert((size_t)FD_NW * 16 * (2 + 64) * sizeof(float) <= (size_t)FD_NW * 2 * FD_BKV * (64 + 8) * sizeof(u16) &&
+                  (size_t)FD_NW * 16 * (2 + 128) * sizeof(float) <= (size_t)FD_NW * 2 * FD_BKV * (128 + 8) * sizeof(u16),
+              "the merge's partials must fit the K/V tiles' shared memory");
+
 template <int HD>
 __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
                         const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
                         int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc,
-                        const int32_t *__restrict__ pos_dev, int early, int window) {
+                        const int32_t *__restrict__ pos_dev, int early, int window, u16 *out, int64_t out_stride) {
     /* the position comes from the host (copied before the launch), and the
      * cache rows below it are constant during this step: the first tile's
      * cache rows are loaded before waiting for the previous kernel (PDL) */
@@ -99,6 +108,44 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
         __syncthreads();
     }
     flash_finish_l<HD>(st);
+
+    if (gridDim.x == 1) { /* one block per kv head: its FD_NW splits merge here */
+        __syncthreads(); /* every wave is done with its K/V tiles */
+        float *pm = (float *)skv;              /* [FD_NW][16][2]: m, l */
+        float *pa = pm + FD_NW * 16 * 2;       /* [FD_NW][16][HD] */
+#pragma unroll
+        for (int d = 0; d < HD / 16; d++)
+#pragma unroll
+            for (int e = 0; e < NSTF_MMA_C_N; e++) {
+                const int row = nstf_mma_c_row(e), col = d * 16 + nstf_mma_c_col(e);
+                if (row >= rows) continue;
+                pa[(wave * 16 + row) * HD + col] = st.o[d].x[e];
+                if (col == 0) {
+                    pm[(wave * 16 + row) * 2 + 0] = st.m[nstf_mma_c_slot(e)];
+                    pm[(wave * 16 + row) * 2 + 1] = st.l[nstf_mma_c_slot(e)];
+                }
+            }
+        __syncthreads();
+        /* flash_decode_merge's arithmetic over the FD_NW splits, in split order */
+        for (int i = tid; i < rows * HD; i += nt) {
+            const int row = i / HD, d = i % HD;
+            float mx = -__builtin_huge_valf();
+#pragma unroll
+            for (int s = 0; s < FD_NW; s++) mx = fmaxf(mx, pm[(s * 16 + row) * 2]);
+            const float base = nstf_softmax_base(mx);
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int s = 0; s < FD_NW; s++) {
+                const float w = nstf_exp2(pm[(s * 16 + row) * 2] - base);
+                den = fmaf(w, pm[(s * 16 + row) * 2 + 1], den);
+                num = fmaf(w, pa[(s * 16 + row) * HD + d], num);
+            }
+            const int64_t t = row / group;
+            const int h = hkv * group + row % group;
+            out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(num / den);
+        }
+        return;
+    }
 
     /* partials: ml [n_kv][S][rows][2], acc [n_kv][S][rows][HD] */
     const int64_t base = ((int64_t)hkv * n_split + split) * rows;
@@ -167,8 +214,21 @@ __global__ void __launch_bounds__(HD)
 /* Early cache loads on (the switch NSTF_FD_EARLY=0 turns them off, for measurement). */
 static int fd_early(void) { return nstf_switch_int(NSTF_SW_FD_EARLY); }
 
-/* The split plan: chunk keys per split, S splits (a multiple of FD_NW). */
+/* Contexts up to this many keys run one block per kv head, whose waves
+ * merge their splits in shared memory: no partials in global memory and
+ * no merge kernel (at such lengths the launch and the two dependent global
+ * round trips of the merge cost more than the parallelism of more blocks
+ * saves; each wave reads at most 2 key tiles). */
+#define FD_ONE_BLOCK_KEYS (FD_NW * 2 * FD_BKV)
+
+/* The split plan: chunk keys per split, S splits (a multiple of FD_NW; S ==
+ * FD_NW: one block per kv head). */
 static void fd_plan(int64_t kv_total, int n_kv, int n_sm, int64_t *chunk, int64_t *n_split) {
+    if (kv_total <= FD_ONE_BLOCK_KEYS) {
+        *chunk = (kv_total + FD_NW * FD_BKV - 1) / (FD_NW * FD_BKV) * FD_BKV;
+        *n_split = FD_NW;
+        return;
+    }
     int64_t want = ((int64_t)3 * n_sm + n_kv - 1) / n_kv * FD_NW; /* splits per kv head */
     int64_t c = (kv_total + want - 1) / want;
     c = (c + FD_BKV - 1) / FD_BKV * FD_BKV;
@@ -212,7 +272,8 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
     if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
-                    int, int, float, int64_t, float *, float *, const int32_t *, int, int) = flash_decode_kernel<HD>;
+                    int, int, float, int64_t, float *, float *, const int32_t *, int, int, u16 *, int64_t) =
+            flash_decode_kernel<HD>;
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         nstf_gpu_device_mark(&attr_set);
     }
@@ -220,8 +281,10 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
     const int pdl = nstf_gpu_pdl();
     GPU_CHECK(nstf_gpu_launch(flash_decode_kernel<HD>, grid, dim3(FD_NW * wave), smem, stream, pdl, q, q_stride, k,
                               k_stride, v, v_stride, kc, vc, n_tok, pos0, n_heads, n_kv,
-                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, fd_early(), window));
+                              scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, fd_early(), window,
+                              out, out_stride));
     GPU_LAUNCH_CHECK(stream);
+    if (n_split == FD_NW) return NSTF_OK; /* merged in the block */
     GPU_CHECK(nstf_gpu_launch(flash_decode_merge<HD>, dim3((unsigned)rows, (unsigned)n_kv), dim3(HD),
                               (size_t)n_split * 2 * sizeof(float), stream, pdl,
                               (const float *)part_ml, (const float *)part_acc, out, out_stride, (int)n_split, rows,

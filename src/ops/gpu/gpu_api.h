@@ -332,7 +332,8 @@ nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint1
  * nstf_gpu_flash_attn, plus device scratch of
  * nstf_gpu_flash_decode_scratch_bytes() bytes for the partial results. The
  * KV range is cut into splits chosen from the context length and the SM
- * count; a second kernel merges the partial (max, sum, acc). */
+ * count; a second kernel merges the partial (max, sum, acc), or for short
+ * contexts (one block per kv head) the block itself. */
 size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos0, int n_heads,
                                            int n_kv_heads, int head_dim);
 nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride, const uint16_t *k,
