@@ -36,7 +36,8 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_FD_EARLY] = {"NSTF_FD_EARLY", NSTF_SWITCH_BOOL, 1, 0, 1, NULL,
                           "flash decode loads its first tile's cache rows before the PDL wait (0: after)"},
     [NSTF_SW_GEMV_ROWS] = {"NSTF_GEMV_ROWS", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, gemv_rows_choices,
-                           "rows per block of the fused bf16 GEMV (auto: 8, 16 from 16384 outputs)"},
+                           "rows per block of the fused bf16 / f16 GEMV (auto: 8; 16 from 16384 outputs "
+                           "while 16 rows are at most 64 KiB)"},
     [NSTF_SW_CPU_ISA] = {"NSTF_CPU_ISA", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, cpu_isa_choices,
                          "CPU matmul tiles at most this instruction set (auto: the best the CPU has, chosen by "
                          "cpuid; a higher one than the CPU has is ignored)"},

@@ -43,13 +43,16 @@ extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_i
     return !norm || p.n_chunks == 1;
 }
 
-/* Rows per block of the fused bf16 kernel: more rows share one staging of
- * x (and one norm) as n_out grows. The switch NSTF_GEMV_ROWS=8|16|32
- * overrides it (measurement). */
-static int gemv_fused_rows(int64_t n_out) {
+/* Rows per block of the fused bf16 / f16 kernel: more rows share one
+ * staging of x (and one norm) where n_out is large, while the block's rows
+ * stay within 64 KiB of weights (H100: the 1B shape's 2048-wide gate|up
+ * and logits are faster in blocks of 16 rows, the 8B shape's 4096-wide
+ * ones in blocks of 8; docs/PERFORMANCE.md). The switch
+ * NSTF_GEMV_ROWS=8|16|32 overrides it (measurement). */
+static int gemv_fused_rows(int64_t n_in, int64_t n_out) {
     const int sw = nstf_switch_int(NSTF_SW_GEMV_ROWS); /* NSTF_SWITCH_AUTO, 8, 16 or 32 */
     if (sw != NSTF_SWITCH_AUTO) return sw;
-    return n_out >= 16384 ? 16 : GEMV_ROWS;
+    return n_out >= 16384 && 16 * 2 * n_in <= 65536 ? 16 : GEMV_ROWS;
 }
 
 extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const uint16_t *x, void *y,
@@ -120,7 +123,7 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
      * pairs stay in blocks of GEMVQ_ROWS: the head_dim check above) */
     const int rows = p.i8 && n_out >= GEMVQ_BIG_OUT && epi != NSTF_GEMV_ROPE ? GEMVQ_ROWS_BIG
                      : p.quant                                            ? GEMVQ_ROWS
-                                                                          : gemv_fused_rows(n_out);
+                                                                          : gemv_fused_rows(n_in, n_out);
     const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
     if (fz == 0) /* plain STORE: the unfused GEMV */
         return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
