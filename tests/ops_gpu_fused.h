@@ -429,6 +429,20 @@ static void gemv_fused_cases(void) {
         test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 2048, 2 * 8200, 0, 0, NSTF_ROPE_NORM, true);
         test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 20001, 0, 0, NSTF_ROPE_NORM, false);
     }
+    /* every block height of the float kernel with every epilogue (the
+     * default picks 16 rows for some Q|K|V shapes, 8 or 16 elsewhere): the
+     * 8B Q|K|V, both RoPE layouts, and a ragged last block */
+    for (const char *rows : {"8", "16", "32"}) {
+        CHECK(nstf_switch_set(NSTF_SW_GEMV_ROWS, rows) == NSTF_OK, "%s", nstf_last_error());
+        for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16}) {
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 6144, 128, 5120, NSTF_ROPE_NORM, true);
+            test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 2048, 3072, 64, 2560, NSTF_ROPE_NEOX, false);
+            test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 576, 2 * 1000, 0, 0, NSTF_ROPE_NORM, true);
+            test_gemv_fused(wt, NSTF_GEMV_ACCUM, false, 1536, 1000, 0, 0, NSTF_ROPE_NORM, true);
+            test_gemv_fused(wt, NSTF_GEMV_STORE, true, 576, 1000, 0, 0, NSTF_ROPE_NORM, false);
+        }
+    }
+    CHECK(nstf_switch_set(NSTF_SW_GEMV_ROWS, "auto") == NSTF_OK, "%s", nstf_last_error());
     /* the super-block types with fused instances: Llama shapes (rows of
      * whole super-blocks), head_dim 64 and 128, both RoPE layouts */
     for (nstf_type wt : {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K}) {

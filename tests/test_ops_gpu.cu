@@ -19,6 +19,7 @@
  * reach every launch configuration the launchers choose (GEMV: each weight
  * type's vector and scalar paths, n_tok 1..8 and a split batch, one and
  * several x chunks, vector and scalar x staging, F32 and BF16 output). */
+#include "core/switches.h"
 #include "gpu_harness.h"
 #include "test_quant.h"
 

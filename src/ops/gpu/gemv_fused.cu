@@ -22,6 +22,7 @@
  * RMSNorm, the GEMV, HEAD_NORM and RoPE. */
 #include "gemv_common.h"
 #include "core/switches.h"
+#include "mma.h" /* nstf_mma_device: the SM count */
 
 /* The fused instance of plan p for FZ fz at `rows` rows per block (the
  * float kernel and gemvk_i8's; the other quantized ones have GEMVQ_ROWS),
@@ -43,15 +44,27 @@ extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_i
     return !norm || p.n_chunks == 1;
 }
 
-/* Rows per block of the fused bf16 / f16 kernel: more rows share one
- * staging of x (and one norm) where n_out is large, while the block's rows
- * stay within 64 KiB of weights (H100: the 1B shape's 2048-wide gate|up
- * and logits are faster in blocks of 16 rows, the 8B shape's 4096-wide
- * ones in blocks of 8; docs/PERFORMANCE.md). The switch
- * NSTF_GEMV_ROWS=8|16|32 overrides it (measurement). */
-static int gemv_fused_rows(int64_t n_in, int64_t n_out) {
+/* Rows per block of the fused bf16 / f16 kernel (docs/PERFORMANCE.md has
+ * the H100 measurements):
+ *  - where blocks of GEMV_ROWS would take more than one round of the
+ *    blocks the GPU holds at once but not two, the second round leaves
+ *    most SMs idle: blocks of 16 rows fit in one (the 8B shape's Q|K|V,
+ *    6144 rows: 768 blocks of 8 against 4 x 132 resident);
+ *  - else more rows share one staging of x (and one norm) where n_out is
+ *    large, while the block's rows stay within 64 KiB of weights (the 1B
+ *    shape's 2048-wide gate|up and logits in blocks of 16, the 8B shape's
+ *    4096-wide ones in blocks of 8).
+ * The switch NSTF_GEMV_ROWS=8|16|32 overrides it (measurement). */
+static int gemv_fused_rows(const gemv_plan &p, int fz, int64_t n_in, int64_t n_out) {
     const int sw = nstf_switch_int(NSTF_SW_GEMV_ROWS); /* NSTF_SWITCH_AUTO, 8, 16 or 32 */
     if (sw != NSTF_SWITCH_AUTO) return sw;
+    const int64_t blocks = (n_out + GEMV_ROWS - 1) / GEMV_ROWS;
+    int n_sm = 0, wave = 0, per_sm = 0;
+    const gemv_fn fn = gemv_fused_fn(p, fz, GEMV_ROWS);
+    if (fn && nstf_mma_device(&n_sm, &wave) == NSTF_OK &&
+        gpuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, GEMV_THREADS, p.smem) == gpuSuccess && per_sm > 0 &&
+        blocks > (int64_t)per_sm * n_sm && blocks <= 2 * (int64_t)per_sm * n_sm)
+        return 16;
     return n_out >= 16384 && 16 * 2 * n_in <= 65536 ? 16 : GEMV_ROWS;
 }
 
@@ -121,10 +134,10 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
     /* gemvk_i8's wide outputs take blocks of 32 rows, as unfused (RoPE's
      * pairs stay in blocks of GEMVQ_ROWS: the head_dim check above) */
+    const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
     const int rows = p.i8 && n_out >= GEMVQ_BIG_OUT && epi != NSTF_GEMV_ROPE ? GEMVQ_ROWS_BIG
                      : p.quant                                            ? GEMVQ_ROWS
-                                                                          : gemv_fused_rows(n_in, n_out);
-    const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
+                                                                          : gemv_fused_rows(p, fz, n_in, n_out);
     if (fz == 0) /* plain STORE: the unfused GEMV */
         return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
     const gemv_fn fn = gemv_fused_fn(p, fz, rows);
