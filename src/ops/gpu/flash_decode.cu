@@ -126,23 +126,14 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
                 }
             }
         __syncthreads();
-        /* flash_decode_merge's arithmetic over the FD_NW splits, in split order */
+        /* flash_decode_merge's arithmetic (wave_algo.h) over the FD_NW splits */
         for (int i = tid; i < rows * HD; i += nt) {
             const int row = i / HD, d = i % HD;
-            float mx = -__builtin_huge_valf();
-#pragma unroll
-            for (int s = 0; s < FD_NW; s++) mx = fmaxf(mx, pm[(s * 16 + row) * 2]);
-            const float base = nstf_softmax_base(mx);
-            float num = 0.0f, den = 0.0f;
-#pragma unroll
-            for (int s = 0; s < FD_NW; s++) {
-                const float w = nstf_exp2(pm[(s * 16 + row) * 2] - base);
-                den = fmaf(w, pm[(s * 16 + row) * 2 + 1], den);
-                num = fmaf(w, pa[(s * 16 + row) * HD + d], num);
-            }
+            float o;
+            NSTF_SOFTMAX_MERGE_ROW(o, pm + row * 2, 16 * 2, pa + row * HD + d, 16 * HD, FD_NW, nstf_exp2);
             const int64_t t = row / group;
             const int h = hkv * group + row % group;
-            out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(num / den);
+            out[t * out_stride + (int64_t)h * HD + d] = nstf_mma_f2bf(o);
         }
         return;
     }
