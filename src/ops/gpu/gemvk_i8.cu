@@ -1,5 +1,6 @@
 /* gemvk_i8.cu — one token's GEMV on integer dot products (dp4a / v_dot4)
- * for Q4_K and Q6_K (the Q4_K_M and Q6_K files' types) and Q4_0 / Q4_1:
+ * for Q4_K and Q6_K (the Q4_K_M and Q6_K files' types), Q8_0, Q4_0 and
+ * Q4_1:
  * plain and fused instances (gemv_fused.h's frame: row slots, the norm
  * prologue, the epilogues, the PDL wait and early loads); gemvk.cu and
  * gemvq.cu keep the float kernels for more tokens and the other types.
@@ -12,7 +13,8 @@
  *  - Work goes by groups of 256 elements: a super-block, or 8 blocks of a
  *    32-element type. A wave's lanes take 8 per group (NSTF_WAVE / 8
  *    groups per step): lane c reads 16 bytes of codes holding two runs of
- *    16 elements (low and high nibbles; Q4_0 / Q4_1: block c of the group).
+ *    16 elements (low and high nibbles; Q8_0 / Q4_0 / Q4_1: block c of the
+ *    group, Q8_0's 32 codes as two runs of 16 bytes).
  *    The planes are stored permuted so that lane c's runs are bytes 16 c
  *    and 128 + 16 c of the group's 256: consecutive lanes read consecutive
  *    16 bytes (no bank conflicts).
@@ -31,9 +33,9 @@
 template <int WT> struct gk8_traits {
     static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q6_K; /* a group is one block */
     static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q6_K ? NSTF_Q6_K_BYTES
-                                 : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES : NSTF_Q4_1_BYTES;
+                                 : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES : NSTF_Q4_1_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
-    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q6_K ? 11 : WT == GW_Q4_0 ? 6 : 5; /* raw words */
+    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11 : WT == GW_Q4_0 ? 6 : 5; /* raw words */
 };
 
 /* Sum of the four signed byte products of a and b, plus c. */
@@ -83,7 +85,7 @@ template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     } else if constexpr (WT == GW_Q6_K) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
         c = 4 * (e >> 7) + ((e >> 4) & 3);
         hi = (e >> 6) & 1;
-    } else { /* Q4_0, Q4_1: lane c holds block c, 32c + i (low) and + 16 (high) */
+    } else { /* Q8_0, Q4_0, Q4_1: lane c holds block c, 32c + i (low) and + 16 (high) */
         c = e >> 5;
         hi = (e >> 4) & 1;
     }
@@ -113,6 +115,12 @@ static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict
         for (int k = 0; k < 5; k++) r.a[k] = ql.w[k], r.a[5 + k] = qh.w[k];
         /* the two scales (int8) in bytes 0 and 1, d in the high half */
         r.a[10] = b[192 + 8 * n + gg] | ((uint32_t)b[196 + 8 * n + gg] << 8) | (nstf_ld_u16(b + 208) << 16);
+    } else if constexpr (WT == GW_Q8_0) { /* d @ 0, qs @ 2: codes 0..15 and 16..31 as two runs */
+        const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q8_0_BYTES;
+        const nstf_run16 lo = nstf_ld_run16_a2(b + 2), hi = nstf_ld_run16_a2(b + 18);
+#pragma unroll
+        for (int k = 0; k < 5; k++) r.a[k] = lo.w[k], r.a[5 + k] = hi.w[k];
+        r.a[10] = nstf_ld_u16(b) | ((uint32_t)((uintptr_t)(b + 2) & 2) << 15); /* d; bit 16: the runs are 2 mod 4 */
     } else if constexpr (WT == GW_Q4_0) { /* d @ 0, qs @ 2 */
         const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q4_0_BYTES;
         const nstf_run16 q = nstf_ld_run16_a2(b + 2);
@@ -275,6 +283,23 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                                              (float)(int8_t)nstf_byte_of(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
                         acc[r] = fmaf(d, t, acc[r]);
                     }
+                } else if constexpr (WT == GW_Q8_0) { /* d q; one 32 of x, one dx */
+                    const float dx = dss[8 * gc + c].x;
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        const uint32_t *a = raw[u][r].a;
+                        const uint32_t mis = (a[10] >> 16) & 1u;
+                        int ah = 0, al = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const uint32_t lo = nstf_run16_word(a, k, mis), hi = nstf_run16_word(a + 5, k, mis);
+                            ah = gk8_dot4(lo, xav[k], ah);
+                            al = gk8_dot4(lo, lav[k], al);
+                            ah = gk8_dot4(hi, xbv[k], ah);
+                            al = gk8_dot4(hi, lbv[k], al);
+                        }
+                        acc[r] = fmaf(nstf_h2f(a[10]), dx * (float)(ah * 256 + al), acc[r]);
+                    }
                 } else { /* Q4_0: d (q - 8); Q4_1: d q + m; one 32 of x, one dx */
                     const float2 dd = dss[8 * gc + c];
 #pragma unroll
@@ -312,6 +337,7 @@ template <int R> struct gemvk8_k {
         switch (wt) {
         case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
         case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
+        case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
         }
@@ -330,6 +356,7 @@ template <int R> struct gemvk8_fused {
         switch (wt) {
         case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
         case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+        case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
         }
