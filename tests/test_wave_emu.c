@@ -533,6 +533,25 @@ static void test_flash_softmax(const layout *L, test_rng *rng) {
         CHECK(finite, "%s: split merge (%d splits) produced NaN/Inf", L->name, n_split);
         CHECK(nmse(out, ref, 16) <= 1e-7, "%s: split-KV merge over %d splits NMSE %.3g", L->name, n_split,
               nmse(out, ref, 16));
+        /* two levels, as flash_decode.cu's blocks do: groups of up to 4
+         * splits merged into one partial each (NSTF_SOFTMAX_MERGE_SUMS),
+         * then the group partials merged into the output */
+        float gml[16][16], gacc[16][8];
+        const int n_grp = (n_split + 3) / 4;
+        for (int r = 0; r < 16; r++)
+            for (int g = 0; g < n_grp; g++) {
+                const int n_in = n_split - 4 * g < 4 ? n_split - 4 * g : 4;
+                float mx, num, den;
+                NSTF_SOFTMAX_MERGE_SUMS(mx, num, den, ml[r] + 8 * g, 2, acc[r] + 4 * g, 1, n_in, exp2f);
+                gml[r][2 * g] = mx;
+                gml[r][2 * g + 1] = den;
+                gacc[r][g] = num;
+            }
+        for (int r = 0; r < 16; r++) NSTF_SOFTMAX_MERGE_ROW(out[r], gml[r], 2, gacc[r], 1, n_grp, exp2f);
+        finite = true;
+        for (int r = 0; r < 16; r++) finite &= isfinite(out[r]);
+        CHECK(finite && nmse(out, ref, 16) <= 1e-7, "%s: two-level split-KV merge over %d splits NMSE %.3g",
+              L->name, n_split, nmse(out, ref, 16));
     }
 }
 
