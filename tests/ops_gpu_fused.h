@@ -344,7 +344,8 @@ static void test_head_norm_rope(int nh, int nkv, int hd, nstf_rope_mode mode, bo
  * PDL; a malformed request is refused. */
 static void gemv_fused_qkv_cases(void) {
     for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1,
-                         NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K}) {
+                         NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K,
+                         NSTF_TYPE_IQ4_XS}) {
         const bool sb = is_super(wt);
         const int64_t w05 = sb ? 768 : 896; /* rows of whole super-blocks */
         for (int pdl = 0; pdl < 2; pdl++) {
@@ -445,7 +446,7 @@ static void gemv_fused_cases(void) {
     CHECK(nstf_switch_set(NSTF_SW_GEMV_ROWS, "auto") == NSTF_OK, "%s", nstf_last_error());
     /* the super-block types with fused instances: Llama shapes (rows of
      * whole super-blocks), head_dim 64 and 128, both RoPE layouts */
-    for (nstf_type wt : {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K}) {
+    for (nstf_type wt : {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS}) {
         for (int pdl = 0; pdl < 2; pdl++) {
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NORM, pdl);
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NEOX, pdl);

@@ -2,9 +2,9 @@
  * before them as a prologue and RoPE, SwiGLU or the residual add as an
  * epilogue (the level-3 decode; docs/ARCHITECTURE.md says why), and
  * nstf_gpu_gemv_fusable. The kernels are instances of gemv.cu's float
- * kernel (BF16, F16), gemvq.cu's quantized one (Q8_0, Q4_0, Q4_1, Q5_0,
- * Q5_1) and gemvk.cu's super-block one (Q4_K, Q5_K, Q6_K); their fused code
- * is gemv_fused.h.
+ * kernel (BF16, F16), gemvq.cu's quantized one (Q5_0, Q5_1) and
+ * gemvk_i8.cu's integer one (Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0, Q4_1);
+ * their fused code is gemv_fused.h.
  *
  * What the fused decode covers: Llama (norm + QKV + RoPE, O + residual,
  * norm + gate|up + SwiGLU, down + residual, norm + output), and Qwen's QKV

@@ -1,7 +1,7 @@
 /* gemvk.cu — the decode GEMV of the 256-element super-block types (Q2_K,
  * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) with fused dequantization: the kernel
  * gemvk_kernel and its instances (plain for nstf_gpu_gemv in gemv.cu, fused
- * for gemv_fused.cu; one token of Q4_K and Q6_K is gemvk_i8.cu's). Same frame as gemvq.cu's kernel (gemv_fused.h: row
+ * for gemv_fused.cu; one token of Q4_K, Q5_K, Q6_K and IQ4_XS is gemvk_i8.cu's). Same frame as gemvq.cu's kernel (gemv_fused.h: row
  * slots, the norm prologue, the epilogues, the PDL wait and early loads).
  * Shape:
  *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192);
@@ -343,7 +343,8 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 
 struct gemvk_k {
     template <int WT, int NT, bool YB, int R, int FZ> static gemv_fn fn() {
-        if constexpr (NT == 1 && (WT == GW_Q4_K || WT == GW_Q6_K)) return nullptr; /* gemvk_i8.cu's */
+        if constexpr (NT == 1 && (WT == GW_Q4_K || WT == GW_Q5_K || WT == GW_Q6_K || WT == GW_IQ4_XS))
+            return nullptr; /* gemvk_i8.cu's */
         else return gemvk_kernel<WT, NT, YB, R, FZ>;
     }
     template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
@@ -360,13 +361,14 @@ struct gemvk_k {
 
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16); }
 
-/* The fused instances (gemv_fused.cu): Q5_K here, Q4_K and Q6_K in
- * gemvk_i8.cu (the types of the Q4_K_M, Q5_K_M and Q6_K files); the rarer
- * Q2_K, Q3_K and IQ4_XS run unfused (nstf_gpu_gemv_fusable says no). */
+/* The fused instances (gemv_fused.cu): none here. Q4_K, Q5_K, Q6_K (the
+ * types of the Q4_K_M, Q5_K_M and Q6_K files) and IQ4_XS are gemvk_i8.cu's;
+ * the rarer Q2_K and Q3_K run unfused (nstf_gpu_gemv_fusable says no). */
 struct gemvk_fused {
     int wt;
     template <int FZ, bool YB> gemv_fn get() const {
-        return wt == GW_Q5_K ? gemvk_kernel<GW_Q5_K, 1, YB, GEMVQ_ROWS, FZ> : nullptr;
+        (void)wt;
+        return nullptr;
     }
 };
 int nstf_gemvk_fz_bytes(void) { return (int)sizeof(gemv_fz); }

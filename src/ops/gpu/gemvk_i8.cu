@@ -1,6 +1,6 @@
 /* gemvk_i8.cu — one token's GEMV on integer dot products (dp4a / v_dot4)
- * for Q4_K and Q6_K (the Q4_K_M and Q6_K files' types), Q8_0, Q4_0 and
- * Q4_1:
+ * for Q4_K, Q5_K and Q6_K (the Q4_K_M, Q5_K_M and Q6_K files' types),
+ * IQ4_XS, Q8_0, Q4_0 and Q4_1:
  * plain and fused instances (gemv_fused.h's frame: row slots, the norm
  * prologue, the epilogues, the PDL wait and early loads); gemvk.cu and
  * gemvq.cu keep the float kernels for more tokens and the other types.
@@ -14,7 +14,8 @@
  *    32-element type. A wave's lanes take 8 per group (NSTF_WAVE / 8
  *    groups per step): lane c reads 16 bytes of codes holding two runs of
  *    16 elements (low and high nibbles; Q8_0 / Q4_0 / Q4_1: block c of the
- *    group, Q8_0's 32 codes as two runs of 16 bytes).
+ *    group, Q8_0's 32 codes as two runs of 16 bytes; IQ4_XS: sub-block c,
+ *    its codes through the code book, nstf_iq4_lookup4).
  *    The planes are stored permuted so that lane c's runs are bytes 16 c
  *    and 128 + 16 c of the group's 256: consecutive lanes read consecutive
  *    16 bytes (no bank conflicts).
@@ -22,7 +23,11 @@
  *    conversion and fma with the scale and dx; offsets and mins through the
  *    fp32 sums of x.
  *  - Q4_K blocks (144 bytes) are 16-byte aligned: one 16-byte load of
- *    codes and one of the header (d, dmin, scales) per lane and row. Q6_K
+ *    codes and one of the header (d, dmin, scales) per lane and row; Q5_K
+ *    (176 bytes) the same plus 16 bytes of high bits (the 16 bytes of qh a
+ *    lane needs are shared by the 4 lanes of its half: those go through
+ *    L1, the codes do not); IQ4_XS (136 bytes) is 8-byte aligned: two
+ *    8-byte loads of codes and one of the header (d, scales). Q6_K
  *    (210 bytes) and Q4_0 (18) blocks are 2-byte aligned: runs load as
  *    five words and realign (quant.h); Q4_1 (20) as four words.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
@@ -31,11 +36,13 @@
 #include "gemv_fused.h"
 
 template <int WT> struct gk8_traits {
-    static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q6_K; /* a group is one block */
-    static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q6_K ? NSTF_Q6_K_BYTES
+    static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q5_K || WT == GW_Q6_K || WT == GW_IQ4_XS; /* a group is one block */
+    static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q5_K ? NSTF_Q5_K_BYTES
+                                 : WT == GW_Q6_K ? NSTF_Q6_K_BYTES : WT == GW_IQ4_XS ? NSTF_IQ4_XS_BYTES
                                  : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES : NSTF_Q4_1_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
-    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11 : WT == GW_Q4_0 ? 6 : 5; /* raw words */
+    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11
+                              : WT == GW_Q4_0 || WT == GW_IQ4_XS ? 6 : 5; /* raw words */
 };
 
 /* Sum of the four signed byte products of a and b, plus c. */
@@ -79,13 +86,13 @@ static __device__ __forceinline__ uint4 gk8_ld_w(const uint8_t *p) {
 /* Where element e (0..255) of a group sits in the permuted planes. */
 template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     int c, hi;
-    if constexpr (WT == GW_Q4_K) { /* lane c = 2p + h holds 64p + 16h + i (low) and + 32 (high) */
+    if constexpr (WT == GW_Q4_K || WT == GW_Q5_K) { /* lane c = 2p + h holds 64p + 16h + i (low) and + 32 (high) */
         c = 2 * (e >> 6) + ((e >> 4) & 1);
         hi = (e >> 5) & 1;
     } else if constexpr (WT == GW_Q6_K) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
         c = 4 * (e >> 7) + ((e >> 4) & 3);
         hi = (e >> 6) & 1;
-    } else { /* Q8_0, Q4_0, Q4_1: lane c holds block c, 32c + i (low) and + 16 (high) */
+    } else { /* Q8_0, Q4_0, Q4_1: lane c holds block c, IQ4_XS sub-block c: 32c + i (low) and + 16 (high) */
         c = e >> 5;
         hi = (e >> 4) & 1;
     }
@@ -107,6 +114,13 @@ static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict
         const uint4 q = gk8_ld_w(b + 16 + 16 * c), h = *(const uint4 *)b;
         r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
         r.a[4] = h.x, r.a[5] = h.y, r.a[6] = h.z, r.a[7] = h.w;
+    } else if constexpr (WT == GW_Q5_K) { /* d, dmin, scales @ 0; qh @ 16; qs @ 48: lane c = 2p + h reads qs @
+                                             48 + 16c and qh @ 16 + 16h (bits 2p and 2p + 1 are its codes') */
+        const uint8_t *b = row + (size_t)g * NSTF_Q5_K_BYTES;
+        const uint4 q = gk8_ld_w(b + 48 + 16 * c), h = *(const uint4 *)b, qh = *(const uint4 *)(b + 16 + 16 * (c & 1));
+        r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
+        r.a[4] = h.x, r.a[5] = h.y, r.a[6] = h.z, r.a[7] = h.w;
+        r.a[8] = qh.x, r.a[9] = qh.y, r.a[10] = qh.z, r.a[11] = qh.w;
     } else if constexpr (WT == GW_Q6_K) { /* c = 4n + g: ql @ 64n + 16g, qh @ 128 + 32n + 16(g & 1), scales @ 192, d @ 208 */
         const uint8_t *b = row + (size_t)g * NSTF_Q6_K_BYTES;
         const int n = c >> 2, gg = c & 3;
@@ -115,6 +129,11 @@ static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict
         for (int k = 0; k < 5; k++) r.a[k] = ql.w[k], r.a[5 + k] = qh.w[k];
         /* the two scales (int8) in bytes 0 and 1, d in the high half */
         r.a[10] = b[192 + 8 * n + gg] | ((uint32_t)b[196 + 8 * n + gg] << 8) | (nstf_ld_u16(b + 208) << 16);
+    } else if constexpr (WT == GW_IQ4_XS) { /* d, scales_h, scales_l @ 0; qs @ 8 + 16c: sub-block c */
+        const uint8_t *b = row + (size_t)g * NSTF_IQ4_XS_BYTES;
+        const uint2 q0 = *(const uint2 *)(b + 8 + 16 * c), q1 = *(const uint2 *)(b + 16 + 16 * c), h = *(const uint2 *)b;
+        r.a[0] = q0.x, r.a[1] = q0.y, r.a[2] = q1.x, r.a[3] = q1.y;
+        r.a[4] = h.x, r.a[5] = h.y;
     } else if constexpr (WT == GW_Q8_0) { /* d @ 0, qs @ 2: codes 0..15 and 16..31 as two runs */
         const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q8_0_BYTES;
         const nstf_run16 lo = nstf_ld_run16_a2(b + 2), hi = nstf_ld_run16_a2(b + 18);
@@ -224,7 +243,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                 const uint4 la = *(const uint4 *)pl, lb = *(const uint4 *)(pl + 128);
                 const uint32_t xav[4] = {xa.x, xa.y, xa.z, xa.w}, xbv[4] = {xb.x, xb.y, xb.z, xb.w};
                 const uint32_t lav[4] = {la.x, la.y, la.z, la.w}, lbv[4] = {lb.x, lb.y, lb.z, lb.w};
-                if constexpr (WT == GW_Q4_K) {
+                if constexpr (WT == GW_Q4_K || WT == GW_Q5_K) {
                     const int p = c >> 1, h = c & 1;
                     const float4 dd = *(const float4 *)(dss + 8 * gc + 2 * p); /* dx, sum of 2p and 2p + 1 */
 #pragma unroll
@@ -233,7 +252,11 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         int a0 = 0, b0 = 0, a1 = 0, b1 = 0;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
-                            const uint32_t lo = a[k] & 0x0f0f0f0fu, hi = (a[k] >> 4) & 0x0f0f0f0fu;
+                            uint32_t lo = a[k] & 0x0f0f0f0fu, hi = (a[k] >> 4) & 0x0f0f0f0fu;
+                            if constexpr (WT == GW_Q5_K) { /* the fifth bit: 16 more */
+                                lo |= ((a[8 + k] >> (2 * p)) & 0x01010101u) << 4;
+                                hi |= ((a[8 + k] >> (2 * p + 1)) & 0x01010101u) << 4;
+                            }
                             a0 = gk8_dot4(lo, xav[k], a0);
                             b0 = gk8_dot4(lo, lav[k], b0);
                             a1 = gk8_dot4(hi, xbv[k], a1);
@@ -282,6 +305,25 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         const float t = fmaf((float)(int8_t)nstf_byte_of(a[10], 0) * dx0, (float)(a0 * 256 + b0),
                                              (float)(int8_t)nstf_byte_of(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
                         acc[r] = fmaf(d, t, acc[r]);
+                    }
+                } else if constexpr (WT == GW_IQ4_XS) { /* d (ls - 32) kvalue; one 32 of x, one dx */
+                    const float dx = dss[8 * gc + c].x;
+#pragma unroll
+                    for (int r = 0; r < RPW; r++) {
+                        const uint32_t *a = raw[u][r].a;
+                        int ah = 0, al = 0;
+#pragma unroll
+                        for (int k = 0; k < 4; k++) { /* the code book's entries plus 128, back to int8 */
+                            const uint32_t lo = nstf_iq4_lookup4(a[k] & 0x0f0f0f0fu) ^ 0x80808080u;
+                            const uint32_t hi = nstf_iq4_lookup4((a[k] >> 4) & 0x0f0f0f0fu) ^ 0x80808080u;
+                            ah = gk8_dot4(lo, xav[k], ah);
+                            al = gk8_dot4(lo, lav[k], al);
+                            ah = gk8_dot4(hi, xbv[k], ah);
+                            al = gk8_dot4(hi, lbv[k], al);
+                        }
+                        /* sub-block c's 6-bit scale: 4 bits of scales_l, 2 of scales_h */
+                        const int ls = (int)(((a[5] >> (4 * c)) & 0xfu) | (((a[4] >> (16 + 2 * c)) & 3u) << 4));
+                        acc[r] = fmaf(nstf_h2f(a[4]) * (float)(ls - 32), dx * (float)(ah * 256 + al), acc[r]);
                     }
                 } else if constexpr (WT == GW_Q8_0) { /* d q; one 32 of x, one dx */
                     const float dx = dss[8 * gc + c].x;
@@ -336,7 +378,9 @@ template <int R> struct gemvk8_k {
     template <bool YB> static gemv_fn pick(int wt) {
         switch (wt) {
         case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
+        case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, 0>;
         case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
+        case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, 0>;
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
@@ -355,7 +399,9 @@ template <int R> struct gemvk8_fused {
     template <int FZ, bool YB> gemv_fn get() const {
         switch (wt) {
         case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
+        case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, FZ>;
         case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+        case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, FZ>;
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
