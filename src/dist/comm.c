@@ -411,7 +411,10 @@ nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, v
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "host all-gather of %zu bytes per rank", bytes);
     NSTF_TRY(enter(c, rank, "host all-gather", (int64_t)bytes));
     NSTF_TRY(host_post(c, rank, mine, 0));
-    for (int r = 0; r < c->n; r++) memcpy((char *)all + bytes * (size_t)r, c->post[r], bytes);
+    for (int r = 0; r < c->n; r++) { /* mine may be this rank's own place in all */
+        char *to = (char *)all + bytes * (size_t)r;
+        if (to != c->post[r]) memcpy(to, c->post[r], bytes);
+    }
     return host_wait(c, rank);
 }
 

@@ -100,7 +100,7 @@ nstf_status nstf_comm_allgather(nstf_comm *c, int rank, void *buf, int64_t shard
 
 /* All-gather of host memory between the rank threads, whatever the
  * transport: all [size x bytes] receives every rank's `bytes` of mine in
- * rank order. For the small figures every rank must agree on (ZeRO-1's
+ * rank order (mine may be the rank's own place in all). For the small figures every rank must agree on (ZeRO-1's
  * partial sums of the gradient norm): the ranks are threads of this one
  * process, so they meet in host memory without a device round trip. */
 nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, void *all, size_t bytes);
