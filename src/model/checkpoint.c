@@ -94,7 +94,7 @@ static nstf_status get_rank(void *ctx, int r) {
     int64_t lo = 0, hi = 0;
     nstf_train_shard(j->t->trs[r], &lo, &hi);
     const int64_t a = lo > j->o ? lo : j->o, b = hi < j->o + j->k ? hi : j->o + j->k;
-    if (a >= b || (r > 0 && j->t->tr->sh.shards <= 1)) return NSTF_OK;
+    if (a >= b) return NSTF_OK;
     return nstf_train_get(j->t->trs[r], j->which, a, b - a, j->buf + (a - j->o));
 }
 

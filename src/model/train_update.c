@@ -62,7 +62,10 @@ void nstf_train_segments_free(nstf_train *t) {
 #define SEG_NAME 112 /* "blk.12.ffn_gate.weight[123456789:987654321]" */
 
 /* The table cut at multiples of slot (segments in flat order, so rank r's
- * are consecutive); with seg NULL only counts. Returns the count. */
+ * are consecutive); with seg NULL only counts. Returns the count. A cut
+ * tensor's segments are named as slices, "blk.0.ffn_gate.weight[4224:
+ * 12288]", so a non-finite gradient's message names the tensor and the
+ * slice its element index counts from. */
 static int cut(const nstf_train *t, int64_t slot, nstf_param_tensor *seg, int *tensor, char *names) {
     int k = 0;
     for (int i = 0; i < t->n_ptab; i++) {
