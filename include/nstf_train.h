@@ -49,6 +49,10 @@ typedef struct nstf_train_params {
                                  gradients are summed over the ranks before the (replicated) update */
     int dp_timeout_ms;        /* a rank that makes no progress this long fails the run, naming it
                                  (0: the communicator's default, 30 s) */
+    int zero;                 /* ZeRO-1 with dp > 1: 1 cuts the AdamW moments into one slot per rank (the
+                                 gradients reduce-scattered, each rank updates its slot, the weights
+                                 all-gathered: the same bits as 0), 0 replicates the update; -1 (default):
+                                 1 on CPU ranks, 0 on GPUs. With dp 1 either is the one-rank step */
 } nstf_train_params;
 
 nstf_train_params nstf_train_default_params(void);
@@ -62,6 +66,9 @@ typedef struct nstf_train_plan {
     char device[320];
     /* the activations of each recompute mode, for comparison */
     uint64_t act_none, act_attn, act_full;
+    /* data parallel: the ranks, and the optimizer state's slots (ZeRO-1: the
+     * ranks; 1: whole on every rank); the figures above are one rank's */
+    int dp, shards;
 } nstf_train_plan;
 
 /* The plan without allocating (opens the model and the device). */

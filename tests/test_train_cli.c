@@ -23,7 +23,25 @@
  *    in another order: rank by rank, not token by token); and a --dp 2 run
  *    stopped at step 25 resumes with --dp 1 to the same last loss (1e-5);
  *    a stalled rank (NSTF_DP_STALL_AT=5, --dp-timeout 500) fails the run
- *    within 10 s, naming rank 1;
+ *    within 10 s, naming rank 1 (these --dp runs take --zero's CPU
+ *    default, ZeRO-1);
+ *  - ZeRO-1 (--zero 1) against the replicated update (--zero 0), 6
+ *    sequences a step, --clip 0.5 (below every logged norm: the clipping
+ *    acts each step, so the norm from the ranks' partial sums decides the
+ *    update): at --dp 2 and at --dp 3 (123200 parameters, not a multiple
+ *    of 3: slots of 41088, the last rank's share 41024, and slot
+ *    boundaries inside tensors), 50 steps each: every step's loss and
+ *    gradient norm equal as logged and the final checkpoints (weights and
+ *    both moments, gathered from the ranks' slots) byte-identical;
+ *    --dp 3's last loss within 1e-5 of --dp 2's (other sums over ranks).
+ *    Checkpoints cross rank counts and modes: a --dp 2 --zero 1 run
+ *    stopped at step 25 resumes with --dp 2 --zero 0 to the uninterrupted
+ *    --zero 0 run's checkpoint byte for byte, and with --dp 1 and with
+ *    --dp 3 --zero 1 to its last loss within 1e-5; the other way, --dp 2
+ *    --zero 0 resumes with --zero 1 byte for byte, --dp 3 --zero 1 and
+ *    --dp 1 resume with --dp 2 --zero 1 within 1e-5. --zero 1 with --dp 1
+ *    changes nothing (checkpoints byte-identical); --plan at --dp 2 shows
+ *    one rank's optimizer slot, half the replicated optimizer;
  *  - from scratch with --shape; the memory plan (--plan) and a run that
  *    does not fit refused with the numbers;
  *  - bad input, each one clear line and a non-zero exit: an empty or too
@@ -119,6 +137,60 @@ static int losses(const char *log, double *out, int cap) {
     for (char *p = s; k < cap && (p = strstr(p, "\"loss\": ")); p++) out[k++] = strtod(p + 8, NULL);
     free(s);
     return k;
+}
+
+/* Each step's loss and gradient norm of a JSONL log as printed, one
+ * "loss norm" line per step into buf; the count of steps whose norm is
+ * above clip into *clipped. */
+static int loss_norms(const char *log, double clip, char *buf, size_t cap, int *clipped) {
+    long n;
+    char *s = (char *)slurp(log, &n);
+    int k = 0;
+    size_t at = 0;
+    buf[0] = 0;
+    *clipped = 0;
+    for (char *p = s; p && (p = strstr(p, "\"loss\": ")); p++, k++) {
+        const char *g = strstr(p, "\"grad_norm\": ");
+        if (!g) break;
+        const int nl = (int)strcspn(p + 8, ","), ng = (int)strcspn(g + 13, ",");
+        *clipped += strtod(g + 13, NULL) > clip;
+        at += (size_t)snprintf(buf + at, at < cap ? cap - at : 0, "%.*s %.*s\n", nl, p + 8, ng, g + 13);
+    }
+    free(s);
+    return k;
+}
+
+/* --dp dp --batch batch with --zero 0 and with --zero 1, 50 steps, --clip
+ * 0.5: every step's loss and norm equal as logged, the clipping active in
+ * every step, the final checkpoints byte-identical (kzDP0, kzDP1). With
+ * ref >= 0, the last loss within 1e-5 of ref. Returns the last loss. */
+static double zero_pair(const char *tiny, const char *text, const char *dp, const char *batch, double ref) {
+    static char t[2][8192];
+    char ck[2][340], log[2][300], name[32];
+    int n[2], clipped[2];
+    for (int z = 0; z < 2; z++) {
+        snprintf(name, sizeof name, "kz%s%d", dp, z);
+        path_in(ck[z], sizeof ck[z], name);
+        snprintf(name, sizeof name, "z%s%d.jsonl", dp, z);
+        path_in(log[z], sizeof log[z], name);
+        const int rc = run((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "-q", "--data", text,
+                                                 "--seq", "32", "--steps", "50", "--lr", "3e-3", "--clip", "0.5",
+                                                 "--batch", batch, "--dp", dp, "--zero", z ? "1" : "0", "--log",
+                                                 log[z], "--ckpt-dir", ck[z], NULL});
+        CHECK(rc == 0, "--dp %s --zero %d: exit %d: %s", dp, z, rc, g_err);
+        n[z] = loss_norms(log[z], 0.5, t[z], sizeof t[z], &clipped[z]);
+        strcat(ck[z], "/checkpoint.nstf");
+    }
+    const bool same = same_file(ck[0], ck[1]), logs = !strcmp(t[0], t[1]);
+    const double last = last_loss(log[1]), d = ref >= 0 ? fabs(last - ref) / fmax(1.0, fabs(ref)) : 0;
+    printf("  --dp %s --zero 1 vs --zero 0, %d steps (norm above --clip 0.5 in %d): losses and norms %s, final "
+           "checkpoints %s", dp, n[1], clipped[1], logs ? "equal" : "DIFFER", same ? "byte-identical" : "DIFFER");
+    if (ref >= 0) printf("; last loss %.6f vs %.6f (%.2e relative, <= 1e-5)", last, ref, d);
+    printf("\n");
+    CHECK(n[0] == 50 && n[1] == 50 && logs && same && clipped[0] == 50 && clipped[1] == 50 && d <= 1e-5,
+          "ZeRO-1 at --dp %s: %d / %d steps, %d clipped, logs %s, checkpoints %s, last loss %.6f", dp, n[0], n[1],
+          clipped[1], logs ? "equal" : "differ", same ? "equal" : "differ", last);
+    return last;
 }
 
 static double first_loss(const char *log) {
@@ -279,9 +351,71 @@ int main(void) {
                        "NSTF_DP_STALL_AT=5", 0, NULL);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        printf("  --dp 2 with rank 1 stalled before its 5th all-reduce: exit %d after %.1f s: %s", rc, dt, g_err);
+        printf("  --dp 2 with rank 1 stalled before its 5th collective: exit %d after %.1f s: %s", rc, dt, g_err);
         CHECK(rc != 0 && dt < 10 && strstr(g_err, "rank 1") && strstr(g_err, "stalled"),
               "a stalled data-parallel rank: exit %d after %.1f s: %s", rc, dt, g_err);
+    }
+
+    /* ZeRO-1 against the replicated update, checkpoints across rank counts and modes */
+    {
+#define ZTRAIN(...) TRAIN("--data", text, "--seq", "32", "--steps", "50", "--lr", "3e-3", "--clip", "0.5", __VA_ARGS__)
+        /* --dp 3: 123200 parameters, slots of 41088, the last rank's share 41024 */
+        const double last2 = zero_pair(tiny, text, "2", "3", -1);
+        (void)zero_pair(tiny, text, "3", "2", last2);
+        char f1[340], f2[340];
+        /* resume across rank counts and modes: from --dp 2 --zero 1 at step 25 ... */
+        static const struct {
+            const char *from_dp, *from_batch, *from_zero, *to_dp, *to_batch, *to_zero;
+            const char *same_as; /* the uninterrupted run's checkpoint it must equal, or NULL: last loss within 1e-5 */
+        } rs[] = {
+            {"2", "3", "1", "2", "3", "0", "kz20"}, {"2", "3", "1", "1", "6", "0", NULL},
+            {"2", "3", "1", "3", "2", "1", NULL},   {"2", "3", "0", "2", "3", "1", "kz21"},
+            {"3", "2", "1", "2", "3", "1", NULL},   {"1", "6", "0", "2", "3", "1", NULL},
+        };
+        for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+            char kr[300], lr[300], ref[340];
+            snprintf(kr, sizeof kr, "%s/kzr%zu", g_dir, i);
+            path_in(lr, sizeof lr, "zr.jsonl");
+            unlink(lr);
+            rc = run(ZTRAIN("--batch", rs[i].from_batch, "--dp", rs[i].from_dp, "--zero", rs[i].from_zero,
+                            "--ckpt-dir", kr, "--stop-at", "25"));
+            CHECK(rc == 0, "to step 25: exit %d: %s", rc, g_err);
+            rc = run(ZTRAIN("--batch", rs[i].to_batch, "--dp", rs[i].to_dp, "--zero", rs[i].to_zero, "--resume", kr,
+                            "--ckpt-dir", kr, "--log", lr));
+            const double lz = last_loss(lr), d = fabs(lz - last2) / fmax(1.0, fabs(last2));
+            snprintf(f1, sizeof f1, "%s/checkpoint.nstf", kr);
+            if (rs[i].same_as) snprintf(ref, sizeof ref, "%s/%s/checkpoint.nstf", g_dir, rs[i].same_as);
+            const bool same = rs[i].same_as && same_file(f1, ref);
+            printf("  --dp %s --zero %s stopped at 25, resumed with --dp %s --zero %s: ", rs[i].from_dp,
+                   rs[i].from_zero, rs[i].to_dp, rs[i].to_zero);
+            if (rs[i].same_as) printf("final checkpoint %s the uninterrupted run's\n", same ? "byte-identical to" : "DIFFERS from");
+            else printf("last loss %.6f vs %.6f (%.2e relative, <= 1e-5)\n", lz, last2, d);
+            CHECK(rc == 0 && (rs[i].same_as ? same : d <= 1e-5), "resume --dp %s --zero %s -> --dp %s --zero %s: exit %d, "
+                  "last loss %.6f vs %.6f: %s", rs[i].from_dp, rs[i].from_zero, rs[i].to_dp, rs[i].to_zero, rc, lz,
+                  last2, g_err);
+        }
+        /* --zero 1 with one rank: the one-rank step */
+        char kd0[300], kd1[300];
+        path_in(kd0, sizeof kd0, "kzd0"), path_in(kd1, sizeof kd1, "kzd1");
+        rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--ckpt-dir", kd0));
+        CHECK(rc == 0, "--dp 1: exit %d: %s", rc, g_err);
+        rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--zero", "1", "--ckpt-dir", kd1));
+        snprintf(f1, sizeof f1, "%s/checkpoint.nstf", kd0);
+        snprintf(f2, sizeof f2, "%s/checkpoint.nstf", kd1);
+        CHECK(rc == 0 && same_file(f1, f2), "--zero 1 --dp 1: exit %d, checkpoints %s: %s", rc,
+              same_file(f1, f2) ? "equal" : "differ", g_err);
+        /* the plan: one rank's optimizer slot */
+        double o0 = -1, o1 = -1;
+        rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--dp", "2", "--zero", "0", "--plan"));
+        const char *ol = strstr(g_out, "\n  optimizer");
+        if (ol) sscanf(ol, " optimizer %lf", &o0);
+        rc |= run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--dp", "2", "--zero", "1", "--plan"));
+        ol = strstr(g_out, "\n  optimizer");
+        if (ol) sscanf(ol, " optimizer %lf", &o1);
+        printf("  --plan --dp 2: optimizer %.1f MiB per rank with --zero 1, %.1f with --zero 0\n", o1, o0);
+        CHECK(rc == 0 && o0 > 0 && o1 > 0 && fabs(o1 - o0 / 2) <= 0.1 && strstr(g_out, "ZeRO-1") && strstr(g_out, "1/2"),
+              "--plan --dp 2 --zero 1: optimizer %.1f MiB against %.1f: %s", o1, o0, g_out);
+#undef ZTRAIN
     }
 
     /* without a terminal: a plain line at the first step, every --print-every steps (10 by default) and the

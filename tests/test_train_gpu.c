@@ -41,7 +41,7 @@ typedef struct step_out {
 
 static bool one_step(const nstf_llama *m, bool on_gpu, nstf_recompute mode, int rank, const int32_t *tok,
                      step_out *o) {
-    const train_shape sh = {2, 64, rank, rank ? 0x7fu : 0u, mode};
+    const train_shape sh = {2, 64, rank, rank ? 0x7fu : 0u, mode, 1};
     memset(o, 0, sizeof *o);
     const nstf_cpu_params cp = {0, true, true, 32};
     nstf_status st = on_gpu ? nstf_backend_gpu_create(0, &o->be) : nstf_backend_cpu_create(&cp, &o->be);

@@ -58,7 +58,7 @@ typedef struct run_out {
  * lora: rank-2 adapters on every matrix, from the reference's .init values. */
 static bool run_step(const nstf_llama *m, nstf_backend *be, nstf_recompute mode, int n_micro, const int32_t *tokens,
                      run_out *o, nstf_train **keep, const nstf_gguf *lora) {
-    const train_shape sh = {2 / n_micro, 16, lora ? 2 : 0, lora ? 0x7fu : 0u, mode};
+    const train_shape sh = {2 / n_micro, 16, lora ? 2 : 0, lora ? 0x7fu : 0u, mode, 1};
     nstf_train *t = NULL;
     nstf_status st = nstf_train_create(m, be, &sh, 1, &t);
     CHECK(st == NSTF_OK, "train_create: %s", nstf_last_error());

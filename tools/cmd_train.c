@@ -40,6 +40,11 @@ static void usage(void) {
            "                    trains on its --batch x --accum sequences of a step, the gradients are\n"
            "                    summed over the ranks before the update (default 1); --dp-timeout MS:\n"
            "                    a rank that makes no progress this long fails the run (default 30000)\n"
+           "  --zero 0|1        with --dp > 1, 1 is ZeRO-1: the AdamW moments cut into one slot per rank\n"
+           "                    (gradients reduce-scattered, each rank updates its slot, the weights\n"
+           "                    all-gathered); 0 replicates the update. The same results (bit for bit on\n"
+           "                    CPU ranks). Default 1 on CPU ranks (measured no slower), 0 on GPUs (not\n"
+           "                    yet run or timed there); with --dp 1 it changes nothing\n"
            "  --recompute M     none (default), attn or full: activation checkpointing per layer\n"
            "  --plan            print the memory plan and exit (1 if the run does not fit)\n"
            "  --out FILE        write the trained model (GGUF; LoRA merged) at the end; --out-type T (bf16)\n"
@@ -134,6 +139,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--accum")) { if (!cli_parse_int(a, v, 1, 1 << 20, &p.grad_accum)) return 2; }
         else if (!strcmp(a, "--dp")) { if (!cli_parse_int(a, v, 1, 16, &p.dp)) return 2; }
         else if (!strcmp(a, "--dp-timeout")) { if (!cli_parse_int(a, v, 1, 1 << 30, &p.dp_timeout_ms)) return 2; }
+        else if (!strcmp(a, "--zero")) { if (!cli_parse_int(a, v, 0, 1, &p.zero)) return 2; }
         else if (!strcmp(a, "--lora")) { if (!cli_parse_int(a, v, 1, 4096, &p.lora_rank)) return 2; }
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_parse_int(a, v, 1, 4096, &p.n_threads)) return 2; }
         else if (!strcmp(a, "--ckpt-every")) { if (!cli_parse_int(a, v, 1, 1 << 30, &ckpt_every)) return 2; }

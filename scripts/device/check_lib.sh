@@ -1,6 +1,6 @@
 # check_lib.sh — the PASS/FAIL lines of the training device scripts
-# (train_check.sh, train_speed.sh), sourced by them after they set $logs
-# (the log folder) and ok=1.
+# (train_check.sh, train_speed.sh, zero_check.sh), sourced by them after
+# they set $logs (the log folder) and ok=1.
 #
 #   pass NAME            "PASS NAME"
 #   fail NAME WHY        "FAIL NAME (WHY)", and ok=0

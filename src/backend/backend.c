@@ -57,6 +57,15 @@ nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *
     (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
+nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
+                                            int timeout_ms) {
+    (void)comm, (void)rank, (void)buf, (void)shard, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+nstf_status nstf_gpu_ccl_allgather(void *comm, int rank, void *buf, int64_t slot_bytes, void *stream, int timeout_ms) {
+    (void)comm, (void)rank, (void)buf, (void)slot_bytes, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
 void nstf_gpu_ccl_abort(void *comm) { (void)comm; }
 nstf_status nstf_gpu_p2p_create(const int *devs, int n, int64_t cap, nstf_p2p **out) {
     (void)devs, (void)n, (void)cap;

@@ -1,6 +1,7 @@
-/* comm.c — the tensor-parallel communicator (see comm.h): the rank
- * threads, the watchdog, the host-memory all-reduce, and the GPU one
- * through ops/gpu/gpu_api.h's collectives (NCCL / RCCL) or, for the small
+/* comm.c — the tensor- and data-parallel communicator (see comm.h): the
+ * rank threads, the watchdog, the host-memory collectives (all-reduce,
+ * reduce-scatter, all-gather), and the GPU ones through
+ * ops/gpu/gpu_api.h's collectives (NCCL / RCCL) or, for the small
  * all-reduces of a decode step where every pair of GPUs has peer access,
  * the one-shot peer all-reduce of ops/gpu/p2p_api.h. */
 #include "dist/comm.h"
@@ -52,8 +53,8 @@ struct nstf_comm {
     char why[640];
     int fault_rank;
     int64_t fault_at;
-    /* the host all-reduce: every rank's buffer, a shared sum, a barrier */
-    float *buf[NSTF_COMM_MAX];
+    /* the host collectives: every rank's posted buffer, a shared sum, a barrier */
+    const void *post[NSTF_COMM_MAX];
     float *sum;
     int64_t sum_cap;
     int bar_in;
@@ -220,7 +221,7 @@ nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx) {
     return st;
 }
 
-/* ---- the all-reduce ------------------------------------------------------------------------- */
+/* ---- the host collectives, the all-reduce ---------------------------------------------------- */
 
 /* The host barrier; false when the communicator was aborted (mu held).
  * The last rank in grows the shared sum to `grow` values: every rank has
@@ -242,38 +243,65 @@ static bool barrier(nstf_comm *c, int64_t grow) {
     return !atomic_load(&c->aborted);
 }
 
+/* Post this rank's buffer and wait for every rank's (grow: as barrier). */
+static nstf_status host_post(nstf_comm *c, int rank, const void *p, int64_t grow) {
+    pthread_mutex_lock(&c->mu);
+    c->post[rank] = p;
+    const bool ok = barrier(c, grow);
+    pthread_mutex_unlock(&c->mu);
+    return ok ? NSTF_OK : aborted_error(c, rank);
+}
+
+/* The closing barrier: no rank changes its buffer while another reads it. */
+static nstf_status host_wait(nstf_comm *c, int rank) {
+    pthread_mutex_lock(&c->mu);
+    const bool ok = barrier(c, 0);
+    pthread_mutex_unlock(&c->mu);
+    return ok ? NSTF_OK : aborted_error(c, rank);
+}
+
+/* Element i of slot sums: rank 0's value plus the others in rank order,
+ * one expression for the all-reduce and the reduce-scatter (their bits
+ * must agree). */
+static float rank_sum(nstf_comm *c, int64_t i) {
+    float s = ((const float *)c->post[0])[i];
+    for (int r = 1; r < c->n; r++) s += ((const float *)c->post[r])[i];
+    return s;
+}
+
 /* Every rank's buffer is posted; rank r sums its slice over the ranks in
  * rank order into the shared sum; then every rank copies the whole sum. */
 static nstf_status host_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
-    pthread_mutex_lock(&c->mu);
-    c->buf[rank] = buf;
-    bool ok = barrier(c, n);
-    pthread_mutex_unlock(&c->mu);
-    if (!ok) return aborted_error(c, rank);
+    NSTF_TRY(host_post(c, rank, buf, n));
     if (c->sum_cap < n) return nstf_set_error(NSTF_ERR_OOM, "rank %d: out of memory for the all-reduce", rank);
     const int64_t lo = n * rank / c->n, hi = n * (rank + 1) / c->n;
-    for (int64_t i = lo; i < hi; i++) {
-        float s = c->buf[0][i];
-        for (int r = 1; r < c->n; r++) s += c->buf[r][i];
-        c->sum[i] = s;
-    }
-    pthread_mutex_lock(&c->mu);
-    ok = barrier(c, 0);
-    pthread_mutex_unlock(&c->mu);
-    if (!ok) return aborted_error(c, rank);
+    for (int64_t i = lo; i < hi; i++) c->sum[i] = rank_sum(c, i);
+    NSTF_TRY(host_wait(c, rank));
     memcpy(buf, c->sum, (size_t)n * sizeof(float));
     return NSTF_OK;
 }
 
-bool nstf_comm_capturable(const nstf_comm *c, int64_t n) {
-    /* a planted fault (nstf_comm_fault) counts the host's calls: not in a graph */
-    return c->gpu && c->p2p && c->fault_rank < 0 && n >= 0 && n <= nstf_gpu_p2p_cap(c->p2p);
+/* Rank r sums its own slot over the ranks straight into its buffer: the
+ * other ranks read only their own slots of it. */
+static nstf_status host_reduce_scatter(nstf_comm *c, int rank, float *buf, int64_t shard) {
+    NSTF_TRY(host_post(c, rank, buf, 0));
+    for (int64_t i = shard * rank; i < shard * (rank + 1); i++) buf[i] = rank_sum(c, i);
+    return host_wait(c, rank);
 }
 
-nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
-    *added = false;
+/* Rank r copies every other rank's own slot into its buffer. */
+static nstf_status host_allgather(nstf_comm *c, int rank, void *buf, size_t slot) {
+    NSTF_TRY(host_post(c, rank, buf, 0));
+    for (int r = 0; r < c->n; r++)
+        if (r != rank) memcpy((char *)buf + slot * (size_t)r, (const char *)c->post[r] + slot * (size_t)r, slot);
+    return host_wait(c, rank);
+}
+
+/* A collective's entry: the watchdog's count, a test's stalled rank, an
+ * earlier abort. */
+static nstf_status enter(nstf_comm *c, int rank, const char *what, int64_t n) {
     if (rank < 0 || rank >= c->n || n < 0)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-reduce of %lld values on rank %d of %d", (long long)n, rank,
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s of %lld values on rank %d of %d", what, (long long)n, rank,
                               c->n);
     pthread_mutex_lock(&c->mu);
     const bool fault = rank == c->fault_rank && c->calls[rank] == c->fault_at;
@@ -287,11 +315,33 @@ nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *d
         return aborted_error(c, rank);
     }
     if (atomic_load(&c->aborted)) return aborted_error(c, rank);
+    return NSTF_OK;
+}
+
+/* The stream a GPU rank's collectives are queued on. */
+static nstf_status rank_stream(nstf_comm *c, int rank, void **stream) {
+    int dev = 0;
+    return nstf_backend_gpu_stream(c->be[rank], &dev, stream);
+}
+
+/* A GPU collective's status: an abort's error when the abort caused it. */
+static nstf_status gpu_done(nstf_comm *c, int rank, nstf_status st) {
+    if (st != NSTF_OK && atomic_load(&c->aborted)) return aborted_error(c, rank);
+    return st;
+}
+
+bool nstf_comm_capturable(const nstf_comm *c, int64_t n) {
+    /* a planted fault (nstf_comm_fault) counts the host's calls: not in a graph */
+    return c->gpu && c->p2p && c->fault_rank < 0 && n >= 0 && n <= nstf_gpu_p2p_cap(c->p2p);
+}
+
+nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added) {
+    *added = false;
+    NSTF_TRY(enter(c, rank, "all-reduce", n));
     if (c->n == 1) return NSTF_OK;
     if (!c->gpu) return host_allreduce(c, rank, buf, n);
-    int dev = 0;
     void *stream = NULL;
-    NSTF_TRY(nstf_backend_gpu_stream(c->be[rank], &dev, &stream));
+    NSTF_TRY(rank_stream(c, rank, &stream));
     nstf_status st;
     if (c->p2p && n <= nstf_gpu_p2p_cap(c->p2p)) {
         st = nstf_gpu_p2p_allreduce_f32(c->p2p, rank, buf, dst, n, stream, c->timeout_ms);
@@ -299,13 +349,73 @@ nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *d
     } else {
         st = nstf_gpu_ccl_allreduce_f32(c->ccl[rank], buf, n, stream, c->timeout_ms);
     }
-    if (st != NSTF_OK && atomic_load(&c->aborted)) return aborted_error(c, rank);
-    return st;
+    return gpu_done(c, rank, st);
 }
 
 nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n) {
     bool added;
     return nstf_comm_allreduce_add(c, rank, buf, NULL, n, &added);
+}
+
+/* ---- the sharded collectives ------------------------------------------------------------------ */
+
+nstf_status nstf_comm_shard_len(int64_t n, int n_ranks, int64_t align, int64_t *shard) {
+    *shard = 0;
+    if (n < 0 || n_ranks < 1 || align < 1)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "shards of %lld elements over %d ranks, aligned to %lld",
+                              (long long)n, n_ranks, (long long)align);
+    const uint64_t per = (uint64_t)(n / n_ranks) + (n % n_ranks != 0);
+    uint64_t up = 0, total = 0;
+    if (!nstf_add_ok(per, (uint64_t)align - 1, &up) || !nstf_mul_ok(up / (uint64_t)align * (uint64_t)align,
+                                                                     (uint64_t)n_ranks, &total) ||
+        total > (uint64_t)INT64_MAX)
+        return nstf_set_error(NSTF_ERR_RANGE, "%lld elements over %d ranks overflow the padded size", (long long)n,
+                              n_ranks);
+    *shard = (int64_t)(up / (uint64_t)align * (uint64_t)align);
+    return NSTF_OK;
+}
+
+/* The whole buffer of a sharded collective, size x shard elements, in
+ * int64 (a caller's shard may come from anywhere). */
+static nstf_status check_slots(nstf_comm *c, const char *what, int64_t shard, int elem_bytes) {
+    const bool size_ok = elem_bytes == 1 || elem_bytes == 2 || elem_bytes == 4 || elem_bytes == 8;
+    if (shard < 0 || !size_ok || shard > INT64_MAX / c->n / elem_bytes)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s of %d slots of %lld elements of %d bytes", what, c->n,
+                              (long long)shard, elem_bytes);
+    return NSTF_OK;
+}
+
+nstf_status nstf_comm_reduce_scatter(nstf_comm *c, int rank, float *buf, int64_t shard) {
+    NSTF_TRY(check_slots(c, "reduce-scatter", shard, 4));
+    NSTF_TRY(enter(c, rank, "reduce-scatter", shard));
+    if (c->n == 1) return NSTF_OK;
+    if (!c->gpu) return host_reduce_scatter(c, rank, buf, shard);
+    void *stream = NULL;
+    NSTF_TRY(rank_stream(c, rank, &stream));
+    return gpu_done(c, rank, nstf_gpu_ccl_reduce_scatter_f32(c->ccl[rank], rank, buf, shard, stream, c->timeout_ms));
+}
+
+nstf_status nstf_comm_allgather(nstf_comm *c, int rank, void *buf, int64_t shard, int elem_bytes) {
+    NSTF_TRY(check_slots(c, "all-gather", shard, elem_bytes));
+    NSTF_TRY(enter(c, rank, "all-gather", shard));
+    const int64_t slot = shard * elem_bytes;
+    if (c->n == 1) return NSTF_OK;
+    if (!c->gpu) return host_allgather(c, rank, buf, (size_t)slot);
+    void *stream = NULL;
+    NSTF_TRY(rank_stream(c, rank, &stream));
+    return gpu_done(c, rank, nstf_gpu_ccl_allgather(c->ccl[rank], rank, buf, slot, stream, c->timeout_ms));
+}
+
+nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, void *all, size_t bytes) {
+    if (bytes > (size_t)INT64_MAX / (size_t)c->n)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "host all-gather of %zu bytes per rank", bytes);
+    NSTF_TRY(enter(c, rank, "host all-gather", (int64_t)bytes));
+    NSTF_TRY(host_post(c, rank, mine, 0));
+    for (int r = 0; r < c->n; r++) { /* mine may be this rank's own place in all */
+        char *to = (char *)all + bytes * (size_t)r;
+        if (to != c->post[r]) memcpy(to, c->post[r], bytes);
+    }
+    return host_wait(c, rank);
 }
 
 /* ---- create / free --------------------------------------------------------------------------- */

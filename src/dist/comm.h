@@ -13,9 +13,10 @@
  * An aborted communicator stays aborted: every later call fails.
  *
  * Transports (chosen by the backends' kind, every rank of one kind):
- *  - host memory (CPU backends): an all-reduce through shared buffers and
- *    a barrier; the sum is taken in rank order, so every rank gets the same
- *    bits and the result does not depend on thread timing;
+ *  - host memory (CPU backends): the collectives through shared buffers
+ *    and barriers; sums are taken in rank order, so every rank gets the
+ *    same bits, the result does not depend on thread timing, and a
+ *    reduce-scatter's slot holds exactly the all-reduce's values there;
  *  - GPU (CUDA or HIP backends): NCCL (RCCL on HIP), non-blocking
  *    communicators initialised per device in one group, the library loaded
  *    at first use (ops/gpu/ccl.cu), ncclCommAbort on abort. NCCL's
@@ -25,7 +26,9 @@
  *    ops/gpu/p2p_api.h instead: the same bits on every rank (rank-order
  *    sums), capturable in a graph, left on an abort or its own timeout.
  * Used by tensor-parallel inference (model/tp.c) and data-parallel
- * training (model/trainer.c). */
+ * training (model/trainer.c; ZeRO-1's reduce-scatter and all-gather in
+ * model/train_update.c). Every collective, whatever its kind, counts as
+ * one for the watchdog and for nstf_comm_fault. */
 #ifndef NSTF_DIST_COMM_H
 #define NSTF_DIST_COMM_H
 
@@ -63,6 +66,44 @@ nstf_status nstf_comm_allreduce(nstf_comm *c, int rank, float *buf, int64_t n);
  * transport can (*added true; buf is then left as it was), else the sum is
  * in buf and the caller adds it (*added false). */
 nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *dst, int64_t n, bool *added);
+
+/* ---- sharded collectives (ZeRO-1) ----
+ * A buffer of size x shard elements is size slots of `shard` elements,
+ * rank r's slot [r shard, (r + 1) shard): the layout of NCCL's in-place
+ * reduce-scatter and all-gather, which take one count for every rank. An
+ * array of n elements that size does not divide is padded at its end:
+ * nstf_comm_shard_len gives the slot length, and the last slots hold the
+ * padding (the last rank's real share is the shorter one, possibly empty
+ * for tiny arrays). */
+
+/* The slot length for n elements over n_ranks: ceil(n / n_ranks) rounded
+ * up to a multiple of align elements (align 64: 256-byte fp32 and
+ * 128-byte bf16 slots), so the padded array is n_ranks x *shard >= n
+ * elements. Fails on a negative n, a bad count or align, or a padded size
+ * past int64. */
+nstf_status nstf_comm_shard_len(int64_t n, int n_ranks, int64_t align, int64_t *shard);
+
+/* In-place reduce-scatter of buf [size x shard] fp32 in rank `rank`'s
+ * backend memory, called by that rank inside a job: on return its own
+ * slot holds the sum over the ranks of that slot; the other slots are
+ * undefined. Host: summed in rank order, the same bits the all-reduce
+ * gives there. NCCL (ncclReduceScatter, queued on the rank's stream): its
+ * own order, the same bits for two ranks (a + b == b + a), within fp32
+ * reassociation for more. */
+nstf_status nstf_comm_reduce_scatter(nstf_comm *c, int rank, float *buf, int64_t shard);
+
+/* In-place all-gather of buf [size x shard] elements of elem_bytes (1, 2,
+ * 4 or 8) in rank `rank`'s backend memory: on return every slot holds its
+ * rank's slot, bit for bit (the elements are copied, never computed:
+ * NCCL moves them as bytes, so bf16 needs no NCCL type of its own). */
+nstf_status nstf_comm_allgather(nstf_comm *c, int rank, void *buf, int64_t shard, int elem_bytes);
+
+/* All-gather of host memory between the rank threads, whatever the
+ * transport: all [size x bytes] receives every rank's `bytes` of mine in
+ * rank order (mine may be the rank's own place in all). For the small figures every rank must agree on (ZeRO-1's
+ * partial sums of the gradient norm): the ranks are threads of this one
+ * process, so they meet in host memory without a device round trip. */
+nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, void *all, size_t bytes);
 
 /* Whether an all-reduce of n floats can be captured in a graph with the
  * ops around it (the peer one-shot path takes it; NCCL's is not

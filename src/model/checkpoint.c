@@ -13,7 +13,10 @@
  *   the master weights, the first and the second AdamW moment: n_flat
  *     fp32 each;
  *   a 64-bit FNV-1a of everything before it.
- * Gradients are not saved (each step starts from zero). With the data
+ * Gradients are not saved (each step starts from zero). A ZeRO-1 run
+ * writes the same file: the moments are gathered from the ranks' slots
+ * as they are written, and a resume gives each rank its slot, so a
+ * checkpoint moves between rank counts and --zero modes. With the data
  * position and the step, a resumed run repeats what the uninterrupted run
  * would have done, bit for bit on the CPU.
  *
@@ -63,11 +66,42 @@ typedef struct put_job {
     int64_t n_flat;
 } put_job;
 
+/* Rank r takes the weights whole and the moments of its part (all of
+ * them without ZeRO-1, its slot with it). */
 static nstf_status put_rank(void *ctx, int r) {
     put_job *j = ctx;
-    for (int which = 0; which < 3; which++)
-        NSTF_TRY(nstf_train_put(j->t->trs[r], which, 0, j->n_flat, j->arr + (int64_t)which * j->n_flat));
-    return nstf_train_sync_copy(j->t->trs[r]);
+    nstf_train *tr = j->t->trs[r];
+    int64_t lo = 0, hi = 0;
+    nstf_train_shard(tr, &lo, &hi);
+    NSTF_TRY(nstf_train_put(tr, 0, 0, j->n_flat, j->arr));
+    for (int which = 1; which < 3; which++)
+        NSTF_TRY(nstf_train_put(tr, which, lo, hi - lo, j->arr + (int64_t)which * j->n_flat + lo));
+    return nstf_train_sync_copy(tr);
+}
+
+/* The moments' elements [o, o + k) into buf, each rank its part of them:
+ * with ZeRO-1 they are gathered from the ranks' slots (on the ranks'
+ * threads, each with its device current), else rank 0 holds them all. */
+typedef struct get_job {
+    nstf_trainer *t;
+    int which;
+    int64_t o, k;
+    float *buf;
+} get_job;
+
+static nstf_status get_rank(void *ctx, int r) {
+    get_job *j = ctx;
+    int64_t lo = 0, hi = 0;
+    nstf_train_shard(j->t->trs[r], &lo, &hi);
+    const int64_t a = lo > j->o ? lo : j->o, b = hi < j->o + j->k ? hi : j->o + j->k;
+    if (a >= b) return NSTF_OK;
+    return nstf_train_get(j->t->trs[r], j->which, a, b - a, j->buf + (a - j->o));
+}
+
+static nstf_status get_chunk(nstf_trainer *t, int which, int64_t o, int64_t k, float *buf) {
+    if (which == 0 || t->tr->sh.shards <= 1) return nstf_train_get(t->tr, which, o, k, buf);
+    get_job j = {t, which, o, k, buf};
+    return nstf_trainer_on_ranks(t, get_rank, &j);
 }
 
 uint64_t nstf_trainer_fingerprint(const nstf_trainer *t) {
@@ -140,7 +174,7 @@ nstf_status nstf_trainer_save(nstf_trainer *t, const char *dir) {
         for (int64_t o = 0; st == NSTF_OK && o < n; o += CK_CHUNK) {
             const int64_t k = n - o < CK_CHUNK ? n - o : CK_CHUNK;
             if (which == 0 && o <= n / 2 && o + k > n / 2) stall();
-            st = nstf_train_get(t->tr, which, o, k, buf);
+            st = get_chunk(t, which, o, k, buf);
             if (st == NSTF_OK) {
                 sum = fnv(sum, buf, (size_t)k * 4);
                 st = nstf_afile_write(&f, buf, (size_t)k * 4);

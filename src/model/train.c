@@ -236,11 +236,12 @@ static nstf_status acts_plan(nstf_train *t, const nstf_backend *be, char *base, 
     return NSTF_OK;
 }
 
-/* Bytes of the parameter block: w, g, m, v (fp32) and the compute copy. */
+/* Bytes of the parameter block: w, g (fp32, n_pad), m, v (fp32, one
+ * slot with ZeRO-1) and the compute copy (n_pad). */
 static nstf_status params_plan(const nstf_train *t, const nstf_backend *be, uint64_t off[5], uint64_t *total) {
     carve cv = {0, true};
-    for (int i = 0; i < 4; i++) off[i] = take(&cv, (uint64_t)t->n_flat, 4);
-    off[4] = be->act_type != NSTF_TYPE_F32 ? take(&cv, (uint64_t)t->n_flat, esize(be->act_type)) : 0;
+    for (int i = 0; i < 4; i++) off[i] = take(&cv, (uint64_t)(i < 2 ? t->n_pad : t->shard_len), 4);
+    off[4] = be->act_type != NSTF_TYPE_F32 ? take(&cv, (uint64_t)t->n_pad, esize(be->act_type)) : 0;
     if (!cv.ok) return nstf_set_error(NSTF_ERR_RANGE, "%lld parameters overflow the plan", (long long)t->n_flat);
     *total = cv.off;
     return NSTF_OK;
@@ -311,7 +312,17 @@ static nstf_status train_init(nstf_train *t, const nstf_llama *m, const nstf_bac
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "--seq %d is longer than the model's context of %d tokens",
                               sh->seq_len, t->c.n_ctx_train);
     t->rows = be->act_type != NSTF_TYPE_F32 && sh->lora_rank == 0;
-    return ptab_build(t);
+    NSTF_TRY(ptab_build(t));
+    /* ZeRO-1: w, g and the copy padded to whole slots, m and v one slot */
+    const int shards = sh->shards > 1 ? sh->shards : 1;
+    if (shards > NSTF_COMM_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "optimizer state in %d shards (1..%d)", shards, NSTF_COMM_MAX);
+    t->n_pad = t->shard_len = t->n_flat;
+    if (shards > 1) {
+        NSTF_TRY(nstf_comm_shard_len(t->n_flat, shards, NSTF_TRAIN_SHARD_ALIGN, &t->shard_len));
+        t->n_pad = t->shard_len * shards; /* checked by nstf_comm_shard_len */
+    }
+    return NSTF_OK;
 }
 
 static void ptab_free(nstf_train *t) {
@@ -403,7 +414,7 @@ static nstf_status params_init(nstf_train *t, uint64_t seed) {
         nstf_free(h);
         return NSTF_ERR_OOM;
     }
-    nstf_status st = be->vt->zero(be, t->w, (uint64_t)t->n_flat * 16); /* w, g, m, v are adjacent */
+    nstf_status st = NSTF_OK;
     uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
     for (int i = 0; st == NSTF_OK && i < t->n_ptab; i++) {
         const nstf_param_tensor *p = &t->ptab[i];
@@ -588,16 +599,14 @@ nstf_status nstf_train_create(const nstf_llama *m, nstf_backend *be, const train
         t->mom1 = (float *)(b + off[2]);
         t->mom2 = (float *)(b + off[3]);
         t->wc = off[4] ? b + off[4] : NULL;
-        /* w, g, m, v adjacent, so one zero covers them */
-        if (off[1] != off[0] + (uint64_t)t->n_flat * 4 || off[2] != off[1] + (uint64_t)t->n_flat * 4 ||
-            off[3] != off[2] + (uint64_t)t->n_flat * 4)
-            st = nstf_set_error(NSTF_ERR_INTERNAL, "the parameter arrays are not adjacent");
+        st = be->vt->zero(be, t->pblock, pbytes); /* moments, gradients and the slots' padding start at 0 */
     }
     if (st == NSTF_OK) st = acts_plan(t, be, NULL, &abytes, NULL);
     if (st == NSTF_OK) st = be->vt->alloc(be, abytes, &t->ablock);
     if (st == NSTF_OK) st = acts_plan(t, be, t->ablock, &abytes, NULL);
     if (st == NSTF_OK) st = be->vt->zero(be, t->ablock, abytes);
     if (st == NSTF_OK) st = params_init(t, seed);
+    if (st == NSTF_OK) st = nstf_train_segments(t, 1, 0);
     if (st == NSTF_OK) {
         views(t);
         if (sh->lora_rank > 0) st = frozen_output(t);
@@ -628,6 +637,7 @@ void nstf_train_free(nstf_train *t) {
         if (t->ce_copy) be->vt->free(be, t->ce_copy);
     }
     nstf_llama_run_free(t->frozen);
+    nstf_train_segments_free(t);
     ptab_free(t);
     nstf_free(t->layers);
     nstf_free(t->acts);
@@ -638,20 +648,38 @@ void nstf_train_free(nstf_train *t) {
 
 /* ---- the flat arrays to and from the host ---------------------------------------------------- */
 
-static float *flat(nstf_train *t, int which) { return which == 0 ? t->w : which == 1 ? t->mom1 : t->mom2; }
+void nstf_train_shard(const nstf_train *t, int64_t *lo, int64_t *hi) {
+    *lo = 0;
+    *hi = t->n_flat;
+    if (t->sh.shards <= 1) return;
+    const int64_t a = t->shard_len * t->dp_rank, b = a + t->shard_len;
+    *lo = a < t->n_flat ? a : t->n_flat;
+    *hi = b < t->n_flat ? b : t->n_flat;
+}
+
+/* Flat array `which` from element off: the weights are whole on every
+ * rank; with ZeRO-1 the moments hold this rank's slot only. */
+static nstf_status flat_at(nstf_train *t, int which, int64_t off, int64_t n, float **p) {
+    int64_t lo = 0, hi = t->n_flat;
+    if (which != 0) nstf_train_shard(t, &lo, &hi);
+    if (which < 0 || which > 2 || off < lo || n < 0 || n > hi - off)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "parameters [%lld, %lld) of %lld%s", (long long)off,
+                              (long long)(off + n), (long long)t->n_flat,
+                              which != 0 && t->sh.shards > 1 ? " (outside this rank's optimizer slot)" : "");
+    *p = (which == 0 ? t->w : which == 1 ? t->mom1 : t->mom2) + (off - lo);
+    return NSTF_OK;
+}
 
 nstf_status nstf_train_get(nstf_train *t, int which, int64_t off, int64_t n, float *host) {
-    if (which < 0 || which > 2 || off < 0 || n < 0 || off + n > t->n_flat)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "parameters [%lld, %lld) of %lld", (long long)off,
-                              (long long)(off + n), (long long)t->n_flat);
-    return t->be->vt->download(t->be, host, flat(t, which) + off, (uint64_t)n * 4);
+    float *p = NULL;
+    NSTF_TRY(flat_at(t, which, off, n, &p));
+    return t->be->vt->download(t->be, host, p, (uint64_t)n * 4);
 }
 
 nstf_status nstf_train_put(nstf_train *t, int which, int64_t off, int64_t n, const float *host) {
-    if (which < 0 || which > 2 || off < 0 || n < 0 || off + n > t->n_flat)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "parameters [%lld, %lld) of %lld", (long long)off,
-                              (long long)(off + n), (long long)t->n_flat);
-    return t->be->vt->upload(t->be, flat(t, which) + off, host, (uint64_t)n * 4);
+    float *p = NULL;
+    NSTF_TRY(flat_at(t, which, off, n, &p));
+    return t->be->vt->upload(t->be, p, host, (uint64_t)n * 4);
 }
 
 nstf_status nstf_train_sync_copy(nstf_train *t) {

@@ -9,15 +9,19 @@
  * The step (train_step.c) is written once against the backend table, as
  * the forward (forward.c) is: forward with saving, the fused cross-entropy,
  * the backward through the layers, gradient accumulation over
- * micro-batches, the global gradient norm (a NaN/Inf names its tensor),
- * clipping, AdamW on the fp32 master weights. docs/TRAINING.md describes
- * the saved tensors, the recompute modes and the memory plan. */
+ * micro-batches; then the update (train_update.c): over data-parallel
+ * ranks the gradients' all-reduce or ZeRO-1's reduce-scatter, the global
+ * gradient norm (a NaN/Inf names its tensor), clipping, AdamW on the fp32
+ * master weights (ZeRO-1: each rank on its slot, then an all-gather).
+ * docs/TRAINING.md describes the saved tensors, the recompute modes and
+ * the memory plan. */
 #ifndef NSTF_MODEL_TRAIN_H
 #define NSTF_MODEL_TRAIN_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dist/comm.h"
 #include "model/llama.h"
 #include "ops/optim.h"
 
@@ -68,7 +72,14 @@ typedef struct train_shape {
     int lora_rank;          /* 0: full fine-tune */
     unsigned lora_mask;     /* bit LORA_*: that matrix is adapted */
     nstf_recompute recompute;
+    int shards;             /* ZeRO-1 over this many data-parallel ranks: the AdamW moments are one slot
+                               of the flat arrays (0 or 1: whole, replicated) */
 } train_shape;
+
+/* Slots of the flat arrays over data-parallel ranks are multiples of 64
+ * elements (nstf_comm_shard_len): 256-byte fp32 and 128-byte bf16 slots,
+ * so a slot's start keeps the tensors' 8-element alignment. */
+#define NSTF_TRAIN_SHARD_ALIGN 64
 
 /* Bytes by kind, the memory plan (`nstf train --plan`). */
 typedef struct train_mem {
@@ -89,7 +100,10 @@ typedef struct nstf_train {
     nstf_param_tensor *ptab;
     int n_ptab;
     char *names;           /* the tensors' names, one block */
-    int64_t n_flat;        /* elements of each flat array (tensors and padding) */
+    int64_t n_flat;        /* elements of the flat layout (tensors and padding): what checkpoints hold */
+    int64_t n_pad;         /* elements of w, g and the copy: n_flat, or with shards the shards' slots
+                              (shards x shard_len >= n_flat, the tail zero and never read by an op) */
+    int64_t shard_len;     /* elements of m and v: n_flat, or one slot with shards */
     void *pblock;          /* the one allocation: w, g, m, v, copy */
     float *w, *g, *mom1, *mom2;
     void *wc;              /* compute copy (act type) or NULL: w itself */
@@ -113,9 +127,19 @@ typedef struct nstf_train {
     train_mem mem;
     /* data parallel (nstf_train_set_dp): this replica's rank of dp_n; the
      * step divides by every rank's targets and sums the gradients over
-     * the ranks before the norm and the update */
+     * the ranks before the norm and the update (train_update.c) */
     struct nstf_comm *dp_comm;
     int dp_rank, dp_n;
+    /* the gradient norm's segments: the table cut at the slot boundaries of
+     * dp_n ranks (with or without ZeRO-1, so both give the same norm);
+     * segs[seg_first[r] .. seg_first[r + 1]) lie in rank r's slot, and
+     * mine holds this rank's with offsets from its slot's start */
+    nstf_param_tensor *segs, *mine;
+    int n_segs, n_mine, seg_most; /* seg_most: the most segments of any rank */
+    int *seg_tensor;              /* [n_segs] the table row each segment is part of */
+    int seg_first[NSTF_COMM_MAX + 1];
+    char *seg_names;
+    double *seg_sq, *sq_all;      /* [n_segs] sums of squares; [dp_n][seg_most] as exchanged */
 } nstf_train;
 
 /* The plan (sizes only) of training m on be with shape sh: fills mem
@@ -140,15 +164,34 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
 nstf_status nstf_train_eval(nstf_train *t, const int32_t *tokens, int n_micro, double *loss);
 
 /* The trainable parameters' flat arrays to / from the host, n_flat floats
- * each (checkpoints): which 0 = weights, 1 = first moment, 2 = second. */
+ * each (checkpoints): which 0 = weights, 1 = first moment, 2 = second.
+ * Offsets are the flat layout's; with ZeRO-1 the moments' range must lie
+ * in this rank's part (nstf_train_shard). */
 nstf_status nstf_train_get(nstf_train *t, int which, int64_t off, int64_t n, float *host);
 nstf_status nstf_train_put(nstf_train *t, int which, int64_t off, int64_t n, const float *host);
 /* After put of the weights: rewrite the compute copy from the master. */
 nstf_status nstf_train_sync_copy(nstf_train *t);
 
 /* Make t replica `rank` of n (a communicator over the n replicas'
- * backends; its steps then run inside nstf_comm_run jobs, one per rank). */
-void nstf_train_set_dp(nstf_train *t, struct nstf_comm *c, int rank, int n);
+ * backends; its steps then run inside nstf_comm_run jobs, one per rank).
+ * t must have been created with shape.shards 1 or n. */
+nstf_status nstf_train_set_dp(nstf_train *t, struct nstf_comm *c, int rank, int n);
+
+/* The part [*lo, *hi) of the flat layout whose optimizer state this rank
+ * holds: everything without ZeRO-1, else its slot (clipped to n_flat;
+ * empty for a tiny model's last rank). */
+void nstf_train_shard(const nstf_train *t, int64_t *lo, int64_t *hi);
+
+/* The update after the backward (train_update.c): the gradients reduced
+ * over the ranks, the norm (into *norm), clipping, AdamW, ZeRO-1's
+ * all-gather. loss is the step's loss on this rank (a non-finite one
+ * stops the step, with what the gradients say). */
+nstf_status nstf_train_update(nstf_train *t, int64_t step, const nstf_adamw_params *opt, double clip, double loss,
+                              double *norm);
+/* The gradient norm's segments for n ranks (train_update.c; n 1 at
+ * creation); nstf_train_free frees them. */
+nstf_status nstf_train_segments(nstf_train *t, int n, int rank);
+void nstf_train_segments_free(nstf_train *t);
 
 /* The FLOPs of one step per token (6 per matmul parameter and the
  * attention's 6 T q_dim per layer, causal), for MFU. */

@@ -8,8 +8,9 @@
  *       dX = rmsnorm_bwd(dh)
  *       for l = L-1 .. 0: recompute what the mode dropped; the layer's backward
  *       embedding backward: dtable += dX
- *   norm = grad_norm (a NaN/Inf names its tensor: stop before the update)
- *   adamw(lr, grad_scale = clip(norm))
+ *   the update (train_update.c): the gradients summed over data-parallel
+ *   ranks, norm = grad_norm (a NaN/Inf names its tensor: stop before the
+ *   update), adamw(lr, grad_scale = clip(norm)), ZeRO-1's all-gather
  *
  * A layer is two sublayers whose split points are the fp32 residual
  * tensors x (input) and x_mid, so recomputing a part from a saved residual
@@ -29,7 +30,6 @@
 #include <string.h>
 
 #include "core/mem.h"
-#include "dist/comm.h"
 #include "model/train.h"
 
 enum {
@@ -459,7 +459,7 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
     if (n_micro < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "a step of %d micro-batches", n_micro);
     if (!(opt->lr >= 0) || !isfinite(opt->lr))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "learning rate %g is not a finite number >= 0", opt->lr);
-    NSTF_TRY(be->vt->zero(be, t->g, (uint64_t)t->n_flat * 4));
+    NSTF_TRY(be->vt->zero(be, t->g, (uint64_t)t->n_pad * 4));
     const double n_norm = (double)n_micro * (double)t->n * (t->dp_comm ? t->dp_n : 1); /* every rank's targets */
     const int64_t per = (int64_t)t->sh.n_seq * (t->sh.seq_len + 1);
     double sum = 0;
@@ -469,48 +469,7 @@ nstf_status nstf_train_step(nstf_train *t, const int32_t *tokens, int n_micro, i
         sum += l;
     }
     *loss = sum; /* this rank's share of the step's mean loss */
-    if (t->dp_comm) /* the gradients of every rank's sequences, summed in rank order */
-        NSTF_TRY(nstf_comm_allreduce(t->dp_comm, t->dp_rank, t->g, t->n_flat));
-    double *sq = nstf_alloc((size_t)t->n_ptab * sizeof(double), "gradient sums");
-    if (!sq) return NSTF_ERR_OOM;
-    nstf_op_args gn = op(NSTF_OP_GRAD_NORM, "grad_norm", -1, NSTF_BLOCK_OTHER);
-    gn.grad_norm.tensors = t->ptab;
-    gn.grad_norm.n_tensors = t->n_ptab;
-    gn.grad_norm.grad = t->g;
-    gn.grad_norm.sq = sq;
-    gn.grad_norm.norm = norm;
-    nstf_status st = run(t, &gn);
-    nstf_free(sq);
-    if (!isfinite(sum)) {
-        char why[400];
-        snprintf(why, sizeof why, "%s", st != NSTF_OK ? nstf_last_error() : "every gradient is finite");
-        return nstf_set_error(NSTF_ERR_RANGE, "step %lld: the loss is %s; %s", (long long)step + 1,
-                              isnan(sum) ? "nan" : "inf", why);
-    }
-    if (st != NSTF_OK) {
-        char why[400];
-        snprintf(why, sizeof why, "%s", nstf_last_error());
-        return nstf_set_error(NSTF_ERR_RANGE, "step %lld: %s", (long long)step + 1, why);
-    }
-    nstf_op_args aw = op(NSTF_OP_ADAMW, "adamw", -1, NSTF_BLOCK_OTHER);
-    aw.adamw.p = opt;
-    aw.adamw.tensors = t->ptab;
-    aw.adamw.n_tensors = t->n_ptab;
-    aw.adamw.step = step + 1;
-    aw.adamw.grad_scale = nstf_clip_scale(*norm, clip);
-    aw.adamw.w = t->w;
-    aw.adamw.m = t->mom1;
-    aw.adamw.v = t->mom2;
-    aw.adamw.grad = t->g;
-    if (t->wc) aw.adamw.w_copy = aview(t, t->wc, t->n_flat);
-    NSTF_TRY(run(t, &aw));
-    return be->vt->sync(be);
-}
-
-void nstf_train_set_dp(nstf_train *t, nstf_comm *c, int rank, int n) {
-    t->dp_comm = n > 1 ? c : NULL;
-    t->dp_rank = rank;
-    t->dp_n = n;
+    return nstf_train_update(t, step, opt, clip, sum, norm);
 }
 
 nstf_status nstf_train_eval(nstf_train *t, const int32_t *tokens, int n_micro, double *loss) {

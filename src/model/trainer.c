@@ -35,6 +35,7 @@ nstf_train_params nstf_train_default_params(void) {
     p.seed = 1;
     p.eval_batches = 8;
     p.dp = 1;
+    p.zero = -1;
     return p;
 }
 
@@ -93,6 +94,7 @@ static nstf_status check_params(const nstf_train_params *p) {
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "--dp-timeout %d ms", p->dp_timeout_ms);
     if (p->dp < 1 || p->dp > NSTF_COMM_MAX)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "--dp %d: data-parallel ranks must be in 1..%d", p->dp, NSTF_COMM_MAX);
+    if (p->zero < -1 || p->zero > 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--zero %d: use 0 or 1", p->zero);
     return NSTF_OK;
 }
 
@@ -148,8 +150,18 @@ static nstf_status open_model(const char *path, nstf_llama **m, nstf_tokenizer *
     return st;
 }
 
-static nstf_status shape_of(const nstf_train_params *p, train_shape *sh) {
+/* The optimizer state's slots: the ranks with ZeRO-1, else 1 (whole).
+ * --zero's default is on for CPU ranks, where it is measured to give the
+ * replicated run's bits and to be no slower (docs/TRAINING.md), and off
+ * on GPUs until it is timed there. */
+static int zero_shards(const nstf_train_params *p, const nstf_backend *be) {
+    if (p->dp < 2) return 1;
+    return p->zero > 0 || (p->zero < 0 && be->host_memory) ? p->dp : 1;
+}
+
+static nstf_status shape_of(const nstf_train_params *p, const nstf_backend *be, train_shape *sh) {
     memset(sh, 0, sizeof *sh);
+    sh->shards = zero_shards(p, be);
     sh->n_seq = p->batch;
     sh->seq_len = p->seq;
     sh->lora_rank = p->lora_rank;
@@ -164,12 +176,12 @@ nstf_status nstf_train_plan_get(const nstf_train_params *in, nstf_train_plan *ou
     memset(out, 0, sizeof *out);
     const nstf_train_params p = resolve(in);
     NSTF_TRY(check_params(&p));
-    train_shape sh;
-    NSTF_TRY(shape_of(&p, &sh));
+    train_shape sh = {0};
     nstf_llama *m = NULL;
     nstf_backend *be = NULL;
     nstf_status st = open_model(p.model, &m, NULL);
     if (st == NSTF_OK) st = open_backend(&p, 0, &be);
+    if (st == NSTF_OK) st = shape_of(&p, be, &sh);
     train_mem mem;
     if (st == NSTF_OK) st = nstf_train_mem_plan(m, be, &sh, &mem);
     for (int k = 0; st == NSTF_OK && k < 3; k++) { /* the activations of every mode */
@@ -192,6 +204,8 @@ nstf_status nstf_train_plan_get(const nstf_train_params *in, nstf_train_plan *ou
                      mem.workspace + mem.io + (be->host_memory ? 0 : mem.frozen) + bm.reserve;
         out->available = bm.free;
         out->fits = !bm.free || out->total <= bm.free;
+        out->dp = p.dp;
+        out->shards = sh.shards;
         snprintf(out->device, sizeof out->device, "%s", be->device);
     }
     nstf_backend_free(be);
@@ -202,16 +216,24 @@ nstf_status nstf_train_plan_get(const nstf_train_params *in, nstf_train_plan *ou
 static double mib(uint64_t b) { return (double)b / (1 << 20); }
 
 void nstf_train_plan_print(const nstf_train_plan *pl, const nstf_train_params *p, FILE *f) {
-    fprintf(f, "memory plan on %s: batch %d x %d tokens, %s, recompute %s\n", pl->device, p->batch, p->seq,
+    fprintf(f, "memory plan on %s: batch %d x %d tokens, %s, recompute %s", pl->device, p->batch, p->seq,
             p->lora_rank > 0 ? "LoRA" : "full fine-tune", p->recompute ? p->recompute : "none");
+    if (pl->dp > 1)
+        fprintf(f, "; per rank of --dp %d, %s", pl->dp,
+                pl->shards > 1 ? "ZeRO-1 (optimizer state in slots)" : "the update replicated (--zero 0)");
+    fputc('\n', f);
     if (p->lora_rank > 0)
         fprintf(f, "  %-22s %10.1f MiB  (%lld parameters as stored%s)\n", "frozen base", mib(pl->frozen),
                 (long long)pl->n_frozen, pl->host ? ", mapped from the file" : "");
-    fprintf(f, "  %-22s %10.1f MiB  (%lld trainable parameters, fp32)\n", "weights (master)", mib(pl->weights),
-            (long long)pl->n_params);
+    fprintf(f, "  %-22s %10.1f MiB  (%lld trainable parameters, fp32%s)\n", "weights (master)", mib(pl->weights),
+            (long long)pl->n_params,
+            pl->shards > 1 ? "; whole on every rank: the forward reads them, each rank updates its slot" : "");
     if (pl->copy) fprintf(f, "  %-22s %10.1f MiB  (bf16)\n", "compute copy", mib(pl->copy));
     fprintf(f, "  %-22s %10.1f MiB\n", "gradients", mib(pl->grads));
-    fprintf(f, "  %-22s %10.1f MiB  (AdamW m, v)\n", "optimizer", mib(pl->optimizer));
+    if (pl->shards > 1)
+        fprintf(f, "  %-22s %10.1f MiB  (AdamW m, v: this rank's slot, 1/%d of %.1f MiB)\n", "optimizer",
+                mib(pl->optimizer), pl->shards, mib(pl->optimizer) * pl->shards);
+    else fprintf(f, "  %-22s %10.1f MiB  (AdamW m, v)\n", "optimizer", mib(pl->optimizer));
     fprintf(f, "  %-22s %10.1f MiB  (none %.1f, attn %.1f, full %.1f)\n", "activations", mib(pl->activations),
             mib(pl->act_none), mib(pl->act_attn), mib(pl->act_full));
     fprintf(f, "  %-22s %10.1f MiB\n", "activation gradients", mib(pl->act_grads));
@@ -296,12 +318,13 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     t->p = rp;
     t->strs = dup_strs(&t->p);
     const nstf_train_params *p = &t->p;
-    train_shape sh;
-    nstf_status st = t->strs ? shape_of(p, &sh) : NSTF_ERR_OOM;
+    train_shape sh = {0};
+    nstf_status st = t->strs ? NSTF_OK : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = open_model(p->model, &t->model, &t->tok);
     t->dp = p->dp;
     for (int r = 0; r < t->dp && st == NSTF_OK; r++) st = open_backend(p, r, &t->bes[r]);
     t->be = t->bes[0];
+    if (st == NSTF_OK) st = shape_of(p, t->be, &sh);
     if (st == NSTF_OK) st = nstf_data_open(p->data, t->model->cfg.n_vocab, p->seq, p->seed, true, t->tok, &t->data);
     if (st == NSTF_OK && p->eval_data)
         st = nstf_data_open(p->eval_data, t->model->cfg.n_vocab, p->seq, p->seed, false, t->tok, &t->eval);
@@ -315,7 +338,7 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
         st = nstf_trainer_on_ranks(t, create_rank, &j);
     }
     t->tr = t->trs[0];
-    for (int r = 0; r < t->dp && st == NSTF_OK; r++) nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
+    for (int r = 0; r < t->dp && st == NSTF_OK; r++) st = nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
     const int64_t per = (int64_t)t->dp * p->grad_accum * p->batch * (p->seq + 1);
     if (st == NSTF_OK && !(t->batch = nstf_alloc((size_t)per * sizeof(int32_t), "batch tokens"))) st = NSTF_ERR_OOM;
     if (st != NSTF_OK) {
@@ -328,10 +351,11 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     const nstf_llama_config *c = &t->model->cfg;
     snprintf(t->desc, sizeof t->desc,
              "%s%s: %d layers, dim %d, vocabulary %d; %s (%lld trainable parameters); %lld tokens per step "
-             "(%d x %d x %d x %d ranks); data %lld tokens, %lld sequences",
+             "(%d x %d x %d x %d ranks%s); data %lld tokens, %lld sequences",
              t->be->device, t->dp > 1 ? " and the other data-parallel ranks" : "", c->n_layers, c->dim, c->n_vocab,
              p->lora_rank > 0 ? "LoRA" : "full fine-tune", (long long)t->tr->mem.n_params,
              (long long)per / (p->seq + 1) * p->seq, p->grad_accum, p->batch, p->seq, t->dp,
+             sh.shards > 1 ? ", ZeRO-1" : "",
              (long long)nstf_data_n_tokens(t->data), (long long)nstf_data_n_seq(t->data));
     *out = t;
     return NSTF_OK;

@@ -40,6 +40,8 @@ static struct {
     decltype(&ncclGetVersion) get_version;
     decltype(&ncclCommInitAll) init_all;
     decltype(&ncclAllReduce) all_reduce;
+    decltype(&ncclReduceScatter) reduce_scatter;
+    decltype(&ncclAllGather) all_gather;
     decltype(&ncclCommGetAsyncError) async_error;
     decltype(&ncclCommAbort) comm_abort;
     decltype(&ncclCommDestroy) destroy;
@@ -63,6 +65,8 @@ static nstf_status ccl_load(void) {
             CCL_SYM(get_version, "ncclGetVersion");
             CCL_SYM(init_all, "ncclCommInitAll");
             CCL_SYM(all_reduce, "ncclAllReduce");
+            CCL_SYM(reduce_scatter, "ncclReduceScatter");
+            CCL_SYM(all_gather, "ncclAllGather");
             CCL_SYM(async_error, "ncclCommGetAsyncError");
             CCL_SYM(comm_abort, "ncclCommAbort");
             CCL_SYM(destroy, "ncclCommDestroy");
@@ -123,14 +127,41 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
     return NSTF_OK;
 }
 
-extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
-    ncclComm_t c = (ncclComm_t)comm;
-    ncclResult_t r = ccl.all_reduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c, (gpuStream_t)stream);
+/* A collective's result r: waited for while NCCL returns ncclInProgress
+ * (at most timeout_ms), an error named after the call otherwise. */
+static nstf_status ccl_queued(ncclComm_t c, ncclResult_t r, const char *what, int timeout_ms) {
     if (r == ncclInProgress) r = ccl_wait(c, now_ms() + timeout_ms);
     if (r == ncclInProgress)
-        return nstf_set_error(NSTF_ERR_GPU, "%s all-reduce not queued within %d ms", NSTF_CCL_NAME, timeout_ms);
-    if (r != ncclSuccess) return ccl_fail("ncclAllReduce", r);
+        return nstf_set_error(NSTF_ERR_GPU, "%s %s not queued within %d ms", NSTF_CCL_NAME, what, timeout_ms);
+    if (r != ncclSuccess) return ccl_fail(what, r);
     return NSTF_OK;
+}
+
+extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
+    ncclComm_t c = (ncclComm_t)comm;
+    const ncclResult_t r = ccl.all_reduce(buf, buf, (size_t)n, ncclFloat32, ncclSum, c, (gpuStream_t)stream);
+    return ccl_queued(c, r, "ncclAllReduce", timeout_ms);
+}
+
+/* In place: rank r's slot of buf is its receive buffer (NCCL's in-place
+ * form, recvbuff == sendbuff + rank * recvcount). */
+extern "C" nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
+                                                       int timeout_ms) {
+    ncclComm_t c = (ncclComm_t)comm;
+    const ncclResult_t r = ccl.reduce_scatter(buf, buf + (size_t)rank * (size_t)shard, (size_t)shard, ncclFloat32,
+                                              ncclSum, c, (gpuStream_t)stream);
+    return ccl_queued(c, r, "ncclReduceScatter", timeout_ms);
+}
+
+/* In place (sendbuff == recvbuff + rank * sendcount); bytes, since an
+ * all-gather only copies: fp32 and bf16 slots alike. */
+extern "C" nstf_status nstf_gpu_ccl_allgather(void *comm, int rank, void *buf, int64_t slot_bytes, void *stream,
+                                              int timeout_ms) {
+    ncclComm_t c = (ncclComm_t)comm;
+    char *b = (char *)buf;
+    const ncclResult_t r = ccl.all_gather(b + (size_t)rank * (size_t)slot_bytes, b, (size_t)slot_bytes, ncclUint8, c,
+                                          (gpuStream_t)stream);
+    return ccl_queued(c, r, "ncclAllGather", timeout_ms);
 }
 
 extern "C" void nstf_gpu_ccl_abort(void *comm) {
@@ -151,6 +182,16 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
 }
 extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
     (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
+}
+extern "C" nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
+                                                       int timeout_ms) {
+    (void)comm, (void)rank, (void)buf, (void)shard, (void)stream, (void)timeout_ms;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
+}
+extern "C" nstf_status nstf_gpu_ccl_allgather(void *comm, int rank, void *buf, int64_t slot_bytes, void *stream,
+                                              int timeout_ms) {
+    (void)comm, (void)rank, (void)buf, (void)slot_bytes, (void)stream, (void)timeout_ms;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
 }
 extern "C" void nstf_gpu_ccl_abort(void *comm) { (void)comm; }

@@ -691,10 +691,17 @@ nstf_status nstf_gpu_attn_sparse(const uint16_t *q, const uint16_t *k, const uin
  * non-blocking communicators, one per device devs[r], in one group,
  * waiting at most timeout_ms (then aborting them); desc receives "NCCL
  * 2.28.9". allreduce_f32 queues an in-place sum of buf [n] fp32 on stream
- * and waits (at most timeout_ms) until NCCL has taken it. abort may be
- * called from any thread while another waits on the communicator. */
+ * and waits (at most timeout_ms) until NCCL has taken it. The sharded
+ * pair works in place on buf of n_ranks slots (rank r's at r x shard):
+ * reduce_scatter_f32 leaves the sum of rank's slot over the ranks there
+ * (ncclReduceScatter), allgather copies every rank's slot of slot_bytes
+ * into the others' buffers (ncclAllGather as bytes). abort may be called
+ * from any thread while another waits on the communicator. */
 nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap);
 nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms);
+nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
+                                            int timeout_ms);
+nstf_status nstf_gpu_ccl_allgather(void *comm, int rank, void *buf, int64_t slot_bytes, void *stream, int timeout_ms);
 void nstf_gpu_ccl_abort(void *comm);
 void nstf_gpu_ccl_destroy(void *comm);
 
