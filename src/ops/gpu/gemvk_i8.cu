@@ -280,6 +280,20 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                     const int n = c >> 2, g = c & 3, sh = 2 * (g >> 1);
                     const int bl = 8 * gc + 4 * n + (g >> 1); /* the 32 of the low run; the high one + 2 */
                     const float dx0 = dss[bl].x, dx1 = dss[bl + 2].x;
+                    /* The codes q - 32 are taken as the bytes q (0..63) and the
+                     * offset as 32 x the run's sum of x (as its fixed-point
+                     * integers): sum (q - 32) x = sum q x - 32 sum x, the same
+                     * int32, so the same result to the bit, with the sums of x
+                     * made once for every row of the wave. */
+                    int xh0 = 0, xl0 = 0, xh1 = 0, xl1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        xh0 = gk8_dot4(0x01010101u, xav[k], xh0);
+                        xl0 = gk8_dot4(0x01010101u, lav[k], xl0);
+                        xh1 = gk8_dot4(0x01010101u, xbv[k], xh1);
+                        xl1 = gk8_dot4(0x01010101u, lbv[k], xl1);
+                    }
+                    const int off0 = 32 * (xh0 * 256 + xl0), off1 = 32 * (xh1 * 256 + xl1);
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
@@ -288,22 +302,16 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
                             const uint32_t L = nstf_run16_word(a, k, mis), H = nstf_run16_word(a + 5, k, mis);
-                            /* q - 32 per byte: (0x80 | q) - 0x20, then the top bit flipped */
-                            const uint32_t lo =
-                                (((L & 0x0f0f0f0fu) | (((H >> sh) & 0x03030303u) << 4) | 0x80808080u) - 0x20202020u) ^
-                                0x80808080u;
-                            const uint32_t hi = ((((L >> 4) & 0x0f0f0f0fu) | (((H >> (sh + 4)) & 0x03030303u) << 4) |
-                                                  0x80808080u) -
-                                                 0x20202020u) ^
-                                                0x80808080u;
+                            const uint32_t lo = (L & 0x0f0f0f0fu) | (((H >> sh) & 0x03030303u) << 4); /* q, 0..63 */
+                            const uint32_t hi = ((L >> 4) & 0x0f0f0f0fu) | (((H >> (sh + 4)) & 0x03030303u) << 4);
                             a0 = gk8_dot4(lo, xav[k], a0);
                             b0 = gk8_dot4(lo, lav[k], b0);
                             a1 = gk8_dot4(hi, xbv[k], a1);
                             b1 = gk8_dot4(hi, lbv[k], b1);
                         }
                         const float d = nstf_h2f(a[10] >> 16);
-                        const float t = fmaf((float)(int8_t)nstf_byte_of(a[10], 0) * dx0, (float)(a0 * 256 + b0),
-                                             (float)(int8_t)nstf_byte_of(a[10], 1) * dx1 * (float)(a1 * 256 + b1));
+                        const float t = fmaf((float)(int8_t)nstf_byte_of(a[10], 0) * dx0, (float)(a0 * 256 + b0 - off0),
+                                             (float)(int8_t)nstf_byte_of(a[10], 1) * dx1 * (float)(a1 * 256 + b1 - off1));
                         acc[r] = fmaf(d, t, acc[r]);
                     }
                 } else if constexpr (WT == GW_IQ4_XS) { /* d (ls - 32) kvalue; one 32 of x, one dx */
