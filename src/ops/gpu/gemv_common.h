@@ -193,7 +193,6 @@ gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16); /* plain instanc
 gemv_fn nstf_gemvq_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
 /* gemvk.cu */
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
-gemv_fn nstf_gemvk_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
 /* gemvk_i8.cu: one token of Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0 and 4-byte aligned Q4_1 (plan.i8) */
 gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16);        /* plain instance, GEMVQ_ROWS or _BIG */
 gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows);       /* fused instance, GEMVQ_ROWS or _BIG; NULL: none */

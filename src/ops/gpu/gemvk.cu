@@ -361,15 +361,8 @@ struct gemvk_k {
 
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvk_k>(wt, nt, rows, y_bf16); }
 
-/* The fused instances (gemv_fused.cu): none here. Q4_K, Q5_K, Q6_K (the
- * types of the Q4_K_M, Q5_K_M and Q6_K files) and IQ4_XS are gemvk_i8.cu's;
- * the rarer Q2_K and Q3_K run unfused (nstf_gpu_gemv_fusable says no). */
-struct gemvk_fused {
-    int wt;
-    template <int FZ, bool YB> gemv_fn get() const {
-        (void)wt;
-        return nullptr;
-    }
-};
+/* No fused instances here: Q4_K, Q5_K, Q6_K (the types of the Q4_K_M,
+ * Q5_K_M and Q6_K files) and IQ4_XS fuse in gemvk_i8.cu; the rarer Q2_K and
+ * Q3_K run unfused (nstf_gpu_gemv_fusable says no). The size of gemv_fz
+ * this file was built with still guards against a stale object. */
 int nstf_gemvk_fz_bytes(void) { return (int)sizeof(gemv_fz); }
-gemv_fn nstf_gemvk_fused_pick(int wt, int fz) { return gemv_fz_dispatch(fz, gemvk_fused{wt}); }
