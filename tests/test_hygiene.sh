@@ -25,10 +25,14 @@
 #    tests/ and not beside the file, in src/ or in include/, i.e. through an
 #    include path), and no build file under bench/ puts tests/ on the
 #    include path (-I...tests).
+# 5. The library starts threads through nstf_thread_start (core/threadpool.c),
+#    which blocks the asynchronous signals in them: no pthread_create
+#    elsewhere in SRC_DIR. A program's handlers then run on its own threads.
 # Exit 0 when clean, 1 with one line per violation (file:line: text).
 set -u
 
 PROC_END='(^|[^A-Za-z0-9_])(exit|_Exit|quick_exit|abort|assert|__builtin_trap)[[:space:]]*\('
+THREAD='(^|[^A-Za-z0-9_])pthread_create[[:space:]]*\('
 GETENV='(^|[^A-Za-z0-9_])(secure_)?getenv[[:space:]]*\('
 
 # code_hits ERE FILE: "line:text" of each line of FILE whose code (comments
@@ -82,6 +86,14 @@ check() {
         *) echo "$f:1: does not open with a block comment saying what the file is and owns"; bad=1 ;;
         esac
         check_getenv "$f" "$registry" || bad=1
+        # rule 5: threads through nstf_thread_start
+        if [ "$f" != "$dir/core/threadpool.c" ]; then
+            hits=$(code_hits "$THREAD" "$f")
+            if [ -n "$hits" ]; then
+                echo "$hits" | sed "s|^|$f:|; s|\$|   <- start library threads with nstf_thread_start (core/threadpool.h)|"
+                bad=1
+            fi
+        fi
     done
     n=$(echo "$files" | wc -l)
     for other in "$@"; do
@@ -194,6 +206,12 @@ static const char *read(const char *n) { return getenv(n); }' core/switches.c
 static const char *read(const char *n) { return getenv(n); }' ops/switches.c
     expect 1 allow_does_not_apply '/* x.c */
 const char *f(void) { return getenv("X"); } /* hygiene: allow */'
+    expect 1 thread '/* x.c */
+int f(pthread_t *t) { return pthread_create(t, NULL, run, NULL); }'
+    expect 0 thread_pool '/* threadpool.c — the one place */
+int f(pthread_t *t) { return pthread_create(t, NULL, run, NULL); }' core/threadpool.c
+    expect 0 thread_comment '/* x.c — pthread_create( is the job of nstf_thread_start */
+int f(pthread_t *t) { return nstf_thread_start(t, run, NULL); }'
     expect_tools 1 getenv_tools '/* x.c — a CLI file */
 const char *f(void) { return getenv("HOME"); }'
     expect_tools 0 tools_may_exit '/* x.c — the CLI may end the process */

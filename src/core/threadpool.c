@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,18 @@
  * while one of its parts is unfinished). Oversubscribed pools (more
  * threads than processors) do not spin: their workers sleep at once and
  * the caller yields while it waits. */
+int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
+    /* the new thread inherits the mask in force at pthread_create */
+    sigset_t all, old;
+    sigfillset(&all);
+    static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof synchronous / sizeof synchronous[0]; i++) sigdelset(&all, synchronous[i]);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    const int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 struct nstf_pool {
     int n;
     bool oversubscribed;
@@ -148,7 +161,7 @@ nstf_status nstf_pool_create(int n_threads, nstf_pool **out) {
             worker_arg *wa = malloc(sizeof *wa);
             if (!wa) { pool->n = i; nstf_pool_free(pool); return nstf_set_error(NSTF_ERR_OOM, "out of memory starting threads"); }
             wa->pool = pool;
-            if (pthread_create(&pool->threads[i], NULL, worker, wa) != 0) {
+            if (nstf_thread_start(&pool->threads[i], worker, wa) != 0) {
                 free(wa);
                 pool->n = i;
                 nstf_pool_free(pool);

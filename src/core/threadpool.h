@@ -11,10 +11,20 @@
 #ifndef NSTF_CORE_THREADPOOL_H
 #define NSTF_CORE_THREADPOOL_H
 
+#include <pthread.h>
+
 #include "core/status.h"
 
 typedef struct nstf_pool nstf_pool;
 typedef void (*nstf_pool_fn)(void *ctx, int ith, int nth);
+
+/* pthread_create for every thread the library starts: the new thread
+ * blocks the asynchronous signals (SIGINT, SIGTERM, SIGWINCH, ...), so they
+ * reach the threads of the program that called the library. A handler
+ * that assumes the thread it interrupts (libedit's, which restores the
+ * terminal of the thread reading a line) then never runs on a worker.
+ * 0 or an errno value, as pthread_create. */
+int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 /* n_threads >= 1. */
 nstf_status nstf_pool_create(int n_threads, nstf_pool **out);

@@ -15,6 +15,7 @@
 
 #include "core/clock.h"
 #include "core/mem.h"
+#include "core/threadpool.h"
 #include "ops/gpu/gpu_api.h"
 #include "ops/gpu/p2p_api.h"
 
@@ -485,7 +486,7 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
     }
     for (int r = 0; r < n && st == NSTF_OK; r++) {
         c->targ[r] = (thread_arg){c, r};
-        if (pthread_create(&c->th[r], NULL, rank_main, &c->targ[r]) != 0)
+        if (nstf_thread_start(&c->th[r], rank_main, &c->targ[r]) != 0)
             st = nstf_set_error(NSTF_ERR_OOM, "cannot start the thread of tensor-parallel rank %d", r);
         else c->n_threads++;
     }

@@ -20,6 +20,7 @@
 
 #include "core/clock.h"
 #include "core/mem.h"
+#include "core/threadpool.h"
 #include "model/session.h"
 #include "serve/kv_pages.h"
 
@@ -607,7 +608,7 @@ nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) 
         nstf_hist_init(&e->st.queue, nstf_hist_seconds, nstf_hist_n_seconds);
         nstf_hist_init(&e->st.batch_tokens, nstf_hist_sizes, nstf_hist_n_sizes);
         nstf_hist_init(&e->st.batch_seqs, nstf_hist_sizes, nstf_hist_n_sizes);
-        if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        if (nstf_thread_start(&e->thread, engine_main, e) != 0)
             st = nstf_set_error(NSTF_ERR_OOM, "cannot start the scheduler thread");
         else e->thread_started = true;
     }

@@ -30,6 +30,7 @@
 #include <microhttpd.h>
 
 #include "core/clock.h"
+#include "core/threadpool.h"
 #include "serve/api.h"
 #include "serve/engine.h"
 #include "serve/metrics.h"
@@ -718,7 +719,7 @@ nstf_status nstf_server_start(const nstf_server_params *pp, nstf_server **out) {
     nstf_status st = nstf_engine_create(&ep, &s->e);
     if (st == NSTF_OK) {
         snprintf(s->model, sizeof s->model, "%s", p.alias ? p.alias : nstf_engine_model_name(s->e));
-        if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0)
+        if (nstf_thread_start(&s->watchdog, watchdog_main, s) != 0)
             st = nstf_set_error(NSTF_ERR_OOM, "cannot start the connection watchdog");
         else s->watchdog_started = true;
     }
