@@ -255,13 +255,14 @@ static void attention64(const float *q, const float *k, const float *v, double *
 static void test_attention(test_rng *r) {
     /* n_tok, pos0, n_heads, n_kv_heads, head_dim: GQA ratios 1, 3, 4, 8;
      * decode rows with long contexts take the split-KV path at 2-4 threads;
-     * head_dim 20 and 320 cover SIMD tails and the >256-dim output chunks */
+     * head_dim 20 and 320 cover SIMD tails and the >256-dim output chunks,
+     * 72 the eight-key scores without the 64-dim register accumulators */
     static const struct { int64_t n_tok, pos0; int nh, nkv, hd; } cases[] = {
         {1, 0, 4, 4, 64},      {1, 2047, 9, 3, 64},   {1, 1500, 8, 1, 128},
         {1, 2047, 2, 1, 64},   {1, 777, 3, 3, 128},   {3, 7, 8, 2, 64},
         {3, 1200, 4, 1, 128},  {17, 100, 9, 3, 128},  {17, 33, 6, 2, 20},
         {64, 0, 4, 4, 64},     {64, 1984, 8, 2, 128}, {2, 600, 2, 1, 320},
-        {64, 300, 32, 4, 64},
+        {64, 300, 32, 4, 64},  {5, 90, 4, 2, 72},
         /* ratio 16: more query heads than one pass over K/V takes (8) */
         {3, 50, 16, 1, 64},    {1, 1100, 16, 1, 64},
     };

@@ -48,7 +48,7 @@ static const struct {
     {"train", cmd_train, "train or fine-tune (full or LoRA) on the CPU or a GPU"},
     {"tokenize", cmd_tokenize, "text files to token shards for nstf train"},
     {"bench", cmd_bench, "llama-bench compatible throughput (pp512/tg128) and regression check;\n"
-                         "            nstf bench conv: the conv2d kernel ladder against cuDNN"},
+                         "              nstf bench conv: the conv2d kernel ladder against cuDNN"},
     {"profile", cmd_profile, "per-op time, FLOPs, bytes and roofline placement; Chrome trace"},
     {"devices", cmd_devices, "list the GPUs this build can run on (--verbose: and the environment switches)"},
     {"isa", cmd_isa, "GPU machine-code report and gates of the AMD/CUDA build"},
@@ -63,8 +63,8 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n",
             NSTF_VERSION_STRING);
-    for (size_t i = 0; i < N_CMDS; i++) fprintf(f, "  %-10s%s\n", k_cmds[i].name, k_cmds[i].what);
-    fprintf(f, "  help      this text; nstf help COMMAND: that command's options\n");
+    for (size_t i = 0; i < N_CMDS; i++) fprintf(f, "  %-11s %s\n", k_cmds[i].name, k_cmds[i].what);
+    fprintf(f, "  help        this text; nstf help COMMAND: that command's options\n");
 }
 
 static int dispatch(const char *name, int argc, char **argv) {

@@ -3,7 +3,7 @@
  * 3 kv heads, head_dim 64, ffn 1536, vocab 49152), for several pool sizes.
  * Build (from the repository root, no CMake needed):
  *   cc -O2 -march=native -std=c11 -D_POSIX_C_SOURCE=200809L -Isrc -Iinclude \
- *      bench/cpu_ops/bench_ops_cpu.c src/core/[a-z]*.c src/ops/ops.c \
+ *      bench/cpu_ops/bench_ops_cpu.c src/core/[a-z]*.c src/ops/ops.c src/ops/sparse.c src/ops/conv.c \
  *      src/ops/cpu/[a-z]*.c -lpthread -lm -o bench_ops_cpu
  * Run: ./bench_ops_cpu [max_threads] */
 #include <stdio.h>

@@ -279,6 +279,20 @@ static inline const float *attn_row(const float *base, const int32_t *tbl, int b
     return tbl ? base + ((int64_t)tbl[j / bs] * bs + j % bs) * stride : base + j * stride;
 }
 
+#if NSTF_CPU_AVX2
+/* Lane i of the result: the sum of the eight lanes of v[i]. */
+static inline __attribute__((always_inline)) __m256 reduce8_ps(const __m256 v[8]) {
+    /* per 128-bit half: rows (2r, 2r+1) x 2 */
+    const __m256 a[4] = {_mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1])),
+                         _mm256_add_ps(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3])),
+                         _mm256_add_ps(_mm256_unpacklo_ps(v[4], v[5]), _mm256_unpackhi_ps(v[4], v[5])),
+                         _mm256_add_ps(_mm256_unpacklo_ps(v[6], v[7]), _mm256_unpackhi_ps(v[6], v[7]))};
+    const __m256 b0 = _mm256_add_ps(_mm256_shuffle_ps(a[0], a[1], 0x44), _mm256_shuffle_ps(a[0], a[1], 0xEE));
+    const __m256 b1 = _mm256_add_ps(_mm256_shuffle_ps(a[2], a[3], 0x44), _mm256_shuffle_ps(a[2], a[3], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+#endif
+
 /* Scratch of one attn_span call: scores, running max / sum, accumulators
  * for up to ATTN_MAX_G heads (~12 KiB, on the worker's stack). */
 typedef struct {
@@ -308,7 +322,40 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
     }
     for (int64_t jc = j0; jc < j1; jc += ATTN_KCHUNK) {
         int n = j1 - jc < ATTN_KCHUNK ? (int)(j1 - jc) : ATTN_KCHUNK;
-        for (int j = 0; j < n; j++) {
+        int j = 0;
+#if NSTF_CPU_AVX2
+        /* eight keys at a time: one accumulator per key over the head's
+         * dims, the eight sums reduced together into one vector of scores */
+        if (head_dim % 8 == 0)
+            for (; j + 8 <= n; j += 8) {
+                const float *kj[8];
+                for (int i = 0; i < 8; i++) {
+                    kj[i] = attn_row(kh, tbl, bs, jc + j + i, kv_stride);
+                    if (jc + j + i + ATTN_PREFETCH < j1)
+                        attn_prefetch(attn_row(kh, tbl, bs, jc + j + i + ATTN_PREFETCH, kv_stride), head_dim);
+                }
+                const float *k0 = kj[0], *k1 = kj[1], *k2 = kj[2], *k3 = kj[3], *k4 = kj[4], *k5 = kj[5],
+                            *k6 = kj[6], *k7 = kj[7];
+                for (int g = 0; g < n_g; g++) {
+                    const float *qh = qg + g * head_dim;
+                    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+                    for (int d = 0; d < head_dim; d += 8) {
+                        const __m256 qd = _mm256_loadu_ps(qh + d);
+                        a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + d), a0);
+                        a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k1 + d), a1);
+                        a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k2 + d), a2);
+                        a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k3 + d), a3);
+                        a4 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k4 + d), a4);
+                        a5 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k5 + d), a5);
+                        a6 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k6 + d), a6);
+                        a7 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k7 + d), a7);
+                    }
+                    const __m256 a[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+                    _mm256_storeu_ps(w->sc[g] + j, _mm256_mul_ps(_mm256_set1_ps(scale), reduce8_ps(a)));
+                }
+            }
+#endif
+        for (; j < n; j++) {
             const float *kj = attn_row(kh, tbl, bs, jc + j, kv_stride);
             if (jc + j + ATTN_PREFETCH < j1)
                 attn_prefetch(attn_row(kh, tbl, bs, jc + j + ATTN_PREFETCH, kv_stride), head_dim);
@@ -317,7 +364,7 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
         }
         for (int g = 0; g < n_g; g++) {
             float *sc = w->sc[g], cmax = -INFINITY;
-            for (int j = 0; j < n; j++) cmax = sc[j] > cmax ? sc[j] : cmax;
+            for (int i = 0; i < n; i++) cmax = sc[i] > cmax ? sc[i] : cmax;
             if (cmax > w->m[g]) {
                 float corr = expf(w->m[g] - cmax); /* 0 on the first chunk (m = -inf) */
                 w->l[g] *= corr;
@@ -325,24 +372,57 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
                 w->m[g] = cmax;
             }
             float l = 0;
-            int j = 0;
+            int i = 0;
 #if NSTF_CPU_AVX2
             __m256 vm = _mm256_set1_ps(w->m[g]), vl = _mm256_setzero_ps();
-            for (; j + 8 <= n; j += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
-                _mm256_storeu_ps(sc + j, e);
+            for (; i + 8 <= n; i += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + i), vm));
+                _mm256_storeu_ps(sc + i, e);
                 vl = _mm256_add_ps(vl, e);
             }
             l = hsum256(vl);
 #endif
-            for (; j < n; j++) {
-                sc[j] = expf(sc[j] - w->m[g]);
-                l += sc[j];
+            for (; i < n; i++) {
+                sc[i] = expf(sc[i] - w->m[g]);
+                l += sc[i];
             }
             w->l[g] += l;
         }
-        int j = 0;
+        j = 0;
 #if NSTF_CPU_AVX2
+        if (nd % 64 == 0) { /* acc in registers, 64 dims at a time, over the chunk's keys */
+            for (int jj = 0; jj < n && jc + jj + ATTN_PREFETCH < j1; jj++)
+                attn_prefetch(attn_row(vh, tbl, bs, jc + jj + ATTN_PREFETCH, kv_stride) + d0, nd);
+            for (int g = 0; g < n_g; g++)
+                for (int d = 0; d < nd; d += 64) {
+                    float *acc = w->acc[g] + d;
+                    __m256 o0 = _mm256_loadu_ps(acc), o1 = _mm256_loadu_ps(acc + 8), o2 = _mm256_loadu_ps(acc + 16),
+                           o3 = _mm256_loadu_ps(acc + 24), o4 = _mm256_loadu_ps(acc + 32),
+                           o5 = _mm256_loadu_ps(acc + 40), o6 = _mm256_loadu_ps(acc + 48),
+                           o7 = _mm256_loadu_ps(acc + 56);
+                    for (int jj = 0; jj < n; jj++) {
+                        const float *vj = attn_row(vh, tbl, bs, jc + jj, kv_stride) + d0 + d;
+                        const __m256 p = _mm256_set1_ps(w->sc[g][jj]);
+                        o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj), o0);
+                        o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8), o1);
+                        o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 16), o2);
+                        o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 24), o3);
+                        o4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 32), o4);
+                        o5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 40), o5);
+                        o6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 48), o6);
+                        o7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 56), o7);
+                    }
+                    _mm256_storeu_ps(acc, o0);
+                    _mm256_storeu_ps(acc + 8, o1);
+                    _mm256_storeu_ps(acc + 16, o2);
+                    _mm256_storeu_ps(acc + 24, o3);
+                    _mm256_storeu_ps(acc + 32, o4);
+                    _mm256_storeu_ps(acc + 40, o5);
+                    _mm256_storeu_ps(acc + 48, o6);
+                    _mm256_storeu_ps(acc + 56, o7);
+                }
+            j = n;
+        }
         /* four keys per pass over acc: a quarter of the acc loads/stores */
         for (; j + 4 <= n; j += 4) {
             const float *v0 = attn_row(vh, tbl, bs, jc + j, kv_stride) + d0,
