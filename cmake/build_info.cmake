@@ -2,7 +2,8 @@
 # NSTF_BUILD_NUMBER, llama-bench's build_commit / build_number) from the git
 # state of SRC at build time, rewriting it only when it changed, so every
 # build records the commit it was built from (not the one it was configured
-# at). Run as: cmake -DSRC=<source dir> -DOUT=<header> -P build_info.cmake
+# at); "-dirty" follows the commit when tracked files differ from it, so
+# a figure measured on uncommitted code is not credited to the commit. Run as: cmake -DSRC=<source dir> -DOUT=<header> -P build_info.cmake
 set(commit "unknown")
 set(count 0)
 find_package(Git QUIET)
@@ -14,6 +15,11 @@ if(GIT_FOUND)
   if(rc EQUAL 0 AND c)
     set(commit ${c})
     set(count ${n})
+    execute_process(COMMAND ${GIT_EXECUTABLE} status --porcelain --untracked-files=no WORKING_DIRECTORY ${SRC}
+                    OUTPUT_VARIABLE dirty OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(dirty)
+      set(commit "${c}-dirty")
+    endif()
   endif()
 endif()
 set(text "/* Generated at build time by cmake/build_info.cmake. */\n#define NSTF_BUILD_COMMIT \"${commit}\"\n#define NSTF_BUILD_NUMBER ${count}\n")
