@@ -3,7 +3,8 @@
 # state of SRC at build time, rewriting it only when it changed, so every
 # build records the commit it was built from (not the one it was configured
 # at); "-dirty" follows the commit when tracked files differ from it, so
-# a figure measured on uncommitted code is not credited to the commit. Run as: cmake -DSRC=<source dir> -DOUT=<header> -P build_info.cmake
+# a figure measured on uncommitted code is not credited to the commit.
+# Run as: cmake -DSRC=<source dir> -DOUT=<header> -P build_info.cmake
 set(commit "unknown")
 set(count 0)
 find_package(Git QUIET)

@@ -15,17 +15,6 @@
 #define SPIN_ITERS 20000 /* ~tens of microseconds before a worker sleeps */
 #define YIELD_AFTER 2000 /* spins before the caller yields while waiting */
 
-/* A job's parts are claimed, not assigned: part ith of the current job is
- * taken by whichever thread (the caller included) increments `ticket`
- * first, so a thread that is not running (more threads than processors,
- * or a busy machine) holds nobody up unless it has claimed a part. The
- * ticket packs the job's generation (high 32 bits) with the next part (low
- * 32 bits): a claim is a compare-and-swap that fails once the generation
- * moved on, so a late worker never runs a part of a job it did not see
- * start. fn and ctx are read after a successful claim (the job cannot end
- * while one of its parts is unfinished). Oversubscribed pools (more
- * threads than processors) do not spin: their workers sleep at once and
- * the caller yields while it waits. */
 int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
     /* the new thread inherits the mask in force at pthread_create */
     sigset_t all, old;
@@ -38,6 +27,17 @@ int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
     return rc;
 }
 
+/* A job's parts are claimed, not assigned: part ith of the current job is
+ * taken by whichever thread (the caller included) increments `ticket`
+ * first, so a thread that is not running (more threads than processors,
+ * or a busy machine) holds nobody up unless it has claimed a part. The
+ * ticket packs the job's generation (high 32 bits) with the next part (low
+ * 32 bits): a claim is a compare-and-swap that fails once the generation
+ * moved on, so a late worker never runs a part of a job it did not see
+ * start. fn and ctx are read after a successful claim (the job cannot end
+ * while one of its parts is unfinished). Oversubscribed pools (more
+ * threads than processors) do not spin: their workers sleep at once and
+ * the caller yields while it waits. */
 struct nstf_pool {
     int n;
     bool oversubscribed;

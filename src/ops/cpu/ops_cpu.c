@@ -280,7 +280,8 @@ static inline const float *attn_row(const float *base, const int32_t *tbl, int b
 }
 
 #if NSTF_CPU_AVX2
-/* Lane i of the result: the sum of the eight lanes of v[i]. */
+/* Lane i of the result: the sum of the eight lanes of v[i] (the fp32 form
+ * of q32_simd.h's nstf_q32_reduce8_i32 tree). */
 static inline __attribute__((always_inline)) __m256 reduce8_ps(const __m256 v[8]) {
     /* per 128-bit half: rows (2r, 2r+1) x 2 */
     const __m256 a[4] = {_mm256_add_ps(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1])),
