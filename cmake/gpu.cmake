@@ -124,14 +124,21 @@ if(NSTF_CUDA)
     add_test(NAME ${t} COMMAND ${t} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
   endforeach()
-  # Every row of the op table on the GPU backend, at every level, through
-  # the backend table (the same source as the CPU build's test_backend_ops).
-  add_executable(test_backend_ops_gpu ${PROJECT_SOURCE_DIR}/tests/test_backend_ops.c)
-  target_link_libraries(test_backend_ops_gpu PRIVATE nstf_internal)
-  target_compile_definitions(test_backend_ops_gpu PRIVATE TEST_BACKEND_GPU=1)
-  set_target_properties(test_backend_ops_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_test(NAME test_backend_ops_gpu COMMAND test_backend_ops_gpu)
-  set_tests_properties(test_backend_ops_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  # CPU tests built again with a GPU part: every row of the op table on
+  # the GPU backend, at every level, through the backend table
+  # (test_backend_ops); the library's threads and the GPU runtime's block
+  # SIGINT (test_threads).
+  foreach(pair test_backend_ops:TEST_BACKEND_GPU test_threads:TEST_THREADS_GPU)
+    string(REPLACE ":" ";" pair ${pair})
+    list(GET pair 0 src)
+    list(GET pair 1 def)
+    add_executable(${src}_gpu ${PROJECT_SOURCE_DIR}/tests/${src}.c)
+    target_link_libraries(${src}_gpu PRIVATE nstf_internal)
+    target_compile_definitions(${src}_gpu PRIVATE ${def}=1)
+    set_target_properties(${src}_gpu PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+    add_test(NAME ${src}_gpu COMMAND ${src}_gpu)
+    set_tests_properties(${src}_gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
+  endforeach()
   add_executable(bench_infer ${PROJECT_SOURCE_DIR}/bench/gpu/bench_infer.c)
   target_link_libraries(bench_infer PRIVATE nstf_internal)
   set_target_properties(bench_infer PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)

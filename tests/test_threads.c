@@ -5,7 +5,11 @@
  * The first property keeps a program's SIGINT handler on its own thread:
  * `nstf chat` reads lines with libedit, whose handler restores the
  * terminal of the line being read and crashed when a Ctrl-C landed on a
- * pool worker while the main thread was entering readline. */
+ * pool worker while the main thread was entering readline.
+ *
+ * Built as test_threads_gpu (TEST_THREADS_GPU) it also checks the threads
+ * the GPU runtime starts when the library first touches a device: every
+ * thread of the process but the main one blocks SIGINT. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -13,6 +17,14 @@
 
 #include "core/threadpool.h"
 #include "test_util.h"
+
+#if defined(TEST_THREADS_GPU)
+#include <dirent.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "ops/gpu/gpu_api.h"
+#endif
 
 static const int k_async[] = {SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGTSTP, SIGCONT, SIGWINCH, SIGPIPE, SIGUSR1, SIGALRM};
 static const int k_sync[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
@@ -85,7 +97,60 @@ static void check_pool(void) {
     nstf_pool_free(pool);
 }
 
+#if defined(TEST_THREADS_GPU)
+/* Open device 0 as the backend does (the runtime, a context, a stream, an
+ * allocation), then read every thread's blocked set from /proc. */
+static void check_gpu_threads(void) {
+    if (nstf_gpu_device_count() < 1) {
+        printf("test_threads_gpu: no GPU, skipped\n");
+        exit(TEST_SKIP);
+    }
+    void *stream = NULL, *buf = NULL;
+    CHECK(nstf_gpu_set_device(0) == NSTF_OK, "nstf_gpu_set_device(0): %s", nstf_last_error());
+    CHECK(nstf_gpu_stream_create(&stream) == NSTF_OK, "stream: %s", nstf_last_error());
+    CHECK(nstf_gpu_malloc(&buf, 1 << 20) == NSTF_OK, "malloc: %s", nstf_last_error());
+    DIR *d = opendir("/proc/self/task");
+    CHECK(d != NULL, "cannot list /proc/self/task");
+    if (!d) return;
+    int others = 0, taking = 0;
+    const long self = (long)getpid();
+    for (struct dirent *e; (e = readdir(d));) {
+        const long tid = strtol(e->d_name, NULL, 10);
+        if (tid <= 0 || tid == self) continue;
+        char path[64], line[256];
+        snprintf(path, sizeof path, "/proc/self/task/%ld/status", tid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue; /* the thread ended */
+        unsigned long long blk = 0;
+        int seen = 0;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "SigBlk: %llx", &blk) == 1) seen = 1;
+        fclose(f);
+        if (!seen) continue;
+        others++;
+        if (!(blk & (1ull << (SIGINT - 1)))) {
+            taking++;
+            snprintf(path, sizeof path, "/proc/self/task/%ld/comm", tid);
+            f = fopen(path, "r");
+            if (f && fgets(line, sizeof line, f)) fprintf(stderr, "  takes SIGINT: thread %ld %s", tid, line);
+            if (f) fclose(f);
+        }
+    }
+    closedir(d);
+    CHECK(taking == 0, "%d of the %d threads the GPU runtime started take SIGINT", taking, others);
+    if (taking == 0) printf("GPU runtime threads: %d, all block SIGINT\n", others);
+    sigset_t cur;
+    pthread_sigmask(SIG_SETMASK, NULL, &cur);
+    CHECK(sigismember(&cur, SIGINT) == 0, "opening the GPU left SIGINT blocked in the caller");
+    (void)nstf_gpu_free(buf);
+    (void)nstf_gpu_stream_destroy(stream);
+}
+#endif
+
 int main(void) {
+#if defined(TEST_THREADS_GPU)
+    check_gpu_threads(); /* first: before the pool's workers exist */
+#endif
     check_thread_start();
     check_pool();
     printf("library threads block asynchronous signals; a pool of 4 ran each part once\n");

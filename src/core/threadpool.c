@@ -15,15 +15,22 @@
 #define SPIN_ITERS 20000 /* ~tens of microseconds before a worker sleeps */
 #define YIELD_AFTER 2000 /* spins before the caller yields while waiting */
 
-int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
-    /* the new thread inherits the mask in force at pthread_create */
-    sigset_t all, old;
+void nstf_signals_hold(sigset_t *old) {
+    sigset_t all;
     sigfillset(&all);
     static const int synchronous[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
     for (size_t i = 0; i < sizeof synchronous / sizeof synchronous[0]; i++) sigdelset(&all, synchronous[i]);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
+    pthread_sigmask(SIG_BLOCK, &all, old);
+}
+
+void nstf_signals_restore(const sigset_t *old) { pthread_sigmask(SIG_SETMASK, old, NULL); }
+
+int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg) {
+    /* the new thread inherits the mask in force at pthread_create */
+    sigset_t old;
+    nstf_signals_hold(&old);
     const int rc = pthread_create(t, NULL, fn, arg);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    nstf_signals_restore(&old);
     return rc;
 }
 

@@ -12,8 +12,13 @@
 #define NSTF_CORE_THREADPOOL_H
 
 #include <pthread.h>
+#include <signal.h>
 
-#include "core/status.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/status.h" /* inside: status.h has no extern "C" of its own */
 
 typedef struct nstf_pool nstf_pool;
 typedef void (*nstf_pool_fn)(void *ctx, int ith, int nth);
@@ -25,6 +30,14 @@ typedef void (*nstf_pool_fn)(void *ctx, int ith, int nth);
  * terminal of the thread reading a line) then never runs on a worker.
  * 0 or an errno value, as pthread_create. */
 int nstf_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
+
+/* The same block for threads that other libraries start on the library's
+ * calls (the GPU runtime's and NCCL's, which inherit the mask of the
+ * thread that first calls them): nstf_signals_hold blocks the
+ * asynchronous signals in the calling thread and saves its mask in *old,
+ * nstf_signals_restore puts it back. */
+void nstf_signals_hold(sigset_t *old);
+void nstf_signals_restore(const sigset_t *old);
 
 /* n_threads >= 1. */
 nstf_status nstf_pool_create(int n_threads, nstf_pool **out);
@@ -49,5 +62,17 @@ static inline void nstf_split_range(int64_t n, int64_t align, int ith, int nth, 
     *lo = u0 * align < n ? u0 * align : n;
     *hi = u1 * align < n ? u1 * align : n;
 }
+
+#ifdef __cplusplus
+}
+/* C++ callers: the block for the lifetime of a scope. */
+struct nstf_signals_held {
+    sigset_t old;
+    nstf_signals_held() { nstf_signals_hold(&old); }
+    ~nstf_signals_held() { nstf_signals_restore(&old); }
+    nstf_signals_held(const nstf_signals_held &) = delete;
+    nstf_signals_held &operator=(const nstf_signals_held &) = delete;
+};
+#endif
 
 #endif

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "core/switches.h"
+#include "core/threadpool.h" /* nstf_signals_held */
 #include "gpu.h"
 
 #if defined(NSTF_HAVE_NCCL)
@@ -117,7 +118,11 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
     ncclComm_t c[64] = {0};
     if (n < 1 || n > 64) return nstf_set_error(NSTF_ERR_INVALID_ARG, "%d ranks", n);
     (void)timeout_ms; /* one process makes every rank's communicator: none waits for a peer */
-    const ncclResult_t r = ccl.init_all(c, n, devs);
+    ncclResult_t r;
+    {
+        const nstf_signals_held held; /* NCCL's proxy threads leave signals to the program */
+        r = ccl.init_all(c, n, devs);
+    }
     if (r != ncclSuccess) {
         for (int i = 0; i < n; i++)
             if (c[i]) (void)ccl.comm_abort(c[i]);
@@ -225,6 +230,7 @@ extern "C" nstf_status nstf_gpu_link_query(int a, int b, nstf_gpu_link *out) {
 }
 
 extern "C" nstf_status nstf_gpu_enable_peer(int a, int b) {
+    const nstf_signals_held held; /* may make the devices' contexts (gpu_common.cu) */
     GPU_CHECK(gpuSetDevice(a));
     gpuError_t e = gpuDeviceEnablePeerAccess(b, 0);
     if (e == gpuErrorPeerAccessAlreadyEnabled) (void)gpuGetLastError();
@@ -238,6 +244,7 @@ static int cmp_double(const void *x, const void *y) {
 }
 
 extern "C" nstf_status nstf_gpu_p2p_measure(int a, int b, size_t bytes, double *gbs, double *lat_us) {
+    const nstf_signals_held held; /* may make the devices' contexts (gpu_common.cu) */
     *gbs = *lat_us = 0;
     int access = 0;
     GPU_CHECK(gpuDeviceCanAccessPeer(&access, a, b));

@@ -2,6 +2,7 @@
  * the GPU backend (everything in gpu_api.h that is not a kernel). */
 #include "gpu.h"
 #include "core/switches.h"
+#include "core/threadpool.h" /* nstf_signals_held */
 
 #include <stdlib.h>
 #include <stdio.h>
@@ -20,7 +21,13 @@ extern "C" nstf_status nstf_gpu_fail(const char *stmt, const char *file, int lin
                           err_str ? err_str : "?", err);
 }
 
+/* The runtime starts threads of its own when it initializes (the device
+ * count) and when it makes a device's context (setting or querying a
+ * device): those calls run with the asynchronous signals blocked, which
+ * the runtime's threads inherit, as the library's own threads do
+ * (core/threadpool.h). */
 extern "C" int nstf_gpu_device_count(void) {
+    const nstf_signals_held held;
     int n = 0;
     if (gpuGetDeviceCount(&n) != gpuSuccess) {
         (void)gpuGetLastError(); /* "no device" is an answer, not a sticky error */
@@ -66,6 +73,7 @@ extern "C" nstf_status nstf_gpu_check_device(int dev) {
 }
 
 extern "C" nstf_status nstf_gpu_set_device(int dev) {
+    const nstf_signals_held held;
     GPU_CHECK(gpuSetDevice(dev));
     return nstf_gpu_check_device(dev);
 }
@@ -84,6 +92,7 @@ extern "C" int nstf_gpu_pdl(void) { return pdl_on; }
 
 extern "C" nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info) {
     if (!info) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_query: info is NULL");
+    const nstf_signals_held held;
     int n = nstf_gpu_device_count();
     if (dev < 0 || dev >= n)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_query: device %d of %d", dev, n);
