@@ -407,7 +407,7 @@ static void gemv_fused_qkv_cases(void) {
 
 static void gemv_fused_cases(void) {
     for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1,
-                         NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1}) {
+                         NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_IQ4_NL}) {
         for (int pdl = 0; pdl < 2; pdl++) {
             /* SmolLM2 shapes: q 9 heads, k/v 3 heads of 64 */
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, pdl);
@@ -481,9 +481,9 @@ static void gemv_fused_cases(void) {
     CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_BF16, dummy.p(), 40000, 1), "n_in 40000 said fusable");
     gh_note("n_in 40000");
     gh_end();
-    gh_begin("gemv_fused: types without fused instances (Q2_K, IQ4_NL) refused");
+    gh_begin("gemv_fused: types without fused instances (Q2_K, Q3_K) refused");
     CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_Q2_K, dummy.p(), 256, 0), "Q2_K said fusable");
-    CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_IQ4_NL, dummy.p(), 256, 0), "IQ4_NL said fusable");
+    CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_Q3_K, dummy.p(), 256, 0), "Q3_K said fusable");
     gh_end();
     gh_begin("gemv_fused: Q4_K weights less aligned than their blocks refused");
     CHECK(!nstf_gpu_gemv_fusable(NSTF_TYPE_Q4_K, (const unsigned char *)dummy.p() + 2, 256, 0), "said fusable");

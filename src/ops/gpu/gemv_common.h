@@ -71,7 +71,7 @@ struct gemv_plan {
     int x_vec;
     int quant;     /* a quantized kernel: gemvq_kernel (the 32-element types but 2-byte aligned Q4_1) or gemvk_kernel */
     int super;     /* gemvk_kernel (the 256-element types) */
-    int i8;        /* gemvk8_kernel (gemvk_i8.cu): one token of Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0, Q4_1; x as two int8 planes */
+    int i8;        /* gemvk8_kernel (gemvk_i8.cu): one token of Q4_K, Q5_K, Q6_K, IQ4_XS and the 32-element types; x as two int8 planes */
     size_t smem;
 };
 
@@ -112,8 +112,7 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     /* chunk: a multiple of the block (32 elements; 256 for the super-block
      * kernel), as large as the staging budget allows for nt token rows */
     p.i8 = nt == 1 && p.quant &&
-           (p.wt == GW_Q4_K || p.wt == GW_Q5_K || p.wt == GW_Q6_K || p.wt == GW_IQ4_XS || p.wt == GW_Q8_0 ||
-            p.wt == GW_Q4_0 || p.wt == GW_Q4_1);
+           (p.wt == GW_Q4_K || p.wt == GW_Q5_K || p.wt == GW_Q6_K || p.wt == GW_IQ4_XS || GW_HALF(p.wt));
     const int blk = p.super || p.i8 ? 256 : 32; /* gemvk8 stages groups of 256 */
     /* staging bytes per 32 elements: two int8 planes and (dx, sum) for
      * gemvk8; fp32 for gemvq at one token and gemvk always; else bf16 */
@@ -190,7 +189,6 @@ gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows); /* fused BF16/F16 
 void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes); /* the PDL prefetch of a decode GEMV */
 /* gemvq.cu */
 gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
-gemv_fn nstf_gemvq_fused_pick(int wt, int fz);                  /* fused instance, GEMVQ_ROWS; NULL: none */
 /* gemvk.cu */
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
 /* gemvk_i8.cu: one token of Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0 and 4-byte aligned Q4_1 (plan.i8) */

@@ -30,9 +30,7 @@
 static gemv_fn gemv_fused_fn(const gemv_plan &p, int fz, int rows) {
     if (p.wt == GW_BF16 || p.wt == GW_F16) return nstf_gemv_float_fused_pick(p.wt, fz, rows);
     if (p.i8) return nstf_gemvk8_fused_pick(p.wt, fz, rows);
-    if (p.super) return nullptr; /* Q2_K, Q3_K: gemvk.cu has no fused instances */
-    if (p.quant) return nstf_gemvq_fused_pick(p.wt, fz);
-    return nullptr;
+    return nullptr; /* Q2_K, Q3_K (gemvk.cu), 2-byte aligned Q4_1: no fused instances */
 }
 
 extern "C" int nstf_gpu_gemv_fusable(nstf_type wtype, const void *w, int64_t n_in, int norm) {

@@ -1,6 +1,6 @@
 /* gemvk_i8.cu — one token's GEMV on integer dot products (dp4a / v_dot4)
  * for Q4_K, Q5_K and Q6_K (the Q4_K_M, Q5_K_M and Q6_K files' types),
- * IQ4_XS, Q8_0, Q4_0 and Q4_1:
+ * IQ4_XS, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL:
  * plain and fused instances (gemv_fused.h's frame: row slots, the norm
  * prologue, the epilogues, the PDL wait and early loads); gemvk.cu and
  * gemvq.cu keep the float kernels for more tokens and the other types.
@@ -13,9 +13,10 @@
  *  - Work goes by groups of 256 elements: a super-block, or 8 blocks of a
  *    32-element type. A wave's lanes take 8 per group (NSTF_WAVE / 8
  *    groups per step): lane c reads 16 bytes of codes holding two runs of
- *    16 elements (low and high nibbles; Q8_0 / Q4_0 / Q4_1: block c of the
- *    group, Q8_0's 32 codes as two runs of 16 bytes; IQ4_XS: sub-block c,
- *    its codes through the code book, nstf_iq4_lookup4).
+ *    16 elements (low and high nibbles; the 32-element types: block c of
+ *    the group, Q8_0's 32 codes as two runs of 16 bytes, Q5_0 / Q5_1's
+ *    fifth bits from the block's qh word; IQ4_XS: sub-block c; IQ4_NL and
+ *    IQ4_XS map their codes through the code book, nstf_iq4_lookup4).
  *    The planes are stored permuted so that lane c's runs are bytes 16 c
  *    and 128 + 16 c of the group's 256: consecutive lanes read consecutive
  *    16 bytes (no bank conflicts).
@@ -28,8 +29,9 @@
  *    lane needs are shared by the 4 lanes of its half: those go through
  *    L1, the codes do not); IQ4_XS (136 bytes) is 8-byte aligned: two
  *    8-byte loads of codes and one of the header (d, scales). Q6_K
- *    (210 bytes) and Q4_0 (18) blocks are 2-byte aligned: runs load as
- *    five words and realign (quant.h); Q4_1 (20) as four words.
+ *    (210 bytes), Q4_0 / IQ4_NL (18) and Q5_0 (22) blocks are 2-byte
+ *    aligned: runs load as five words and realign (quant.h); Q4_1 (20) and
+ *    Q5_1 (24) as four words.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
  *    steps are loaded before the PDL wait. Rows past the end re-read the
  *    last row and are never stored. */
@@ -39,10 +41,15 @@ template <int WT> struct gk8_traits {
     static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q5_K || WT == GW_Q6_K || WT == GW_IQ4_XS; /* a group is one block */
     static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q5_K ? NSTF_Q5_K_BYTES
                                  : WT == GW_Q6_K ? NSTF_Q6_K_BYTES : WT == GW_IQ4_XS ? NSTF_IQ4_XS_BYTES
-                                 : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES : NSTF_Q4_1_BYTES;
+                                 : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES
+                                 : WT == GW_Q4_1 ? NSTF_Q4_1_BYTES : WT == GW_Q5_0 ? NSTF_Q5_0_BYTES
+                                 : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : NSTF_IQ4_NL_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
     static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11
-                              : WT == GW_Q4_0 || WT == GW_IQ4_XS ? 6 : 5; /* raw words */
+                              : WT == GW_Q5_0 ? 7 : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 ? 6
+                              : 5; /* raw words */
+    /* the 32-element types whose codes are 2-byte aligned runs (realigned) */
+    static constexpr bool A2 = WT == GW_Q4_0 || WT == GW_Q5_0 || WT == GW_IQ4_NL;
 };
 
 /* Sum of the four signed byte products of a and b, plus c. */
@@ -92,7 +99,7 @@ template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     } else if constexpr (WT == GW_Q6_K) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
         c = 4 * (e >> 7) + ((e >> 4) & 3);
         hi = (e >> 6) & 1;
-    } else { /* Q8_0, Q4_0, Q4_1: lane c holds block c, IQ4_XS sub-block c: 32c + i (low) and + 16 (high) */
+    } else { /* the 32-element types: lane c holds block c, IQ4_XS sub-block c: 32c + i (low) and + 16 (high) */
         c = e >> 5;
         hi = (e >> 4) & 1;
     }
@@ -140,17 +147,21 @@ static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict
 #pragma unroll
         for (int k = 0; k < 5; k++) r.a[k] = lo.w[k], r.a[5 + k] = hi.w[k];
         r.a[10] = nstf_ld_u16(b) | ((uint32_t)((uintptr_t)(b + 2) & 2) << 15); /* d; bit 16: the runs are 2 mod 4 */
-    } else if constexpr (WT == GW_Q4_0) { /* d @ 0, qs @ 2 */
-        const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q4_0_BYTES;
-        const nstf_run16 q = nstf_ld_run16_a2(b + 2);
+    } else if constexpr (WT == GW_Q4_0 || WT == GW_IQ4_NL || WT == GW_Q5_0) { /* d @ 0, qs @ 2 (Q5_0: qh @ 2, qs @ 6) */
+        const uint8_t *b = row + (size_t)(8 * g + c) * gk8_traits<WT>::BYTES;
+        constexpr int QS = WT == GW_Q5_0 ? 6 : 2;
+        const nstf_run16 q = nstf_ld_run16_a2(b + QS);
 #pragma unroll
         for (int k = 0; k < 5; k++) r.a[k] = q.w[k];
-        r.a[5] = nstf_ld_u16(b) | ((uint32_t)((uintptr_t)(b + 2) & 2) << 15); /* d; bit 16: the run is 2 mod 4 */
-    } else { /* Q4_1, 4-byte aligned: d | m @ 0, qs @ 4 */
-        const uint8_t *b = row + (size_t)(8 * g + c) * NSTF_Q4_1_BYTES;
+        r.a[5] = nstf_ld_u16(b) | ((uint32_t)((uintptr_t)(b + QS) & 2) << 15); /* d; bit 16: the run is 2 mod 4 */
+        if constexpr (WT == GW_Q5_0) r.a[6] = nstf_ld_u16(b + 2) | (nstf_ld_u16(b + 4) << 16);
+    } else { /* Q4_1 / Q5_1, 4-byte aligned: d | m @ 0, qs @ 4 (Q5_1: qh @ 4, qs @ 8) */
+        const uint8_t *b = row + (size_t)(8 * g + c) * gk8_traits<WT>::BYTES;
+        constexpr int QS = WT == GW_Q5_1 ? 8 : 4;
 #pragma unroll
-        for (int k = 0; k < 4; k++) r.a[k] = nstf_ld_u32(b + 4 + 4 * k);
+        for (int k = 0; k < 4; k++) r.a[k] = nstf_ld_u32(b + QS + 4 * k);
         r.a[4] = nstf_ld_u32(b);
+        if constexpr (WT == GW_Q5_1) r.a[5] = nstf_ld_u32(b + 4);
     }
     return r;
 }
@@ -350,24 +361,36 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         }
                         acc[r] = fmaf(nstf_h2f(a[10]), dx * (float)(ah * 256 + al), acc[r]);
                     }
-                } else { /* Q4_0: d (q - 8); Q4_1: d q + m; one 32 of x, one dx */
+                } else { /* Q4_0: d (q - 8); Q5_0: d (q - 16); Q4_1, Q5_1: d q + m; IQ4_NL: d kvalue(q);
+                            one 32 of x, one dx */
                     const float2 dd = dss[8 * gc + c];
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
-                        const uint32_t mis = WT == GW_Q4_0 ? (a[5] >> 16) & 1u : 0u;
+                        const uint32_t mis = T::A2 ? (a[5] >> 16) & 1u : 0u;
                         int ah = 0, al = 0;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
-                            const uint32_t wq = WT == GW_Q4_0 ? nstf_run16_word(a, k, mis) : a[k];
-                            const uint32_t lo = wq & 0x0f0f0f0fu, hi = (wq >> 4) & 0x0f0f0f0fu;
+                            const uint32_t wq = T::A2 ? nstf_run16_word(a, k, mis) : a[k];
+                            uint32_t lo = wq & 0x0f0f0f0fu, hi = (wq >> 4) & 0x0f0f0f0fu;
+                            if constexpr (WT == GW_Q5_0 || WT == GW_Q5_1) { /* qh bit j: element j's fifth bit */
+                                const uint32_t qh = a[WT == GW_Q5_0 ? 6 : 5];
+                                lo |= nstf_spread4_b4((qh >> (4 * k)) & 0xfu);
+                                hi |= nstf_spread4_b4((qh >> (16 + 4 * k)) & 0xfu);
+                            }
+                            if constexpr (WT == GW_IQ4_NL) { /* the code book's entries plus 128, back to int8 */
+                                lo = nstf_iq4_lookup4(lo) ^ 0x80808080u;
+                                hi = nstf_iq4_lookup4(hi) ^ 0x80808080u;
+                            }
                             ah = gk8_dot4(lo, xav[k], ah);
                             al = gk8_dot4(lo, lav[k], al);
                             ah = gk8_dot4(hi, xbv[k], ah);
                             al = gk8_dot4(hi, lbv[k], al);
                         }
                         const float S = dd.x * (float)(ah * 256 + al);
-                        if constexpr (WT == GW_Q4_0) acc[r] = fmaf(nstf_h2f(a[5]), fmaf(-8.0f, dd.y, S), acc[r]);
+                        if constexpr (WT == GW_Q4_0 || WT == GW_Q5_0)
+                            acc[r] = fmaf(nstf_h2f(a[5]), fmaf(WT == GW_Q4_0 ? -8.0f : -16.0f, dd.y, S), acc[r]);
+                        else if constexpr (WT == GW_IQ4_NL) acc[r] = fmaf(nstf_h2f(a[5]), S, acc[r]);
                         else acc[r] = fmaf(nstf_h2f(a[4]), S, fmaf(nstf_h2f(a[4] >> 16), dd.y, acc[r]));
                     }
                 }
@@ -392,6 +415,9 @@ template <int R> struct gemvk8_k {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
+        case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, 0>;
+        case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, 0>;
+        case GW_IQ4_NL: return gemvk8_kernel<GW_IQ4_NL, YB, R, 0>;
         }
         return nullptr;
     }
@@ -413,6 +439,9 @@ template <int R> struct gemvk8_fused {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
+        case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, FZ>;
+        case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, FZ>;
+        case GW_IQ4_NL: return gemvk8_kernel<GW_IQ4_NL, YB, R, FZ>;
         }
         return nullptr;
     }

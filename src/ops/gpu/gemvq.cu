@@ -1,8 +1,8 @@
 /* gemvq.cu — the quantized decode GEMV kernel gemvq_kernel, fused
  * dequantization for the 32-element block types Q8_0, Q4_0, Q4_1 (4-byte
- * aligned W), Q5_0, Q5_1 and IQ4_NL, and its instances (plain for
- * nstf_gpu_gemv in gemv.cu, fused for gemv_fused.cu; one token of Q4_0
- * and Q4_1 is gemvk_i8.cu's).
+ * aligned W), Q5_0, Q5_1 and IQ4_NL, and its instances for 2..8 tokens
+ * (nstf_gpu_gemv in gemv.cu); one token, plain and fused, is
+ * gemvk_i8.cu's (the kernel's NT = 1 and FZ paths are not instantiated).
  * Shape:
  *  - A block of 256 threads owns ROWS = 16 rows (32 for one token when n_out >= 8192),
  *    RPW = ROWS / waves rows per wave (2 or 4 on wave32). A wave walks its
@@ -323,7 +323,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
 /* The 32-element types (Q4_1 when 4-byte aligned): the half-block kernel. */
 struct gemvq_k {
     template <int WT, int NT, bool YB, int R, int FZ> static gemv_fn fn() {
-        if constexpr (NT == 1 && (WT == GW_Q8_0 || WT == GW_Q4_0 || WT == GW_Q4_1)) return nullptr; /* gemvk_i8.cu's */
+        if constexpr (NT == 1) return nullptr; /* one token: gemvk_i8.cu's */
         else return gemvq_kernel<WT, NT, YB, R, FZ>;
     }
     template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
@@ -340,18 +340,5 @@ struct gemvq_k {
 
 gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16) { return gemv_pick_plain<gemvq_k>(wt, nt, rows, y_bf16); }
 
-/* The fused instances (gemv_fused.cu); Q8_0, Q4_0 and Q4_1 are gemvk_i8.cu's.
- * Q5_0 and Q5_1 are the Q4_K_M and Q5_K_M files' types for rows that are
- * not whole super-blocks; IQ4_NL runs unfused. */
-struct gemvq_fused {
-    int wt;
-    template <int FZ, bool YB> gemv_fn get() const {
-        switch (wt) {
-        case GW_Q5_0: return gemvq_kernel<GW_Q5_0, 1, YB, GEMVQ_ROWS, FZ>;
-        case GW_Q5_1: return gemvq_kernel<GW_Q5_1, 1, YB, GEMVQ_ROWS, FZ>;
-        }
-        return nullptr;
-    }
-};
+/* The fused instances (decode, one token) are gemvk_i8.cu's. */
 int nstf_gemvq_fz_bytes(void) { return (int)sizeof(gemv_fz); }
-gemv_fn nstf_gemvq_fused_pick(int wt, int fz) { return gemv_fz_dispatch(fz, gemvq_fused{wt}); }
