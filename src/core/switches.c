@@ -37,7 +37,9 @@ static const nstf_switch_def g_defs[] = {
                           "flash decode loads its first tile's cache rows before the PDL wait (0: after)"},
     [NSTF_SW_GEMV_ROWS] = {"NSTF_GEMV_ROWS", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, gemv_rows_choices,
                            "rows per block of the fused bf16 / f16 GEMV (auto: 8; 16 from 16384 outputs "
-                           "while 16 rows are at most 64 KiB)"},
+                           "while 16 rows are at most 64 KiB) and of the one-token integer GEMV (auto: 32 "
+                           "from 8192 outputs; 8 for the 32-element types with rows of 4096 or more under two "
+                           "blocks of 16 per SM; else 16)"},
     [NSTF_SW_CPU_ISA] = {"NSTF_CPU_ISA", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, cpu_isa_choices,
                          "CPU matmul tiles at most this instruction set (auto: the best the CPU has, chosen by "
                          "cpuid; a higher one than the CPU has is ignored)"},

@@ -311,6 +311,32 @@ void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes) {
     f->pf_blocks = 8 * n_sm;
 }
 
+/* Rows per block of the one-token integer GEMV: 32 for wide outputs (more
+ * rows share one staging of x; not with RoPE, whose pairs stay in blocks
+ * of at most GEMVQ_ROWS); 8 for a 32-element type with rows of 4096 or
+ * more where blocks of 16 would not fill two per SM (twice the warps to
+ * cover the loads: the 8B shape's out and down projections); else 16. On
+ * the H100 the 8-row blocks lost on shorter rows and on the K-quants
+ * (docs/PERFORMANCE.md), so those have no 8-row instances. The switch
+ * NSTF_GEMV_ROWS=16|32 overrides it (measurement; 32 with RoPE stays 16,
+ * 8 applies where the 8-row instances exist). */
+int nstf_gemvk8_rows(int wt, int64_t n_in, int64_t n_out, int rope) {
+    const bool small_ok = !GW_SUPER(wt);
+    const int sw = nstf_switch_int(NSTF_SW_GEMV_ROWS);
+    if (sw != NSTF_SWITCH_AUTO)
+        return rope && sw == GEMVQ_ROWS_BIG ? GEMVQ_ROWS : sw == GEMVQ_ROWS_SMALL && !small_ok ? GEMVQ_ROWS : sw;
+    if (n_out >= GEMVQ_BIG_OUT && !rope) return GEMVQ_ROWS_BIG;
+    if (!small_ok || n_in < 4096) return GEMVQ_ROWS;
+    static thread_local int n_sm = 0, dev_cached = -1; /* the current device is per host thread */
+    int dev = 0;
+    if (gpuGetDevice(&dev) == gpuSuccess && dev != dev_cached) {
+        gpuDeviceProp_t pr;
+        n_sm = gpuGetDeviceProperties(&pr, dev) == gpuSuccess ? pr.multiProcessorCount : 0;
+        dev_cached = dev;
+    }
+    return (n_out + GEMVQ_ROWS - 1) / GEMVQ_ROWS < 2 * (int64_t)n_sm ? GEMVQ_ROWS_SMALL : GEMVQ_ROWS;
+}
+
 extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint16_t *x, void *y,
                                      nstf_type y_type, int64_t n_tok, int64_t n_in,
                                      int64_t n_out, void *stream) {
@@ -343,7 +369,9 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
         const uint16_t *xt = x + t0 * n_in;
         gemv_plan p = gemv_make_plan(wtype, w, xt, nt, n_in);
         gemv_fn fn;
-        const int rows = !p.quant ? GEMV_ROWS : nt == 1 && n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
+        const int rows = !p.quant ? GEMV_ROWS
+                         : p.i8   ? nstf_gemvk8_rows(p.wt, n_in, n_out, 0)
+                         : nt == 1 && n_out >= GEMVQ_BIG_OUT ? GEMVQ_ROWS_BIG : GEMVQ_ROWS;
         if (p.i8) fn = nstf_gemvk8_pick(p.wt, rows, y_type == NSTF_TYPE_BF16);
         else if (p.super) fn = nstf_gemvk_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);
         else if (p.quant) fn = nstf_gemvq_pick(p.wt, nt, rows, y_type == NSTF_TYPE_BF16);

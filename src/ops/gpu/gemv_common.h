@@ -19,6 +19,7 @@
 #define GEMVQ_ROWS 16
 #define GEMVQ_ROWS_BIG 32   /* one token, n_out >= GEMVQ_BIG_OUT: more x reuse, still enough blocks */
 #define GEMVQ_BIG_OUT 8192
+#define GEMVQ_ROWS_SMALL 8  /* one token of a 32-element type on gemvk_i8, long rows, few outputs: more blocks */
 
 /* Weight kinds: the float types (vector and scalar paths), the 32-element
  * block types (gemvq.cu; Q4_1 also gemv.cu's when only 2-byte aligned) and
@@ -192,6 +193,7 @@ gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16); /* plain instanc
 /* gemvk.cu */
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
 /* gemvk_i8.cu: one token of Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0 and 4-byte aligned Q4_1 (plan.i8) */
+int nstf_gemvk8_rows(int wt, int64_t n_in, int64_t n_out, int rope); /* rows per block of gemvk8 (one token) */
 gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16);        /* plain instance, GEMVQ_ROWS or _BIG */
 gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows);       /* fused instance, GEMVQ_ROWS or _BIG; NULL: none */
 

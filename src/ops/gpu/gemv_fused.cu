@@ -130,12 +130,12 @@ extern "C" nstf_status nstf_gpu_gemv_fused(nstf_type wtype, const void *w, const
     }
     f.no_pre = !nstf_switch_int(NSTF_SW_GEMV_PRE);
     nstf_gemv_prefetch_plan(&f, row_bytes * (uint64_t)n_out);
-    /* gemvk_i8's wide outputs take blocks of 32 rows, as unfused (RoPE's
-     * pairs stay in blocks of GEMVQ_ROWS: the head_dim check above) */
+    /* gemvk_i8's rows as unfused (RoPE's pairs stay in blocks of at most
+     * GEMVQ_ROWS: the head_dim check above) */
     const int fz = (int)epi * 2 + norm; /* gemv_fz's FZ */
-    const int rows = p.i8 && n_out >= GEMVQ_BIG_OUT && epi != NSTF_GEMV_ROPE ? GEMVQ_ROWS_BIG
-                     : p.quant                                            ? GEMVQ_ROWS
-                                                                          : gemv_fused_rows(p, fz, n_in, n_out);
+    const int rows = p.i8      ? nstf_gemvk8_rows(p.wt, n_in, n_out, epi == NSTF_GEMV_ROPE)
+                     : p.quant ? GEMVQ_ROWS
+                               : gemv_fused_rows(p, fz, n_in, n_out);
     if (fz == 0) /* plain STORE: the unfused GEMV */
         return nstf_gpu_gemv(wtype, w, x, y, NSTF_TYPE_F32, 1, n_in, n_out, stream);
     const gemv_fn fn = gemv_fused_fn(p, fz, rows);

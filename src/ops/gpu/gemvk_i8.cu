@@ -405,13 +405,20 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
 
 /* ---- instances ------------------------------------------------------------ */
 
+/* Instances of R rows per block: the super-block types have none of
+ * GEMVQ_ROWS_SMALL rows (nstf_gemvk8_rows never asks for them; the picks
+ * give them 16-row blocks for it, as for any other count). */
 template <int R> struct gemvk8_k {
     template <bool YB> static gemv_fn pick(int wt) {
+        if constexpr (R != GEMVQ_ROWS_SMALL) {
+            switch (wt) {
+            case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
+            case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, 0>;
+            case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
+            case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, 0>;
+            }
+        }
         switch (wt) {
-        case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
-        case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, 0>;
-        case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
-        case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, 0>;
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
@@ -425,17 +432,23 @@ template <int R> struct gemvk8_k {
 gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16) {
     if (rows == GEMVQ_ROWS_BIG)
         return y_bf16 ? gemvk8_k<GEMVQ_ROWS_BIG>::pick<true>(wt) : gemvk8_k<GEMVQ_ROWS_BIG>::pick<false>(wt);
+    if (rows == GEMVQ_ROWS_SMALL && !GW_SUPER(wt)) /* the 32-element types only; else 16 rows */
+        return y_bf16 ? gemvk8_k<GEMVQ_ROWS_SMALL>::pick<true>(wt) : gemvk8_k<GEMVQ_ROWS_SMALL>::pick<false>(wt);
     return y_bf16 ? gemvk8_k<GEMVQ_ROWS>::pick<true>(wt) : gemvk8_k<GEMVQ_ROWS>::pick<false>(wt);
 }
 
 template <int R> struct gemvk8_fused {
     int wt;
     template <int FZ, bool YB> gemv_fn get() const {
+        if constexpr (R != GEMVQ_ROWS_SMALL) {
+            switch (wt) {
+            case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
+            case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, FZ>;
+            case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+            case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, FZ>;
+            }
+        }
         switch (wt) {
-        case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
-        case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, FZ>;
-        case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
-        case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, FZ>;
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
@@ -449,5 +462,6 @@ template <int R> struct gemvk8_fused {
 int nstf_gemvk8_fz_bytes(void) { return (int)sizeof(gemv_fz); }
 gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows) {
     if (rows == GEMVQ_ROWS_BIG) return gemv_fz_dispatch(fz, gemvk8_fused<GEMVQ_ROWS_BIG>{wt});
+    if (rows == GEMVQ_ROWS_SMALL && !GW_SUPER(wt)) return gemv_fz_dispatch(fz, gemvk8_fused<GEMVQ_ROWS_SMALL>{wt});
     return gemv_fz_dispatch(fz, gemvk8_fused<GEMVQ_ROWS>{wt});
 }
