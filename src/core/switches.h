@@ -48,7 +48,7 @@ typedef enum {
     NSTF_SW_GEMV_PRE,       /* bool: 1 early weight loads in the one-token GEMVs */
     NSTF_SW_PF_BYTES,       /* int: AUTO, or bytes of each weight row to L2-prefetch under PDL */
     NSTF_SW_FD_EARLY,       /* bool: 1 flash decode loads its first cache tile before the PDL wait */
-    NSTF_SW_GEMV_ROWS,      /* enum: AUTO, 8, 16 or 32 rows per block of the fused bf16 GEMV */
+    NSTF_SW_GEMV_ROWS,      /* enum: AUTO, 8, 16 or 32 rows per block of the fused bf16 GEMV and the one-token integer GEMV */
     NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 avx2, 2 avx512: a cap on the CPU matmul tiles */
     NSTF_SW_CKPT_STALL_MS,  /* int: ms a checkpoint write sleeps mid-way (fault-injection tests) */
     NSTF_SW_CE_ROWS,        /* int: AUTO, or tokens per chunk of the GPU cross-entropy (rounded down to 8) */
