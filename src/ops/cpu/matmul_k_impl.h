@@ -123,10 +123,8 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
             const bool three = wt == NSTF_TYPE_Q3_K;
             __m128i sc8;
             if (three) {
-                int8_t sc[16];
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
-                nstf_q3k_scales(blk + 96, sc);
-                sc8 = _mm_loadu_si128((const __m128i *)sc);
+                sc8 = q3k_scales16(blk + 96);
             } else {
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 80));
                 dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 82));
