@@ -1,6 +1,6 @@
 /* matmul_i16.c — the 16-bit activation matmul of the 32-element block
- * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q4_K, Q5_K, Q6_K,
- * IQ4_XS:
+ * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_XS:
  * nstf_cpu_matmul_a16's path for them (ops.h; matmul_i16.h).
  *
  * Activations are quantized once per call, per block of 32, to int16:
@@ -42,7 +42,8 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static bool is_k(nstf_type t) {
-    return t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K || t == NSTF_TYPE_Q6_K || t == NSTF_TYPE_IQ4_XS;
+    return t == NSTF_TYPE_Q3_K || t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K || t == NSTF_TYPE_Q6_K ||
+           t == NSTF_TYPE_IQ4_XS;
 }
 
 bool nstf_i16_type(nstf_type t) {
@@ -201,7 +202,7 @@ static void ktile_scalar(nstf_type t, const uint8_t *w, uint64_t row_bytes, int 
 
 /* ---- AVX2 tiles ----------------------------------------------------------- */
 #if NSTF_CPU_HAVE_AVX2
-enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS, N_KINDS };
+enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS, K_Q3_K, N_KINDS };
 
 /* acc[t] lane r -> y[t * ldy + r] for r < rm. */
 static ALWAYS_INLINE void store_tile(const int RN, const __m256 *acc, int rm, float *y, int64_t ldy) {
@@ -282,16 +283,19 @@ static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t 
     store_tile(RN, acc, rm, y, ldy);
 }
 
-/* Super-block tiles (Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block the 8 rows
- * are decoded to int16 into wq[chunk][row][32], with per chunk of 32 a scale
- * vector over the rows (dv: d * sc for Q4_K / Q5_K, d (ls - 32) for IQ4_XS
- * whose codes are the code book's values, d for Q6_K whose 16-value scales
- * are multiplied into its codes) and the mins' (mv = -dmin * m). Q6_K's |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
+/* Super-block tiles (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block the
+ * 8 rows are decoded to int16 into wq[chunk][row][32], with per chunk of 32
+ * a scale vector over the rows (dv: d * sc for Q4_K / Q5_K, d (ls - 32) for
+ * IQ4_XS whose codes are the code book's values, d for Q3_K and Q6_K whose
+ * 16-value scales are multiplied into their codes) and the mins' (mv =
+ * -dmin * m). Q3_K's |(q - 4) * sc| <= 4 * 32 = 128; Q6_K's
+ * |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
  * with |x| <= 32767 stay below 2^31: the tree sums in int32 up to 4 lanes
  * of 4 products and finishes in fp32. */
 static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
                                      const xq16 *x, int64_t t0, float *y, int64_t ldy) {
-    const int bb = kt == NSTF_TYPE_Q4_K ? 144 : kt == NSTF_TYPE_Q5_K ? 176 : kt == NSTF_TYPE_IQ4_XS ? 136 : 210;
+    const int bb = kt == NSTF_TYPE_Q4_K ? 144 : kt == NSTF_TYPE_Q5_K ? 176 : kt == NSTF_TYPE_IQ4_XS ? 136
+                   : kt == NSTF_TYPE_Q3_K ? 110 : 210;
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
     const int64_t nb = x->nb;
@@ -305,7 +309,30 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
         for (int r = 0; r < 8; r++) {
             const uint8_t *blk = wr[r] + (uint64_t)b * (uint64_t)bb;
             __m256i c8[8];
-            if (kt == NSTF_TYPE_IQ4_XS) { /* sub-block c: 16 bytes at 8 + 16 c, as an IQ4_NL block's */
+            if (kt == NSTF_TYPE_Q3_K) { /* chunk c = 4n + j: bits 2j of qs[32n..], bit c of hmask, minus 4 */
+                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
+                _Alignas(16) int8_t sc[16];
+                _mm_store_si128((__m128i *)sc, nstf_q3k_scales16(blk + 96));
+                const __m256i hm = _mm256_loadu_si256((const __m256i *)blk), m3 = _mm256_set1_epi8(3),
+                              m04 = _mm256_set1_epi8(4);
+                for (int n = 0; n < 2; n++) {
+                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n));
+                    for (int j = 0; j < 4; j++) {
+                        const int c = 4 * n + j;
+                        const __m256i h = c <= 2 ? _mm256_slli_epi16(hm, 2 - c) : _mm256_srli_epi16(hm, c - 2);
+                        const __m256i v = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 2 * j), m3),
+                                                                          _mm256_and_si256(h, m04)),
+                                                          m04);
+                        _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+                                                                                   _mm256_set1_epi16(sc[2 * c])));
+                        _mm256_store_si256((__m256i *)(wq[c][r] + 16),
+                                           _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+                                                              _mm256_set1_epi16(sc[2 * c + 1])));
+                        dvs[c][r] = d;
+                        mvs[c][r] = 0.0f;
+                    }
+                }
+            } else if (kt == NSTF_TYPE_IQ4_XS) { /* sub-block c: 16 bytes at 8 + 16 c, as an IQ4_NL block's */
                 const float d = nstf_fp16_to_f32(nstf_load_u16(blk));
                 const uint16_t sh = nstf_load_u16(blk + 2);
                 const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
@@ -389,7 +416,7 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
                     _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
                 const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
                 acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
-                if (kt != NSTF_TYPE_Q6_K && kt != NSTF_TYPE_IQ4_XS)
+                if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
                     acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
             }
         }
@@ -417,11 +444,12 @@ DEF_TILES(Q4_K, ktile_avx2, NSTF_TYPE_Q4_K)
 DEF_TILES(Q5_K, ktile_avx2, NSTF_TYPE_Q5_K)
 DEF_TILES(Q6_K, ktile_avx2, NSTF_TYPE_Q6_K)
 DEF_TILES(IQ4_XS, ktile_avx2, NSTF_TYPE_IQ4_XS)
+DEF_TILES(Q3_K, ktile_avx2, NSTF_TYPE_Q3_K)
 #define TILE_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_3, tile_##K##_4, tile_##K##_5, tile_##K##_6, tile_##K##_7, tile_##K##_8},
 static const tile_fn k_tiles[N_KINDS][RN_I16] = {TILE_ROW(Q4_0) TILE_ROW(Q4_1) TILE_ROW(Q5_0) TILE_ROW(Q5_1)
                                                      TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)
                                                      TILE_ROW(Q4_K) TILE_ROW(Q5_K) TILE_ROW(Q6_K)
-                                                         TILE_ROW(IQ4_XS)};
+                                                         TILE_ROW(IQ4_XS) TILE_ROW(Q3_K)};
 
 static int kind_of(nstf_type t) {
     switch (t) {
@@ -434,6 +462,7 @@ static int kind_of(nstf_type t) {
     case NSTF_TYPE_Q5_K: return K_Q5_K;
     case NSTF_TYPE_Q6_K: return K_Q6_K;
     case NSTF_TYPE_IQ4_XS: return K_IQ4_XS;
+    case NSTF_TYPE_Q3_K: return K_Q3_K;
     default: return K_Q8_0;
     }
 }

@@ -217,24 +217,6 @@ static ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *p) {
                           (int)(u[1] & k1), (int)(((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4)));
 }
 
-/* Q3_K: the 12 packed bytes -> its 16 signed scales (nstf_q3k_scales on
- * two 64-bit words: the low nibbles of bytes 0..7, then their high
- * nibbles, each with two bits of bytes 8..11 on top, minus 32). The
- * scalar loop through a stack array cost more than the super-block's
- * vector work. */
-static ALWAYS_INLINE __m128i q3k_scales16(const uint8_t *p) {
-    uint64_t a;
-    uint32_t h;
-    memcpy(&a, p, 8);
-    memcpy(&h, p + 8, 4);
-    const uint64_t m4 = 0x0F0F0F0F0F0F0F0Full;
-    const uint32_t m2 = 0x03030303u;
-    const uint64_t h01 = (uint64_t)(h & m2) | ((uint64_t)((h >> 2) & m2) << 32);
-    const uint64_t h23 = (uint64_t)((h >> 4) & m2) | ((uint64_t)((h >> 6) & m2) << 32);
-    const uint64_t lo = (a & m4) | (h01 << 4), hi = ((a >> 4) & m4) | (h23 << 4);
-    return _mm_sub_epi8(_mm_set_epi64x((long long)hi, (long long)lo), _mm_set1_epi8(32));
-}
-
 #define KFN(name) name##_avx2
 #define KTARGET
 #define MADDS(acc, p, s) _mm256_add_epi32((acc), _mm256_madd_epi16((p), (s)))

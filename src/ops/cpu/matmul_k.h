@@ -50,4 +50,28 @@ typedef struct {
 } nstf_mmk_block;
 void nstf_mmk_decode(nstf_type wt, const uint8_t *b, nstf_mmk_block *out);
 
+#if NSTF_CPU_HAVE_AVX2
+#include <immintrin.h>
+#include <string.h>
+
+/* Q3_K: the 12 packed bytes -> its 16 signed scales (nstf_q3k_scales on
+ * two 64-bit words: the low nibbles of bytes 0..7, then their high
+ * nibbles, each with two bits of bytes 8..11 on top, minus 32). The
+ * scalar loop through a stack array cost more than the super-block's
+ * vector work. Shared by matmul_k.c and matmul_i16.c. */
+static inline __m128i nstf_q3k_scales16(const uint8_t *p) {
+    uint64_t a;
+    uint32_t h;
+    memcpy(&a, p, 8);
+    memcpy(&h, p + 8, 4);
+    const uint64_t m4 = 0x0F0F0F0F0F0F0F0Full;
+    const uint32_t m2 = 0x03030303u;
+    const uint64_t h01 = (uint64_t)(h & m2) | ((uint64_t)((h >> 2) & m2) << 32);
+    const uint64_t h23 = (uint64_t)((h >> 4) & m2) | ((uint64_t)((h >> 6) & m2) << 32);
+    const uint64_t lo = (a & m4) | (h01 << 4), hi = ((a >> 4) & m4) | (h23 << 4);
+    return _mm_sub_epi8(_mm_set_epi64x((long long)hi, (long long)lo), _mm_set1_epi8(32));
+}
+
+#endif
+
 #endif

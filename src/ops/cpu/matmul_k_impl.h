@@ -124,7 +124,7 @@ static KTARGET ALWAYS_INLINE void KFN(krow)(const nstf_type wt, const int RN, co
             __m128i sc8;
             if (three) {
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
-                sc8 = q3k_scales16(blk + 96);
+                sc8 = nstf_q3k_scales16(blk + 96);
             } else {
                 d = nstf_fp16_to_f32(nstf_load_u16(blk + 80));
                 dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 82));
