@@ -23,11 +23,11 @@
  * float weights; its fallback otherwise).
  *
  * The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and
- * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS take another road to the same precision: their
- * activations go to int16 blocks of 32 (d = amax / 32767) in the same
- * arena, and one 16-bit integer dot product per block replaces the two
- * 8-bit ones (matmul_i16.c). Q2_K uses the two levels,
- * as the other super-block types do below 4 rows (decode). */
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS take another road to the same precision:
+ * their activations go to int16 blocks of 32 (d = amax / 32767) in the
+ * same arena, and one 16-bit integer dot product per block replaces the
+ * two 8-bit ones (matmul_i16.c). Q2_K uses the two levels, as the other
+ * super-block types do below 4 rows (decode). */
 #include <string.h>
 
 #include "core/mem.h"

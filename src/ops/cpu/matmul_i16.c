@@ -294,8 +294,7 @@ static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t 
  * of 4 products and finishes in fp32. */
 static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
                                      const xq16 *x, int64_t t0, float *y, int64_t ldy) {
-    const int bb = kt == NSTF_TYPE_Q4_K ? 144 : kt == NSTF_TYPE_Q5_K ? 176 : kt == NSTF_TYPE_IQ4_XS ? 136
-                   : kt == NSTF_TYPE_Q3_K ? 110 : 210;
+    const uint64_t bb = (uint64_t)nstf_type_block_bytes((nstf_type)kt);
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
     const int64_t nb = x->nb;

@@ -192,9 +192,9 @@ void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes); /* the PDL pref
 gemv_fn nstf_gemvq_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
 /* gemvk.cu */
 gemv_fn nstf_gemvk_pick(int wt, int nt, int rows, bool y_bf16); /* plain instance, nt tokens */
-/* gemvk_i8.cu: one token of Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, Q4_0 and 4-byte aligned Q4_1 (plan.i8) */
+/* gemvk_i8.cu: one token of Q4_K, Q5_K, Q6_K, IQ4_XS and the 32-element types, Q4_1 4-byte aligned (plan.i8) */
 int nstf_gemvk8_rows(int wt, int64_t n_in, int64_t n_out, int rope); /* rows per block of gemvk8 (one token) */
-gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16);        /* plain instance, GEMVQ_ROWS or _BIG */
-gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows);       /* fused instance, GEMVQ_ROWS or _BIG; NULL: none */
+gemv_fn nstf_gemvk8_pick(int wt, int rows, bool y_bf16);        /* plain instance, GEMVQ_ROWS, _BIG or _SMALL */
+gemv_fn nstf_gemvk8_fused_pick(int wt, int fz, int rows);       /* fused instance, as the plain; NULL: none */
 
 #endif
