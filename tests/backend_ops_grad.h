@@ -265,6 +265,7 @@ static void matmul_bwd_x_case(test_rng *r, nstf_type t, nstf_type xt, bool acc, 
     dbuf dw = up(w, wb), ddy = up(hdy, act_bytes(n * n_out));
     dbuf ddx = xb ? up(dx16, (size_t)(n * n_in) * 2) : up(dx0, (size_t)(n * n_in) * 4);
     nstf_matrix m = {dw.d, t, n_in, n_out, NULL};
+    relayout(&m);
     nstf_op_args a = {.op = NSTF_OP_MATMUL_BWD_X, .label = "matmul_bwd_x"};
     a.matmul_bwd_x.w = &m;
     a.matmul_bwd_x.dy = (nstf_view){ddy.d, g_be->act_type, n_out};

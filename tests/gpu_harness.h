@@ -165,6 +165,18 @@ static inline gh_buf gh_alloc(size_t bytes, const void *src = nullptr, size_t pa
     g_gh_live.push_back(b);
     return b;
 }
+/* A weight matrix [n_out, n_in] of type t from the host, rewritten into
+ * the GPU's row layout as the backend does after its upload
+ * (nstf_gpu_weights_relayout: Q4_0 rows of a multiple of 256 elements). */
+static inline gh_buf gh_alloc_weights(nstf_type t, int64_t n_in, int64_t n_out, const void *src, size_t pad = 0) {
+    uint64_t rb = 0;
+    gh_must(nstf_type_row_bytes(t, n_in, &rb) ? NSTF_OK : NSTF_ERR_INVALID_ARG, "row bytes");
+    gh_buf b = gh_alloc((size_t)rb * (size_t)n_out, src, pad);
+    gh_must(nstf_gpu_weights_relayout(t, b.p(), n_in, n_out, nullptr), "relayout");
+    gh_must(nstf_gpu_stream_sync(nullptr), "sync");
+    return b;
+}
+
 /* The payload from the host (its guards untouched). */
 static inline void gh_upload(const gh_buf &b, const void *src) {
     if (b.bytes) gh_must(nstf_gpu_memcpy_h2d(b.p(), src, b.bytes, nullptr), "h2d");

@@ -63,7 +63,8 @@ static void test_gemv_fused(nstf_type wt, nstf_gemv_epi epi, bool norm, int64_t 
     gh_begin("gemv_fused %s %s%s%s%s %lldx%lld%s", nstf_type_name(wt), norm ? "norm+" : "", en[epi],
              epi == NSTF_GEMV_ROPE ? (mode == NSTF_ROPE_NEOX ? "/neox" : "/norm") : "", factors ? "+factors" : "",
              (long long)n_in, (long long)n_out, pdl ? " pdl" : "");
-    gh_buf dw = gh_alloc(w.size(), w.data()), dxr = gh_alloc(n_in * 4, xr.data()), dnw = gh_alloc(n_in * 4, nw.data());
+    gh_buf dw = gh_alloc_weights(wt, n_in, n_out, w.data()), dxr = gh_alloc(n_in * 4, xr.data());
+    gh_buf dnw = gh_alloc(n_in * 4, nw.data());
     gh_buf dxin = gh_alloc(n_in * 2, xin.data()), dxb = gh_alloc(n_in * 2, nullptr), dp = gh_alloc(4, &pos);
     gh_buf dfr = gh_alloc(256 * 4, fr.data()), dtmp = gh_alloc(n_out * 4, nullptr), dff = gh_alloc(128 * 4, ff.data());
     gh_buf dya = gh_alloc(n_y * (yf32 ? 4 : 2), yf32 ? y0.data() : nullptr);
@@ -214,7 +215,8 @@ static void test_gemv_fused_qkv(nstf_type wt, int64_t n_in, int nh, int nkv, int
     gh_begin("gemv_fused qkv %s%s%s %s%s%s %lld -> %d/%d heads of %d%s", nstf_type_name(wt), bias ? " +bias" : "",
              qk_norm ? " +qk_norm" : "", mode == NSTF_ROPE_NEOX ? "neox" : "norm", factors ? " +factors" : "",
              zero_x ? " x=0" : "", (long long)n_in, nh, nkv, hd, pdl ? " pdl" : "");
-    gh_buf dw = gh_alloc(w.size(), w.data()), dxr = gh_alloc(n_in * 4, xr.data()), dnw = gh_alloc(n_in * 4, nw.data());
+    gh_buf dw = gh_alloc_weights(wt, n_in, n_out, w.data()), dxr = gh_alloc(n_in * 4, xr.data());
+    gh_buf dnw = gh_alloc(n_in * 4, nw.data());
     gh_buf db = gh_alloc(n_out * 4, b.data()), dwq = gh_alloc(hd * 4, wq.data()), dwk = gh_alloc(hd * 4, wk.data());
     gh_buf dfr = gh_alloc(256 * 4, fr.data()), dff = gh_alloc(128 * 4, ff.data()), dp = gh_alloc(4, &pos);
     gh_buf dxb = gh_alloc(n_in * 2, nullptr), dya = gh_alloc(n_out * 2, nullptr), dyb = gh_alloc(n_out * 2, nullptr);

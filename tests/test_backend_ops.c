@@ -190,8 +190,17 @@ static const nstf_type k_wtypes[] = {NSTF_TYPE_F32,  NSTF_TYPE_F16,  NSTF_TYPE_B
 #define N_WTYPES (int)(sizeof k_wtypes / sizeof k_wtypes[0])
 
 /* Row length of the matmul and gather cases: 256-element types need whole
- * super-blocks. */
-static int64_t row_len(nstf_type t, int64_t n) { return nstf_type_block_elems(t) == 256 ? 256 : n; }
+ * super-blocks; Q4_0 takes 256 too, where the GPU keeps its rows in its
+ * own layout (nstf_gpu_weights_relayout), so that layout is what runs. */
+static int64_t row_len(nstf_type t, int64_t n) {
+    return nstf_type_block_elems(t) == 256 || t == NSTF_TYPE_Q4_0 ? 256 : n;
+}
+
+/* An uploaded weight matrix into the backend's own layout, as the model
+ * loader leaves it (backend.h: relayout). */
+static void relayout(const nstf_matrix *m) {
+    if (g_be->vt->relayout) CHECK(g_be->vt->relayout(g_be, m) == NSTF_OK, "%s: relayout: %s", g_name, nstf_last_error());
+}
 
 /* A matrix [n_out, n_in] of type t and its dequantized values (types
  * without a quantizer get random codes, tests/test_quant.h). */
@@ -225,6 +234,7 @@ static void case_get_rows(test_rng *r) {
             for (int j = 0; j < dim; j++) ref[i * dim + j] = deq[ids[i] * dim + j];
         dbuf dw = up(w, wb), di = up(ids, sizeof ids), dout = up(NULL, (size_t)(n * dim) * 4);
         nstf_matrix m = {dw.d, t, dim, rows, NULL};
+        relayout(&m);
         nstf_op_args a = {.op = NSTF_OP_GET_ROWS, .label = "get_rows"};
         a.get_rows.table = &m;
         a.get_rows.ids = di.d;
@@ -319,6 +329,7 @@ static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
     const nstf_matrix *mp[3];
     for (int i = 0, o = 0; i < n_w; o += (int)wb[i], i++) {
         m[i] = (nstf_matrix){(char *)dw.d + o, t, n_in, n_out[i], NULL};
+        relayout(&m[i]);
         mp[i] = &m[i];
     }
     nstf_op_args a = {.op = NSTF_OP_MATMUL, .label = "matmul"};
@@ -830,6 +841,8 @@ static void matmul_lr_case(test_rng *r, nstf_type t, int64_t n, int64_t rank) {
     dbuf dwa = up(wa, ab), dwb = up(wb, bb), dx = up(hx, act_bytes(n * n_in)), dt = up(NULL, act_bytes(n * rank)),
          dy = up(NULL, act_bytes(n * n_out));
     const nstf_matrix ma = {dwa.d, t, n_in, rank, NULL}, mb = {dwb.d, t, rank, n_out, NULL};
+    relayout(&ma);
+    relayout(&mb);
     nstf_op_args a = {.op = NSTF_OP_MATMUL_LR, .label = "matmul_lr"};
     a.matmul_lr.a = &ma;
     a.matmul_lr.b = &mb;

@@ -67,7 +67,7 @@ static void test_gemv(nstf_type wt, int64_t n_tok, int64_t n_in, int64_t n_out, 
 
     gh_begin("gemv %s nt=%lld %lldx%lld y=%s%s%s", nstf_type_name(wt), (long long)n_tok, (long long)n_in,
              (long long)n_out, nstf_type_name(yt), w_pad ? " w+pad" : "", x_pad ? " x+pad" : "");
-    gh_buf dw = gh_alloc(w.size(), w.data(), w_pad), dx = gh_alloc(xb.size() * 2, xb.data(), x_pad);
+    gh_buf dw = gh_alloc_weights(wt, n_in, n_out, w.data(), w_pad), dx = gh_alloc(xb.size() * 2, xb.data(), x_pad);
     const size_t ysz = yt == NSTF_TYPE_BF16 ? 2 : 4;
     gh_buf dy = gh_alloc(n_tok * n_out * ysz, nullptr);
     gh_note("[%s]", nstf_gpu_gemv_config(wt, dw.p(), dx.as<const uint16_t>(), n_tok, n_in));
@@ -126,6 +126,13 @@ static void gemv_cases(void) {
         test_gemv(wt, 2, sb ? 16640 : 16416, 9, NSTF_TYPE_BF16, 0, 0);
         /* a Llama-3-8B shape */
         test_gemv(wt, 1, 4096, 512, NSTF_TYPE_BF16, 0, 0);
+        /* Q4_0 rows of a multiple of 256 (the GPU's split layout) at every
+         * token count, and in several x chunks at 8 tokens */
+        if (wt == NSTF_TYPE_Q4_0) {
+            for (int nt = 1; nt <= 8; nt++) test_gemv(wt, nt, 512, 37, nt % 2 ? NSTF_TYPE_BF16 : NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 8, 4096, 45, NSTF_TYPE_BF16, 0, 0);
+            test_gemv(wt, 1, 14336, 40, NSTF_TYPE_BF16, 0, 0);
+        }
         /* wide outputs: the quantized kernels' 32-row blocks (n_out >= 8192) */
         if (q) {
             test_gemv(wt, 1, 256, 8200, NSTF_TYPE_F32, 0, 0);
@@ -152,7 +159,7 @@ static void test_get_rows(nstf_type t, int64_t n_rows, int64_t dim, int64_t n_to
     }
     gh_begin("get_rows %s rows=%lld dim=%lld nt=%lld out=%s%s", nstf_type_name(t), (long long)n_rows,
              (long long)dim, (long long)n_tok, nstf_type_name(ot), bad_id ? " +bad ids" : "");
-    gh_buf dt = gh_alloc(table.size(), table.data()), di = gh_alloc(n_tok * 4, ids.data());
+    gh_buf dt = gh_alloc_weights(t, dim, n_rows, table.data()), di = gh_alloc(n_tok * 4, ids.data());
     const size_t osz = ot == NSTF_TYPE_BF16 ? 2 : 4;
     gh_buf dout = gh_alloc(n_tok * dim * osz, nullptr);
     gh_launched(nstf_gpu_get_rows(t, dt.p(), n_rows, di.as<const int32_t>(), dout.p(), ot, n_tok, dim, nullptr),
@@ -389,6 +396,18 @@ static void test_errors(void) {
           nstf_last_error());
     gh_note("%s", nstf_last_error());
     gh_end();
+    gh_begin("error: gemv Q4_0 rows of 512 (split layout) not 16-byte aligned");
+    st = nstf_gpu_gemv(NSTF_TYPE_Q4_0, d8 + 2, dev.as<const uint16_t>(), d8, NSTF_TYPE_F32, 1, 512, 2, nullptr);
+    CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
+          nstf_last_error());
+    gh_note("%s", nstf_last_error());
+    gh_end();
+    gh_begin("error: relayout of Q4_0 rows of 256 not 16-byte aligned");
+    st = nstf_gpu_weights_relayout(NSTF_TYPE_Q4_0, d8 + 2, 256, 2, nullptr);
+    CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
+          nstf_last_error());
+    gh_note("%s", nstf_last_error());
+    gh_end();
     gh_free(dev);
     gh_begin("error: GPU_CHECK records statement, file:line, device");
     char host[16];
@@ -416,6 +435,11 @@ int main(void) {
             test_get_rows(t, 300, sb ? 1024 : 1056, 300, ot);
         }
         if (!q) test_get_rows(t, 10, 7, 4, NSTF_TYPE_F32);
+    }
+    /* Q4_0 rows of a multiple of 256: the GPU's split layout (quant.h) */
+    for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
+        test_get_rows(NSTF_TYPE_Q4_0, 50, 256, 3, ot);
+        test_get_rows(NSTF_TYPE_Q4_0, 300, 2048, 300, ot);
     }
     for (int rk = 0; rk < 3; rk++) {
         test_rmsnorm(1, 1, rk);

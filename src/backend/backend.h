@@ -143,6 +143,11 @@ typedef struct nstf_backend_vt {
     void (*free)(nstf_backend *be, void *p);
     nstf_status (*upload)(nstf_backend *be, void *dst, const void *src, uint64_t bytes);
     nstf_status (*download)(nstf_backend *be, void *dst, const void *src, uint64_t bytes);
+    /* After a weight matrix's bytes are uploaded as the file stores them
+     * (m->data: the backend's copy): rewrite them in place into the
+     * backend's own layout, which its ops then expect (the GPU's split
+     * Q4_0 rows). NULL: the file's layout is the backend's. */
+    nstf_status (*relayout)(nstf_backend *be, const nstf_matrix *m);
     nstf_status (*zero)(nstf_backend *be, void *p, uint64_t bytes);
     nstf_status (*sync)(nstf_backend *be);
     void (*mem)(const nstf_backend *be, nstf_backend_mem *out);

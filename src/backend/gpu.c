@@ -82,6 +82,11 @@ static nstf_status gpu_upload(nstf_backend *be, void *dst, const void *src, uint
     return nstf_gpu_memcpy_h2d(dst, src, (size_t)bytes, gpu_of(be)->stream);
 }
 
+static nstf_status gpu_relayout(nstf_backend *be, const nstf_matrix *m) {
+    /* the placer's own copy of the matrix (its views are const to the ops) */
+    return nstf_gpu_weights_relayout(m->type, (void *)(uintptr_t)m->data, m->n_in, m->n_out, gpu_of(be)->stream);
+}
+
 static nstf_status gpu_download(nstf_backend *be, void *dst, const void *src, uint64_t bytes) {
     return nstf_gpu_memcpy_d2h(dst, src, (size_t)bytes, gpu_of(be)->stream);
 }
@@ -527,6 +532,7 @@ static const nstf_backend_vt k_gpu_vt = {
     .free = gpu_free,
     .upload = gpu_upload,
     .download = gpu_download,
+    .relayout = gpu_relayout,
     .zero = gpu_zero,
     .sync = gpu_sync,
     .mem = gpu_mem,

@@ -51,6 +51,11 @@ static void view(placer *p, nstf_matrix *dst, const nstf_matrix *src, uint64_t o
     dst->data = p->base + off;
 }
 
+/* The uploaded matrix into the backend's own layout (backend.h). */
+static void relayout(placer *p, const nstf_matrix *m) {
+    if (p->base && p->cv.ok && p->st == NSTF_OK && p->be->vt->relayout) p->st = p->be->vt->relayout(p->be, m);
+}
+
 /* Matrices that share a type are placed back to back (Q|K|V, gate|up), so
  * a backend can run each group as one matmul (nstf_matrix_group_span). */
 static void put_group(placer *p, const nstf_matrix *const *src, nstf_matrix *const *dst, int n);
@@ -97,6 +102,7 @@ static void put_group(placer *p, const nstf_matrix *const *src, nstf_matrix *con
     for (int i = 0; i < n; i++) {
         put(p, off[i], src[i]->data, b[i]);
         view(p, dst[i], src[i], off[i]);
+        relayout(p, dst[i]);
     }
 }
 

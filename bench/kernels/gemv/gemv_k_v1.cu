@@ -24,51 +24,11 @@
  * ("Q4_K and Q6_K decode GEMV on integer dot products"); a persistent
  * variant with a ring of steps in flight per warp measured 0.7-0.9x of
  * these and was dropped. */
-#include "ops/gpu/gpu_api.h"
-#include "ops/gpu/quant.h"
-#include "../common/gpu_time.h" /* time_batch_ms; bench_util.h: DEV_CHECK, bf2f / f2bf, core/dtype.h */
-
-#include <algorithm>
-#include <vector>
-
-#define CK DEV_CHECK
-#define NK(call)                                                                                     \
-    do {                                                                                             \
-        if ((call) != NSTF_OK) { fprintf(stderr, "%s: %s\n", #call, nstf_last_error()); exit(1); }   \
-    } while (0)
+#include "gemv_study.h" /* study_ld_w, xq16_kernel, the case's host side */
 
 /* ---- device -------------------------------------------------------------- */
 
 static __device__ __forceinline__ int v1_dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
-
-/* 16 bytes of weights, not kept in L1 (x lives there). */
-static __device__ __forceinline__ uint4 v1_ld_w(const uint8_t *p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-/* One warp per 32 elements: the two planes and (dx, sum). */
-__global__ void xq16_kernel(const uint16_t *__restrict__ x, int n, int8_t *__restrict__ xh, int8_t *__restrict__ xl,
-                            float2 *__restrict__ ds) {
-    const int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (blk * 32 >= n) return;
-    const float v = __uint_as_float((uint32_t)x[blk * 32 + lane] << 16);
-    float amax = fabsf(v), sum = v;
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    const float inv = amax > 0.0f ? 32639.0f / amax : 0.0f;
-    const int q = __float2int_rn(v * inv);
-    const int hi = (q + 128) >> 8, lo = q - 256 * hi;
-    xh[blk * 32 + lane] = (int8_t)hi;
-    xl[blk * 32 + lane] = (int8_t)lo;
-    if (lane == 0) ds[blk] = make_float2(amax / 32639.0f, sum);
-}
 
 static __device__ __forceinline__ uint32_t v1_byte(uint32_t w, int i) { return (w >> (8 * i)) & 0xffu; }
 
@@ -100,7 +60,7 @@ gemv_q4k_v1(const uint8_t *__restrict__ w, size_t row_bytes, const int8_t *__res
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     const uint8_t *b = wr[r] + (size_t)sb * 144;
-                    q[u][r] = v1_ld_w(b + 16 + 16 * c);
+                    q[u][r] = study_ld_w(b + 16 + 16 * c);
                     hd[u][r] = *(const uint4 *)b;
                 }
             }
@@ -149,13 +109,7 @@ gemv_q4k_v1(const uint8_t *__restrict__ w, size_t row_bytes, const int8_t *__res
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0 && row0 + r < n_out) ((nstf_bf16 *)y)[row0 + r] = nstf_float_to_bf16(v);
-    }
+    study_store_rows<RPW>(acc, row0, n_out, y, lane);
 }
 
 /* Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d). Lane: super-block
@@ -229,21 +183,14 @@ gemv_q6k_v1(const uint8_t *__restrict__ w, size_t row_bytes, const int8_t *__res
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0 && row0 + r < n_out) ((nstf_bf16 *)y)[row0 + r] = nstf_float_to_bf16(v);
-    }
+    study_store_rows<RPW>(acc, row0, n_out, y, lane);
 }
 
 /* ---- host ---------------------------------------------------------------- */
 
-typedef void (*v1_fn)(const uint8_t *, size_t, const int8_t *, const int8_t *, const float2 *, uint16_t *, int, int);
 struct variant {
     const char *name;
-    v1_fn fn;
+    study_fn fn;
     int rpw;
 };
 #define V(T, R, U) {#T " r" #R " u" #U, gemv_##T##_v1<R, U>, R}
@@ -252,13 +199,6 @@ static const variant q6k_variants[] = {V(q6k, 1, 2), V(q6k, 2, 1), V(q6k, 2, 2),
 
 static int g_reps = 7;
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static double urand(void) { return 0.5 * (bench_uniform(&g_rng) + 1.0); } /* [0, 1) */
-
-struct shape {
-    const char *name;
-    int n_in, n_out;
-};
 
 int main(int argc, char **argv) {
     if (argc > 1) g_reps = std::max(1, atoi(argv[1]));
@@ -272,7 +212,7 @@ int main(int argc, char **argv) {
     printf("device: %s (%s), %d SMs; copy %.0f GB/s (read+write of 1 GiB)\n", info.name, info.arch, info.n_sm,
            copy_gbs);
 
-    const shape shapes[] = {{"8B q/o 4096->4096", 4096, 4096},       {"8B k/v 4096->1024", 4096, 1024},
+    const study_shape shapes[] = {{"8B q/o 4096->4096", 4096, 4096},       {"8B k/v 4096->1024", 4096, 1024},
                             {"8B gate/up 4096->14336", 4096, 14336}, {"8B gate|up 4096->28672", 4096, 28672},
                             {"8B down 14336->4096", 14336, 4096},    {"8B logits 4096->128256", 4096, 128256},
                             {"1B q/o 2048->2048", 2048, 2048},       {"1B gate/up 2048->8192", 2048, 8192},
@@ -284,100 +224,38 @@ int main(int argc, char **argv) {
         const int n_vars = t == NSTF_TYPE_Q4_K ? (int)(sizeof q4k_variants / sizeof q4k_variants[0])
                                               : (int)(sizeof q6k_variants / sizeof q6k_variants[0]);
         printf("\n%s: us (GB/s, %% of copy); v1 times exclude xq16 (its own column)\n", nstf_type_name(t));
-        for (const shape &sh : shapes) {
+        for (const study_shape &sh : shapes) {
             if (t == NSTF_TYPE_Q4_K && sh.n_out == 128256) continue; /* logits are Q6_K in Q4_K_M */
             if (!strstr(sh.name, shape_filter)) continue;
-            uint64_t rb = 0;
-            if (!nstf_type_row_bytes(t, sh.n_in, &rb)) continue;
+            study_case cs;
+            if (!nstf_type_row_bytes(t, sh.n_in, &cs.rb)) continue;
+            /* correctness on the first copy: real quantized rows (at most 2048, repeated) */
+            if (!study_case_make(t, sh, cs)) { printf("quantize failed\n"); return 1; }
+            const uint64_t rb = cs.rb;
             const size_t wbytes = rb * (size_t)sh.n_out;
             const int n_copies = (int)std::max<uint64_t>(1, ((256ull << 20) + wbytes - 1) / wbytes);
-            /* correctness on the first copy: real quantized rows (at most 2048, repeated) */
-            const int n_check = std::min(sh.n_out, 2048);
-            std::vector<uint8_t> hw((size_t)rb * n_check);
-            std::vector<float> row(sh.n_in);
-            for (int r = 0; r < n_check; r++) {
-                for (int i = 0; i < sh.n_in; i++) row[i] = (float)((urand() - 0.5) * (1.0 + 3.0 * (i % 7 == 0)));
-                if (!nstf_quantize_row(t, row.data(), hw.data() + (size_t)r * rb, sh.n_in)) { printf("quantize failed\n"); return 1; }
-            }
-            std::vector<uint16_t> hx(sh.n_in);
-            for (int i = 0; i < sh.n_in; i++) hx[i] = f2bf((float)((urand() - 0.5) * 4.0 * (i % 13 == 0 ? 8.0 : 1.0)));
-            uint8_t *w;
-            CK(cudaMalloc(&w, wbytes * n_copies));
-            CK(cudaMemset(w, 0x11, wbytes * n_copies));
-            for (int r = 0; r < sh.n_out; r += n_check)
-                CK(cudaMemcpy(w + (size_t)r * rb, hw.data(), (size_t)rb * std::min(n_check, sh.n_out - r),
-                              cudaMemcpyHostToDevice));
-            uint16_t *x, *y;
-            int8_t *xh, *xl;
-            float2 *ds;
-            CK(cudaMalloc(&x, sh.n_in * 2));
-            CK(cudaMalloc(&y, (size_t)sh.n_out * 2));
-            CK(cudaMalloc(&xh, sh.n_in));
-            CK(cudaMalloc(&xl, sh.n_in));
-            CK(cudaMalloc(&ds, (size_t)(sh.n_in / 32) * sizeof(float2)));
-            CK(cudaMemcpy(x, hx.data(), sh.n_in * 2, cudaMemcpyHostToDevice));
-            /* the double reference of the checked rows */
-            std::vector<double> ref(n_check);
-            std::vector<float> deq(sh.n_in);
-            for (int r = 0; r < n_check; r++) {
-                nstf_dequantize_row(t, hw.data() + (size_t)r * rb, deq.data(), sh.n_in);
-                double acc = 0;
-                for (int i = 0; i < sh.n_in; i++) acc += (double)deq[i] * bf2f(hx[i]);
-                ref[r] = acc;
-            }
-            std::vector<uint16_t> hy(sh.n_out);
-            auto nmse = [&]() {
-                CK(cudaMemcpy(hy.data(), y, (size_t)sh.n_out * 2, cudaMemcpyDeviceToHost));
-                double e = 0, n2 = 0, bfe = 0;
-                for (int r = 0; r < n_check; r++) {
-                    const double d = bf2f(hy[r]) - ref[r];
-                    e += d * d, n2 += ref[r] * ref[r];
-                    const double b = bf2f(f2bf((float)ref[r])) - ref[r];
-                    bfe += b * b;
-                }
-                return std::make_pair(e / n2, bfe / n2);
-            };
-            const int xblocks = (sh.n_in / 32 + 7) / 8;
-            auto xq = [&]() { xq16_kernel<<<xblocks, 256, 0, s>>>(x, sh.n_in, xh, xl, ds); };
-            const double bytes = (double)wbytes + sh.n_in * 2.0 + sh.n_out * 2.0;
-            NK(nstf_gpu_gemv(t, w, x, y, NSTF_TYPE_BF16, 1, sh.n_in, sh.n_out, s));
-            CK(cudaStreamSynchronize(s));
-            const auto ep = nmse();
-            const double pms = time_batch_ms(s, 3, 20, g_reps, [&](int i) {
-                NK(nstf_gpu_gemv(t, w + (size_t)(i % n_copies) * wbytes, x, y, NSTF_TYPE_BF16, 1, sh.n_in, sh.n_out, s));
-            });
-            const double xms = time_batch_ms(s, 3, 20, g_reps, [&](int) { xq(); });
-            printf("%-24s %7.1f MB  copy-rate time %6.2f us | production %7.2f us (%5.0f GB/s, %4.1f%%) nmse %.1e "
-                   "(bf16 rounding %.1e) | xq16 %5.2f us\n",
-                   sh.name, wbytes / 1e6, bytes / (copy_gbs * 1e9) * 1e6, pms * 1e3, bytes / (pms * 1e-3) / 1e9,
-                   100.0 * bytes / (pms * 1e-3) / 1e9 / copy_gbs, ep.first, ep.second, xms * 1e3);
+            uint8_t *w = study_upload(cs, cs.hw, n_copies);
+            study_dev d = study_dev_make(cs);
+            const study_base base = study_production(sh.name, cs, d, w, n_copies, copy_gbs, g_reps, s);
             for (int v = 0; v < n_vars; v++) {
                 const variant &V = vars[v];
                 if (!strstr(V.name, var_filter)) continue;
                 const int groups = (sh.n_out + V.rpw - 1) / V.rpw;
                 const int blocks = (groups + 7) / 8;
-                CK(cudaMemset(y, 0xff, (size_t)sh.n_out * 2));
-                xq();
-                V.fn<<<blocks, 256, 0, s>>>(w, rb, xh, xl, ds, y, sh.n_in, sh.n_out);
+                CK(cudaMemset(d.y, 0xff, (size_t)sh.n_out * 2));
+                study_xq(cs, d, s);
+                V.fn<<<blocks, 256, 0, s>>>(w, rb, d.xh, d.xl, d.ds, d.y, sh.n_in, sh.n_out);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaGetLastError());
-                const auto ev = nmse();
-                const bool ok = ev.first <= 2.0 * ep.second + 1e-9 && ev.first == ev.first;
-                if (!ok) bad++;
+                const auto ev = study_nmse(cs, d.y);
                 const double ms = time_batch_ms(s, 3, 20, g_reps, [&](int i) {
-                    V.fn<<<blocks, 256, 0, s>>>(w + (size_t)(i % n_copies) * wbytes, rb, xh, xl, ds, y, sh.n_in,
-                                               sh.n_out);
+                    V.fn<<<blocks, 256, 0, s>>>(w + (size_t)(i % n_copies) * wbytes, rb, d.xh, d.xl, d.ds, d.y,
+                                               sh.n_in, sh.n_out);
                 });
-                printf("    %-12s %7.2f us (%5.0f GB/s, %4.1f%%) nmse %.1e %s  x%.2f vs production (with xq16 x%.2f)\n",
-                       V.name, ms * 1e3, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / copy_gbs,
-                       ev.first, ok ? "ok" : "FAIL", pms / ms, pms / (ms + xms));
+                if (!study_report(V.name, ms, ev, base)) bad++;
             }
             CK(cudaFree(w));
-            CK(cudaFree(x));
-            CK(cudaFree(y));
-            CK(cudaFree(xh));
-            CK(cudaFree(xl));
-            CK(cudaFree(ds));
+            study_dev_free(d);
         }
     }
     printf("\n%s\n", bad ? "some variant FAILED its check" : "all variants within 2x the bf16 rounding of the reference");

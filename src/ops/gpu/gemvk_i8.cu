@@ -31,7 +31,9 @@
  *    8-byte loads of codes and one of the header (d, scales). Q6_K
  *    (210 bytes), Q4_0 / IQ4_NL (18) and Q5_0 (22) blocks are 2-byte
  *    aligned: runs load as five words and realign (quant.h); Q4_1 (20) and
- *    Q5_1 (24) as four words.
+ *    Q5_1 (24) as four words. Q4_0 rows in the GPU's split layout
+ *    (GW_Q4_0S, quant.h) load their 16 bytes of codes in one load that
+ *    bypasses L1, and the scale apart.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
  *    steps are loaded before the PDL wait. Rows past the end re-read the
  *    last row and are never stored. */
@@ -43,10 +45,12 @@ template <int WT> struct gk8_traits {
                                  : WT == GW_Q6_K ? NSTF_Q6_K_BYTES : WT == GW_IQ4_XS ? NSTF_IQ4_XS_BYTES
                                  : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES
                                  : WT == GW_Q4_1 ? NSTF_Q4_1_BYTES : WT == GW_Q5_0 ? NSTF_Q5_0_BYTES
-                                 : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : NSTF_IQ4_NL_BYTES;
+                                 : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : WT == GW_Q4_0S ? NSTF_Q4_0_BYTES
+                                 : NSTF_IQ4_NL_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
     static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11
-                              : WT == GW_Q5_0 ? 7 : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 ? 6
+                              : WT == GW_Q5_0 ? 7
+                              : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 || WT == GW_Q4_0S ? 6
                               : 5; /* raw words */
     /* the 32-element types whose codes are 2-byte aligned runs (realigned) */
     static constexpr bool A2 = WT == GW_Q4_0 || WT == GW_Q5_0 || WT == GW_IQ4_NL;
@@ -114,9 +118,15 @@ template <int WT> struct gk8_raw {
 /* Lane c's unit of group g of a row: super-block g's codes 16c.., or
  * block 8g + c. */
 template <int WT>
-static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int g, int c) {
+static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int g, int c, int nb) {
     gk8_raw<WT> r;
-    if constexpr (WT == GW_Q4_K) {
+    if constexpr (WT == GW_Q4_0S) { /* the row's nb scales, then its runs of 16 codes (quant.h) */
+        const int b = 8 * g + c;
+        const uint4 q = gk8_ld_w(row + 2 * (size_t)nb + 16 * (size_t)b);
+        r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
+        r.a[4] = 0;
+        r.a[5] = nstf_ld_u16(row + 2 * b);
+    } else if constexpr (WT == GW_Q4_K) {
         const uint8_t *b = row + (size_t)g * NSTF_Q4_K_BYTES;
         const uint4 q = gk8_ld_w(b + 16 + 16 * c), h = *(const uint4 *)b;
         r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
@@ -196,7 +206,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
             const int g = g0 + u * SBW + sbl;
             if (unit_in(g, e_end)) {
 #pragma unroll
-                for (int r = 0; r < RPW; r++) raw[u][r] = gk8_load<WT>(wr[r], g, c);
+                for (int r = 0; r < RPW; r++) raw[u][r] = gk8_load<WT>(wr[r], g, c, n_in / 32);
             }
         }
     };
@@ -361,8 +371,8 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         }
                         acc[r] = fmaf(nstf_h2f(a[10]), dx * (float)(ah * 256 + al), acc[r]);
                     }
-                } else { /* Q4_0: d (q - 8); Q5_0: d (q - 16); Q4_1, Q5_1: d q + m; IQ4_NL: d kvalue(q);
-                            one 32 of x, one dx */
+                } else { /* Q4_0 (either layout): d (q - 8); Q5_0: d (q - 16); Q4_1, Q5_1: d q + m;
+                            IQ4_NL: d kvalue(q); one 32 of x, one dx */
                     const float2 dd = dss[8 * gc + c];
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
@@ -388,8 +398,8 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                             al = gk8_dot4(hi, lbv[k], al);
                         }
                         const float S = dd.x * (float)(ah * 256 + al);
-                        if constexpr (WT == GW_Q4_0 || WT == GW_Q5_0)
-                            acc[r] = fmaf(nstf_h2f(a[5]), fmaf(WT == GW_Q4_0 ? -8.0f : -16.0f, dd.y, S), acc[r]);
+                        if constexpr (WT == GW_Q4_0 || WT == GW_Q4_0S || WT == GW_Q5_0)
+                            acc[r] = fmaf(nstf_h2f(a[5]), fmaf(WT == GW_Q5_0 ? -16.0f : -8.0f, dd.y, S), acc[r]);
                         else if constexpr (WT == GW_IQ4_NL) acc[r] = fmaf(nstf_h2f(a[5]), S, acc[r]);
                         else acc[r] = fmaf(nstf_h2f(a[4]), S, fmaf(nstf_h2f(a[4] >> 16), dd.y, acc[r]));
                     }
@@ -421,6 +431,7 @@ template <int R> struct gemvk8_k {
         switch (wt) {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
+        case GW_Q4_0S: return gemvk8_kernel<GW_Q4_0S, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
         case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, 0>;
         case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, 0>;
@@ -451,6 +462,7 @@ template <int R> struct gemvk8_fused {
         switch (wt) {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
+        case GW_Q4_0S: return gemvk8_kernel<GW_Q4_0S, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
         case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, FZ>;
         case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, FZ>;

@@ -62,12 +62,23 @@ template <int WT> struct gemvq_layout {
 };
 
 template <int WT>
-static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__restrict__ row, int u) {
+static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__restrict__ row, int u, int nbs) {
     gemvq_raw<WT> r;
     constexpr int NQ = gemvq_raw<WT>::NQ;
     typedef gemvq_layout<WT> L;
     const int b = u >> 1, h = u & 1;
     r.qh = 0;
+    if constexpr (WT == GW_Q4_0) {
+        if (nbs) { /* the GPU's split rows (quant.h): nbs scales, then runs of 16 codes; aligned */
+            const uint8_t *p = row + 2 * (size_t)nbs + 16 * (size_t)b + 8 * h;
+            r.sc = nstf_ld_u16(row + 2 * b);
+            r.q[0] = nstf_ld_u32(p);
+            r.q[1] = nstf_ld_u32(p + 4);
+            r.q[2] = 0;
+            r.mis = 0;
+            return r;
+        }
+    }
     if constexpr (WT == GW_Q4_1 || WT == GW_Q5_1) { /* 20/24-byte blocks, 4-byte aligned rows: everything aligned */
         const uint8_t *blk = row + (size_t)b * L::BYTES;
         r.sc = nstf_ld_u32(blk);
@@ -156,10 +167,11 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
      * wait (as in gemv_kernel; one unit, not GEMVQ_UNROLL, and not in the
      * 32-row blocks: registers) */
     const bool pre_on = NT == 1 && RPW <= 2 && !f.no_pre && chunk >= n_in && lane < n_in / 16;
+    const int nbs = WT == GW_Q4_0 && nstf_q4_0_split(n_in) ? n_in / 32 : 0; /* Q4_0's layout (quant.h) */
     gemvq_raw<WT> pre[RPW];
     if (pre_on) {
 #pragma unroll
-        for (int r = 0; r < RPW; r++) pre[r] = gemvq_load<WT>(wr[r], lane);
+        for (int r = 0; r < RPW; r++) pre[r] = gemvq_load<WT>(wr[r], lane, nbs);
     }
     const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
@@ -232,7 +244,7 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
                 if (u < n_units) {
                     const bool from_pre = k == 0 && pre_on && u0 == lane;
 #pragma unroll
-                    for (int r = 0; r < RPW; r++) raw[k][r] = from_pre ? pre[r] : gemvq_load<WT>(wr[r], ubase + u);
+                    for (int r = 0; r < RPW; r++) raw[k][r] = from_pre ? pre[r] : gemvq_load<WT>(wr[r], ubase + u, nbs);
                 }
             }
 #pragma unroll
@@ -329,7 +341,8 @@ struct gemvq_k {
     template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
         switch (wt) {
         case GW_Q8_0: return gemv_pick_nt<gemvq_k, GW_Q8_0, YB, R>(nt);
-        case GW_Q4_0: return gemv_pick_nt<gemvq_k, GW_Q4_0, YB, R>(nt);
+        case GW_Q4_0:
+        case GW_Q4_0S: return gemv_pick_nt<gemvq_k, GW_Q4_0, YB, R>(nt); /* the kernel tells the layout from n_in */
         case GW_Q5_0: return gemv_pick_nt<gemvq_k, GW_Q5_0, YB, R>(nt);
         case GW_Q5_1: return gemv_pick_nt<gemvq_k, GW_Q5_1, YB, R>(nt);
         case GW_IQ4_NL: return gemv_pick_nt<gemvq_k, GW_IQ4_NL, YB, R>(nt);

@@ -48,13 +48,14 @@ get_rows_kernel(const uint8_t *__restrict__ table, size_t row_bytes, int64_t n_r
     NSTF_PDL_WAIT();
     NSTF_PDL_TRIGGER();
     const int64_t groups = dim / 8, total = n_tok * groups;
+    const int64_t nbs = T == NSTF_TYPE_Q4_0 && nstf_q4_0_split(dim) ? dim / 32 : 0; /* quant.h: the GPU's Q4_0 rows */
     for (int64_t g = (int64_t)blockIdx.x * GET_ROWS_THREADS + threadIdx.x; g < total;
          g += (int64_t)gridDim.x * GET_ROWS_THREADS) {
         const int64_t t = g / groups, i0 = (g - t * groups) * 8;
         const int32_t id = ids[t];
         float v[8];
         if (id >= 0 && id < n_rows) {
-            dq8<T>(table + (size_t)id * row_bytes, i0, v);
+            dq8<T>(table + (size_t)id * row_bytes, i0, v, nbs);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; k++) v[k] = __uint_as_float(0x7fc00000u);
@@ -133,9 +134,10 @@ extern "C" nstf_status nstf_gpu_get_rows(nstf_type type, const void *table, int6
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
                               "nstf_gpu_get_rows: dim %lld is not a whole number of %s blocks",
                               (long long)dim, nstf_type_name(type));
-    if ((uintptr_t)table % (uintptr_t)nstf_q_align(type) != 0)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_get_rows: a %s table must be %d-byte aligned",
-                              nstf_type_name(type), nstf_q_align(type));
+    const int align = type == NSTF_TYPE_Q4_0 && nstf_q4_0_split(dim) ? 16 : nstf_q_align(type);
+    if ((uintptr_t)table % (uintptr_t)align != 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_get_rows: a %s table of rows of %lld must be %d-byte aligned",
+                              nstf_type_name(type), (long long)dim, align);
     if (n_tok == 0) return NSTF_OK;
     const bool obf = out_type == NSTF_TYPE_BF16, per_elem = dim % 8 != 0;
     const int vec = !per_elem && (uintptr_t)out % 16 == 0;

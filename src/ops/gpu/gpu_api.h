@@ -83,6 +83,15 @@ nstf_status nstf_gpu_stream_sync(void *stream);
 
 /* ---- kernels ------------------------------------------------------------------ */
 
+/* Rewrite a weight matrix [n_out, n_in] of `type`, uploaded as the file
+ * stores it, in place into the GPU's row layout: Q4_0 rows of a multiple
+ * of 256 elements (up to 65536) are split into their scales and their
+ * 16-byte runs of codes (quant.h); every other matrix is left as it is.
+ * The kernels below that take weights (get_rows, gemv, gemv_fused,
+ * matmul_lr) read Q4_0 rows of such lengths in that layout only, so a
+ * matrix must pass through here once after its upload; w 16-byte aligned. */
+nstf_status nstf_gpu_weights_relayout(nstf_type type, void *w, int64_t n_in, int64_t n_out, void *stream);
+
 /* Embedding gather: out[t, :] = dequant(table[ids[t], :]).
  * table [n_rows, dim] of `type` (any supported; dim a multiple of 32 for the
  * quantized types), ids [n_tok] int32 on the device, out [n_tok, dim] of
@@ -135,8 +144,8 @@ nstf_status nstf_gpu_swiglu(const uint16_t *gate, const uint16_t *up, uint16_t *
 
 /* Decode GEMV (matrix-vector for 1..8 tokens; more are processed 8 at a
  * time): y[t, o] = sum_i W[o, i] * x[t, i], fp32 accumulation.
- * W [n_out, n_in] of wtype F32/F16/BF16/Q8_0/Q4_0/Q4_1 as stored (n_in a
- * multiple of 32 for the quantized types), x [n_tok, n_in] bf16,
+ * W [n_out, n_in] of any weight type (n_in a multiple of the type's
+ * block; in the GPU's row layout: nstf_gpu_weights_relayout), x [n_tok, n_in] bf16,
  * y [n_tok, n_out] of y_type F32 or BF16. */
 nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint16_t *x, void *y,
                           nstf_type y_type, int64_t n_tok, int64_t n_in, int64_t n_out,

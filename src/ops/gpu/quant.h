@@ -52,6 +52,22 @@ __host__ __device__ constexpr int nstf_q_align(int t) {
            : nstf_q_block_bytes(t) % 4 == 0 ? 4 : 2;
 }
 
+/* ---- the GPU's row layout of Q4_0 ----------------------------------------- *
+ * A Q4_0 matrix whose rows hold a multiple of 256 elements (at most
+ * NSTF_GPU_SPLIT_MAX) is kept on the GPU with each row's bytes rearranged
+ * ("split"): its nb = n / 32 fp16 scales first, then its nb runs of 16 code
+ * bytes. The row keeps its size (18 nb bytes, a multiple of 16), and every
+ * run of codes is 16-byte aligned when the row is: one 16-byte load of
+ * codes instead of five realigned words (bench/kernels/gemv/gemv_q40_v2.cu
+ * measured 1.2-1.4x on the 8B shapes' GEMVs). nstf_gpu_weights_relayout
+ * rewrites an uploaded matrix so; every kernel that reads Q4_0 weights
+ * (gemvk_i8, gemvq, get_rows) takes the layout from the row length by this
+ * rule. Other rows keep the file's layout. */
+#define NSTF_GPU_SPLIT_MAX 65536
+__host__ __device__ constexpr bool nstf_q4_0_split(int64_t n) {
+    return n > 0 && n % 256 == 0 && n <= NSTF_GPU_SPLIT_MAX;
+}
+
 /* ---- byte tricks ------------------------------------------------------------ */
 
 static __device__ __forceinline__ uint32_t nstf_ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
@@ -134,9 +150,21 @@ static __device__ __forceinline__ uint2 nstf_ld8_a2(const uint8_t *p) {
 }
 
 /* The 8 values of elements i0 .. i0 + 7 of a row of type T (i0 % 8 == 0;
- * the row aligned as nstf_q_align(T) says). */
+ * the row aligned as nstf_q_align(T) says). nbs: a Q4_0 row's block count
+ * when it is in the split layout (16-byte aligned), else 0. */
 template <int T>
-static __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int64_t i0, float (&v)[8]) {
+static __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int64_t i0, float (&v)[8], int64_t nbs = 0) {
+    if constexpr (T == NSTF_TYPE_Q4_0) {
+        if (nbs) {
+            const int64_t b = i0 / 32;
+            const int j0 = (int)(i0 % 32), hi = j0 >= 16;
+            const uint2 q = *(const uint2 *)(row + 2 * nbs + 16 * b + (j0 & 15));
+            const float d = nstf_h2f(nstf_ld_u16(row + 2 * b));
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = d * (float)((int)(((k < 4 ? q.x : q.y) >> (8 * (k & 3) + 4 * hi)) & 0xf) - 8);
+            return;
+        }
+    }
     if constexpr (T == NSTF_TYPE_F32) {
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = ((const float *)row)[i0 + k];
