@@ -25,9 +25,9 @@
  *        products and summation order may differ.
  *  - The precise path (fp32 x, W dequantized on the fly): NMSE <= 1e-7.
  *  - The 16-bit activation path (nstf_cpu_matmul_a16, the CPU default):
- *    for Q2_K x is its 8-bit blocks plus the 8-bit blocks of their
- *    rounding residual r = x - d q (scale d2 = amax(r)/127 <= d/254), as
- *    for Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS below 4 tokens; otherwise x is
+ *    for the super-block types below 4 tokens x is its 8-bit blocks plus
+ *    the 8-bit blocks of their rounding residual r = x - d q (scale d2 =
+ *    amax(r)/127 <= d/254); otherwise x is
  *    quantized per block of 32 to int16 with d2 = amax/32767. Either way each x element moves by at
  *    most d2/2. (a) the same hard bound with d2 for d; (b) NMSE on
  *    Gaussian data ~ the 8-bit figure times (d2/d)^2 ~ 1/254^2: theory

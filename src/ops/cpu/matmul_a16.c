@@ -23,11 +23,11 @@
  * float weights; its fallback otherwise).
  *
  * The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and
- * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS take another road to the same precision:
- * their activations go to int16 blocks of 32 (d = amax / 32767) in the
- * same arena, and one 16-bit integer dot product per block replaces the
- * two 8-bit ones (matmul_i16.c). Q2_K uses the two levels, as the other
- * super-block types do below 4 rows (decode). */
+ * the super-block types (Q2_K..Q6_K, IQ4_XS) take another road to the same
+ * precision: their activations go to int16 blocks of 32 (d = amax / 32767)
+ * in the same arena, and one 16-bit integer dot product per block replaces
+ * the two 8-bit ones (matmul_i16.c). The super-block types use the two
+ * levels below 4 rows (decode). */
 #include <string.h>
 
 #include "core/mem.h"
@@ -52,6 +52,10 @@ nstf_status nstf_cpu_reserve_a16(nstf_cpu *cpu, int64_t n_tok, int64_t n_in, int
     if (!a16_floats(n_tok, n_in, n_out, &n) || !nstf_mul_ok(n, sizeof(float), &bytes) || bytes > SIZE_MAX)
         return nstf_set_error(NSTF_ERR_RANGE, "nstf_cpu_reserve_a16: %lld x (%lld + %lld) overflows", (long long)n_tok,
                               (long long)n_in, (long long)n_out);
+    /* at least the 16-bit blocks of n_tok rows (their alignment outweighs
+     * two fp32 rows where rows are short) */
+    uint64_t i16b;
+    if (nstf_i16_bytes(n_tok, n_in, &i16b) && i16b > bytes) bytes = i16b;
     NSTF_TRY(nstf_cpu_reserve(cpu, 2 * n_tok, n_in));
     if (bytes <= cpu->a16_bytes) return NSTF_OK;
     void *p = nstf_alloc((size_t)bytes, "CPU 16-bit activation rows");
@@ -117,9 +121,9 @@ void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const fl
     }
     uint64_t per_tok;
     if (nstf_i16_serves(wtype, n_tok) && nstf_i16_bytes(1, n_in, &per_tok)) {
-        /* rows of 16-bit blocks (72 bytes per 32 values, plus alignment):
-         * the arena of at least one token's 2 fp32 rows holds one or more */
-        int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * 72));
+        /* rows of 16-bit blocks (80 bytes per 32 values, plus alignment):
+         * the arena reserved for at least one token holds one or more */
+        int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * 80));
         if (n16 > n_tok) n16 = n_tok;
         uint64_t need;
         while (n16 > 0 && (!nstf_i16_bytes(n16, n_in, &need) || need > cpu->a16_bytes)) n16--;

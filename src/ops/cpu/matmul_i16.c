@@ -1,11 +1,13 @@
 /* matmul_i16.c — the 16-bit activation matmul of the 32-element block
- * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q3_K, Q4_K, Q5_K,
- * Q6_K, IQ4_XS:
+ * types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of Q2_K, Q3_K, Q4_K,
+ * Q5_K, Q6_K, IQ4_XS:
  * nstf_cpu_matmul_a16's path for them (ops.h; matmul_i16.h).
  *
  * Activations are quantized once per call, per block of 32, to int16:
  * d = amax / 32767, q = nearest-even(x * 32767 / amax) (0 when amax == 0),
- * s = d * sum(q); each x element moves by at most d / 2 = amax / 65534,
+ * s = d * sum(q), and the halves' sums sl, sh = d * sum(q) over elements
+ * 0..15 and 16..31 (Q2_K's mins go by 16); each x element moves by at most
+ * d / 2 = amax / 65534,
  * as fine as the two 8-bit levels (x blocks plus their residual's blocks)
  * that the other types use, at one integer dot product per block instead
  * of two. A weight block is decoded once per tile to 32 signed codes
@@ -17,7 +19,8 @@
  *
  * The super-block types decode a 256-value super-block per row into 8
  * such blocks of int16 codes, with a scale per block of 32 and row (see
- * ktile_avx2); the mins of Q4_K / Q5_K meet s as Q4_1's do.
+ * ktile_avx2); the mins of Q4_K / Q5_K meet s as Q4_1's do, Q2_K's the
+ * halves' sums.
  *
  * Tiles: 8 weight rows (one vector lane each, as matmul.c's 8-bit tiles:
  * rows past rm repeat row rm - 1 and are not stored) x RN_I16 tokens; the
@@ -42,7 +45,7 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
 static bool is_k(nstf_type t) {
-    return t == NSTF_TYPE_Q3_K || t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K || t == NSTF_TYPE_Q6_K ||
+    return t == NSTF_TYPE_Q2_K || t == NSTF_TYPE_Q3_K || t == NSTF_TYPE_Q4_K || t == NSTF_TYPE_Q5_K || t == NSTF_TYPE_Q6_K ||
            t == NSTF_TYPE_IQ4_XS;
 }
 
@@ -58,7 +61,7 @@ bool nstf_i16_serves(nstf_type t, int64_t n_tok) { return nstf_i16_type(t) && (!
 
 static uint64_t align64(uint64_t v) { return (v + 63) & ~(uint64_t)63; }
 
-/* q [n_tok][nb][32] int16, then d [n_tok][nb] and s [n_tok][nb] fp32, each
+/* q [n_tok][nb][32] int16, then d, s, sl and sh [n_tok][nb] fp32, each
  * 64-byte aligned from a 64-byte aligned start. */
 bool nstf_i16_bytes(int64_t n_tok, int64_t n_in, uint64_t *out) {
     if (n_tok < 0 || n_in < 0 || n_in % QK != 0) return false;
@@ -66,13 +69,13 @@ bool nstf_i16_bytes(int64_t n_tok, int64_t n_in, uint64_t *out) {
     if (!nstf_mul_ok((uint64_t)n_tok, (uint64_t)(n_in / QK), &nblk) || !nstf_mul_ok(nblk, 2 * QK, &q) ||
         !nstf_mul_ok(nblk, 4, &f))
         return false;
-    if (!nstf_add_ok(align64(q), 2 * align64(f), &tot)) return false;
+    if (!nstf_add_ok(align64(q), 4 * align64(f), &tot)) return false;
     return nstf_add_ok(tot, 64, out);
 }
 
 typedef struct {
     int16_t *q;
-    float *d, *s;
+    float *d, *s, *sl, *sh;
     int64_t nb;
 } xq16;
 
@@ -82,15 +85,17 @@ static void carve(void *base, int64_t n_tok, int64_t n_in, xq16 *x) {
     x->q = (int16_t *)p;
     x->d = (float *)(p + align64(nblk * 2 * QK));
     x->s = (float *)(p + align64(nblk * 2 * QK) + align64(nblk * 4));
+    x->sl = (float *)(p + align64(nblk * 2 * QK) + 2 * align64(nblk * 4));
+    x->sh = (float *)(p + align64(nblk * 2 * QK) + 3 * align64(nblk * 4));
     x->nb = n_in / QK;
 }
 
 /* One token's row; the AVX2 and scalar versions give the same bits. */
-void nstf_i16_quantize_row(const float *x, int16_t *q, float *d, float *s, int64_t nb) {
+void nstf_i16_quantize_row(const float *x, int16_t *q, float *d, float *s, float *sl, float *sh, int64_t nb) {
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
         float amax = 0.0f;
-        int isum = 0;
+        int isum = 0, ilo = 0;
 #if NSTF_CPU_HAVE_AVX2
         const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256 v[4], m = _mm256_setzero_ps();
@@ -107,11 +112,13 @@ void nstf_i16_quantize_row(const float *x, int16_t *q, float *d, float *s, int64
         __m256i i[4];
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid)); /* nearest-even */
-        __m256i vs = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(vs), _mm256_extracti128_si256(vs, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-        isum = _mm_cvtsi128_si32(s4);
+        const __m256i vl = _mm256_add_epi32(i[0], i[1]), vh = _mm256_add_epi32(i[2], i[3]);
+        /* lane 0: the low half's sum, lane 1: the high half's */
+        __m256i vp = _mm256_hadd_epi32(vl, vh); /* l01 l23 h01 h23 | l45 l67 h45 h67 */
+        vp = _mm256_hadd_epi32(vp, vp);          /* l0123 h0123 .. | l4567 h4567 .. */
+        const __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(vp), _mm256_extracti128_si256(vp, 1));
+        ilo = _mm_cvtsi128_si32(s2);
+        isum = ilo + _mm_extract_epi32(s2, 1);
         /* packs interleave 128-bit lanes; the permute restores element order */
         _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xd8));
         _mm256_storeu_si256((__m256i *)(q + b * QK + 16),
@@ -123,10 +130,13 @@ void nstf_i16_quantize_row(const float *x, int16_t *q, float *d, float *s, int64
             const int v = (int)nearbyintf(xb[j] * id);
             q[b * QK + j] = (int16_t)v;
             isum += v;
+            if (j < QK / 2) ilo += v;
         }
 #endif
         d[b] = amax / 32767.0f;
         s[b] = d[b] * (float)isum;
+        sl[b] = d[b] * (float)ilo;
+        sh[b] = d[b] * (float)(isum - ilo);
     }
 }
 
@@ -202,7 +212,7 @@ static void ktile_scalar(nstf_type t, const uint8_t *w, uint64_t row_bytes, int 
 
 /* ---- AVX2 tiles ----------------------------------------------------------- */
 #if NSTF_CPU_HAVE_AVX2
-enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS, K_Q3_K, N_KINDS };
+enum { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL, K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS, K_Q3_K, K_Q2_K, N_KINDS };
 
 /* acc[t] lane r -> y[t * ldy + r] for r < rm. */
 static ALWAYS_INLINE void store_tile(const int RN, const __m256 *acc, int rm, float *y, int64_t ldy) {
@@ -283,12 +293,14 @@ static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t 
     store_tile(RN, acc, rm, y, ldy);
 }
 
-/* Super-block tiles (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block the
- * 8 rows are decoded to int16 into wq[chunk][row][32], with per chunk of 32
- * a scale vector over the rows (dv: d * sc for Q4_K / Q5_K, d (ls - 32) for
- * IQ4_XS whose codes are the code book's values, d for Q3_K and Q6_K whose
- * 16-value scales are multiplied into their codes) and the mins' (mv =
- * -dmin * m). Q3_K's |(q - 4) * sc| <= 4 * 32 = 128; Q6_K's
+/* Super-block tiles (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block
+ * the 8 rows are decoded to int16 into wq[chunk][row][32], with per chunk of
+ * 32 a scale vector over the rows (dv: d * sc for Q4_K / Q5_K, d (ls - 32)
+ * for IQ4_XS whose codes are the code book's values, d for Q2_K, Q3_K and
+ * Q6_K whose 16-value scales are multiplied into their codes) and the mins'
+ * (mv = -dmin * m; Q2_K's two per chunk, mv for elements 0..15 against sl,
+ * mh for 16..31 against sh). Q2_K's q * sc <= 3 * 15 = 45; Q3_K's
+ * |(q - 4) * sc| <= 4 * 32 = 128; Q6_K's
  * |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
  * with |x| <= 32767 stay below 2^31: the tree sums in int32 up to 4 lanes
  * of 4 products and finishes in fp32. */
@@ -302,13 +314,31 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
     _Alignas(32) int16_t wq[8][8][32];
-    _Alignas(32) float dvs[8][8], mvs[8][8];
+    _Alignas(32) float dvs[8][8], mvs[8][8], mhs[8][8];
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb / 8; b++) {
         for (int r = 0; r < 8; r++) {
             const uint8_t *blk = wr[r] + (uint64_t)b * (uint64_t)bb;
             __m256i c8[8];
-            if (kt == NSTF_TYPE_Q3_K) { /* chunk c = 4n + j: bits 2j of qs[32n..], bit c of hmask, minus 4 */
+            if (kt == NSTF_TYPE_Q2_K) { /* chunk c = 4n + j: bits 2j of qs[32n..]; 16-value scales and mins */
+                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 80)), dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 82));
+                const __m256i m3 = _mm256_set1_epi8(3);
+                for (int n = 0; n < 2; n++) {
+                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * n));
+                    for (int j = 0; j < 4; j++) {
+                        const int c = 4 * n + j;
+                        const __m256i v = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * j), m3);
+                        _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+                                                                                   _mm256_set1_epi16(blk[2 * c] & 0xF)));
+                        _mm256_store_si256((__m256i *)(wq[c][r] + 16),
+                                           _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)),
+                                                              _mm256_set1_epi16(blk[2 * c + 1] & 0xF)));
+                        dvs[c][r] = d;
+                        mvs[c][r] = -dmin * (float)(blk[2 * c] >> 4);
+                        mhs[c][r] = -dmin * (float)(blk[2 * c + 1] >> 4);
+                    }
+                }
+            } else if (kt == NSTF_TYPE_Q3_K) { /* chunk c = 4n + j: bits 2j of qs[32n..], bit c of hmask, minus 4 */
                 const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
                 _Alignas(16) int8_t sc[16];
                 _mm_store_si128((__m128i *)sc, nstf_q3k_scales16(blk + 96));
@@ -395,6 +425,7 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
         }
         for (int c = 0; c < 8; c++) {
             const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
+            const __m256 mh = kt == NSTF_TYPE_Q2_K ? _mm256_load_ps(mhs[c]) : mv;
 #pragma GCC unroll 8
             for (int t = 0; t < RN; t++) {
                 const int64_t xb = (t0 + t) * nb + 8 * b + c;
@@ -417,6 +448,10 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
                 acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
                 if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
                     acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
+                if (kt == NSTF_TYPE_Q2_K) {
+                    acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc[t]);
+                }
             }
         }
     }
@@ -444,11 +479,12 @@ DEF_TILES(Q5_K, ktile_avx2, NSTF_TYPE_Q5_K)
 DEF_TILES(Q6_K, ktile_avx2, NSTF_TYPE_Q6_K)
 DEF_TILES(IQ4_XS, ktile_avx2, NSTF_TYPE_IQ4_XS)
 DEF_TILES(Q3_K, ktile_avx2, NSTF_TYPE_Q3_K)
+DEF_TILES(Q2_K, ktile_avx2, NSTF_TYPE_Q2_K)
 #define TILE_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_3, tile_##K##_4, tile_##K##_5, tile_##K##_6, tile_##K##_7, tile_##K##_8},
 static const tile_fn k_tiles[N_KINDS][RN_I16] = {TILE_ROW(Q4_0) TILE_ROW(Q4_1) TILE_ROW(Q5_0) TILE_ROW(Q5_1)
                                                      TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)
                                                      TILE_ROW(Q4_K) TILE_ROW(Q5_K) TILE_ROW(Q6_K)
-                                                         TILE_ROW(IQ4_XS) TILE_ROW(Q3_K)};
+                                                         TILE_ROW(IQ4_XS) TILE_ROW(Q3_K) TILE_ROW(Q2_K)};
 
 static int kind_of(nstf_type t) {
     switch (t) {
@@ -462,6 +498,7 @@ static int kind_of(nstf_type t) {
     case NSTF_TYPE_Q6_K: return K_Q6_K;
     case NSTF_TYPE_IQ4_XS: return K_IQ4_XS;
     case NSTF_TYPE_Q3_K: return K_Q3_K;
+    case NSTF_TYPE_Q2_K: return K_Q2_K;
     default: return K_Q8_0;
     }
 }
@@ -485,7 +522,8 @@ static void quantize_worker(void *p, int ith, int nth) {
     int64_t lo, hi, nb = c->xq.nb;
     nstf_split_range(c->n_tok, 1, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++)
-        nstf_i16_quantize_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb, c->xq.s + t * nb, nb);
+        nstf_i16_quantize_row(c->x + t * c->n_in, c->xq.q + t * nb * QK, c->xq.d + t * nb, c->xq.s + t * nb,
+                              c->xq.sl + t * nb, c->xq.sh + t * nb, nb);
 }
 
 static void run_tile(const i16_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
