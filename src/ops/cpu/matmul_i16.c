@@ -304,15 +304,63 @@ static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t 
  * |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
  * with |x| <= 32767 stay below 2^31: the tree sums in int32 up to 4 lanes
  * of 4 products and finishes in fp32. */
+
+/* The sums of RN tokens from t0 over super-block b's 8 decoded chunks
+ * (wq, dvs, mvs, mhs), added to accm (in registers over the chunks). */
+static ALWAYS_INLINE void ktile_tokens(const int kt, const int RN, const xq16 *x, int64_t t0, int64_t b,
+                                       const int16_t (*wq)[8][32], const float (*dvs)[8], const float (*mvs)[8],
+                                       const float (*mhs)[8], __m256 *accm) {
+    const int64_t nb = x->nb;
+    __m256 acc[RN_I16];
+#pragma GCC unroll 8
+    for (int t = 0; t < RN; t++) acc[t] = accm[t];
+    for (int c = 0; c < 8; c++) {
+        const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
+        const __m256 mh = kt == NSTF_TYPE_Q2_K ? _mm256_load_ps(mhs[c]) : mv;
+#pragma GCC unroll 8
+        for (int t = 0; t < RN; t++) {
+            const int64_t xb = (t0 + t) * nb + 8 * b + c;
+            const __m256i xlo = _mm256_load_si256((const __m256i *)(x->q + xb * QK));
+            const __m256i xhi = _mm256_load_si256((const __m256i *)(x->q + xb * QK + 16));
+            __m256i p[8], a[4];
+#pragma GCC unroll 8
+            for (int r = 0; r < 8; r++)
+                p[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)wq[c][r]), xlo),
+                                        _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(wq[c][r] + 16)), xhi));
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * r], p[2 * r + 1]),
+                                        _mm256_unpackhi_epi32(p[2 * r], p[2 * r + 1]));
+            const __m256 b0 = _mm256_cvtepi32_ps(
+                _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
+            const __m256 b1 = _mm256_cvtepi32_ps(
+                _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
+            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+            acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
+            if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
+            if (kt == NSTF_TYPE_Q2_K) {
+                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc[t]);
+                acc[t] = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc[t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < RN; t++) accm[t] = acc[t];
+}
+
+/* n_full groups of 8 tokens from t0, then a group of RN: each super-block
+ * of the 8 rows is decoded once for all of them (up to TOK_CHUNK tokens;
+ * it was once per 8), their sums kept in accs between super-blocks. */
 static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
-                                     const xq16 *x, int64_t t0, float *y, int64_t ldy) {
+                                     const xq16 *x, int64_t t0, int n_full, float *y, int64_t ldy) {
     const uint64_t bb = (uint64_t)nstf_type_block_bytes((nstf_type)kt);
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
     const int64_t nb = x->nb;
-    __m256 acc[RN_I16];
-#pragma GCC unroll 8
-    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+    __m256 accs[TOK_CHUNK / RN_I16][RN_I16];
+    for (int g = 0; g <= n_full; g++)
+        for (int t = 0; t < RN_I16; t++) accs[g][t] = _mm256_setzero_ps();
     _Alignas(32) int16_t wq[8][8][32];
     _Alignas(32) float dvs[8][8], mvs[8][8], mhs[8][8];
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -423,63 +471,46 @@ static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *
                 }
             }
         }
-        for (int c = 0; c < 8; c++) {
-            const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
-            const __m256 mh = kt == NSTF_TYPE_Q2_K ? _mm256_load_ps(mhs[c]) : mv;
-#pragma GCC unroll 8
-            for (int t = 0; t < RN; t++) {
-                const int64_t xb = (t0 + t) * nb + 8 * b + c;
-                const __m256i xlo = _mm256_load_si256((const __m256i *)(x->q + xb * QK));
-                const __m256i xhi = _mm256_load_si256((const __m256i *)(x->q + xb * QK + 16));
-                __m256i p[8], a[4];
-#pragma GCC unroll 8
-                for (int r = 0; r < 8; r++)
-                    p[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)wq[c][r]), xlo),
-                                            _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(wq[c][r] + 16)), xhi));
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * r], p[2 * r + 1]),
-                                            _mm256_unpackhi_epi32(p[2 * r], p[2 * r + 1]));
-                const __m256 b0 = _mm256_cvtepi32_ps(
-                    _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
-                const __m256 b1 = _mm256_cvtepi32_ps(
-                    _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
-                const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-                acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
-                if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
-                    acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
-                if (kt == NSTF_TYPE_Q2_K) {
-                    acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc[t]);
-                    acc[t] = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc[t]);
-                }
-            }
-        }
+        for (int g = 0; g < n_full; g++) ktile_tokens(kt, RN_I16, x, t0 + 8 * g, b, wq, dvs, mvs, mhs, accs[g]);
+        ktile_tokens(kt, RN, x, t0 + 8 * n_full, b, wq, dvs, mvs, mhs, accs[n_full]);
     }
-    store_tile(RN, acc, rm, y, ldy);
+    for (int g = 0; g < n_full; g++) store_tile(RN_I16, accs[g], rm, y + 8 * g * ldy, ldy);
+    store_tile(RN, accs[n_full], rm, y + 8 * n_full * ldy, ldy);
 }
 
-typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, float *, int64_t);
-#define DEF_TILE(K, RN, KERN, KIND)                                                                           \
-    static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, float *y, \
-                                int64_t ldy) {                                                                \
-        KERN(KIND, RN, w, rb, rm, x, t0, y, ldy);                                                             \
+/* A tile: rows [0, rm) of w against 8 n_full + RN tokens from t0 (the
+ * 32-element types take n_full 0: one group of RN per call). */
+typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, int, float *, int64_t);
+#define DEF_TILE(K, RN, KERN, KIND)                                                                                \
+    static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, int n_full,    \
+                                float *y, int64_t ldy) {                                                           \
+        (void)n_full;                                                                                              \
+        KERN(KIND, RN, w, rb, rm, x, t0, y, ldy);                                                                  \
+    }
+#define DEF_KTILE(K, RN, KIND)                                                                                     \
+    static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, int n_full,    \
+                                float *y, int64_t ldy) {                                                           \
+        ktile_avx2(KIND, RN, w, rb, rm, x, t0, n_full, y, ldy);                                                    \
     }
 #define DEF_TILES(K, KERN, KIND)                                                                      \
     DEF_TILE(K, 1, KERN, KIND) DEF_TILE(K, 2, KERN, KIND) DEF_TILE(K, 3, KERN, KIND)                  \
     DEF_TILE(K, 4, KERN, KIND) DEF_TILE(K, 5, KERN, KIND) DEF_TILE(K, 6, KERN, KIND)                  \
     DEF_TILE(K, 7, KERN, KIND) DEF_TILE(K, 8, KERN, KIND)
+#define DEF_KTILES(K, KIND)                                                                           \
+    DEF_KTILE(K, 1, KIND) DEF_KTILE(K, 2, KIND) DEF_KTILE(K, 3, KIND) DEF_KTILE(K, 4, KIND)           \
+    DEF_KTILE(K, 5, KIND) DEF_KTILE(K, 6, KIND) DEF_KTILE(K, 7, KIND) DEF_KTILE(K, 8, KIND)
 DEF_TILES(Q4_0, tile_avx2, K_Q4_0)
 DEF_TILES(Q4_1, tile_avx2, K_Q4_1)
 DEF_TILES(Q5_0, tile_avx2, K_Q5_0)
 DEF_TILES(Q5_1, tile_avx2, K_Q5_1)
 DEF_TILES(Q8_0, tile_avx2, K_Q8_0)
 DEF_TILES(IQ4_NL, tile_avx2, K_IQ4_NL)
-DEF_TILES(Q4_K, ktile_avx2, NSTF_TYPE_Q4_K)
-DEF_TILES(Q5_K, ktile_avx2, NSTF_TYPE_Q5_K)
-DEF_TILES(Q6_K, ktile_avx2, NSTF_TYPE_Q6_K)
-DEF_TILES(IQ4_XS, ktile_avx2, NSTF_TYPE_IQ4_XS)
-DEF_TILES(Q3_K, ktile_avx2, NSTF_TYPE_Q3_K)
-DEF_TILES(Q2_K, ktile_avx2, NSTF_TYPE_Q2_K)
+DEF_KTILES(Q4_K, NSTF_TYPE_Q4_K)
+DEF_KTILES(Q5_K, NSTF_TYPE_Q5_K)
+DEF_KTILES(Q6_K, NSTF_TYPE_Q6_K)
+DEF_KTILES(IQ4_XS, NSTF_TYPE_IQ4_XS)
+DEF_KTILES(Q3_K, NSTF_TYPE_Q3_K)
+DEF_KTILES(Q2_K, NSTF_TYPE_Q2_K)
 #define TILE_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_3, tile_##K##_4, tile_##K##_5, tile_##K##_6, tile_##K##_7, tile_##K##_8},
 static const tile_fn k_tiles[N_KINDS][RN_I16] = {TILE_ROW(Q4_0) TILE_ROW(Q4_1) TILE_ROW(Q5_0) TILE_ROW(Q5_1)
                                                      TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)
@@ -526,21 +557,34 @@ static void quantize_worker(void *p, int ith, int nth) {
                               c->xq.sl + t * nb, c->xq.sh + t * nb, nb);
 }
 
-static void run_tile(const i16_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
+/* Rows [r0, r0 + 8) against tokens [t0, t_end), at most TOK_CHUNK: the
+ * super-block types in one tile call (a super-block decoded once for all
+ * of them), the others a tile per 8 tokens. */
+static void run_tiles(const i16_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
     const int rm = (int)(c->n_out - r0 < 8 ? c->n_out - r0 : 8);
-    const int rn = (int)(t_end - t0 < RN_I16 ? t_end - t0 : RN_I16);
     const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
-    float *y = c->y + t0 * c->n_out + r0;
 #if NSTF_CPU_HAVE_AVX2
-    if (c->simd) {
-        k_tiles[kind_of(c->wtype)][rn - 1](w, c->row_bytes, rm, &c->xq, t0, y, c->n_out);
+    if (c->simd && is_k(c->wtype)) {
+        const int n = (int)(t_end - t0), n_full = (n - 1) / RN_I16;
+        k_tiles[kind_of(c->wtype)][n - RN_I16 * n_full - 1](w, c->row_bytes, rm, &c->xq, t0, n_full,
+                                                             c->y + t0 * c->n_out + r0, c->n_out);
         return;
     }
 #endif
-    if (is_k(c->wtype))
-        ktile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
-    else
-        tile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
+    for (; t0 < t_end; t0 += RN_I16) {
+        const int rn = (int)(t_end - t0 < RN_I16 ? t_end - t0 : RN_I16);
+        float *y = c->y + t0 * c->n_out + r0;
+#if NSTF_CPU_HAVE_AVX2
+        if (c->simd) {
+            k_tiles[kind_of(c->wtype)][rn - 1](w, c->row_bytes, rm, &c->xq, t0, 0, y, c->n_out);
+            continue;
+        }
+#endif
+        if (is_k(c->wtype))
+            ktile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
+        else
+            tile_scalar(c->wtype, w, c->row_bytes, rm, &c->xq, t0, rn, y, c->n_out);
+    }
 }
 
 /* Row tiles split over the threads (each keeps its rows hot) unless there
@@ -556,8 +600,7 @@ static void mm_worker(void *p, int ith, int nth) {
         nstf_split_range(c->n_tok, RN_I16, ith, nth, &t_lo, &t_hi);
     for (int64_t tc = t_lo; tc < t_hi; tc += TOK_CHUNK) {
         const int64_t tc_hi = tc + TOK_CHUNK < t_hi ? tc + TOK_CHUNK : t_hi;
-        for (int64_t rt = r_lo; rt < r_hi; rt++)
-            for (int64_t t0 = tc; t0 < tc_hi; t0 += RN_I16) run_tile(c, rt * 8, t0, tc_hi);
+        for (int64_t rt = r_lo; rt < r_hi; rt++) run_tiles(c, rt * 8, tc, tc_hi);
     }
 }
 
