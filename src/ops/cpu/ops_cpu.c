@@ -365,7 +365,17 @@ static void attn_span(const float *qg /* [n_g, head_dim] */,
         }
         for (int g = 0; g < n_g; g++) {
             float *sc = w->sc[g], cmax = -INFINITY;
-            for (int i = 0; i < n; i++) cmax = sc[i] > cmax ? sc[i] : cmax;
+            int i0 = 0;
+#if NSTF_CPU_AVX2
+            if (n >= 8) { /* max_ps(s, m) keeps m where s is NaN, as the scalar test does */
+                __m256 vmax = _mm256_set1_ps(-INFINITY);
+                for (; i0 + 8 <= n; i0 += 8) vmax = _mm256_max_ps(_mm256_loadu_ps(sc + i0), vmax);
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                cmax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            }
+#endif
+            for (int i = i0; i < n; i++) cmax = sc[i] > cmax ? sc[i] : cmax;
             if (cmax > w->m[g]) {
                 float corr = expf(w->m[g] - cmax); /* 0 on the first chunk (m = -inf) */
                 w->l[g] *= corr;
