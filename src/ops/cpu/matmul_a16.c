@@ -121,9 +121,10 @@ void nstf_cpu_matmul_a16(nstf_cpu *cpu, nstf_type wtype, const void *w, const fl
     }
     uint64_t per_tok;
     if (nstf_i16_serves(wtype, n_tok) && nstf_i16_bytes(1, n_in, &per_tok)) {
-        /* rows of 16-bit blocks (80 bytes per 32 values, plus alignment):
-         * the arena reserved for at least one token holds one or more */
-        int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * 80));
+        /* rows of 16-bit blocks (NSTF_I16_BLOCK_BYTES per 32 values, plus
+         * alignment): the arena reserved for at least one token holds one
+         * or more */
+        int64_t n16 = (int64_t)(cpu->a16_bytes / ((uint64_t)n_in / 32 * NSTF_I16_BLOCK_BYTES));
         if (n16 > n_tok) n16 = n_tok;
         uint64_t need;
         while (n16 > 0 && (!nstf_i16_bytes(n16, n_in, &need) || need > cpu->a16_bytes)) n16--;

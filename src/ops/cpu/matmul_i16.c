@@ -69,7 +69,7 @@ bool nstf_i16_bytes(int64_t n_tok, int64_t n_in, uint64_t *out) {
     if (!nstf_mul_ok((uint64_t)n_tok, (uint64_t)(n_in / QK), &nblk) || !nstf_mul_ok(nblk, 2 * QK, &q) ||
         !nstf_mul_ok(nblk, 4, &f))
         return false;
-    if (!nstf_add_ok(align64(q), 4 * align64(f), &tot)) return false;
+    if (!nstf_add_ok(align64(q), NSTF_I16_FLOATS * align64(f), &tot)) return false;
     return nstf_add_ok(tot, 64, out);
 }
 

@@ -17,6 +17,10 @@ bool nstf_i16_type(nstf_type t);
 /* True where nstf_cpu_matmul_a16 takes this path for n_tok rows (the
  * super-block types from 4 rows on). */
 bool nstf_i16_serves(nstf_type t, int64_t n_tok);
+/* The arena per block of 32 inputs and token, before alignment: the 32
+ * int16 codes, then NSTF_I16_FLOATS fp32 values (d, s, sl, sh). */
+#define NSTF_I16_FLOATS 4
+#define NSTF_I16_BLOCK_BYTES (32 * 2 + NSTF_I16_FLOATS * 4)
 /* Arena bytes for n_tok rows of n_in (a multiple of 32); false on
  * overflow or a bad shape. */
 bool nstf_i16_bytes(int64_t n_tok, int64_t n_in, uint64_t *out);
