@@ -222,8 +222,9 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
          * types of 7 raw words or fewer take 4 passes in blocks of 8 rows
          * (one per wave), else 2 (rows of 4096 in one round); the others
          * keep 1: their registers cost more than the loads gain (Q8_0's
-         * down projection lost 14% at 4 on the H100). */
-        constexpr int XP = T::NA <= 7 ? (RPW == 1 ? 4 : 2) : 1, PASS = GEMV_THREADS * 8;
+         * down projection lost 14% at 4 on the H100). Q5_1 keeps 1 too: at
+         * 4 its 8-row instances spill on sm_90a (the ISA gates). */
+        constexpr int XP = T::NA <= 7 && WT != GW_Q5_1 ? (RPW == 1 ? 4 : 2) : 1, PASS = GEMV_THREADS * 8;
         for (int i0 = threadIdx.x * 8; i0 < 256 * ng; i0 += XP * PASS) {
             float vp[XP][8];
 #pragma unroll
