@@ -126,12 +126,19 @@ static void gemv_cases(void) {
         test_gemv(wt, 2, sb ? 16640 : 16416, 9, NSTF_TYPE_BF16, 0, 0);
         /* a Llama-3-8B shape */
         test_gemv(wt, 1, 4096, 512, NSTF_TYPE_BF16, 0, 0);
-        /* Q4_0 rows of a multiple of 256 (the GPU's split layout) at every
-         * token count, and in several x chunks at 8 tokens */
-        if (wt == NSTF_TYPE_Q4_0) {
+        /* Q4_0, IQ4_NL and Q8_0 rows of a multiple of 256 (the GPU's split
+         * layout) at every token count, and in several x chunks at 8 tokens;
+         * Q8_0 rows at the split layout's length bound (34,560 elements)
+         * and just past it (the file's layout) */
+        if (wt == NSTF_TYPE_Q4_0 || wt == NSTF_TYPE_IQ4_NL || wt == NSTF_TYPE_Q8_0) {
             for (int nt = 1; nt <= 8; nt++) test_gemv(wt, nt, 512, 37, nt % 2 ? NSTF_TYPE_BF16 : NSTF_TYPE_F32, 0, 0);
             test_gemv(wt, 8, 4096, 45, NSTF_TYPE_BF16, 0, 0);
             test_gemv(wt, 1, 14336, 40, NSTF_TYPE_BF16, 0, 0);
+        }
+        if (wt == NSTF_TYPE_Q8_0) {
+            test_gemv(wt, 1, 34560, 9, NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 1, 34816, 9, NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 2, 34560, 9, NSTF_TYPE_BF16, 0, 0);
         }
         /* wide outputs: the quantized kernels' 32-row blocks (n_out >= 8192) */
         if (q) {
@@ -143,11 +150,13 @@ static void gemv_cases(void) {
 
 /* ---- get_rows ------------------------------------------------------------------- */
 
-static void test_get_rows(nstf_type t, int64_t n_rows, int64_t dim, int64_t n_tok, nstf_type ot) {
+/* whole: ids NULL, every row in order (the prefill's dequantization of a
+ * matrix; n_tok = n_rows) */
+static void test_get_rows(nstf_type t, int64_t n_rows, int64_t dim, int64_t n_tok, nstf_type ot, bool whole = false) {
     std::vector<unsigned char> table = make_weights(t, n_rows, dim);
     std::vector<int32_t> ids(n_tok);
-    for (auto &id : ids) id = below((int)n_rows);
-    const bool bad_id = n_tok >= 3;
+    for (size_t k = 0; k < ids.size(); k++) ids[k] = whole ? (int32_t)k : below((int)n_rows);
+    const bool bad_id = n_tok >= 3 && !whole;
     if (bad_id) { ids[1] = -1; ids[2] = (int32_t)n_rows; } /* rows of NaN, no OOB read */
     std::vector<float> ref(n_tok * dim);
     for (int64_t k = 0; k < n_tok; k++) {
@@ -158,11 +167,12 @@ static void test_get_rows(nstf_type t, int64_t n_rows, int64_t dim, int64_t n_to
         }
     }
     gh_begin("get_rows %s rows=%lld dim=%lld nt=%lld out=%s%s", nstf_type_name(t), (long long)n_rows,
-             (long long)dim, (long long)n_tok, nstf_type_name(ot), bad_id ? " +bad ids" : "");
+             (long long)dim, (long long)n_tok, nstf_type_name(ot), bad_id ? " +bad ids" : whole ? " whole (ids NULL)" : "");
     gh_buf dt = gh_alloc_weights(t, dim, n_rows, table.data()), di = gh_alloc(n_tok * 4, ids.data());
     const size_t osz = ot == NSTF_TYPE_BF16 ? 2 : 4;
     gh_buf dout = gh_alloc(n_tok * dim * osz, nullptr);
-    gh_launched(nstf_gpu_get_rows(t, dt.p(), n_rows, di.as<const int32_t>(), dout.p(), ot, n_tok, dim, nullptr),
+    gh_launched(nstf_gpu_get_rows(t, dt.p(), n_rows, whole ? nullptr : di.as<const int32_t>(), dout.p(), ot, n_tok, dim,
+                                  nullptr),
                 "get_rows");
     std::vector<float> out = gh_fetch_floats(dout, ot, n_tok * dim);
     /* exact: F32 equals the reference dequantization; BF16 equals its
@@ -402,12 +412,25 @@ static void test_errors(void) {
           nstf_last_error());
     gh_note("%s", nstf_last_error());
     gh_end();
-    gh_begin("error: relayout of Q4_0 rows of 256 not 16-byte aligned");
-    st = nstf_gpu_weights_relayout(NSTF_TYPE_Q4_0, d8 + 2, 256, 2, nullptr);
+    gh_begin("error: get_rows without ids past the table's rows");
+    st = nstf_gpu_get_rows(NSTF_TYPE_F32, dev.p(), 2, nullptr, d8, NSTF_TYPE_F32, 3, 8, nullptr);
+    CHECK(st == NSTF_ERR_INVALID_ARG, "status %d: %s", (int)st, nstf_last_error());
+    gh_note("%s", nstf_last_error());
+    gh_end();
+    gh_begin("error: gemv Q8_0 rows of 512 (split layout) not 16-byte aligned");
+    st = nstf_gpu_gemv(NSTF_TYPE_Q8_0, d8 + 2, dev.as<const uint16_t>(), d8, NSTF_TYPE_F32, 1, 512, 2, nullptr);
     CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
           nstf_last_error());
     gh_note("%s", nstf_last_error());
     gh_end();
+    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0}) {
+        gh_begin("error: relayout of %s rows of 256 not 16-byte aligned", nstf_type_name(t));
+        st = nstf_gpu_weights_relayout(t, d8 + 2, 256, 2, nullptr);
+        CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
+              nstf_last_error());
+        gh_note("%s", nstf_last_error());
+        gh_end();
+    }
     gh_free(dev);
     gh_begin("error: GPU_CHECK records statement, file:line, device");
     char host[16];
@@ -431,16 +454,20 @@ int main(void) {
             test_get_rows(t, 50, sb ? 256 : 32, 1, ot);
             test_get_rows(t, 50, sb ? 512 : q ? 96 : 100, 5, ot);
             test_get_rows(t, 1000, sb ? 768 : 576, 9, ot);
-            /* prefill-sized: 300 rows of a 300-row table */
+            /* prefill-sized: 300 rows of a 300-row table, by ids and whole */
             test_get_rows(t, 300, sb ? 1024 : 1056, 300, ot);
+            test_get_rows(t, 300, sb ? 1024 : 1056, 300, ot, true);
         }
         if (!q) test_get_rows(t, 10, 7, 4, NSTF_TYPE_F32);
     }
-    /* Q4_0 rows of a multiple of 256: the GPU's split layout (quant.h) */
-    for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
-        test_get_rows(NSTF_TYPE_Q4_0, 50, 256, 3, ot);
-        test_get_rows(NSTF_TYPE_Q4_0, 300, 2048, 300, ot);
-    }
+    /* Q4_0, IQ4_NL and Q8_0 rows of a multiple of 256: the GPU's split
+     * layout (quant.h) */
+    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0})
+        for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
+            test_get_rows(t, 50, 256, 3, ot);
+            test_get_rows(t, 300, 2048, 300, ot);
+            test_get_rows(t, 300, 2048, 300, ot, true);
+        }
     for (int rk = 0; rk < 3; rk++) {
         test_rmsnorm(1, 1, rk);
         test_rmsnorm(3, 7, rk);

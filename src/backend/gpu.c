@@ -133,19 +133,18 @@ static bool round_up(uint64_t v, uint64_t *out) {
 /* The workspace's size table; with base also carve the pointers. */
 static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     const uint64_t B = (uint64_t)g->n_batch;
-    uint64_t s[11], off[11], at = 0;
-    bool ok = nstf_mul_ok(g->wtmp_elems, 2, &s[4]) &&
-              nstf_mul_ok((uint64_t)g->n_seq * 4, g->kv_block ? (uint64_t)(g->n_ctx / g->kv_block) : 0, &s[10]);
+    uint64_t s[10], off[10], at = 0;
+    bool ok = nstf_mul_ok(g->wtmp_elems, 2, &s[3]) &&
+              nstf_mul_ok((uint64_t)g->n_seq * 4, g->kv_block ? (uint64_t)(g->n_ctx / g->kv_block) : 0, &s[9]);
     s[0] = B * 4;                            /* ids */
     s[1] = B * 4;                            /* pos */
     s[2] = 16;                               /* dio */
-    s[3] = (uint64_t)g->n_rowids * 4;        /* rowids */
-    s[5] = g->am_bytes;
-    s[6] = g->fd_bytes;
-    s[7] = (uint64_t)g->head_dim * 4;        /* rope_freqs */
-    s[8] = B * 4;                            /* seq */
-    s[9] = B * 4;                            /* rows */
-    for (int i = 0; ok && i < 11; i++) {
+    s[4] = g->am_bytes;
+    s[5] = g->fd_bytes;
+    s[6] = (uint64_t)g->head_dim * 4;        /* rope_freqs */
+    s[7] = B * 4;                            /* seq */
+    s[8] = B * 4;                            /* rows */
+    for (int i = 0; ok && i < 10; i++) {
         uint64_t r;
         off[i] = at;
         ok = round_up(s[i], &r) && nstf_add_ok(at, r, &at);
@@ -156,14 +155,13 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     g->ids = (int32_t *)(base + off[0]);
     g->pos = (int32_t *)(base + off[1]);
     g->dio = (int32_t *)(base + off[2]);
-    g->rowids = g->n_rowids ? (int32_t *)(base + off[3]) : NULL;
-    g->wtmp = g->wtmp_elems ? (uint16_t *)(base + off[4]) : NULL;
-    g->am_scratch = base + off[5];
-    g->fd_scratch = base + off[6];
-    g->rope_freqs = (float *)(base + off[7]);
-    g->seq = (int32_t *)(base + off[8]);
-    g->rows = (int32_t *)(base + off[9]);
-    g->blocks = g->kv_block ? (int32_t *)(base + off[10]) : NULL;
+    g->wtmp = g->wtmp_elems ? (uint16_t *)(base + off[3]) : NULL;
+    g->am_scratch = base + off[4];
+    g->fd_scratch = base + off[5];
+    g->rope_freqs = (float *)(base + off[6]);
+    g->seq = (int32_t *)(base + off[7]);
+    g->rows = (int32_t *)(base + off[8]);
+    g->blocks = g->kv_block ? (int32_t *)(base + off[9]) : NULL;
     return NSTF_OK;
 }
 
@@ -216,13 +214,11 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
      * runs every-token logits on the GEMV rather than keep a vocabulary-
      * sized bf16 copy */
     g->wtmp_elems = 0;
-    g->n_rowids = 0;
     for (int i = 0; i < p->n_mats; i++) {
         const nstf_matrix *m = &p->mats[i];
         if (m->type == NSTF_TYPE_BF16) continue;
         uint64_t e = (uint64_t)m->n_in * (uint64_t)m->n_out;
         if (e > g->wtmp_elems) g->wtmp_elems = e;
-        if (m->n_out > g->n_rowids) g->n_rowids = m->n_out;
     }
     g->am_bytes = nstf_gpu_argmax_scratch_bytes(p->n_batch, p->n_vocab); /* every selected row of a batch */
     /* the split plan is not monotonic in the context: take the largest
@@ -251,14 +247,6 @@ static nstf_status gpu_prepare(nstf_backend *be, const nstf_backend_plan *p) {
     g->ws_bytes = bytes;
     NSTF_TRY(ws_plan(g, g->ws, &bytes));
     NSTF_TRY(nstf_gpu_memset(g->ws, 0, (size_t)bytes, g->stream));
-    if (g->n_rowids) {
-        int32_t *ids = nstf_alloc((size_t)g->n_rowids * sizeof(int32_t), "row ids");
-        if (!ids) return NSTF_ERR_OOM;
-        for (int64_t i = 0; i < g->n_rowids; i++) ids[i] = (int32_t)i;
-        nstf_status st = nstf_gpu_memcpy_h2d(g->rowids, ids, (size_t)g->n_rowids * sizeof(int32_t), g->stream);
-        nstf_free(ids);
-        NSTF_TRY(st);
-    }
     float fr[256];
     nstf_gpu_rope_freqs(p->rope_base, p->head_dim, fr);
     NSTF_TRY(nstf_gpu_memcpy_h2d(g->rope_freqs, fr, (size_t)p->head_dim * sizeof(float), g->stream));

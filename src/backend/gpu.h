@@ -56,8 +56,6 @@ typedef struct gpu_backend {
     int32_t *dio;       /* the decode step's {token, position} */
     int32_t *seq, *rows; /* [n_batch] a continuous batch's sequence slots, the rows whose logits it wants */
     int32_t *blocks;    /* [n_seq, n_ctx / kv_block] the block tables of a paged cache */
-    int32_t *rowids;    /* 0..n_rowids-1, to dequantize a matrix through get_rows */
-    int64_t n_rowids;
     uint16_t *wtmp;     /* bf16 copy of one dequantized matrix (NULL: every layer matrix is bf16) */
     uint64_t wtmp_elems;
     void *am_scratch, *fd_scratch;

@@ -76,7 +76,7 @@ static bool mm_few(const gpu_backend *g, int64_t n) { return n <= GEMV_MAX_TOK &
 static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
     if (mm_few(g, n) || w->type == NSTF_TYPE_BF16) return 1;
     if (mm_f16(g, w, n)) return 2;
-    return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids) ? 1 : 2;
+    return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems) ? 1 : 2;
 }
 
 /* y[n, n_out] = x[n, n_in] W^T: GEMV for a few tokens, else the GEMM (after
@@ -91,9 +91,9 @@ static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, v
     }
     const uint16_t *wb = w->data;
     if (w->type != NSTF_TYPE_BF16) {
-        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
+        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems)
             return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
-        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, g->rowids, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
+        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, NULL, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
                                    g->stream));
         wb = g->wtmp;
     }
@@ -498,14 +498,14 @@ nstf_status nstf_gpu_op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
     NSTF_TRY(need_bf16(a, a->matmul_bwd_x.dy));
     const uint16_t *wb = w->data;
     if (w->type != NSTF_TYPE_BF16) {
-        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems || w->n_out > g->n_rowids)
+        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems)
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                                   "GPU backend: %s: a %s matrix of %lld x %lld is larger than the planned "
                                   "dequantization buffer",
                                   a->label ? a->label : "matmul_bwd_x", nstf_type_name(w->type), (long long)w->n_out,
                                   (long long)w->n_in);
         g->n_kernels++;
-        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, g->rowids, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
+        NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, NULL, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
                                    g->stream));
         wb = g->wtmp;
     }
@@ -648,7 +648,7 @@ nstf_status nstf_gpu_op_matmul_lr(nstf_backend *be, const nstf_op_args *a) {
     if (a->matmul_lr.tmp.stride != fa->n_out || (n > 1 && a->matmul_lr.out.stride != fb->n_out))
         return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: %s: low-rank matmul rows are not dense",
                               a->label ? a->label : "matmul_lr");
-    const nstf_gpu_lr_ws ws = {g->wtmp, g->wtmp_elems, g->rowids, g->n_rowids, GEMV_MAX_TOK};
+    const nstf_gpu_lr_ws ws = {g->wtmp, g->wtmp_elems, GEMV_MAX_TOK};
     g->n_kernels += nstf_gpu_matmul_lr_kernels(fa->type, n, fa->n_in, fa->n_out, &ws) +
                     nstf_gpu_matmul_lr_kernels(fb->type, n, fb->n_in, fb->n_out, &ws);
     return nstf_gpu_matmul_lr(fa->type, fa->data, fb->type, fb->data, a->matmul_lr.x.data, a->matmul_lr.tmp.data,

@@ -189,7 +189,7 @@ int main(int argc, char **argv) {
         study_dev d = study_dev_make(cs);
         /* the library reads these rows in its split layout since the study (quant.h) */
         const study_base base =
-            study_production(sh.name, cs, d, nstf_q4_0_split(sh.n_in) ? ws : w, n_copies, copy_gbs, g_reps, s);
+            study_production(sh.name, cs, d, nstf_gpu_split_codes(NSTF_TYPE_Q4_0, sh.n_in) ? ws : w, n_copies, copy_gbs, g_reps, s);
         for (const variant &V : variants) {
             if (!strstr(V.name, var_filter)) continue;
             const int blocks = ((sh.n_out + V.rpw - 1) / V.rpw + 7) / 8;

@@ -232,7 +232,8 @@ gemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__r
 static const char *gemv_wt_name(int wt) {
     static const char *names[GW_N] = {"f32/vec", "f16/vec", "bf16/vec", "q8_0", "q4_0", "q4_1",
                                       "f32/scalar", "f16/scalar", "bf16/scalar", "q5_0", "q5_1", "iq4_nl",
-                                      "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_0/split"};
+                                      "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_0/split",
+                                      "iq4_nl/split", "q8_0/split"};
     return wt >= 0 && wt < GW_N ? names[wt] : "?";
 }
 
@@ -297,23 +298,10 @@ gemv_fn nstf_gemv_float_fused_pick(int wt, int fz, int rows) {
  * they are read. The switch NSTF_PF_BYTES=n prefetches n bytes of each row
  * of every matrix instead (measurement). */
 #define GEMV_PF_MAX ((uint64_t)8 << 20)
-/* The current device's SM (CU) count, -1 when there is no current device;
- * cached per host thread (the current device is per host thread). */
-static int gemv_n_sm(void) {
-    static thread_local int n_sm = 0, dev_cached = -1;
-    int dev = 0;
-    if (gpuGetDevice(&dev) != gpuSuccess) return -1;
-    if (dev != dev_cached) {
-        gpuDeviceProp_t pr;
-        n_sm = gpuGetDeviceProperties(&pr, dev) == gpuSuccess ? pr.multiProcessorCount : 0;
-        dev_cached = dev;
-    }
-    return n_sm;
-}
 
 void nstf_gemv_prefetch_plan(gemv_fz *f, uint64_t matrix_bytes) {
     if (!nstf_gpu_pdl()) return;
-    const int n_sm = gemv_n_sm();
+    const int n_sm = nstf_gpu_n_sm();
     if (n_sm < 0) return;
     const int pf = nstf_switch_int(NSTF_SW_PF_BYTES); /* NSTF_SWITCH_AUTO or bytes */
     f->prefetch = pf >= 0 ? pf : matrix_bytes <= GEMV_PF_MAX ? INT32_MAX : 0;
@@ -336,7 +324,7 @@ int nstf_gemvk8_rows(int wt, int64_t n_in, int64_t n_out, int rope) {
         return rope && sw == GEMVQ_ROWS_BIG ? GEMVQ_ROWS : sw == GEMVQ_ROWS_SMALL && !small_ok ? GEMVQ_ROWS : sw;
     if (n_out >= GEMVQ_BIG_OUT && !rope) return GEMVQ_ROWS_BIG;
     if (!small_ok || n_in < 4096) return GEMVQ_ROWS;
-    const int n_sm = gemv_n_sm(); /* no device: 16-row blocks, as before */
+    const int n_sm = nstf_gpu_n_sm(); /* no device: 16-row blocks, as before */
     return (n_out + GEMVQ_ROWS - 1) / GEMVQ_ROWS < 2 * (int64_t)n_sm ? GEMVQ_ROWS_SMALL : GEMVQ_ROWS;
 }
 
@@ -352,7 +340,7 @@ extern "C" nstf_status nstf_gpu_gemv(nstf_type wtype, const void *w, const uint1
                               nstf_type_name(wtype));
     if (gemv_make_plan(wtype, w, x, 1, n_in).wt < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_gemv: %s weights with rows of %lld must be %d-byte aligned",
-                              nstf_type_name(wtype), (long long)n_in, gemv_w_align(wtype, n_in));
+                              nstf_type_name(wtype), (long long)n_in, nstf_gpu_w_align((int)wtype, n_in));
     if (y_type != NSTF_TYPE_F32 && y_type != NSTF_TYPE_BF16)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "nstf_gpu_gemv: output type %s (F32 or BF16)",
                               nstf_type_name(y_type));

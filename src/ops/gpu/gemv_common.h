@@ -28,13 +28,14 @@ enum {
     GW_F32, GW_F16, GW_BF16, GW_Q8_0, GW_Q4_0, GW_Q4_1, GW_F32_S, GW_F16_S, GW_BF16_S,
     GW_Q5_0, GW_Q5_1, GW_IQ4_NL,
     GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K, GW_IQ4_XS,
-    GW_Q4_0S, /* Q4_0 rows in the GPU's split layout (quant.h) */
+    GW_Q4_0S, GW_IQ4_NLS, GW_Q8_0S, /* Q4_0, IQ4_NL, Q8_0 rows in the GPU's split layout (quant.h) */
     GW_N
 };
 #define GW_SUPER(wt) ((wt) >= GW_Q2_K && (wt) <= GW_IQ4_XS) /* gemvk.cu */
 #define GW_HALF(wt)                                                                                                  \
     ((wt) == GW_Q8_0 || (wt) == GW_Q4_0 || (wt) == GW_Q4_1 || ((wt) >= GW_Q5_0 && (wt) <= GW_IQ4_NL) ||              \
-     (wt) == GW_Q4_0S)
+     (wt) >= GW_Q4_0S)
+#define GW_SPLIT(wt) ((wt) >= GW_Q4_0S) /* quant.h's split rows */
 
 /* ---- launch options: the fusions (nstf_gpu_gemv_fused) and the prefetch -- *
  * FZ = norm bit | epilogue << 1. FZ 0 is the plain GEMV. A fused kernel is
@@ -106,8 +107,9 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     const bool x_al = ((uintptr_t)x % 16) == 0 && n_in % 8 == 0;
     const bool w_al = ((uintptr_t)w % 16) == 0 && n_in % 8 == 0;
     p.wt = gemv_wt(wtype, w_al && x_al);
-    /* the GPU's split Q4_0 rows: 16-byte aligned or refused */
-    if (wtype == NSTF_TYPE_Q4_0 && nstf_q4_0_split(n_in)) p.wt = (uintptr_t)w % 16 == 0 ? GW_Q4_0S : -1;
+    /* the GPU's split rows: 16-byte aligned or refused */
+    if (nstf_gpu_split_codes((int)wtype, n_in))
+        p.wt = (uintptr_t)w % 16 != 0 ? -1 : wtype == NSTF_TYPE_Q4_0 ? GW_Q4_0S : wtype == NSTF_TYPE_IQ4_NL ? GW_IQ4_NLS : GW_Q8_0S;
     p.x_vec = x_al;
     p.super = GW_SUPER(p.wt);
     p.quant = p.super || (GW_HALF(p.wt) && (p.wt != GW_Q4_1 || (uintptr_t)w % 4 == 0));
@@ -128,14 +130,10 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     p.chunk = (int)(need < cap ? need : cap);
     p.n_chunks = (int)((n_in + p.chunk - 1) / p.chunk);
     p.smem = (size_t)nt * (size_t)p.chunk / 32 * (size_t)xbytes32;
-    if (p.quant && !p.i8 && p.wt != GW_Q8_0) p.smem += (size_t)nt * (size_t)(p.chunk / 16) * 4; /* x sums */
+    if (p.quant && !p.i8 && p.wt != GW_Q8_0 && p.wt != GW_Q8_0S) p.smem += (size_t)nt * (size_t)(p.chunk / 16) * 4; /* x sums */
     return p;
 }
 
-/* The alignment the launchers ask of a matrix of wtype with rows of n_in. */
-static inline int gemv_w_align(nstf_type wtype, int64_t n_in) {
-    return wtype == NSTF_TYPE_Q4_0 && nstf_q4_0_split(n_in) ? 16 : nstf_q_align((int)wtype);
-}
 
 /* A kernel instance, as the launchers take it. */
 typedef void (*gemv_fn)(const uint8_t *, size_t, const uint16_t *, void *, int, int, int, int, const gemv_fz);

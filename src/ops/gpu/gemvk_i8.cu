@@ -31,9 +31,10 @@
  *    8-byte loads of codes and one of the header (d, scales). Q6_K
  *    (210 bytes), Q4_0 / IQ4_NL (18) and Q5_0 (22) blocks are 2-byte
  *    aligned: runs load as five words and realign (quant.h); Q4_1 (20) and
- *    Q5_1 (24) as four words. Q4_0 rows in the GPU's split layout
- *    (GW_Q4_0S, quant.h) load their 16 bytes of codes in one load that
- *    bypasses L1, and the scale apart.
+ *    Q5_1 (24) as four words. Q4_0, IQ4_NL and Q8_0 rows in the GPU's
+ *    split layout (GW_Q4_0S, GW_IQ4_NLS, GW_Q8_0S; quant.h) load their 16
+ *    (Q8_0: 32) bytes of codes in 16-byte loads that bypass L1, and the
+ *    scale apart.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
  *    steps are loaded before the PDL wait. Rows past the end re-read the
  *    last row and are never stored. */
@@ -46,11 +47,11 @@ template <int WT> struct gk8_traits {
                                  : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES
                                  : WT == GW_Q4_1 ? NSTF_Q4_1_BYTES : WT == GW_Q5_0 ? NSTF_Q5_0_BYTES
                                  : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : WT == GW_Q4_0S ? NSTF_Q4_0_BYTES
-                                 : NSTF_IQ4_NL_BYTES;
+                                 : WT == GW_Q8_0S ? NSTF_Q8_0_BYTES : NSTF_IQ4_NL_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
     static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11
-                              : WT == GW_Q5_0 ? 7
-                              : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 || WT == GW_Q4_0S ? 6
+                              : WT == GW_Q8_0S ? 9 : WT == GW_Q5_0 ? 7
+                              : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 || GW_SPLIT(WT) ? 6
                               : 5; /* raw words */
     /* the 32-element types whose codes are 2-byte aligned runs (realigned) */
     static constexpr bool A2 = WT == GW_Q4_0 || WT == GW_Q5_0 || WT == GW_IQ4_NL;
@@ -112,12 +113,19 @@ template <int WT> struct gk8_raw {
 template <int WT>
 static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict__ row, int g, int c, int nb) {
     gk8_raw<WT> r;
-    if constexpr (WT == GW_Q4_0S) { /* the row's nb scales, then its runs of 16 codes (quant.h) */
+    if constexpr (GW_SPLIT(WT)) { /* the row's nb scales, then its runs of 16 (Q8_0: 32) codes (quant.h) */
         const int b = 8 * g + c;
-        const uint4 q = gk8_ld_w(row + 2 * (size_t)nb + 16 * (size_t)b);
+        constexpr int CB = gk8_traits<WT>::BYTES - 2;
+        const uint4 q = gk8_ld_w(row + 2 * (size_t)nb + (size_t)CB * b);
         r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
-        r.a[4] = 0;
-        r.a[5] = nstf_ld_u16(row + 2 * b);
+        if constexpr (CB == 32) {
+            const uint4 q1 = gk8_ld_w(row + 2 * (size_t)nb + (size_t)CB * b + 16);
+            r.a[4] = q1.x, r.a[5] = q1.y, r.a[6] = q1.z, r.a[7] = q1.w;
+            r.a[8] = nstf_ld_u16(row + 2 * b);
+        } else {
+            r.a[4] = 0;
+            r.a[5] = nstf_ld_u16(row + 2 * b);
+        }
     } else if constexpr (WT == GW_Q4_K) {
         const uint8_t *b = row + (size_t)g * NSTF_Q4_K_BYTES;
         const uint4 q = gk8_ld_w(b + 16 + 16 * c), h = *(const uint4 *)b;
@@ -378,25 +386,28 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         const int ls = (int)(((a[5] >> (4 * c)) & 0xfu) | (((a[4] >> (16 + 2 * c)) & 3u) << 4));
                         acc[r] = fmaf(nstf_h2f(a[4]) * (float)(ls - 32), dx * (float)(ah * 256 + al), acc[r]);
                     }
-                } else if constexpr (WT == GW_Q8_0) { /* d q; one 32 of x, one dx */
+                } else if constexpr (WT == GW_Q8_0 || WT == GW_Q8_0S) { /* d q; one 32 of x, one dx */
                     const float dx = dss[8 * gc + c].x;
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
-                        const uint32_t mis = (a[10] >> 16) & 1u;
+                        constexpr int DW = WT == GW_Q8_0 ? 10 : 8; /* the scale's word */
+                        const uint32_t mis = WT == GW_Q8_0 ? (a[DW] >> 16) & 1u : 0u;
                         int ah = 0, al = 0;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
-                            const uint32_t lo = nstf_run16_word(a, k, mis), hi = nstf_run16_word(a + 5, k, mis);
+                            uint32_t lo, hi;
+                            if constexpr (WT == GW_Q8_0) lo = nstf_run16_word(a, k, mis), hi = nstf_run16_word(a + 5, k, mis);
+                            else lo = a[k], hi = a[4 + k];
                             ah = gk8_dot4(lo, xav[k], ah);
                             al = gk8_dot4(lo, lav[k], al);
                             ah = gk8_dot4(hi, xbv[k], ah);
                             al = gk8_dot4(hi, lbv[k], al);
                         }
-                        acc[r] = fmaf(nstf_h2f(a[10]), dx * (float)(ah * 256 + al), acc[r]);
+                        acc[r] = fmaf(nstf_h2f(a[DW]), dx * (float)(ah * 256 + al), acc[r]);
                     }
                 } else { /* Q4_0 (either layout): d (q - 8); Q5_0: d (q - 16); Q4_1, Q5_1: d q + m;
-                            IQ4_NL: d kvalue(q); one 32 of x, one dx */
+                            IQ4_NL (either layout): d kvalue(q); one 32 of x, one dx */
                     const float2 dd = dss[8 * gc + c];
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
@@ -412,7 +423,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                                 lo |= nstf_spread4_b4((qh >> (4 * k)) & 0xfu);
                                 hi |= nstf_spread4_b4((qh >> (16 + 4 * k)) & 0xfu);
                             }
-                            if constexpr (WT == GW_IQ4_NL) { /* the code book's entries plus 128, back to int8 */
+                            if constexpr (WT == GW_IQ4_NL || WT == GW_IQ4_NLS) { /* the code book's entries plus 128, back to int8 */
                                 lo = nstf_iq4_lookup4(lo) ^ 0x80808080u;
                                 hi = nstf_iq4_lookup4(hi) ^ 0x80808080u;
                             }
@@ -424,7 +435,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         const float S = dd.x * (float)(ah * 256 + al);
                         if constexpr (WT == GW_Q4_0 || WT == GW_Q4_0S || WT == GW_Q5_0)
                             acc[r] = fmaf(nstf_h2f(a[5]), fmaf(WT == GW_Q5_0 ? -16.0f : -8.0f, dd.y, S), acc[r]);
-                        else if constexpr (WT == GW_IQ4_NL) acc[r] = fmaf(nstf_h2f(a[5]), S, acc[r]);
+                        else if constexpr (WT == GW_IQ4_NL || WT == GW_IQ4_NLS) acc[r] = fmaf(nstf_h2f(a[5]), S, acc[r]);
                         else acc[r] = fmaf(nstf_h2f(a[4]), S, fmaf(nstf_h2f(a[4] >> 16), dd.y, acc[r]));
                     }
                 }
@@ -456,6 +467,8 @@ template <int R> struct gemvk8_k {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, 0>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, 0>;
         case GW_Q4_0S: return gemvk8_kernel<GW_Q4_0S, YB, R, 0>;
+        case GW_IQ4_NLS: return gemvk8_kernel<GW_IQ4_NLS, YB, R, 0>;
+        case GW_Q8_0S: return gemvk8_kernel<GW_Q8_0S, YB, R, 0>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, 0>;
         case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, 0>;
         case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, 0>;
@@ -487,6 +500,8 @@ template <int R> struct gemvk8_fused {
         case GW_Q8_0: return gemvk8_kernel<GW_Q8_0, YB, R, FZ>;
         case GW_Q4_0: return gemvk8_kernel<GW_Q4_0, YB, R, FZ>;
         case GW_Q4_0S: return gemvk8_kernel<GW_Q4_0S, YB, R, FZ>;
+        case GW_IQ4_NLS: return gemvk8_kernel<GW_IQ4_NLS, YB, R, FZ>;
+        case GW_Q8_0S: return gemvk8_kernel<GW_Q8_0S, YB, R, FZ>;
         case GW_Q4_1: return gemvk8_kernel<GW_Q4_1, YB, R, FZ>;
         case GW_Q5_0: return gemvk8_kernel<GW_Q5_0, YB, R, FZ>;
         case GW_Q5_1: return gemvk8_kernel<GW_Q5_1, YB, R, FZ>;

@@ -19,7 +19,9 @@
  *    plus one 16-bit tail load, and realigned with one byte permute per
  *    word (selector chosen from the address): 6 loads per 16 Q8_0 weights,
  *    4 for Q4_0 and IQ4_NL, 3 for Q4_1 (always 4-byte aligned there); Q5_0
- *    adds two 16-bit loads of qh, Q5_1 (4-byte aligned) one word.
+ *    adds two 16-bit loads of qh, Q5_1 (4-byte aligned) one word. Rows in
+ *    the GPU's split layout (Q4_0, IQ4_NL, Q8_0; quant.h) load their
+ *    aligned codes as plain words and the scale apart.
  *  - Q8_0 decodes with one byte permute + one FADD per weight: the float
  *    with bits 0x4B0000uu is 2^23 + uu, uu = n + 128 after flipping the
  *    sign bits of the four bytes at once.
@@ -68,13 +70,13 @@ static __device__ __forceinline__ gemvq_raw<WT> gemvq_load(const uint8_t *__rest
     typedef gemvq_layout<WT> L;
     const int b = u >> 1, h = u & 1;
     r.qh = 0;
-    if constexpr (WT == GW_Q4_0) {
-        if (nbs) { /* the GPU's split rows (quant.h): nbs scales, then runs of 16 codes; aligned */
-            const uint8_t *p = row + 2 * (size_t)nbs + 16 * (size_t)b + 8 * h;
+    if constexpr (WT == GW_Q4_0 || WT == GW_IQ4_NL || WT == GW_Q8_0) {
+        if (nbs) { /* the GPU's split rows (quant.h): nbs scales, then runs of 16 or 32 codes; aligned */
+            const uint8_t *p = row + 2 * (size_t)nbs + (size_t)(L::BYTES - 2) * b + 4 * NQ * h;
             r.sc = nstf_ld_u16(row + 2 * b);
-            r.q[0] = nstf_ld_u32(p);
-            r.q[1] = nstf_ld_u32(p + 4);
-            r.q[2] = 0;
+#pragma unroll
+            for (int k = 0; k < NQ; k++) r.q[k] = nstf_ld_u32(p + 4 * k);
+            r.q[NQ] = 0;
             r.mis = 0;
             return r;
         }
@@ -167,7 +169,8 @@ gemvq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
      * wait (as in gemv_kernel; one unit, not GEMVQ_UNROLL, and not in the
      * 32-row blocks: registers) */
     const bool pre_on = NT == 1 && RPW <= 2 && !f.no_pre && chunk >= n_in && lane < n_in / 16;
-    const int nbs = WT == GW_Q4_0 && nstf_q4_0_split(n_in) ? n_in / 32 : 0; /* Q4_0's layout (quant.h) */
+    constexpr int ST = WT == GW_Q4_0 ? NSTF_TYPE_Q4_0 : WT == GW_IQ4_NL ? NSTF_TYPE_IQ4_NL : WT == GW_Q8_0 ? NSTF_TYPE_Q8_0 : -1;
+    const int nbs = nstf_gpu_split_codes(ST, n_in) ? n_in / 32 : 0; /* the row's layout (quant.h) */
     gemvq_raw<WT> pre[RPW];
     if (pre_on) {
 #pragma unroll
@@ -340,12 +343,15 @@ struct gemvq_k {
     }
     template <bool YB, int R> static gemv_fn pick(int wt, int nt) {
         switch (wt) {
-        case GW_Q8_0: return gemv_pick_nt<gemvq_k, GW_Q8_0, YB, R>(nt);
+        /* the split kinds: the kernel tells the layout from n_in */
+        case GW_Q8_0:
+        case GW_Q8_0S: return gemv_pick_nt<gemvq_k, GW_Q8_0, YB, R>(nt);
         case GW_Q4_0:
-        case GW_Q4_0S: return gemv_pick_nt<gemvq_k, GW_Q4_0, YB, R>(nt); /* the kernel tells the layout from n_in */
+        case GW_Q4_0S: return gemv_pick_nt<gemvq_k, GW_Q4_0, YB, R>(nt);
         case GW_Q5_0: return gemv_pick_nt<gemvq_k, GW_Q5_0, YB, R>(nt);
         case GW_Q5_1: return gemv_pick_nt<gemvq_k, GW_Q5_1, YB, R>(nt);
-        case GW_IQ4_NL: return gemv_pick_nt<gemvq_k, GW_IQ4_NL, YB, R>(nt);
+        case GW_IQ4_NL:
+        case GW_IQ4_NLS: return gemv_pick_nt<gemvq_k, GW_IQ4_NL, YB, R>(nt);
         default: return gemv_pick_nt<gemvq_k, GW_Q4_1, YB, R>(nt);
         }
     }

@@ -133,6 +133,10 @@ __device__ __forceinline__ float block_reduce_sum(float v, float *red) {
  * nstf_gpu_set_pdl in gpu_api.h). */
 extern "C" int nstf_gpu_pdl(void);
 
+/* The current device's SM (CU) count, -1 when there is no current device;
+ * cached per host thread (the current device is per host thread). */
+extern "C" int nstf_gpu_n_sm(void);
+
 /* kern<<<grid, block, smem, stream>>>(args...), with programmatic
  * serialization when pdl is non-zero and the vendor has it (CUDA). */
 template <typename... P, typename... A>

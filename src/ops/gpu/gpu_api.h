@@ -84,19 +84,22 @@ nstf_status nstf_gpu_stream_sync(void *stream);
 /* ---- kernels ------------------------------------------------------------------ */
 
 /* Rewrite a weight matrix [n_out, n_in] of `type`, uploaded as the file
- * stores it, in place into the GPU's row layout: Q4_0 rows of a multiple
- * of 256 elements (up to 65536) are split into their scales and their
- * 16-byte runs of codes (quant.h); every other matrix is left as it is.
- * The kernels below that take weights (get_rows, gemv, gemv_fused,
- * matmul_lr) read Q4_0 rows of such lengths in that layout only, so a
- * matrix must pass through here once after its upload; w 16-byte aligned. */
+ * stores it, in place into the GPU's row layout: Q4_0, IQ4_NL and Q8_0
+ * rows of a multiple of 256 elements (up to 36 KiB a row) are split into
+ * their scales and their 16-byte aligned runs of codes (quant.h,
+ * nstf_gpu_split_codes); every other matrix is left as it is. The kernels
+ * below that take weights (get_rows, gemv, gemv_fused, matmul_lr) read
+ * rows of such types and lengths in that layout only, so a matrix must
+ * pass through here once after its upload; w 16-byte aligned. */
 nstf_status nstf_gpu_weights_relayout(nstf_type type, void *w, int64_t n_in, int64_t n_out, void *stream);
 
 /* Embedding gather: out[t, :] = dequant(table[ids[t], :]).
  * table [n_rows, dim] of `type` (any supported; dim a multiple of 32 for the
  * quantized types), ids [n_tok] int32 on the device, out [n_tok, dim] of
  * out_type F32 (the residual stream) or BF16. An id outside [0, n_rows)
- * yields a row of NaN instead of an out-of-bounds read. */
+ * yields a row of NaN instead of an out-of-bounds read. ids NULL: rows 0 ..
+ * n_tok - 1 (n_tok <= n_rows), the prefill's dequantization of a whole
+ * matrix, with no id to load before each row. */
 nstf_status nstf_gpu_get_rows(nstf_type type, const void *table, int64_t n_rows,
                               const int32_t *ids, void *out, nstf_type out_type,
                               int64_t n_tok, int64_t dim, void *stream);
@@ -453,14 +456,11 @@ nstf_status nstf_gpu_head_norm_rope(uint16_t *q, uint16_t *k, const float *wq, c
                                     const float *factors, nstf_rope_mode mode, void *stream);
 
 /* The workspace a low-rank matmul may use for its GEMM path: a bf16
- * buffer of wtmp_elems elements for a dequantized factor, row ids
- * 0..n_rowids-1 for the dequantizing gather, and the token count up to
- * which the GEMV runs instead. */
+ * buffer of wtmp_elems elements for a dequantized factor, and the token
+ * count up to which the GEMV runs instead. */
 typedef struct nstf_gpu_lr_ws {
     uint16_t *wtmp;
     uint64_t wtmp_elems;
-    const int32_t *rowids;
-    int64_t n_rowids;
     int64_t gemv_max_tok;
 } nstf_gpu_lr_ws;
 /* y [n, n_out] (y_type F32 or BF16) = (x [n, n_in] A^T) B^T for a matrix

@@ -90,6 +90,18 @@ extern "C" int nstf_gpu_set_pdl(int on) {
 
 extern "C" int nstf_gpu_pdl(void) { return pdl_on; }
 
+extern "C" int nstf_gpu_n_sm(void) {
+    static thread_local int n_sm = 0, dev_cached = -1;
+    int dev = 0;
+    if (gpuGetDevice(&dev) != gpuSuccess) return -1;
+    if (dev != dev_cached) {
+        gpuDeviceProp_t pr;
+        n_sm = gpuGetDeviceProperties(&pr, dev) == gpuSuccess ? pr.multiProcessorCount : 0;
+        dev_cached = dev;
+    }
+    return n_sm;
+}
+
 extern "C" nstf_status nstf_gpu_query(int dev, nstf_gpu_info *info) {
     if (!info) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_query: info is NULL");
     const nstf_signals_held held;

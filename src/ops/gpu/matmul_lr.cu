@@ -16,9 +16,9 @@ static nstf_status lr_stage(nstf_type wt, const void *w, const uint16_t *x, void
     if (n <= ws->gemv_max_tok || n_in % 8 || n_out % 8) return nstf_gpu_gemv(wt, w, x, y, yt, n, n_in, n_out, stream);
     const uint16_t *wb = (const uint16_t *)w;
     if (wt != NSTF_TYPE_BF16) {
-        if (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems || n_out > ws->n_rowids)
+        if (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems)
             return nstf_gpu_gemv(wt, w, x, y, yt, n, n_in, n_out, stream);
-        nstf_status st = nstf_gpu_get_rows(wt, w, n_out, ws->rowids, ws->wtmp, NSTF_TYPE_BF16, n_out, n_in, stream);
+        nstf_status st = nstf_gpu_get_rows(wt, w, n_out, NULL, ws->wtmp, NSTF_TYPE_BF16, n_out, n_in, stream);
         if (st != NSTF_OK) return st;
         wb = ws->wtmp;
     }
@@ -28,7 +28,7 @@ static nstf_status lr_stage(nstf_type wt, const void *w, const uint16_t *x, void
 extern "C" int nstf_gpu_matmul_lr_kernels(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out,
                                           const nstf_gpu_lr_ws *ws) {
     if (n <= ws->gemv_max_tok || n_in % 8 || n_out % 8 || wt == NSTF_TYPE_BF16) return 1;
-    return (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems || n_out > ws->n_rowids) ? 1 : 2;
+    return (!ws->wtmp || (uint64_t)n_in * (uint64_t)n_out > ws->wtmp_elems) ? 1 : 2;
 }
 
 extern "C" nstf_status nstf_gpu_matmul_lr(nstf_type ta, const void *a, nstf_type tb, const void *b,

@@ -8,7 +8,8 @@
  * sub-block scale at most 7 and the code at most 7, so ggml's order of
  * operations rounds once, at the final add, in either order).
  * Used by get_rows.cu (the embedding gather and the prefill's dequantization
- * into bf16) and, for the shared pieces, by gemvq.cu and gemvk.cu. */
+ * into bf16) and, for the shared pieces, by gemvq.cu and gemvk.cu; the
+ * GPU's split row layout of Q4_0, IQ4_NL and Q8_0 (nstf_gpu_split_codes). */
 #ifndef NSTF_GPU_QUANT_H
 #define NSTF_GPU_QUANT_H
 
@@ -52,20 +53,33 @@ __host__ __device__ constexpr int nstf_q_align(int t) {
            : nstf_q_block_bytes(t) % 4 == 0 ? 4 : 2;
 }
 
-/* ---- the GPU's row layout of Q4_0 ----------------------------------------- *
- * A Q4_0 matrix whose rows hold a multiple of 256 elements (at most
- * NSTF_GPU_SPLIT_MAX) is kept on the GPU with each row's bytes rearranged
- * ("split"): its nb = n / 32 fp16 scales first, then its nb runs of 16 code
- * bytes. The row keeps its size (18 nb bytes, a multiple of 16), and every
- * run of codes is 16-byte aligned when the row is: one 16-byte load of
- * codes instead of five realigned words (bench/kernels/gemv/gemv_q40_v2.cu
- * measured 1.2-1.4x on the 8B shapes' GEMVs). nstf_gpu_weights_relayout
- * rewrites an uploaded matrix so; every kernel that reads Q4_0 weights
+/* ---- the GPU's split rows ------------------------------------------------ *
+ * A Q4_0, IQ4_NL or Q8_0 matrix (a 2-byte fp16 scale, then 16 or 32 code
+ * bytes per block of 32) whose rows hold a multiple of 256 elements and at
+ * most NSTF_GPU_SPLIT_MAX_BYTES is kept on the GPU with each row's bytes
+ * rearranged ("split"): its nb = n / 32 scales first, then its nb runs of
+ * code bytes. The row keeps its size (a multiple of 16 bytes), and every
+ * run of codes is 16-byte aligned when the row is: 16-byte loads of codes
+ * instead of realigned words (bench/kernels/gemv/gemv_q40_v2.cu measured
+ * 1.2-1.4x on the 8B shapes' Q4_0 GEMVs). nstf_gpu_weights_relayout
+ * rewrites an uploaded matrix so; every kernel that reads these types
  * (gemvk_i8, gemvq, get_rows) takes the layout from the row length by this
- * rule. Other rows keep the file's layout. */
-#define NSTF_GPU_SPLIT_MAX 65536
-__host__ __device__ constexpr bool nstf_q4_0_split(int64_t n) {
-    return n > 0 && n % 256 == 0 && n <= NSTF_GPU_SPLIT_MAX;
+ * rule. Other rows keep the file's layout. The byte bound keeps a row in
+ * the shared memory of the relayout kernel (Q4_0 / IQ4_NL: 65,536
+ * elements; Q8_0: 34,560). */
+#define NSTF_GPU_SPLIT_MAX_BYTES 36864
+/* Code bytes per block of a row of n elements of type t in the split
+ * layout (16 or 32), or 0: the row keeps the file's layout. */
+__host__ __device__ constexpr int nstf_gpu_split_codes(int t, int64_t n) {
+    return (t == NSTF_TYPE_Q4_0 || t == NSTF_TYPE_IQ4_NL || t == NSTF_TYPE_Q8_0) && n > 0 && n % 256 == 0 &&
+                   n / 32 * nstf_q_block_bytes(t) <= NSTF_GPU_SPLIT_MAX_BYTES
+               ? nstf_q_block_bytes(t) - 2
+               : 0;
+}
+/* The alignment a matrix of type t with rows of n elements must have on
+ * the GPU: 16 bytes for split rows, else nstf_q_align(t). */
+__host__ __device__ constexpr int nstf_gpu_w_align(int t, int64_t n) {
+    return nstf_gpu_split_codes(t, n) ? 16 : nstf_q_align(t);
 }
 
 /* ---- byte tricks ------------------------------------------------------------ */
@@ -150,18 +164,30 @@ static __device__ __forceinline__ uint2 nstf_ld8_a2(const uint8_t *p) {
 }
 
 /* The 8 values of elements i0 .. i0 + 7 of a row of type T (i0 % 8 == 0;
- * the row aligned as nstf_q_align(T) says). nbs: a Q4_0 row's block count
- * when it is in the split layout (16-byte aligned), else 0. */
+ * the row aligned as nstf_gpu_w_align says). nbs: the row's block count
+ * when it is in the split layout (nstf_gpu_split_codes), else 0. */
 template <int T>
 static __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int64_t i0, float (&v)[8], int64_t nbs = 0) {
-    if constexpr (T == NSTF_TYPE_Q4_0) {
-        if (nbs) {
+    if constexpr (T == NSTF_TYPE_Q4_0 || T == NSTF_TYPE_IQ4_NL || T == NSTF_TYPE_Q8_0) {
+        if (nbs) { /* scales, then runs of codes: 8 aligned bytes */
+            constexpr int CB = nstf_q_block_bytes(T) - 2;
             const int64_t b = i0 / 32;
             const int j0 = (int)(i0 % 32), hi = j0 >= 16;
-            const uint2 q = *(const uint2 *)(row + 2 * nbs + 16 * b + (j0 & 15));
+            const uint2 q = *(const uint2 *)(row + 2 * nbs + CB * b + (CB == 32 ? j0 : j0 & 15));
             const float d = nstf_h2f(nstf_ld_u16(row + 2 * b));
+            if constexpr (T == NSTF_TYPE_Q8_0) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = d * (float)((int)(((k < 4 ? q.x : q.y) >> (8 * (k & 3) + 4 * hi)) & 0xf) - 8);
+                for (int k = 0; k < 8; k++) v[k] = d * (float)(int8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
+            } else if constexpr (T == NSTF_TYPE_IQ4_NL) {
+                const uint32_t c0 = nstf_iq4_lookup4((q.x >> (4 * hi)) & 0x0f0f0f0fu);
+                const uint32_t c1 = nstf_iq4_lookup4((q.y >> (4 * hi)) & 0x0f0f0f0fu);
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = d * (nstf_byte_2p23(k < 4 ? c0 : c1, k & 3) - 8388736.0f);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    v[k] = d * (float)((int)(((k < 4 ? q.x : q.y) >> (8 * (k & 3) + 4 * hi)) & 0xf) - 8);
+            }
             return;
         }
     }

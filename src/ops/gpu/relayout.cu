@@ -1,25 +1,31 @@
 /* relayout.cu — weights rewritten, after their upload, into the GPU's row
- * layout (quant.h): the rows of a Q4_0 matrix with a multiple of 256
- * elements split into their scales and their 16-byte runs of codes. In
- * place, one block per row: the row is read whole into shared memory (at
- * most 18 * NSTF_GPU_SPLIT_MAX / 32 = 36 KiB), then written back. */
+ * layout (quant.h, nstf_gpu_split_codes): the rows of a Q4_0, IQ4_NL or
+ * Q8_0 matrix with a multiple of 256 elements split into their scales and
+ * their 16-byte aligned runs of codes. In place, one block per row: the
+ * row is read whole into shared memory (at most NSTF_GPU_SPLIT_MAX_BYTES),
+ * then written back. */
 #include "quant.h"
 
 #define RELAYOUT_THREADS 256
 
+/* CB code bytes per block (16: Q4_0 / IQ4_NL, 32: Q8_0), after a 2-byte scale. */
+template <int CB>
 __global__ void __launch_bounds__(RELAYOUT_THREADS)
-q4_0_split_kernel(uint8_t *__restrict__ w, size_t row_bytes, int64_t n_rows, int nb) {
+split_rows_kernel(uint8_t *__restrict__ w, size_t row_bytes, int64_t n_rows, int nb) {
     extern __shared__ uint4 relayout_smem[];
     const uint8_t *sm = (const uint8_t *)relayout_smem;
+    constexpr int BB = CB + 2, NU = CB / 16; /* block bytes; 16-byte units of codes per block */
     for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         uint8_t *row = w + (size_t)r * row_bytes;
         for (int i = threadIdx.x; i < (int)(row_bytes / 16); i += RELAYOUT_THREADS)
             relayout_smem[i] = ((const uint4 *)row)[i];
         __syncthreads();
-        for (int b = threadIdx.x; b < nb; b += RELAYOUT_THREADS) { /* block b: d @ 18 b, qs @ 18 b + 2 */
-            const uint16_t *q = (const uint16_t *)(sm + 18 * b + 2);
-            ((uint16_t *)row)[b] = *(const uint16_t *)(sm + 18 * b);
-            *(uint4 *)(row + 2 * (size_t)nb + 16 * (size_t)b) =
+        for (int b = threadIdx.x; b < nb; b += RELAYOUT_THREADS) /* block b: d @ BB b, qs @ BB b + 2 */
+            ((uint16_t *)row)[b] = *(const uint16_t *)(sm + BB * b);
+        for (int i = threadIdx.x; i < nb * NU; i += RELAYOUT_THREADS) { /* unit u of block b: qs[16 u ..] */
+            const int b = i / NU, u = i % NU;
+            const uint16_t *q = (const uint16_t *)(sm + BB * b + 2 + 16 * u);
+            *(uint4 *)(row + 2 * (size_t)nb + (size_t)CB * b + 16 * u) =
                 make_uint4(q[0] | ((uint32_t)q[1] << 16), q[2] | ((uint32_t)q[3] << 16), q[4] | ((uint32_t)q[5] << 16),
                            q[6] | ((uint32_t)q[7] << 16));
         }
@@ -31,17 +37,22 @@ extern "C" nstf_status nstf_gpu_weights_relayout(nstf_type type, void *w, int64_
     if (n_in <= 0 || n_out < 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_weights_relayout: bad shape (n_in %lld, n_out %lld)",
                               (long long)n_in, (long long)n_out);
-    if (type != NSTF_TYPE_Q4_0 || !nstf_q4_0_split(n_in) || n_out == 0) return NSTF_OK; /* the file's layout */
+    const int cb = nstf_gpu_split_codes((int)type, n_in);
+    if (!cb || n_out == 0) return NSTF_OK; /* the file's layout */
     if (!w || (uintptr_t)w % 16 != 0)
         return nstf_set_error(NSTF_ERR_INVALID_ARG,
-                              "nstf_gpu_weights_relayout: Q4_0 rows of %lld elements must start 16-byte aligned",
-                              (long long)n_in);
+                              "nstf_gpu_weights_relayout: %s rows of %lld elements must start 16-byte aligned",
+                              nstf_type_name(type), (long long)n_in);
     const int nb = (int)(n_in / 32);
-    const size_t row_bytes = (size_t)nb * NSTF_Q4_0_BYTES;
+    const size_t row_bytes = (size_t)nb * (size_t)(cb + 2);
     const unsigned grid = (unsigned)(n_out < NSTF_GPU_MAX_GRID ? n_out : NSTF_GPU_MAX_GRID);
     gpuStream_t s = (gpuStream_t)stream;
-    GPU_CHECK(nstf_gpu_launch(q4_0_split_kernel, dim3(grid), dim3(RELAYOUT_THREADS), row_bytes, s, false, (uint8_t *)w,
-                              row_bytes, n_out, nb));
+    if (cb == 16)
+        GPU_CHECK(nstf_gpu_launch(split_rows_kernel<16>, dim3(grid), dim3(RELAYOUT_THREADS), row_bytes, s, false,
+                                  (uint8_t *)w, row_bytes, n_out, nb));
+    else
+        GPU_CHECK(nstf_gpu_launch(split_rows_kernel<32>, dim3(grid), dim3(RELAYOUT_THREADS), row_bytes, s, false,
+                                  (uint8_t *)w, row_bytes, n_out, nb));
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }
