@@ -168,7 +168,7 @@ static inline gh_buf gh_alloc(size_t bytes, const void *src = nullptr, size_t pa
 /* A weight matrix [n_out, n_in] of type t from the host, rewritten into
  * the GPU's row layout as the backend does after its upload
  * (nstf_gpu_weights_relayout: Q4_0, IQ4_NL and Q8_0 rows of a multiple of
- * 256 elements). */
+ * 256 elements, Q6_K rows of a multiple of 2048). */
 static inline gh_buf gh_alloc_weights(nstf_type t, int64_t n_in, int64_t n_out, const void *src, size_t pad = 0) {
     uint64_t rb = 0;
     gh_must(nstf_type_row_bytes(t, n_in, &rb) ? NSTF_OK : NSTF_ERR_INVALID_ARG, "row bytes");

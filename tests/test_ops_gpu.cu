@@ -135,6 +135,15 @@ static void gemv_cases(void) {
             test_gemv(wt, 8, 4096, 45, NSTF_TYPE_BF16, 0, 0);
             test_gemv(wt, 1, 14336, 40, NSTF_TYPE_BF16, 0, 0);
         }
+        /* Q6_K rows of a multiple of 2048 (its split layout) likewise, and
+         * at the layout's length bound (43,008) and past it */
+        if (wt == NSTF_TYPE_Q6_K) {
+            for (int nt = 1; nt <= 8; nt++) test_gemv(wt, nt, 2048, 37, nt % 2 ? NSTF_TYPE_BF16 : NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 8, 4096, 45, NSTF_TYPE_BF16, 0, 0);
+            test_gemv(wt, 1, 14336, 40, NSTF_TYPE_BF16, 0, 0);
+            test_gemv(wt, 1, 43008, 9, NSTF_TYPE_F32, 0, 0);
+            test_gemv(wt, 1, 45056, 9, NSTF_TYPE_F32, 0, 0);
+        }
         if (wt == NSTF_TYPE_Q8_0) {
             test_gemv(wt, 1, 34560, 9, NSTF_TYPE_F32, 0, 0);
             test_gemv(wt, 1, 34816, 9, NSTF_TYPE_F32, 0, 0);
@@ -423,9 +432,10 @@ static void test_errors(void) {
           nstf_last_error());
     gh_note("%s", nstf_last_error());
     gh_end();
-    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0}) {
-        gh_begin("error: relayout of %s rows of 256 not 16-byte aligned", nstf_type_name(t));
-        st = nstf_gpu_weights_relayout(t, d8 + 2, 256, 2, nullptr);
+    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0, NSTF_TYPE_Q6_K}) {
+        const int64_t n = t == NSTF_TYPE_Q6_K ? 2048 : 256;
+        gh_begin("error: relayout of %s rows of %lld not 16-byte aligned", nstf_type_name(t), (long long)n);
+        st = nstf_gpu_weights_relayout(t, d8 + 2, n, 1, nullptr);
         CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "16-byte aligned"), "status %d: %s", (int)st,
               nstf_last_error());
         gh_note("%s", nstf_last_error());
@@ -460,11 +470,11 @@ int main(void) {
         }
         if (!q) test_get_rows(t, 10, 7, 4, NSTF_TYPE_F32);
     }
-    /* Q4_0, IQ4_NL and Q8_0 rows of a multiple of 256: the GPU's split
-     * layout (quant.h) */
-    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0})
+    /* Q4_0, IQ4_NL and Q8_0 rows of a multiple of 256, Q6_K of 2048: the
+     * GPU's split layout (quant.h) */
+    for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0, NSTF_TYPE_Q6_K})
         for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
-            test_get_rows(t, 50, 256, 3, ot);
+            if (t != NSTF_TYPE_Q6_K) test_get_rows(t, 50, 256, 3, ot);
             test_get_rows(t, 300, 2048, 300, ot);
             test_get_rows(t, 300, 2048, 300, ot, true);
         }

@@ -146,7 +146,7 @@ typedef struct nstf_backend_vt {
     /* After a weight matrix's bytes are uploaded as the file stores them
      * (m->data: the backend's copy): rewrite them in place into the
      * backend's own layout, which its ops then expect (the GPU's split
-     * Q4_0, IQ4_NL and Q8_0 rows). NULL: the file's layout is the backend's. */
+     * Q4_0, IQ4_NL, Q8_0 and Q6_K rows). NULL: the file's layout is the backend's. */
     nstf_status (*relayout)(nstf_backend *be, const nstf_matrix *m);
     nstf_status (*zero)(nstf_backend *be, void *p, uint64_t bytes);
     nstf_status (*sync)(nstf_backend *be);

@@ -233,7 +233,7 @@ static const char *gemv_wt_name(int wt) {
     static const char *names[GW_N] = {"f32/vec", "f16/vec", "bf16/vec", "q8_0", "q4_0", "q4_1",
                                       "f32/scalar", "f16/scalar", "bf16/scalar", "q5_0", "q5_1", "iq4_nl",
                                       "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs", "q4_0/split",
-                                      "iq4_nl/split", "q8_0/split"};
+                                      "iq4_nl/split", "q8_0/split", "q6_k/split"};
     return wt >= 0 && wt < GW_N ? names[wt] : "?";
 }
 

@@ -28,14 +28,14 @@ enum {
     GW_F32, GW_F16, GW_BF16, GW_Q8_0, GW_Q4_0, GW_Q4_1, GW_F32_S, GW_F16_S, GW_BF16_S,
     GW_Q5_0, GW_Q5_1, GW_IQ4_NL,
     GW_Q2_K, GW_Q3_K, GW_Q4_K, GW_Q5_K, GW_Q6_K, GW_IQ4_XS,
-    GW_Q4_0S, GW_IQ4_NLS, GW_Q8_0S, /* Q4_0, IQ4_NL, Q8_0 rows in the GPU's split layout (quant.h) */
+    GW_Q4_0S, GW_IQ4_NLS, GW_Q8_0S, GW_Q6_KS, /* Q4_0, IQ4_NL, Q8_0, Q6_K rows in the GPU's split layout (quant.h) */
     GW_N
 };
-#define GW_SUPER(wt) ((wt) >= GW_Q2_K && (wt) <= GW_IQ4_XS) /* gemvk.cu */
+#define GW_SUPER(wt) (((wt) >= GW_Q2_K && (wt) <= GW_IQ4_XS) || (wt) == GW_Q6_KS) /* gemvk.cu */
 #define GW_HALF(wt)                                                                                                  \
     ((wt) == GW_Q8_0 || (wt) == GW_Q4_0 || (wt) == GW_Q4_1 || ((wt) >= GW_Q5_0 && (wt) <= GW_IQ4_NL) ||              \
-     (wt) >= GW_Q4_0S)
-#define GW_SPLIT(wt) ((wt) >= GW_Q4_0S) /* quant.h's split rows */
+     ((wt) >= GW_Q4_0S && (wt) <= GW_Q8_0S))
+#define GW_SPLIT(wt) ((wt) >= GW_Q4_0S && (wt) <= GW_Q8_0S) /* quant.h's split rows of the 32-element types */
 
 /* ---- launch options: the fusions (nstf_gpu_gemv_fused) and the prefetch -- *
  * FZ = norm bit | epilogue << 1. FZ 0 is the plain GEMV. A fused kernel is
@@ -108,8 +108,12 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     const bool w_al = ((uintptr_t)w % 16) == 0 && n_in % 8 == 0;
     p.wt = gemv_wt(wtype, w_al && x_al);
     /* the GPU's split rows: 16-byte aligned or refused */
-    if (nstf_gpu_split_codes((int)wtype, n_in))
-        p.wt = (uintptr_t)w % 16 != 0 ? -1 : wtype == NSTF_TYPE_Q4_0 ? GW_Q4_0S : wtype == NSTF_TYPE_IQ4_NL ? GW_IQ4_NLS : GW_Q8_0S;
+    if (nstf_gpu_split_rows((int)wtype, n_in))
+        p.wt = (uintptr_t)w % 16 != 0                ? -1
+               : wtype == NSTF_TYPE_Q4_0   ? GW_Q4_0S
+               : wtype == NSTF_TYPE_IQ4_NL ? GW_IQ4_NLS
+               : wtype == NSTF_TYPE_Q8_0   ? GW_Q8_0S
+                                           : GW_Q6_KS;
     p.x_vec = x_al;
     p.super = GW_SUPER(p.wt);
     p.quant = p.super || (GW_HALF(p.wt) && (p.wt != GW_Q4_1 || (uintptr_t)w % 4 == 0));
@@ -120,7 +124,8 @@ static inline gemv_plan gemv_make_plan(nstf_type wtype, const void *w, const uin
     /* chunk: a multiple of the block (32 elements; 256 for the super-block
      * kernel), as large as the staging budget allows for nt token rows */
     p.i8 = nt == 1 && p.quant &&
-           (p.wt == GW_Q4_K || p.wt == GW_Q5_K || p.wt == GW_Q6_K || p.wt == GW_IQ4_XS || GW_HALF(p.wt));
+           (p.wt == GW_Q4_K || p.wt == GW_Q5_K || p.wt == GW_Q6_K || p.wt == GW_Q6_KS || p.wt == GW_IQ4_XS ||
+            GW_HALF(p.wt));
     const int blk = p.super || p.i8 ? 256 : 32; /* gemvk8 stages groups of 256 */
     /* staging bytes per 32 elements: two int8 planes and (dx, sum) for
      * gemvk8; fp32 for gemvq at one token and gemvk always; else bf16 */

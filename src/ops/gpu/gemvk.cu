@@ -32,7 +32,8 @@
  *    for Q4_K and Q5_K, 8-byte for IQ4_XS, 4-byte for Q2_K, and for the
  *    2-byte aligned Q3_K and Q6_K four words at the 4-aligned address at
  *    or below a 16-byte run plus a 2-byte tail, realigned with a byte
- *    permute per word.
+ *    permute per word (Q6_K rows in the GPU's split layout, quant.h: one
+ *    aligned 16-byte load per run).
  *  - Each lane keeps UNROLL units of each of its rows in flight (2; 1 at
  *    32-row blocks, from 3 tokens on, and for Q3_K, whose raw unit is 18
  *    words). */
@@ -86,8 +87,11 @@ static __device__ __forceinline__ void gk_put_run(uint32_t *a, const nstf_run16 
     for (int i = 0; i < 5; i++) a[i] = r.w[i];
 }
 
-/* The raw bytes of unit u (super-block u / UPB, unit k = u % UPB). */
-template <int WT> static __device__ __forceinline__ gk_raw<WT> gk_load(const uint8_t *__restrict__ row, int u) {
+/* The raw bytes of unit u (super-block u / UPB, unit k = u % UPB); nsb:
+ * the row's super-block count when it is in the GPU's split layout (Q6_K,
+ * quant.h), else 0. */
+template <int WT>
+static __device__ __forceinline__ gk_raw<WT> gk_load(const uint8_t *__restrict__ row, int u, int nsb) {
     typedef gk_traits<WT> T;
     gk_raw<WT> r;
     const int k = u % T::UPB;
@@ -101,6 +105,18 @@ template <int WT> static __device__ __forceinline__ gk_raw<WT> gk_load(const uin
         gk_put4(r.a + 8, *(const uint4 *)b);
     } else if constexpr (WT == GW_Q6_K) { /* k = 4n + 2m + c: ql @ 16k, qh @ 128 + 32n + 16c, scales @ 192 + ..., d @ 208 */
         const int n = k >> 2, m = (k >> 1) & 1, c = k & 1;
+        if (nsb) { /* codes @ 192 sb, scales @ 192 nsb + 16 sb, d after them; the runs aligned */
+            const size_t sb = (size_t)(u / T::UPB);
+            const uint8_t *bq = row + 192 * sb, *sc = row + 192 * (size_t)nsb + 16 * sb;
+            gk_put4(r.a, *(const uint4 *)(bq + 16 * k));
+            gk_put4(r.a + 5, *(const uint4 *)(bq + 128 + 32 * n + 16 * c));
+            r.a[4] = r.a[9] = 0;
+            r.a[10] = sc[8 * n + 2 * m + c];
+            r.a[11] = sc[4 + 8 * n + 2 * m + c];
+            r.a[12] = nstf_ld_u16(row + 208 * (size_t)nsb + 2 * sb);
+            r.a[13] = 0;
+            return r;
+        }
         gk_put_run(r.a, nstf_ld_run16_a2(b + 16 * k));
         gk_put_run(r.a + 5, nstf_ld_run16_a2(b + 128 + 32 * n + 16 * c));
         r.a[10] = b[192 + 8 * n + 2 * m + c];
@@ -239,10 +255,12 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
     const int units_per_chunk = chunk / (16 * NRUN);
     /* one token, one chunk: the first unit of each row loaded before the wait */
     const bool pre_on = NT == 1 && RPW <= 2 && !f.no_pre && chunk >= n_in && lane < n_in / (16 * NRUN);
+    /* Q6_K rows in the GPU's split layout (quant.h), told by the row length */
+    const int nsb = WT == GW_Q6_K && nstf_gpu_split_q6k(NSTF_TYPE_Q6_K, n_in) ? n_in / 256 : 0;
     gk_raw<WT> pre[RPW];
     if (pre_on) {
 #pragma unroll
-        for (int r = 0; r < RPW; r++) pre[r] = gk_load<WT>(wr[r], lane);
+        for (int r = 0; r < RPW; r++) pre[r] = gk_load<WT>(wr[r], lane, nsb);
     }
     const float rn = fz_begin<FZ>(f, n_in, fz_sh);
 
@@ -296,7 +314,7 @@ gemvk_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *__
                 if (u < n_units) {
                     const bool from_pre = kk == 0 && pre_on && u0 == lane;
 #pragma unroll
-                    for (int r = 0; r < RPW; r++) raw[kk][r] = from_pre ? pre[r] : gk_load<WT>(wr[r], ubase + u);
+                    for (int r = 0; r < RPW; r++) raw[kk][r] = from_pre ? pre[r] : gk_load<WT>(wr[r], ubase + u, nsb);
                 }
             }
 #pragma unroll
@@ -353,7 +371,8 @@ struct gemvk_k {
         case GW_Q3_K: return gemv_pick_nt<gemvk_k, GW_Q3_K, YB, R>(nt);
         case GW_Q4_K: return gemv_pick_nt<gemvk_k, GW_Q4_K, YB, R>(nt);
         case GW_Q5_K: return gemv_pick_nt<gemvk_k, GW_Q5_K, YB, R>(nt);
-        case GW_Q6_K: return gemv_pick_nt<gemvk_k, GW_Q6_K, YB, R>(nt);
+        case GW_Q6_K:
+        case GW_Q6_KS: return gemv_pick_nt<gemvk_k, GW_Q6_K, YB, R>(nt); /* the kernel tells the layout from n_in */
         default: return gemv_pick_nt<gemvk_k, GW_IQ4_XS, YB, R>(nt);
         }
     }

@@ -34,22 +34,24 @@
  *    Q5_1 (24) as four words. Q4_0, IQ4_NL and Q8_0 rows in the GPU's
  *    split layout (GW_Q4_0S, GW_IQ4_NLS, GW_Q8_0S; quant.h) load their 16
  *    (Q8_0: 32) bytes of codes in 16-byte loads that bypass L1, and the
- *    scale apart.
+ *    scale apart; Q6_K rows in the split layout (GW_Q6_KS) their ql and
+ *    qh runs in aligned 16-byte loads, the scales and d apart.
  *  - A wave owns RPW rows and keeps UNR steps of them in flight; the first
  *    steps are loaded before the PDL wait. Rows past the end re-read the
  *    last row and are never stored. */
 #include "gemv_fused.h"
 
 template <int WT> struct gk8_traits {
-    static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q5_K || WT == GW_Q6_K || WT == GW_IQ4_XS; /* a group is one block */
+    static constexpr bool Q6 = WT == GW_Q6_K || WT == GW_Q6_KS; /* either layout */
+    static constexpr bool SUPER = WT == GW_Q4_K || WT == GW_Q5_K || Q6 || WT == GW_IQ4_XS; /* a group is one block */
     static constexpr int BYTES = WT == GW_Q4_K ? NSTF_Q4_K_BYTES : WT == GW_Q5_K ? NSTF_Q5_K_BYTES
-                                 : WT == GW_Q6_K ? NSTF_Q6_K_BYTES : WT == GW_IQ4_XS ? NSTF_IQ4_XS_BYTES
+                                 : Q6 ? NSTF_Q6_K_BYTES : WT == GW_IQ4_XS ? NSTF_IQ4_XS_BYTES
                                  : WT == GW_Q8_0 ? NSTF_Q8_0_BYTES : WT == GW_Q4_0 ? NSTF_Q4_0_BYTES
                                  : WT == GW_Q4_1 ? NSTF_Q4_1_BYTES : WT == GW_Q5_0 ? NSTF_Q5_0_BYTES
                                  : WT == GW_Q5_1 ? NSTF_Q5_1_BYTES : WT == GW_Q4_0S ? NSTF_Q4_0_BYTES
                                  : WT == GW_Q8_0S ? NSTF_Q8_0_BYTES : NSTF_IQ4_NL_BYTES;
     static constexpr int SBW = NSTF_WAVE / 8; /* groups per wave step */
-    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : WT == GW_Q6_K || WT == GW_Q8_0 ? 11
+    static constexpr int NA = WT == GW_Q4_K ? 8 : WT == GW_Q5_K ? 12 : Q6 || WT == GW_Q8_0 ? 11
                               : WT == GW_Q8_0S ? 9 : WT == GW_Q5_0 ? 7
                               : WT == GW_Q4_0 || WT == GW_IQ4_XS || WT == GW_IQ4_NL || WT == GW_Q5_1 || GW_SPLIT(WT) ? 6
                               : 5; /* raw words */
@@ -93,7 +95,7 @@ template <int WT> static __device__ __forceinline__ int gk8_pos(int e) {
     if constexpr (WT == GW_Q4_K || WT == GW_Q5_K) { /* lane c = 2p + h holds 64p + 16h + i (low) and + 32 (high) */
         c = 2 * (e >> 6) + ((e >> 4) & 1);
         hi = (e >> 5) & 1;
-    } else if constexpr (WT == GW_Q6_K) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
+    } else if constexpr (gk8_traits<WT>::Q6) { /* lane c = 4n + g holds 128n + 16g + i (low) and + 64 (high) */
         c = 4 * (e >> 7) + ((e >> 4) & 3);
         hi = (e >> 6) & 1;
     } else { /* the 32-element types: lane c holds block c, IQ4_XS sub-block c: 32c + i (low) and + 16 (high) */
@@ -138,6 +140,15 @@ static __device__ __forceinline__ gk8_raw<WT> gk8_load(const uint8_t *__restrict
         r.a[0] = q.x, r.a[1] = q.y, r.a[2] = q.z, r.a[3] = q.w;
         r.a[4] = h.x, r.a[5] = h.y, r.a[6] = h.z, r.a[7] = h.w;
         r.a[8] = qh.x, r.a[9] = qh.y, r.a[10] = qh.z, r.a[11] = qh.w;
+    } else if constexpr (WT == GW_Q6_KS) { /* split rows (quant.h), nb / 8 super-blocks: ql @ 192 g + 64n + 16g',
+                                              qh @ 192 g + 128 + 32n + 16(g' & 1), scales @ 192 nb / 8 + 16 g, d after them */
+        const size_t nsb = (size_t)nb / 8;
+        const uint8_t *b = row + (size_t)g * 192, *sc = row + 192 * nsb + 16 * (size_t)g;
+        const int n = c >> 2, gg = c & 3;
+        const uint4 ql = gk8_ld_w(b + 64 * n + 16 * gg), qh = *(const uint4 *)(b + 128 + 32 * n + 16 * (gg & 1));
+        r.a[0] = ql.x, r.a[1] = ql.y, r.a[2] = ql.z, r.a[3] = ql.w, r.a[4] = 0;
+        r.a[5] = qh.x, r.a[6] = qh.y, r.a[7] = qh.z, r.a[8] = qh.w, r.a[9] = 0;
+        r.a[10] = sc[8 * n + gg] | ((uint32_t)sc[4 + 8 * n + gg] << 8) | (nstf_ld_u16(row + 208 * nsb + 2 * (size_t)g) << 16);
     } else if constexpr (WT == GW_Q6_K) { /* c = 4n + g: ql @ 64n + 16g, qh @ 128 + 32n + 16(g & 1), scales @ 192, d @ 208 */
         const uint8_t *b = row + (size_t)g * NSTF_Q6_K_BYTES;
         const int n = c >> 2, gg = c & 3;
@@ -329,7 +340,7 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
                         const float mn = h ? 0.0f : fmaf((float)(m2 & 0xffu), dd.y, (float)(m2 >> 8) * dd.w);
                         acc[r] = fmaf(d, t, fmaf(-dmin, mn, acc[r]));
                     }
-                } else if constexpr (WT == GW_Q6_K) {
+                } else if constexpr (T::Q6) {
                     const int n = c >> 2, g = c & 3, sh = 2 * (g >> 1);
                     const int bl = 8 * gc + 4 * n + (g >> 1); /* the 32 of the low run; the high one + 2 */
                     const float dx0 = dss[bl].x, dx1 = dss[bl + 2].x;
@@ -350,7 +361,9 @@ gemvk8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, const uint16_t *_
 #pragma unroll
                     for (int r = 0; r < RPW; r++) {
                         const uint32_t *a = raw[u][r].a;
-                        const uint32_t mis = (uint32_t)((uintptr_t)(wr[r] + (size_t)(gbase + gc) * NSTF_Q6_K_BYTES) & 2);
+                        /* the file's runs are 2-byte aligned; split rows' 16-byte aligned (a[4], a[9]: 0) */
+                        const uint32_t mis =
+                            WT == GW_Q6_K ? (uint32_t)((uintptr_t)(wr[r] + (size_t)(gbase + gc) * NSTF_Q6_K_BYTES) & 2) : 0u;
                         int a0 = 0, b0 = 0, a1 = 0, b1 = 0;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
@@ -460,6 +473,7 @@ template <int R> struct gemvk8_k {
             case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, 0>;
             case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, 0>;
             case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, 0>;
+            case GW_Q6_KS: return gemvk8_kernel<GW_Q6_KS, YB, R, 0>;
             case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, 0>;
             }
         }
@@ -493,6 +507,7 @@ template <int R> struct gemvk8_fused {
             case GW_Q4_K: return gemvk8_kernel<GW_Q4_K, YB, R, FZ>;
             case GW_Q5_K: return gemvk8_kernel<GW_Q5_K, YB, R, FZ>;
             case GW_Q6_K: return gemvk8_kernel<GW_Q6_K, YB, R, FZ>;
+            case GW_Q6_KS: return gemvk8_kernel<GW_Q6_KS, YB, R, FZ>;
             case GW_IQ4_XS: return gemvk8_kernel<GW_IQ4_XS, YB, R, FZ>;
             }
         }

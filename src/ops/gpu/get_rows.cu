@@ -50,7 +50,7 @@ get_rows_kernel(const uint8_t *__restrict__ table, size_t row_bytes, int64_t n_r
     NSTF_PDL_WAIT();
     NSTF_PDL_TRIGGER();
     const int64_t groups = dim / 8, total = n_tok * groups;
-    const int64_t nbs = nstf_gpu_split_codes(T, dim) ? dim / 32 : 0; /* quant.h: the GPU's split rows */
+    const int64_t nbs = nstf_gpu_split_rows(T, dim) ? dim / nstf_q_block_elems(T) : 0; /* quant.h: the GPU's split rows */
     for (int64_t g = (int64_t)blockIdx.x * GET_ROWS_THREADS + threadIdx.x; g < total;
          g += (int64_t)gridDim.x * GET_ROWS_THREADS) {
         const int64_t t = g / groups, i0 = (g - t * groups) * 8;

@@ -85,12 +85,13 @@ nstf_status nstf_gpu_stream_sync(void *stream);
 
 /* Rewrite a weight matrix [n_out, n_in] of `type`, uploaded as the file
  * stores it, in place into the GPU's row layout: Q4_0, IQ4_NL and Q8_0
- * rows of a multiple of 256 elements (up to 36 KiB a row) are split into
- * their scales and their 16-byte aligned runs of codes (quant.h,
- * nstf_gpu_split_codes); every other matrix is left as it is. The kernels
- * below that take weights (get_rows, gemv, gemv_fused, matmul_lr) read
- * rows of such types and lengths in that layout only, so a matrix must
- * pass through here once after its upload; w 16-byte aligned. */
+ * rows of a multiple of 256 elements and Q6_K rows of a multiple of 2048
+ * (up to 36 KiB a row) are split into their codes (16-byte aligned runs),
+ * scales and d (quant.h, nstf_gpu_split_rows); every other matrix is left
+ * as it is. The kernels below that take weights (get_rows, gemv,
+ * gemv_fused, matmul_lr) read rows of such types and lengths in that
+ * layout only, so a matrix must pass through here once after its upload;
+ * w 16-byte aligned. */
 nstf_status nstf_gpu_weights_relayout(nstf_type type, void *w, int64_t n_in, int64_t n_out, void *stream);
 
 /* Embedding gather: out[t, :] = dequant(table[ids[t], :]).

@@ -76,10 +76,25 @@ __host__ __device__ constexpr int nstf_gpu_split_codes(int t, int64_t n) {
                ? nstf_q_block_bytes(t) - 2
                : 0;
 }
+/* Q6_K (210-byte super-blocks: ql[128], qh[64], scales[16], d) the same
+ * way, for rows of a multiple of 2048 elements (so that every row starts
+ * 16-byte aligned) and at most NSTF_GPU_SPLIT_MAX_BYTES: the row's nb
+ * super-blocks' 192 code bytes (ql then qh, as in the block) first, then
+ * their nb 16-byte scale arrays, then their nb fp16 d. Every ql / qh run
+ * of 16 bytes is then 16-byte aligned, where the file's are 2-byte
+ * aligned and read as realigned words (the Q4_K_M files' Q6_K logits
+ * GEMV read at about 57% of the copy rate so, docs/PERFORMANCE.md). */
+__host__ __device__ constexpr bool nstf_gpu_split_q6k(int t, int64_t n) {
+    return t == NSTF_TYPE_Q6_K && n > 0 && n % 2048 == 0 && n / 256 * NSTF_Q6_K_BYTES <= NSTF_GPU_SPLIT_MAX_BYTES;
+}
+/* Whether rows of n elements of type t are split on the GPU (either rule). */
+__host__ __device__ constexpr bool nstf_gpu_split_rows(int t, int64_t n) {
+    return nstf_gpu_split_codes(t, n) != 0 || nstf_gpu_split_q6k(t, n);
+}
 /* The alignment a matrix of type t with rows of n elements must have on
  * the GPU: 16 bytes for split rows, else nstf_q_align(t). */
 __host__ __device__ constexpr int nstf_gpu_w_align(int t, int64_t n) {
-    return nstf_gpu_split_codes(t, n) ? 16 : nstf_q_align(t);
+    return nstf_gpu_split_rows(t, n) ? 16 : nstf_q_align(t);
 }
 
 /* ---- byte tricks ------------------------------------------------------------ */
@@ -165,7 +180,7 @@ static __device__ __forceinline__ uint2 nstf_ld8_a2(const uint8_t *p) {
 
 /* The 8 values of elements i0 .. i0 + 7 of a row of type T (i0 % 8 == 0;
  * the row aligned as nstf_gpu_w_align says). nbs: the row's block count
- * when it is in the split layout (nstf_gpu_split_codes), else 0. */
+ * when it is in the split layout (nstf_gpu_split_rows), else 0. */
 template <int T>
 static __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int64_t i0, float (&v)[8], int64_t nbs = 0) {
     if constexpr (T == NSTF_TYPE_Q4_0 || T == NSTF_TYPE_IQ4_NL || T == NSTF_TYPE_Q8_0) {
@@ -288,11 +303,17 @@ static __device__ __forceinline__ void dq8(const uint8_t *__restrict__ row, int6
             }
         } else if constexpr (T == NSTF_TYPE_Q6_K) {
             /* e = 128n + 32k + l: nibble k >> 1 of ql[64n + l + 32 (k & 1)],
-             * bits 2k of qh[32n + l] above it; minus 32; int8 scale of e / 16 */
+             * bits 2k of qh[32n + l] above it; minus 32; int8 scale of e / 16.
+             * Split rows (quant.h): the codes of super-block sb at 192 sb,
+             * its scales at 192 nbs + 16 sb, its d at 208 nbs + 2 sb. */
             const int n = w0 / 128, kk = (w0 % 128) / 32, l0 = w0 % 32;
-            const float d = nstf_h2f(nstf_ld_u16(b + 208));
-            const float dl = d * (float)(int8_t)b[192 + w0 / 16];
-            const uint2 ql = nstf_ld8_a2(b + 64 * n + l0 + 32 * (kk & 1)), qh = nstf_ld8_a2(b + 128 + 32 * n + l0);
+            const int64_t sb = i0 / 256;
+            const uint8_t *bq = nbs ? row + 192 * sb : b;
+            const uint8_t *bs = nbs ? row + 192 * nbs + 16 * sb : b + 192;
+            const float d = nstf_h2f(nstf_ld_u16(nbs ? row + 208 * nbs + 2 * sb : b + 208));
+            const float dl = d * (float)(int8_t)bs[w0 / 16];
+            const uint2 ql = nbs ? *(const uint2 *)(bq + 64 * n + l0 + 32 * (kk & 1)) : nstf_ld8_a2(b + 64 * n + l0 + 32 * (kk & 1));
+            const uint2 qh = nbs ? *(const uint2 *)(bq + 128 + 32 * n + l0) : nstf_ld8_a2(b + 128 + 32 * n + l0);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const int sh = 8 * (k & 3);
