@@ -348,6 +348,7 @@ static void gemv_fused_qkv_cases(void) {
     for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1,
                          NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K,
                          NSTF_TYPE_IQ4_XS}) {
+        if (!want(wt)) continue;
         const bool sb = is_super(wt);
         const int64_t w05 = sb ? 768 : 896; /* rows of whole super-blocks */
         for (int pdl = 0; pdl < 2; pdl++) {
@@ -410,6 +411,7 @@ static void gemv_fused_qkv_cases(void) {
 static void gemv_fused_cases(void) {
     for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16, NSTF_TYPE_Q8_0, NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1,
                          NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_IQ4_NL}) {
+        if (!want(wt)) continue;
         for (int pdl = 0; pdl < 2; pdl++) {
             /* SmolLM2 shapes: q 9 heads, k/v 3 heads of 64 */
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 576, 960, 64, 768, NSTF_ROPE_NORM, pdl);
@@ -438,6 +440,7 @@ static void gemv_fused_cases(void) {
     for (const char *rows : {"8", "16", "32"}) {
         CHECK(nstf_switch_set(NSTF_SW_GEMV_ROWS, rows) == NSTF_OK, "%s", nstf_last_error());
         for (nstf_type wt : {NSTF_TYPE_BF16, NSTF_TYPE_F16}) {
+            if (!want(wt)) continue;
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 4096, 6144, 128, 5120, NSTF_ROPE_NORM, true);
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 2048, 3072, 64, 2560, NSTF_ROPE_NEOX, false);
             test_gemv_fused(wt, NSTF_GEMV_SWIGLU, true, 576, 2 * 1000, 0, 0, NSTF_ROPE_NORM, true);
@@ -449,6 +452,7 @@ static void gemv_fused_cases(void) {
     /* the super-block types with fused instances: Llama shapes (rows of
      * whole super-blocks), head_dim 64 and 128, both RoPE layouts */
     for (nstf_type wt : {NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS}) {
+        if (!want(wt)) continue;
         for (int pdl = 0; pdl < 2; pdl++) {
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NORM, pdl);
             test_gemv_fused(wt, NSTF_GEMV_ROPE, true, 512, 960, 64, 768, NSTF_ROPE_NEOX, pdl);

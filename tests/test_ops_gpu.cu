@@ -18,7 +18,12 @@
  * case. Shapes are not multiples of the tile/vector widths, and the cases
  * reach every launch configuration the launchers choose (GEMV: each weight
  * type's vector and scalar paths, n_tok 1..8 and a split batch, one and
- * several x chunks, vector and scalar x staging, F32 and BF16 output). */
+ * several x chunks, vector and scalar x staging, F32 and BF16 output).
+ *
+ * Usage: test_ops_gpu [TYPE...] — with weight type names (q6_k, q8_0, ...),
+ * only the cases of those types (GEMV, fused GEMV, gather), for a quick
+ * run on a device after a change to one type's kernels; the full run
+ * (no argument) is the test. */
 #include "core/switches.h"
 #include "gpu_harness.h"
 #include "test_quant.h"
@@ -35,6 +40,15 @@ static const nstf_type k_wtypes[] = {NSTF_TYPE_F32,    NSTF_TYPE_F16,  NSTF_TYPE
                                      NSTF_TYPE_Q4_0,   NSTF_TYPE_Q4_1, NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1,
                                      NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q2_K, NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K,
                                      NSTF_TYPE_Q5_K,   NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_XS};
+
+/* The weight types named on the command line (empty: every case runs). */
+static std::vector<nstf_type> g_only;
+static bool want(nstf_type t) {
+    if (g_only.empty()) return true;
+    for (nstf_type o : g_only)
+        if (o == t) return true;
+    return false;
+}
 
 static bool is_quant(nstf_type t) { return nstf_type_is_quantized(t); }
 static bool is_super(nstf_type t) { return nstf_type_block_elems(t) == 256; }
@@ -96,6 +110,7 @@ static void test_gemv(nstf_type wt, int64_t n_tok, int64_t n_in, int64_t n_out, 
 
 static void gemv_cases(void) {
     for (nstf_type wt : k_wtypes) {
+        if (!want(wt)) continue;
         const bool q = is_quant(wt), sb = is_super(wt);
         /* (n_in, n_out): tiny, odd row count, several chunks at nt = 8 (cap
          * 2048 elements for the 32-element types' bf16 staging, 1024 for the
@@ -451,14 +466,23 @@ static void test_errors(void) {
     gh_end();
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        nstf_type t;
+        if (!nstf_type_from_name(argv[i], &t)) {
+            fprintf(stderr, "test_ops_gpu: unknown weight type '%s'\nusage: test_ops_gpu [TYPE...]\n", argv[i]);
+            return 2;
+        }
+        g_only.push_back(t);
+    }
     if (!gh_init("test_ops_gpu")) return TEST_SKIP;
 
-    test_errors();
+    if (g_only.empty()) test_errors();
     gemv_cases();
     gemv_fused_cases();
     gemv_fused_qkv_cases();
     for (nstf_type t : k_wtypes) {
+        if (!want(t)) continue;
         const bool q = is_quant(t), sb = is_super(t);
         for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
             test_get_rows(t, 50, sb ? 256 : 32, 1, ot);
@@ -474,10 +498,12 @@ int main(void) {
      * GPU's split layout (quant.h) */
     for (nstf_type t : {NSTF_TYPE_Q4_0, NSTF_TYPE_IQ4_NL, NSTF_TYPE_Q8_0, NSTF_TYPE_Q6_K})
         for (nstf_type ot : {NSTF_TYPE_F32, NSTF_TYPE_BF16}) {
+            if (!want(t)) continue;
             if (t != NSTF_TYPE_Q6_K) test_get_rows(t, 50, 256, 3, ot);
             test_get_rows(t, 300, 2048, 300, ot);
             test_get_rows(t, 300, 2048, 300, ot, true);
         }
+    if (!g_only.empty()) return gh_finish("test_ops_gpu");
     for (int rk = 0; rk < 3; rk++) {
         test_rmsnorm(1, 1, rk);
         test_rmsnorm(3, 7, rk);
