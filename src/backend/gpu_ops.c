@@ -72,11 +72,17 @@ static bool mm_f16(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
  * (no split-K: each output sums its K slices in one order in one tile). */
 static bool mm_few(const gpu_backend *g, int64_t n) { return n <= GEMV_MAX_TOK && !g->row_invariant; }
 
+/* Whether w (not bf16) fits the workspace's dequantization buffer, so that
+ * the GEMM can run on its bf16 copy. */
+static bool wtmp_fits(const gpu_backend *g, const nstf_matrix *w) {
+    return g->wtmp && (uint64_t)w->n_in * (uint64_t)w->n_out <= g->wtmp_elems;
+}
+
 /* Kernels mm() launches for n tokens. */
 static int mm_kernels(const gpu_backend *g, const nstf_matrix *w, int64_t n) {
     if (mm_few(g, n) || w->type == NSTF_TYPE_BF16) return 1;
     if (mm_f16(g, w, n)) return 2;
-    return (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems) ? 1 : 2;
+    return wtmp_fits(g, w) ? 2 : 1;
 }
 
 /* y[n, n_out] = x[n, n_in] W^T: GEMV for a few tokens, else the GEMM (after
@@ -91,7 +97,7 @@ static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, v
     }
     const uint16_t *wb = w->data;
     if (w->type != NSTF_TYPE_BF16) {
-        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems)
+        if (!wtmp_fits(g, w))
             return nstf_gpu_gemv(w->type, w->data, x, y, yt, n, w->n_in, w->n_out, g->stream);
         NSTF_TRY(nstf_gpu_get_rows(w->type, w->data, w->n_out, NULL, g->wtmp, NSTF_TYPE_BF16, w->n_out, w->n_in,
                                    g->stream));
@@ -498,7 +504,7 @@ nstf_status nstf_gpu_op_matmul_bwd_x(nstf_backend *be, const nstf_op_args *a) {
     NSTF_TRY(need_bf16(a, a->matmul_bwd_x.dy));
     const uint16_t *wb = w->data;
     if (w->type != NSTF_TYPE_BF16) {
-        if (!g->wtmp || (uint64_t)w->n_in * (uint64_t)w->n_out > g->wtmp_elems)
+        if (!wtmp_fits(g, w))
             return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                                   "GPU backend: %s: a %s matrix of %lld x %lld is larger than the planned "
                                   "dequantization buffer",
