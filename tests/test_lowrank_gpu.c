@@ -8,7 +8,9 @@
  * factorized forward computes what the dense one does; the tolerance,
  * NMSE <= 1e-6 of the logits, leaves room only for a GEMM that tiles the
  * Q|K|V group differently from its parts (different summation blocks, fp32
- * accumulation). Skipped (77) without a GPU. */
+ * accumulation). `test_lowrank_gpu [MODEL]` takes the model from its
+ * argument where the build directory's CLI cannot make the random one (a
+ * copied build). Skipped (77) without a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +31,14 @@ static uint16_t *identity(int64_t n) {
     return e;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     if (nstf_backend_gpu_count() < 1) {
         printf("test_lowrank_gpu: no GPU; skipped\n");
         return 77;
     }
     char path[512];
-    if (access(REAL_MODEL, R_OK) == 0) snprintf(path, sizeof path, "%s", REAL_MODEL);
+    if (argc > 1) snprintf(path, sizeof path, "%s", argv[1]);
+    else if (access(REAL_MODEL, R_OK) == 0) snprintf(path, sizeof path, "%s", REAL_MODEL);
     else if (!random_model_path(path, sizeof path, "q8_0")) {
         printf("test_lowrank_gpu: cannot make the random model; skipped\n");
         return 77;
