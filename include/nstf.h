@@ -97,6 +97,14 @@ typedef struct nstf_session_params {
     int n_tp;
     const char *gpus;
     int tp_timeout_ms;
+    /* KV cache type of keys and of values (llama.cpp's --cache-type-k /
+     * --cache-type-v): NULL, "" or "auto" = the backend's own (f32 on the
+     * CPU, bf16 on a GPU); "q8_0" = Q8_0 (int8 codes and an fp16 scale per
+     * 32: 1.06 bytes a value, about half a bf16 cache). K and V take the
+     * same type. Q8_0 is not taken with sparse attention, a paged cache
+     * (the server's), nor GPU execution levels 0, 1 and 4. */
+    const char *cache_type_k;
+    const char *cache_type_v;
 } nstf_session_params;
 
 /* Why generation stopped. */

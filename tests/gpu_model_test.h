@@ -34,7 +34,9 @@ typedef struct placed {
     nstf_llama_run *run;
 } placed;
 
-static inline nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch, placed *p) {
+/* As place_model, with the KV cache in Q8_0 when kv_q8. */
+static inline nstf_status place_model_kv(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch,
+                                         bool kv_q8, placed *p) {
     p->be = NULL;
     p->run = NULL;
     nstf_status st;
@@ -44,12 +46,17 @@ static inline nstf_status place_model(const nstf_llama *m, bool gpu, bool precis
         const nstf_cpu_params cp = {0, precise, false, 0};
         st = nstf_backend_cpu_create(&cp, &p->be);
     }
-    if (st == NSTF_OK) st = nstf_llama_run_create(m, p->be, n_ctx, n_batch, 1, &p->run);
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, 1, 0, m->cfg.n_layers, true, true, 0, 0, kv_q8};
+    if (st == NSTF_OK) st = nstf_llama_run_create_shaped(m, p->be, &sh, &p->run);
     if (st != NSTF_OK) {
         nstf_backend_free(p->be);
         p->be = NULL;
     }
     return st;
+}
+
+static inline nstf_status place_model(const nstf_llama *m, bool gpu, bool precise, int n_ctx, int n_batch, placed *p) {
+    return place_model_kv(m, gpu, precise, n_ctx, n_batch, false, p);
 }
 
 static inline void placed_free(placed *p) {

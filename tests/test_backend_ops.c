@@ -459,6 +459,34 @@ static nstf_op_args attention_args(dbuf q, dbuf k, dbuf v, dbuf ck, dbuf cv, dbu
 
 static void case_rope(test_rng *r) { rope_case(r, false); }
 
+/* The fp64 reference of n tokens at pos0 attending causally (within the
+ * last `window` positions when window > 0) to the rows of k, v [keys,
+ * nkv * hd]: ref [n, nh * hd]. */
+static void ref_attention(const float *q, const float *k, const float *v, double *ref, int64_t n, int64_t pos0,
+                          int window, int nh, int nkv, int hd, double scale) {
+    const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+    double *p = malloc((size_t)(pos0 + n) * 8);
+    for (int64_t t = 0; p && t < n; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / (nh / nkv);
+            const int64_t n_keys = pos0 + t + 1, j0 = window > 0 && n_keys > window ? n_keys - window : 0;
+            double m = -1e300, s = 0;
+            for (int64_t j = j0; j < n_keys; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)q[t * qd + h * hd + i] * k[j * kvd + g * hd + i];
+                p[j] = d * scale;
+                m = fmax(m, p[j]);
+            }
+            for (int64_t j = j0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int64_t j = j0; j < n_keys; j++) o += p[j] * v[j * kvd + g * hd + i];
+                ref[t * qd + h * hd + i] = o / s;
+            }
+        }
+    free(p);
+}
+
 /* n tokens at pos0 over a cache whose positions [0, pos0) hold earlier
  * tokens: causal GQA, the batch's k and v written into the cache; with a
  * sliding window (window > 0) token t sees the last `window` positions. */
@@ -483,34 +511,17 @@ static void attention_case(test_rng *r, int64_t n, int64_t pos0, int window) {
     close_batch((int)n, nstf_backend_op(g_be, &a));
     void *ho = malloc(act_bytes(n * qd));
     float *got = malloc((size_t)(n * qd) * 4);
-    double *ref = malloc((size_t)(n * qd) * 8), *p = malloc((size_t)(pos0 + n) * 8);
+    double *ref = malloc((size_t)(n * qd) * 8);
     down(dout, ho, "attention out");
     down(dck, NULL, "k cache"), down(dcv, NULL, "v cache");
     act_read(ho, got, n * qd);
-    for (int64_t t = 0; t < n; t++)
-        for (int h = 0; h < nh; h++) {
-            const int g = h / (nh / nkv);
-            const int64_t n_keys = pos0 + t + 1, j0 = window > 0 && n_keys > window ? n_keys - window : 0;
-            double m = -1e300, s = 0;
-            for (int64_t j = j0; j < n_keys; j++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qv[t * qd + h * hd + i] * cache_k[j * kvd + g * hd + i];
-                p[j] = d * scale;
-                m = fmax(m, p[j]);
-            }
-            for (int64_t j = j0; j < n_keys; j++) s += p[j] = exp(p[j] - m);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int64_t j = j0; j < n_keys; j++) o += p[j] * cache_v[j * kvd + g * hd + i];
-                ref[t * qd + h * hd + i] = o / s;
-            }
-        }
+    ref_attention(qv, cache_k, cache_v, ref, n, pos0, window, nh, nkv, hd, scale);
     char what[64];
     snprintf(what, sizeof what, "attention %lld tokens at %lld, window %d", (long long)n, (long long)pos0, window);
     judge(what, got, ref, n * qd, act_bf16(), 1e-7);
     drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
     free(qv), free(kv), free(vv), free(cache_k), free(cache_v), free(hq), free(hk), free(hv), free(hck), free(hcv);
-    free(ho), free(got), free(ref), free(p);
+    free(ho), free(got), free(ref);
 }
 
 /* Two sequences in one batch over a paged KV cache (a server's continuous
@@ -649,7 +660,93 @@ static void attention_lse_case(test_rng *r, int64_t n, int64_t S, bool cached) {
     free(rd), free(rld);
 }
 
+/* attention_case over a Q8_0 cache (ops.h): positions [0, pos0) hold
+ * quantized random rows, read back as d * code by the reference (rounded
+ * to bf16 on a bf16 backend, as its kernels widen them); the
+ * batch's k and v attend as given and land in the cache quantized: each
+ * block's scale within fp16 rounding of amax / 127, each value within 0.6
+ * of a step (half a step, plus the scale's rounding over 127 codes). */
+static void attention_q8_case(test_rng *r, int64_t n, int64_t pos0, int window) {
+    const int nh = 6, nkv = 2, hd = 64, n_ctx = 320;
+    const int64_t qd = nh * hd, kvd = nkv * hd;
+    uint64_t rb = 0;
+    CHECK(nstf_kv_row_bytes(true, 0, kvd, &rb) && rb % 16 == 0 && rb >= (uint64_t)(kvd + kvd / 16),
+          "Q8_0 cache row of %lld values: %llu bytes", (long long)kvd, (unsigned long long)rb);
+    float *qv = malloc((size_t)(n * qd) * 4), *kv = malloc((size_t)(n * kvd) * 4), *vv = malloc((size_t)(n * kvd) * 4);
+    float *kf = malloc((size_t)(n_ctx * kvd) * 4), *vf = malloc((size_t)(n_ctx * kvd) * 4), *tmp = malloc((size_t)kvd * 4);
+    uint8_t *ck = calloc((size_t)n_ctx, rb), *cv = calloc((size_t)n_ctx, rb);
+    void *hq = act_make(r, qv, n * qd, 1.0f), *hk = act_make(r, kv, n * kvd, 1.0f), *hv = act_make(r, vv, n * kvd, 1.0f);
+    for (int64_t p = 0; p < pos0; p++) { /* earlier tokens, quantized; the reference reads them back */
+        for (int64_t i = 0; i < kvd; i++) tmp[i] = (float)rng_normal(r) * (i % 32 == 5 ? 4.0f : 1.0f);
+        nstf_kv_q8_store(tmp, kvd, ck + p * rb);
+        for (int64_t i = 0; i < kvd; i++) tmp[i] = (float)rng_normal(r);
+        nstf_kv_q8_store(tmp, kvd, cv + p * rb);
+        nstf_kv_q8_load(ck + p * rb, kvd, kf + p * kvd);
+        nstf_kv_q8_load(cv + p * rb, kvd, vf + p * kvd);
+        for (int64_t i = 0; i < kvd; i++) /* a bf16 backend widens d * code to bf16 for its matrix units */
+            kf[p * kvd + i] = act_round(kf[p * kvd + i]), vf[p * kvd + i] = act_round(vf[p * kvd + i]);
+    }
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < kvd; i++) kf[(pos0 + t) * kvd + i] = kv[t * kvd + i], vf[(pos0 + t) * kvd + i] = vv[t * kvd + i];
+    dbuf dq = up(hq, act_bytes(n * qd)), dk = up(hk, act_bytes(n * kvd)), dv = up(hv, act_bytes(n * kvd));
+    dbuf dck = up(ck, (size_t)n_ctx * rb), dcv = up(cv, (size_t)n_ctx * rb), dout = up(NULL, act_bytes(n * qd));
+    if (!open_batch((int)n, (int)pos0)) return;
+    nstf_op_args a = attention_args(dq, dk, dv, dck, dcv, dout, g_io.pos, n, n_ctx);
+    a.attention.pos0 = pos0;
+    a.attention.window = window;
+    a.attention.kv_q8 = true;
+    char what[80];
+    snprintf(what, sizeof what, "attention, Q8_0 cache, %lld tokens at %lld, window %d", (long long)n, (long long)pos0,
+             window);
+    if (!g_be->host_memory && g_be->vt->get_opt(g_be, NSTF_OPT_LEVEL) < 2) {
+        /* a GPU's materialized attention (levels 0, 1) reads bf16 caches only: a clear refusal */
+        const nstf_status st = nstf_backend_op(g_be, &a);
+        CHECK(st == NSTF_ERR_UNSUPPORTED && strstr(nstf_last_error(), "Q8_0"), "%s: %s below level 2: %s", g_name, what,
+              st == NSTF_OK ? "ran" : nstf_last_error());
+        nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = (int)n};
+        nstf_fwd_out o = {0};
+        bool retry = false;
+        (void)g_be->vt->end(g_be, &b, st, &o, &retry);
+        drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
+        free(qv), free(kv), free(vv), free(kf), free(vf), free(tmp), free(ck), free(cv), free(hq), free(hk), free(hv);
+        return;
+    }
+    close_batch((int)n, nstf_backend_op(g_be, &a));
+    void *ho = malloc(act_bytes(n * qd));
+    float *got = malloc((size_t)(n * qd) * 4);
+    double *ref = malloc((size_t)(n * qd) * 8);
+    down(dout, ho, "attention out (Q8_0 cache)");
+    down(dck, ck, "k cache (Q8_0)"), down(dcv, cv, "v cache (Q8_0)");
+    act_read(ho, got, n * qd);
+    ref_attention(qv, kf, vf, ref, n, pos0, window, nh, nkv, hd, 0.125);
+    judge(what, got, ref, n * qd, act_bf16(), 1e-7);
+    int bad = 0;
+    for (int64_t t = 0; t < n; t++)
+        for (int which = 0; which < 2; which++) {
+            const uint8_t *row = (which ? cv : ck) + (pos0 + t) * rb;
+            const float *x = (which ? vv : kv) + t * kvd;
+            nstf_kv_q8_load(row, kvd, tmp);
+            for (int64_t b = 0; b < kvd / 32; b++) {
+                double amax = 0;
+                for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(x[32 * b + i]));
+                const double d = nstf_fp16_to_f32(nstf_load_u16(row + kvd + 2 * b));
+                bad += fabs(d - amax / 127) > 1e-3 * amax / 127;
+                for (int i = 0; i < 32; i++) bad += fabs(tmp[32 * b + i] - x[32 * b + i]) > 0.6 * d;
+            }
+        }
+    CHECK(bad == 0, "%s: %s: %d values of the batch's rows not in the cache as Q8_0", g_name, what, bad);
+    drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
+    free(qv), free(kv), free(vv), free(kf), free(vf), free(tmp), free(ck), free(cv), free(hq), free(hk), free(hv);
+    free(ho), free(got), free(ref);
+}
+
 static void case_attention(test_rng *r) {
+    attention_q8_case(r, 1, 0, 0);
+    attention_q8_case(r, 1, 261, 0);
+    attention_q8_case(r, 13, 0, 0);
+    attention_q8_case(r, 19, 150, 0);
+    attention_q8_case(r, 1, 261, 100);
+    attention_q8_case(r, 19, 150, 40);
     attention_case(r, 1, 0, 0);
     attention_case(r, 1, 261, 0);
     attention_case(r, 13, 0, 0);
@@ -910,7 +1007,8 @@ static void run_all(const char *name) {
     nstf_backend_plan p = {.n_layers = 1, .dim = 200, .n_heads = 6, .n_kv_heads = 2, .head_dim = 64, .ffn_dim = 333,
                            .n_vocab = 49157, .n_ctx = 320, .n_batch = 64, .n_seq = 2, .rope_base = 10000.0f,
                            .rope_mode = NSTF_ROPE_NORM, .mats = &big, .n_mats = 1, .embed_type = NSTF_TYPE_F32,
-                           .output_type = NSTF_TYPE_F32, .kv_block = 16, .kv_blocks = 48}; /* attention_paged_case's */
+                           .output_type = NSTF_TYPE_F32, .kv_block = 16, .kv_blocks = 48, /* attention_paged_case's */
+                           .kv_q8 = true}; /* attention_q8_case's prefill buffer */
     uint64_t ws = 0;
     CHECK(g_be->vt->plan(g_be, &p, &ws) == NSTF_OK && g_be->vt->prepare(g_be, &p) == NSTF_OK, "%s: prepare: %s", name,
           nstf_last_error());

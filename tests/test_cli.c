@@ -175,8 +175,11 @@ static void llama_cpp_habits(const char *tiny) {
     CHECK(rc == 0, "-ctk f32 on the CPU: exit %d: %s", rc, g_err);
     expect_error("-ctk f16 on the CPU", "the CPU backend keeps the KV cache in f32",
                  (const char *const[]){"run", "-m", tiny, "-p", "x", "-ctk", "f16", "--device", "cpu", NULL});
-    CHECK(run((const char *const[]){"run", "-m", tiny, "-p", "x", "-ctv", "q8_0", "--device", "cpu", NULL}) == 2,
-          "-ctv q8_0: exit 2");
+    expect_error("-ctv q8_0 alone", "same cache type",
+                 (const char *const[]){"run", "-m", tiny, "-p", "x", "-ctv", "q8_0", "--device", "cpu", NULL});
+    rc = run((const char *const[]){"run", "-m", tiny, "-p", "x", "-n", "2", "-ctk", "q8_0", "-ctv", "q8_0", "--device",
+                                   "cpu", NULL});
+    CHECK(rc == 0, "-ctk q8_0 -ctv q8_0 on the CPU: exit %d: %s", rc, g_err);
     expect_error("-ctk nonsense", "not a cache type", (const char *const[]){"run", "-m", tiny, "-p", "x", "-ctk", "f7", NULL});
     /* --special: "<|im_start|>" is one token, not 12 bytes; --verbose-prompt shows it */
     rc = run((const char *const[]){"run", "-m", tiny, "-p", "<|im_start|>", "-n", "1", "--special", "--verbose-prompt", NULL});

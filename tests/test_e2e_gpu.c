@@ -29,7 +29,8 @@
  * and the output head), the partial offload of -ngl (against the CPU and
  * against the whole model on the GPU), and for a continuous batch of 4
  * sequences over a paged KV cache (prefill chunks beside decode tokens,
- * selected logits rows: nstf serve's forward). Exit 77 (skipped)
+ * selected logits rows: nstf serve's forward), and with the KV cache in
+ * Q8_0 against the CPU with the same cache. Exit 77 (skipped)
  * without a GPU. Built only with a GPU backend. */
 #include <math.h>
 #include <stdio.h>
@@ -327,6 +328,52 @@ static void run_model(const char *path, bool real) {
     }
 
     continuous_batch(m, ids, &cpu, &g);
+
+    /* the Q8_0 KV cache: the GPU (prefill in three chunks, each reading the
+     * cache the earlier ones wrote; then decode from position 0, replayed
+     * from a graph) against the CPU (precise) with the same cache type, under
+     * the same gates; the cache's own cost (CPU with Q8_0 against CPU with
+     * fp32) is reported */
+    {
+        placed c8 = {0}, g8 = {0};
+        float *l8 = malloc((size_t)N_TOK * nv * sizeof(float));
+        nstf_status ss = l8 ? place_model_kv(m, false, true, N_TOK + N_GEN, 64, true, &c8) : NSTF_ERR_OOM;
+        if (ss == NSTF_OK) ss = place_model_kv(m, true, false, N_TOK + N_GEN, N_TOK, true, &g8);
+        for (int i = 0; ss == NSTF_OK && i < N_TOK; i += 64)
+            ss = nstf_llama_forward_seq(c8.run, ids + i, 64, i, true, l8 + (int64_t)i * nv, NULL);
+        if (ss == NSTF_OK) {
+            double kl = 0, kmax = 0;
+            int agree = 0;
+            for (int t = 0; t < N_TOK; t++) {
+                const double k = kl_row(lc + (int64_t)t * nv, l8 + (int64_t)t * nv, nv);
+                kl += k;
+                kmax = k > kmax ? k : kmax;
+                agree += argmax_row(lc + (int64_t)t * nv, nv) == argmax_row(l8 + (int64_t)t * nv, nv);
+            }
+            printf("  Q8_0 KV cache on the CPU against fp32: KL mean %.3g, max %.3g, top-1 %d/%d (reported)\n",
+                   kl / N_TOK, kmax, agree, N_TOK);
+        }
+        const int chunk[3] = {100, 100, N_TOK - 200};
+        for (int c = 0, p0 = 0; ss == NSTF_OK && c < 3; p0 += chunk[c++])
+            ss = nstf_llama_forward_seq(g8.run, ids + p0, chunk[c], p0, true, lg + (int64_t)p0 * nv, NULL);
+        if (ss == NSTF_OK) compare("q8 pf", l8, lg, N_TOK, nv);
+        int gr = 0;
+        for (int t = 0; ss == NSTF_OK && t < N_TOK; t++) {
+            ss = nstf_llama_forward_seq(g8.run, &ids[t], 1, t, false, lg + (int64_t)t * nv, NULL);
+            gr += ss == NSTF_OK && placed_get(&g8, NSTF_OPT_GRAPH_USED);
+        }
+        if (ss == NSTF_OK) {
+            compare("q8 dec", l8, lg, N_TOK, nv);
+            printf("  Q8_0 cache decode steps from a graph: %d/%d  %s\n", gr, N_TOK, gr >= N_TOK - 1 ? "ok" : "FAIL");
+            if (gr < N_TOK - 1) g_fail++;
+        } else {
+            printf("  Q8_0 KV cache: %s  FAIL\n", nstf_last_error());
+            g_fail++;
+        }
+        placed_free(&g8);
+        placed_free(&c8);
+        free(l8);
+    }
 
     /* greedy generation: 8 prompt tokens, then 32 greedy tokens on each side */
     {

@@ -137,7 +137,7 @@ int main(void) {
         if (bi == 0) memcpy(whole32, whole, n * sizeof(float));
         const double tol = bi == 0 ? 1e-11 : 2 * nmse_of(whole, whole32, n);
         for (int ranks = 2; ranks <= 3; ranks++) {
-            const nstf_llama_run_shape sh = {32, 16, 1, 0, m->cfg.n_layers, true, true, 0, 0};
+            const nstf_llama_run_shape sh = {32, 16, 1, 0, m->cfg.n_layers, true, true, 0, 0, false};
             nstf_llama_run *r = NULL;
             CHECK(nstf_llama_run_create_tp(m, be, ranks, &sh, 0, &r) == NSTF_OK, "%s", nstf_last_error());
             if (!r) continue;
@@ -155,7 +155,7 @@ int main(void) {
         }
         /* a split that cannot be made: 3 KV heads over 4 ranks */
         nstf_backend *be4[4] = {be[0], be[1], be[2], be[0]};
-        const nstf_llama_run_shape sh = {32, 16, 1, 0, m->cfg.n_layers, true, true, 0, 0};
+        const nstf_llama_run_shape sh = {32, 16, 1, 0, m->cfg.n_layers, true, true, 0, 0, false};
         nstf_llama_run *bad = NULL;
         CHECK(nstf_llama_run_create_tp(m, be4, 4, &sh, 0, &bad) == NSTF_ERR_UNSUPPORTED && !bad,
               "3 KV heads over 4 ranks accepted");

@@ -39,6 +39,9 @@ static void bench_usage(FILE *f) {
             "      --sparse-attn K[,W]   sparse decode attention in every layer (top-k blocks, window\n"
             "                            positions; as nstf run); --sparse-block N (default 16)\n"
             "      --dense-attn          dense attention even where the model file plans sparse\n"
+            "  -ctk, --cache-type-k T    KV cache type: auto (the device's own: f32 on the CPU, bf16 on a\n"
+            "                            GPU) or q8_0; -ctv, --cache-type-v T the same for V (K and V\n"
+            "                            take the same type)\n"
             "      --decode-batch B[,B]  instead of pp/tg: one batched decode step of B sequences over a\n"
             "                            paged KV cache at depth -d (default 512), as nstf serve runs it:\n"
             "                            ms per step with every row's greedy token on the device, and with\n"
@@ -153,7 +156,7 @@ int cmd_bench(int argc, char **argv) {
     bool depth_set = false;
     int reps = 5, level = 0, act_bits = 0, sparse = 0, sp_topk = 0, sp_window = 0, sp_block = 0;
     bool warmup = true, verbose = false, levels = false, level_set = false, tg_argmax = false;
-    const char *device = "auto", *baseline = NULL, *gpus = NULL;
+    const char *device = "auto", *baseline = NULL, *gpus = NULL, *ctk = NULL, *ctv = NULL;
     int n_tp = 0;
     double tolerance = 0.05;
     nstf_bench_format fmt = NSTF_BENCH_FORMAT_MD;
@@ -225,6 +228,14 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--sparse-block")) {
             VAL();
             if (!cli_parse_int(a, v, 4, 64, &sp_block)) return 2;
+        } else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctv") ||
+                   !strcmp(a, "--cache-type-v")) {
+            VAL();
+            if (strcmp(v, "q8_0") && strcmp(v, "auto")) {
+                cli_err("%s '%s': q8_0, or auto (the device's own: f32 on the CPU, bf16 on a GPU)", a, v);
+                return 2;
+            }
+            *(a[3] == 'k' || !strcmp(a, "--cache-type-k") ? &ctk : &ctv) = v;
         } else if (!strcmp(a, "--decode-batch")) {
             VAL();
             if (!parse_list(a, v, 1, 4096, &dec_batch)) return 2;
@@ -316,6 +327,8 @@ int cmd_bench(int argc, char **argv) {
                 if (sp_topk) sp.sparse_topk = sp_topk;
                 if (sp_window) sp.sparse_window = sp_window;
                 if (sp_block) sp.sparse_block = sp_block;
+                sp.cache_type_k = ctk;
+                sp.cache_type_v = ctv;
                 nstf_session *s = NULL;
                 if (nstf_session_open(models[mi], &sp, &s) != NSTF_OK) {
                     cli_lib_err();

@@ -35,7 +35,9 @@ static void usage_common(FILE *f) {
             "      --tp-timeout MS       a rank that makes no progress this long ends the run with an\n"
             "                            error naming it (default 30000)\n"
             "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
-            "  -ctk, --cache-type-k T    KV cache type: f32 on the CPU, bf16 on a GPU (the only ones)\n"
+            "  -ctk, --cache-type-k T    KV cache type: the device's own (f32 on the CPU, bf16 on a GPU;\n"
+            "                            the default) or q8_0 (int8 with a scale per 32: 1.06 bytes a\n"
+            "                            value, half of bf16); give K and V the same type\n"
             "  -ctv, --cache-type-v T    the same for V\n"
             "      --act-bits N          CPU activations of quantized matmuls: 16 (default: as close to\n"
             "                            fp32 as --precise, docs/PERFORMANCE.md), 8 (fastest; llama.cpp's\n"
@@ -169,7 +171,7 @@ static bool is(const char *a, const char *x, const char *y, const char *z) {
     return !strcmp(a, x) || (y && !strcmp(a, y)) || (z && !strcmp(a, z));
 }
 
-static const char *const k_cache_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
+static const char *const k_cache_types[] = {"auto", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
 
 /* Parses argv into o; returns -1 to go on, else the exit status. */
 static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn usage) {
@@ -271,11 +273,14 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
             bool known = false;
             for (size_t k = 0; k < sizeof k_cache_types / sizeof *k_cache_types; k++) known |= !strcmp(v, k_cache_types[k]);
             if (!known) {
-                cli_err("%s '%s': not a cache type (f32 on the CPU, bf16 on a GPU)", a, v);
+                cli_err("%s '%s': not a cache type (q8_0, or the device's own: f32 on the CPU, bf16 on a GPU)", a, v);
                 return 2;
             }
-            if (is(a, "-ctk", "--cache-type-k", NULL)) o->cache_k = v;
+            const bool key = is(a, "-ctk", "--cache-type-k", NULL);
+            if (key) o->cache_k = v;
             else o->cache_v = v;
+            /* q8_0 is asked of the session; the rest must be the device's own (checked once open) */
+            if (!strcmp(v, "q8_0")) *(key ? &o->sp.cache_type_k : &o->sp.cache_type_v) = v;
         } else if (is(a, "--act-bits", NULL, NULL)) {
             VAL();
             if (!cli_parse_act_bits(a, v, &o->sp.cpu_act_bits)) return 2;
@@ -310,6 +315,11 @@ static int parse(int argc, char **argv, run_opts *o, bool chat_cmd, cli_usage_fn
         cli_err("--precise is --act-bits 32; not both with --act-bits %d", o->sp.cpu_act_bits);
         return 2;
     }
+    if ((o->sp.cache_type_k != NULL) != (o->sp.cache_type_v != NULL)) {
+        cli_err("%s q8_0 without %s q8_0: keys and values take the same cache type here",
+                o->sp.cache_type_k ? "-ctk" : "-ctv", o->sp.cache_type_k ? "-ctv" : "-ctk");
+        return 2;
+    }
     if (o->n_gpu_layers != -2) {
         const bool explicit_dev = strcmp(o->sp.device, "auto") != 0;
         if (o->n_gpu_layers == 0) {
@@ -334,7 +344,7 @@ static int check_cache_types(const run_opts *o, nstf_session *s) {
     const char *have = nstf_session_kv_type(s);
     const char *asked[2] = {o->cache_k, o->cache_v}, *flag[2] = {"-ctk", "-ctv"};
     for (int i = 0; i < 2; i++)
-        if (asked[i] && strcmp(asked[i], have)) {
+        if (asked[i] && strcmp(asked[i], "auto") && strcmp(asked[i], have)) {
             cli_err("%s %s: the %s backend keeps the KV cache in %s (%s %s, or leave it out)", flag[i], asked[i],
                     nstf_session_backend_name(s), have, flag[i], have);
             return 2;

@@ -61,6 +61,8 @@ class SessionParams(ctypes.Structure):
         ("n_tp", c_int),
         ("gpus", c_char_p),
         ("tp_timeout_ms", c_int),
+        ("cache_type_k", c_char_p),
+        ("cache_type_v", c_char_p),
     ]
 
 

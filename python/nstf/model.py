@@ -66,10 +66,13 @@ class Model:
     path: a GGUF file or an HF model folder. device: "auto" (the GPU when
     the build has one and a device answers), "cpu" or "gpu". n_ctx: KV
     cache positions (0: min(trained context, 4096)). threads: CPU threads
-    (0: every core). The other keywords are nstf_session_params' fields."""
+    (0: every core). cache_type: the KV cache's, "auto" (f32 on the CPU,
+    bf16 on a GPU) or "q8_0" (keys and values). The other keywords are
+    nstf_session_params' fields."""
 
     def __init__(self, path, device="auto", n_ctx=0, threads=0, n_batch=512, precise=False, deterministic=False,
-                 n_gpu_layers=0, verbose=False, sparse_attn=0, sparse_topk=0, sparse_window=0, sparse_block=0):
+                 n_gpu_layers=0, verbose=False, sparse_attn=0, sparse_topk=0, sparse_window=0, sparse_block=0,
+                 cache_type="auto"):
         self._lib = L.load()
         self._s = None
         self._lock = threading.Lock()
@@ -88,6 +91,8 @@ class Model:
         p.sparse_topk = int(sparse_topk)
         p.sparse_window = int(sparse_window)
         p.sparse_block = int(sparse_block)
+        self._cache_type = str(cache_type).encode()
+        p.cache_type_k = p.cache_type_v = self._cache_type
         out = ctypes.c_void_p()
         _check(self._lib, self._lib.nstf_session_open(_text_bytes(str(path)), ctypes.byref(p), ctypes.byref(out)))
         self._s = out

@@ -130,6 +130,17 @@ def test_errors(model, tmp_path):
     assert model.generate("Hi", n_predict=1, temperature=0.0) is not None
 
 
+def test_cache_type(model_path):
+    m = nstf.Model(model_path, device="cpu", n_ctx=64, cache_type="q8_0")
+    try:
+        text = m.generate("The capital of France is", n_predict=4, temperature=0.0, ignore_eos=True)
+        assert isinstance(text, str) and text
+    finally:
+        m.close()
+    with pytest.raises(nstf.Error, match="cache-type"):
+        nstf.Model(model_path, device="cpu", n_ctx=64, cache_type="q4_0")
+
+
 def test_closed_model(model_path):
     m = nstf.Model(model_path, device="cpu", n_ctx=32, threads=1)
     assert not m.closed

@@ -107,6 +107,7 @@ typedef struct nstf_backend_plan {
      * the sequences through block tables (0: each sequence has n_ctx
      * contiguous positions) */
     int kv_block, kv_blocks;
+    bool kv_q8; /* the KV cache is Q8_0 (ops.h; contiguous) */
 } nstf_backend_plan;
 
 typedef struct nstf_backend_mem {

@@ -228,11 +228,14 @@ static void kv_write(const float *k, const float *v, float *kc, float *vc, const
     }
 }
 
+static nstf_status attention_q8(cpu_backend *c, const nstf_op_args *a);
+
 /* The batch's K and V rows go into the cache of their sequence at their
  * positions (through the block table when the cache is paged); then each
  * run of one sequence at consecutive positions attends as one causal
  * block. */
 static nstf_status op_attention(nstf_backend *be, const nstf_op_args *a) {
+    if (a->attention.kv_q8) return attention_q8(cpu_of(be), a);
     nstf_cpu *cpu = &cpu_of(be)->cpu;
     const int hd = a->attention.head_dim;
     const int64_t n = a->attention.n, n_ctx = a->attention.n_ctx, qd = (int64_t)a->attention.n_heads * hd,
@@ -305,6 +308,8 @@ static nstf_status sparse_args_error(const nstf_op_args *a) {
 static nstf_status op_attn_sparse(nstf_backend *be, const nstf_op_args *a) {
     nstf_cpu *cpu = &cpu_of(be)->cpu;
     NSTF_TRY(sparse_args_error(a));
+    if (a->attn_sparse.kv_q8)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "sparse attention over a Q8_0 KV cache is not supported");
     const int hd = a->attn_sparse.head_dim, nkv = a->attn_sparse.n_kv_heads, nh = a->attn_sparse.n_heads,
               B = a->attn_sparse.block;
     const int64_t n = a->attn_sparse.n, n_ctx = a->attn_sparse.n_ctx, qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd,
@@ -373,6 +378,56 @@ static float *tscratch(cpu_backend *c, int64_t n) {
     c->tscratch = p;
     c->tscratch_n = n;
     return p;
+}
+
+/* op_attention over a Q8_0 cache (ops.h): the batch's rows are stored
+ * quantized; each run of one sequence at consecutive positions attends to
+ * its earlier positions read back from the cache (d * code) and to its own
+ * k, v rows as given, through the fp32 attention on a copy of those rows
+ * (the training scratch: 2 x (positions + run) x kv_dim floats). */
+static nstf_status attention_q8(cpu_backend *c, const nstf_op_args *a) {
+    nstf_cpu *cpu = &c->cpu;
+    const int hd = a->attention.head_dim;
+    const int64_t n = a->attention.n, n_ctx = a->attention.n_ctx, qd = (int64_t)a->attention.n_heads * hd,
+                  kvd = (int64_t)a->attention.n_kv_heads * hd;
+    const int32_t *pos = a->attention.pos, *seq = a->attention.seq;
+    uint64_t rb = 0;
+    if (a->attention.blocks || a->attention.lse || !a->attention.k_cache || !a->attention.v_cache ||
+        !nstf_kv_row_bytes(true, 0, kvd, &rb))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "CPU backend: the Q8_0 KV cache is contiguous, without lse, with kv_dim a multiple of "
+                              "32 (here %lld)",
+                              (long long)kvd);
+    if (!dense(a->attention.q, qd) || !dense(a->attention.k, kvd) || !dense(a->attention.v, kvd) ||
+        !dense(a->attention.out, qd))
+        return layout_error(a);
+    const float *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
+    uint8_t *kc = a->attention.k_cache, *vc = a->attention.v_cache;
+    float *out = a->attention.out.data;
+    for (int64_t t = 0; t < n; t++) {
+        const uint64_t row = (uint64_t)((seq ? seq[t] : 0) * n_ctx + pos[t]) * rb;
+        nstf_kv_q8_store(k + t * kvd, kvd, kc + row);
+        nstf_kv_q8_store(v + t * kvd, kvd, vc + row);
+    }
+    for (int64_t t0 = 0; t0 < n;) {
+        const int32_t s = seq ? seq[t0] : 0;
+        int64_t t1 = t0 + 1;
+        while (t1 < n && (seq ? seq[t1] : 0) == s && pos[t1] == pos[t1 - 1] + 1) t1++;
+        const int64_t p0 = pos[t0], keys = p0 + (t1 - t0);
+        float *kf = tscratch(c, 2 * keys * kvd), *vf = kf ? kf + keys * kvd : NULL;
+        if (!kf) return NSTF_ERR_OOM;
+        for (int64_t p = 0; p < p0; p++) {
+            const uint64_t row = (uint64_t)(s * n_ctx + p) * rb;
+            nstf_kv_q8_load(kc + row, kvd, kf + p * kvd);
+            nstf_kv_q8_load(vc + row, kvd, vf + p * kvd);
+        }
+        memcpy(kf + p0 * kvd, k + t0 * kvd, (size_t)((t1 - t0) * kvd) * sizeof(float));
+        memcpy(vf + p0 * kvd, v + t0 * kvd, (size_t)((t1 - t0) * kvd) * sizeof(float));
+        nstf_cpu_attention_sw(cpu, q + t0 * qd, kf, vf, out + t0 * qd, t1 - t0, p0, a->attention.n_heads,
+                              a->attention.n_kv_heads, hd, a->attention.scale, a->attention.window);
+        t0 = t1;
+    }
+    return NSTF_OK;
 }
 
 static nstf_status op_get_rows_bwd(nstf_backend *be, const nstf_op_args *a) {

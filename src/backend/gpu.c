@@ -133,9 +133,10 @@ static bool round_up(uint64_t v, uint64_t *out) {
 /* The workspace's size table; with base also carve the pointers. */
 static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     const uint64_t B = (uint64_t)g->n_batch;
-    uint64_t s[10], off[10], at = 0;
+    uint64_t s[11], off[11], at = 0;
     bool ok = nstf_mul_ok(g->wtmp_elems, 2, &s[3]) &&
-              nstf_mul_ok((uint64_t)g->n_seq * 4, g->kv_block ? (uint64_t)(g->n_ctx / g->kv_block) : 0, &s[9]);
+              nstf_mul_ok((uint64_t)g->n_seq * 4, g->kv_block ? (uint64_t)(g->n_ctx / g->kv_block) : 0, &s[9]) &&
+              nstf_mul_ok(g->kv_q8 ? (uint64_t)g->n_ctx * 4 : 0, (uint64_t)g->n_kv_heads * g->head_dim, &s[10]);
     s[0] = B * 4;                            /* ids */
     s[1] = B * 4;                            /* pos */
     s[2] = 16;                               /* dio */
@@ -144,7 +145,7 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     s[6] = (uint64_t)g->head_dim * 4;        /* rope_freqs */
     s[7] = B * 4;                            /* seq */
     s[8] = B * 4;                            /* rows */
-    for (int i = 0; ok && i < 10; i++) {
+    for (int i = 0; ok && i < 11; i++) {
         uint64_t r;
         off[i] = at;
         ok = round_up(s[i], &r) && nstf_add_ok(at, r, &at);
@@ -162,6 +163,7 @@ static nstf_status ws_plan(gpu_backend *g, char *base, uint64_t *total) {
     g->seq = (int32_t *)(base + off[7]);
     g->rows = (int32_t *)(base + off[8]);
     g->blocks = g->kv_block ? (int32_t *)(base + off[9]) : NULL;
+    g->kv_bf = g->kv_q8 ? (uint16_t *)(base + off[10]) : NULL;
     return NSTF_OK;
 }
 
@@ -199,6 +201,7 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
                               "contiguous ones)",
                               p->n_seq);
     g->n_seq = p->n_seq;
+    g->kv_q8 = p->kv_q8;
     g->kv_block = p->kv_block;
     g->kv_blocks = p->kv_blocks;
     g->dim = p->dim;

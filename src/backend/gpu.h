@@ -59,6 +59,10 @@ typedef struct gpu_backend {
     uint16_t *wtmp;     /* bf16 copy of one dequantized matrix (NULL: every layer matrix is bf16) */
     uint64_t wtmp_elems;
     void *am_scratch, *fd_scratch;
+    /* the Q8_0 cache's prefill: one layer's cached rows widened to bf16,
+     * K then V, [n_ctx, kv_dim] each (nstf_gpu_kv_q8_prepare; NULL without) */
+    bool kv_q8;
+    uint16_t *kv_bf;
     size_t am_bytes, fd_bytes;
     float *rope_freqs;  /* [head_dim] RoPE frequencies for the fused QKV GEMV */
     float *scores;      /* L0/L1: [n_heads, n_batch, n_ctx] */

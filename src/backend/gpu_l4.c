@@ -262,6 +262,7 @@ static void rec_matmul(gpu_backend *g, gpu_l4 *l, const nstf_op_args *a) {
 
 static void rec_attention(gpu_backend *g, gpu_l4 *l, const nstf_op_args *a) {
     const int hd = a->attention.head_dim, nh = a->attention.n_heads, nkv = a->attention.n_kv_heads;
+    if (a->attention.kv_q8) FAIL("the Q8_0 KV cache (%s): L4 reads a bf16 cache", LBL(a));
     if (a->attention.blocks || a->attention.lse || a->attention.seq || a->attention.n != 1 || !a->attention.k_cache ||
         a->attention.pos != g->dio + 1 || !nstf_gpu_l4_attn_ok(nh, nkv, hd))
         FAIL("an attention the kernel does not take (%s)", LBL(a));

@@ -282,8 +282,27 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
     return nstf_gpu_attn_pv(g->scores, vc, a->attention.out.data, a->attention.out.stride, n, n_kv, nh, nkv, hd, s);
 }
 
+/* The Q8_0 cache's row bytes (0: the bf16 cache), or an error where this
+ * attention does not read one: a paged cache, the training forward (lse)
+ * and the materialized attention of levels 0 and 1 keep bf16. */
+static nstf_status kv_row_q8(const gpu_backend *g, const nstf_op_args *a, int64_t *rb) {
+    *rb = 0;
+    if (!a->attention.kv_q8) return NSTF_OK;
+    uint64_t b = 0;
+    if (a->attention.blocks || a->attention.lse || g->level < 2 ||
+        !nstf_kv_row_bytes(true, 0, (int64_t)a->attention.n_kv_heads * a->attention.head_dim, &b))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "GPU backend: the Q8_0 KV cache is read by the flash-attention kernels (execution level "
+                              "2 and above, a contiguous cache, no lse); here level %d%s%s",
+                              g->level, a->attention.blocks ? ", a paged cache" : "", a->attention.lse ? ", lse" : "");
+    *rb = (int64_t)b;
+    return NSTF_OK;
+}
+
 nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    int64_t kv_rb = 0;
+    NSTF_TRY(kv_row_q8(g, a, &kv_rb));
     if (a->attention.blocks) { /* a continuous batch: every token its own sequence and position, at every level */
         g->n_kernels += 2;
         return nstf_gpu_paged_attention(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
@@ -325,17 +344,32 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
         g->n_kernels += 2;
         return nstf_gpu_flash_decode_dpos(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
                                           a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
-                                          a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, 1,
-                                          a->attention.pos, g->bound, a->attention.n_ctx, a->attention.n_heads,
+                                          a->attention.k_cache, a->attention.v_cache, kv_rb, a->attention.out.data,
+                                          qd, 1, a->attention.pos, g->bound, a->attention.n_ctx, a->attention.n_heads,
                                           a->attention.n_kv_heads, a->attention.head_dim, a->attention.scale,
                                           a->attention.window, g->fd_scratch, g->fd_bytes, g->stream);
     }
+    uint16_t *kc = a->attention.k_cache, *vc = a->attention.v_cache;
+    if (kv_rb) { /* a Q8_0 cache: its rows this chunk sees widened once, then the bf16 kernel on them */
+        const int64_t kvd = (int64_t)a->attention.n_kv_heads * a->attention.head_dim, w = a->attention.window;
+        if (!g->kv_bf || a->attention.n_ctx > g->n_ctx)
+            return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: no widening buffer for the Q8_0 cache (planned %s)",
+                                  g->kv_q8 ? "for a shorter context" : "without it");
+        const int64_t lo = w > 0 && g->pos0 + 1 > w ? g->pos0 + 1 - w : 0;
+        g->n_kernels++;
+        NSTF_TRY(nstf_gpu_kv_q8_prepare(a->attention.k.data, a->attention.k.stride, a->attention.v.data,
+                                        a->attention.v.stride, a->attention.k_cache, a->attention.v_cache, kv_rb,
+                                        g->kv_bf, g->kv_bf + a->attention.n_ctx * kvd, a->attention.n, lo, g->pos0,
+                                        a->attention.n_ctx, a->attention.n_kv_heads, a->attention.head_dim, g->stream));
+        kc = g->kv_bf;
+        vc = g->kv_bf + a->attention.n_ctx * kvd;
+    }
     g->n_kernels++;
     return nstf_gpu_flash_attn_sw(a->attention.q.data, a->attention.q.stride, a->attention.k.data,
-                                  a->attention.k.stride, a->attention.v.data, a->attention.v.stride,
-                                  a->attention.k_cache, a->attention.v_cache, a->attention.out.data, qd, a->attention.n,
-                                  g->pos0, a->attention.n_ctx, a->attention.n_heads, a->attention.n_kv_heads,
-                                  a->attention.head_dim, a->attention.scale, a->attention.window, g->stream);
+                                  a->attention.k.stride, a->attention.v.data, a->attention.v.stride, kc, vc,
+                                  a->attention.out.data, qd, a->attention.n, g->pos0, a->attention.n_ctx,
+                                  a->attention.n_heads, a->attention.n_kv_heads, a->attention.head_dim,
+                                  a->attention.scale, a->attention.window, g->stream);
 }
 
 /* Sparse decode attention (one sequence, contiguous cache): a run of
@@ -343,6 +377,8 @@ nstf_status nstf_gpu_op_attention(nstf_backend *be, const nstf_op_args *a) {
  * block statistics; one token runs the sparse kernels (attn_sparse.cu). */
 nstf_status nstf_gpu_op_attn_sparse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->attn_sparse.kv_q8)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "sparse attention over a Q8_0 KV cache is not supported");
     if (a->attn_sparse.seq || a->attn_sparse.pos0 != g->pos0)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED,
                               "GPU backend: sparse attention runs one sequence at consecutive positions per forward");

@@ -212,6 +212,7 @@ static nstf_status sparse_attention(fwd *f, const nstf_op_args *at, int l) {
     a.attn_sparse.n_kv_heads = at->attention.n_kv_heads;
     a.attn_sparse.head_dim = at->attention.head_dim;
     a.attn_sparse.scale = at->attention.scale;
+    a.attn_sparse.kv_q8 = at->attention.kv_q8;
     a.attn_sparse.block = sp->block;
     a.attn_sparse.topk = sp->topk;
     a.attn_sparse.window = sp->window;
@@ -240,12 +241,9 @@ static nstf_status layers(fwd *f) {
     const nstf_llama_config *c = f->c;
     const nstf_llama_weights *w = &f->r->w;
     nstf_llama_state *s = &f->r->s;
-    const int64_t n = f->n, dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd,
-                  kvd = (int64_t)c->n_kv_heads * hd;
-    uint64_t kv_es = 0;
-    (void)nstf_type_row_bytes(f->be->kv_type, 1, &kv_es);
+    const int64_t n = f->n, dim = c->dim, hd = c->head_dim, qd = (int64_t)c->n_heads * hd;
     const uint64_t layer_cache = (uint64_t)(s->kv_block ? s->kv_blocks : s->n_seq) *
-                                 (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx) * (uint64_t)kvd * kv_es;
+                                 (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx) * s->kv_row;
     const nstf_rope_args rope = {f->io.pos, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_base, c->rope_mode,
                                  w->rope_factors};
     f->pending = NULL;
@@ -296,6 +294,7 @@ static nstf_status layers(fwd *f) {
         at.attention.window = c->sliding_window;
         at.attention.blocks = f->io.blocks;
         at.attention.block_size = s->kv_block;
+        at.attention.kv_q8 = s->kv_q8;
         if (!f->b->seq || f->b->seq[0] == 0) {
             bool run1 = true;
             for (int64_t t = 1; t < n && run1; t++)

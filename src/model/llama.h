@@ -101,6 +101,8 @@ typedef struct nstf_llama_state {
     void *v_cache;   /* as k_cache */
     void *block;     /* the one backend allocation everything above is carved from */
     uint64_t block_bytes, kv_bytes;
+    bool kv_q8;      /* the caches are Q8_0 (ops.h), not the backend's kv_type */
+    uint64_t kv_row; /* bytes of one cache row (a position, every kv head; nstf_kv_row_bytes) */
 } nstf_llama_state;
 
 /* Sparse decode attention of a run (ops.h, ATTN_SPARSE): which layers use
@@ -178,6 +180,7 @@ typedef struct nstf_llama_run_shape {
     int l0, l1;
     bool embed, output;
     int kv_block, kv_blocks;
+    bool kv_q8; /* the KV cache in Q8_0 (ops.h; contiguous caches only), else the backend's kv_type */
 } nstf_llama_run_shape;
 nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, const nstf_llama_run_shape *shape,
                                          nstf_llama_run **out);

@@ -213,6 +213,9 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, i
     uint64_t act = 0, kv = 0;
     (void)nstf_type_row_bytes(be->act_type, 1, &act);
     (void)nstf_type_row_bytes(be->kv_type, 1, &kv);
+    if (!nstf_kv_row_bytes(s->kv_q8, (int)kv, (int64_t)c->n_kv_heads * c->head_dim, &s->kv_row))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "a KV cache row of %d x %d values%s", c->n_kv_heads, c->head_dim,
+                              s->kv_q8 ? " (Q8_0: a multiple of 32)" : "");
     const uint64_t B = (uint64_t)s->n_batch, dim = (uint64_t)c->dim, qd = (uint64_t)c->n_heads * c->head_dim,
                    kvd = (uint64_t)c->n_kv_heads * c->head_dim, ffn = (uint64_t)c->ffn_dim, V = (uint64_t)c->n_vocab;
     uint64_t sz[12] = {0}, cache = 0;
@@ -225,7 +228,7 @@ static nstf_status state_plan(nstf_llama_state *s, const nstf_llama_config *c, i
               nstf_mul_ok(B * 4, V, &sz[7]) &&                      /* logits */
               nstf_mul_ok((uint64_t)n_layers * (uint64_t)(s->kv_block ? s->kv_blocks : s->n_seq),
                           (uint64_t)(s->kv_block ? s->kv_block : s->n_ctx), &cache) &&
-              nstf_mul_ok(cache, kvd * kv, &sz[9]);                 /* k_cache */
+              nstf_mul_ok(cache, s->kv_row, &sz[9]);                /* k_cache */
     sz[1] = sz[0];  /* y */
     sz[8] = B * 4 > 16 ? B * 4 : 16; /* argmax */
     sz[10] = sz[9]; /* v_cache */
@@ -277,19 +280,19 @@ void nstf_llama_run_free(nstf_llama_run *r) {
 
 nstf_status nstf_llama_run_create(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                   nstf_llama_run **out) {
-    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, 0, 0};
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, 0, 0, false};
     return nstf_llama_run_create_shaped(m, be, &sh, out);
 }
 
 nstf_status nstf_llama_run_create_paged(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                         int kv_block, int kv_blocks, nstf_llama_run **out) {
-    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, kv_block, kv_blocks};
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, 0, m->cfg.n_layers, true, true, kv_block, kv_blocks, false};
     return nstf_llama_run_create_shaped(m, be, &sh, out);
 }
 
 nstf_status nstf_llama_run_create_stage(const nstf_llama *m, nstf_backend *be, int n_ctx, int n_batch, int n_seq,
                                         int l0, int l1, bool embed, bool output, nstf_llama_run **out) {
-    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, l0, l1, embed, output, 0, 0};
+    const nstf_llama_run_shape sh = {n_ctx, n_batch, n_seq, l0, l1, embed, output, 0, 0, false};
     return nstf_llama_run_create_shaped(m, be, &sh, out);
 }
 
@@ -309,6 +312,11 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
                               "paged KV cache: %d blocks of %d positions for a context of %d (a positive number of "
                               "blocks whose size divides the context)",
                               kv_blocks, kv_block, n_ctx);
+    if (sh->kv_q8 && (kv_block > 0 || ((int64_t)c->n_kv_heads * c->head_dim) % 32 != 0))
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "the Q8_0 KV cache: %s",
+                              kv_block > 0 ? "not with a paged cache (the server's) yet"
+                                           : "kv heads x head_dim must be a multiple of 32");
     if (l0 < 0 || l1 < l0 || l1 > c->n_layers || (l0 == l1 && !embed && !output))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "stage of layers %d..%d of a %d-layer model", l0, l1 - 1,
                               c->n_layers);
@@ -326,6 +334,7 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
     r->s.n_seq = n_seq;
     r->s.kv_block = kv_block;
     r->s.kv_blocks = kv_blocks;
+    r->s.kv_q8 = sh->kv_q8;
 
     /* plan: weights, run state, workspace */
     nstf_status st = NSTF_OK;
@@ -350,7 +359,7 @@ nstf_status nstf_llama_run_create_shaped(const nstf_llama *m, nstf_backend *be, 
     nstf_backend_plan bp = {c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, c->n_vocab,
                             n_ctx, n_batch, n_seq, c->rope_base, c->rope_mode, NULL, 0,
                             embed ? m->w.tok_embd.type : NSTF_TYPE_F32, output ? m->w.output.type : NSTF_TYPE_F32,
-                            kv_block, kv_blocks};
+                            kv_block, kv_blocks, sh->kv_q8};
     if (st == NSTF_OK) {
         mats = nstf_calloc((size_t)n_mats, sizeof *mats, "matmul list");
         if (!mats) st = NSTF_ERR_OOM;

@@ -18,6 +18,25 @@ uint64_t nstf_time_seed(void) {
     return ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
 }
 
+nstf_status nstf_session_cache_type(const char *k, const char *v, bool *q8) {
+    const char *t[2] = {k && *k ? k : "auto", v && *v ? v : "auto"};
+    bool is_q8[2];
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(t[i], "auto") != 0 && strcmp(t[i], "q8_0") != 0)
+            return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                                  "--cache-type-%c %s: use q8_0, or auto (the device's own: f32 on the CPU, bf16 on a "
+                                  "GPU)",
+                                  i ? 'v' : 'k', t[i]);
+        is_q8[i] = strcmp(t[i], "q8_0") == 0;
+    }
+    if (is_q8[0] != is_q8[1])
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "--cache-type-k %s with --cache-type-v %s: keys and values take the same cache type", t[0],
+                              t[1]);
+    *q8 = is_q8[0];
+    return NSTF_OK;
+}
+
 nstf_session_params nstf_session_default_params(void) {
     nstf_session_params p = {.n_ctx = 0, .n_batch = 512, .n_threads = 0, .device = "auto", .verbose = false};
     return p;
@@ -28,7 +47,7 @@ static nstf_status run_create(nstf_session *s, nstf_backend *be, int n_ctx, int 
                               nstf_llama_run **out) {
     const nstf_session_shape *h = &s->shape;
     const nstf_llama_run_shape sh = {n_ctx, s->params.n_batch, h->n_seq, l0, l1, embed, output, h->kv_block,
-                                     h->kv_blocks};
+                                     h->kv_blocks, s->kv_q8};
     return nstf_llama_run_create_shaped(s->model, be, &sh, out);
 }
 
@@ -107,7 +126,7 @@ static nstf_status open_tp(nstf_session *s, int n_ctx) {
     if (st == NSTF_OK) {
         const nstf_session_shape *h = &s->shape;
         const nstf_llama_run_shape sh = {n_ctx, p->n_batch, h->n_seq, 0, s->model->cfg.n_layers, true, true,
-                                         h->kv_block, h->kv_blocks};
+                                         h->kv_block, h->kv_blocks, s->kv_q8};
         st = nstf_llama_run_create_tp(s->model, s->be_tp, n, &sh, p->tp_timeout_ms, &s->run);
     }
     if (st != NSTF_OK) {
@@ -165,10 +184,16 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
     if (strcmp(p.device, "gpu") == 0 && !nstf_backend_gpu_built())
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON or NSTF_HIP=ON)");
 
+    bool kv_q8 = false;
+    NSTF_TRY(nstf_session_cache_type(p.cache_type_k, p.cache_type_v, &kv_q8));
+    if (kv_q8 && p.sparse_attn > 0)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--cache-type q8_0 with sparse attention is not supported");
+
     double t0 = nstf_time_ms();
     nstf_session *s = nstf_calloc(1, sizeof *s, "session");
     if (!s) return NSTF_ERR_OOM;
     s->params = p;
+    s->kv_q8 = kv_q8;
     s->shape = shape ? *shape : (nstf_session_shape){1, 0, 0};
     nstf_gguf *g = NULL;
     nstf_status st = nstf_model_file_open(path, &g);

@@ -18,9 +18,15 @@ typedef struct nstf_session_shape {
     int n_seq, kv_block, kv_blocks;
 } nstf_session_shape;
 
+/* The cache types of nstf_session_params ("auto", NULL or "": the
+ * device's own; "q8_0") to whether the KV cache is Q8_0; an error names a
+ * type it does not know, or K and V of different types. */
+nstf_status nstf_session_cache_type(const char *k, const char *v, bool *q8);
+
 struct nstf_session {
     nstf_session_params params;
     nstf_session_shape shape;
+    bool kv_q8; /* the KV cache is Q8_0 (params.cache_type_k / _v) */
     nstf_llama *model;
     nstf_tokenizer *tok;
     nstf_backend *be;

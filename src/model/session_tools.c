@@ -22,7 +22,9 @@ const float *nstf_session_logits(const nstf_session *s) { return s->logits; }
 int64_t nstf_session_token_piece(const nstf_session *s, int32_t id, char *buf, size_t cap) {
     return nstf_tokenizer_piece(s->tok, id, buf, cap);
 }
-const char *nstf_session_kv_type(const nstf_session *s) { return s->be->kv_type == NSTF_TYPE_F32 ? "f32" : "bf16"; }
+const char *nstf_session_kv_type(const nstf_session *s) {
+    return s->kv_q8 ? "q8_0" : s->be->kv_type == NSTF_TYPE_F32 ? "f32" : s->be->kv_type == NSTF_TYPE_F16 ? "f16" : "bf16";
+}
 
 nstf_status nstf_session_tokenize_alloc(nstf_session *s, const char *text, size_t len, bool parse_special,
                                         int32_t **ids, int64_t *n) {

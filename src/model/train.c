@@ -583,8 +583,8 @@ nstf_status nstf_train_create(const nstf_llama *m, nstf_backend *be, const train
                                 sh->seq_len, sh->seq_len, 1, c->rope_base, c->rope_mode, NULL, 0,
                                 /* the trained tables are the fp32 masters */
                                 NSTF_TYPE_F32, NSTF_TYPE_F32,
-                                /* a contiguous cache */
-                                0, 0};
+                                /* a contiguous cache of the backend's type */
+                                0, 0, false};
         uint64_t ws = 0;
         st = be->vt->plan(be, &bp, &ws);
         if (st == NSTF_OK) st = be->vt->prepare(be, &bp);

@@ -198,7 +198,9 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
         const int64_t n = a->attention.n, pos0 = a->attention.pos0 > 0 ? a->attention.pos0 : 0;
         const int nh = a->attention.n_heads, nkv = a->attention.n_kv_heads, hd = a->attention.head_dim;
         c = nstf_cost_attention(n, pos0, nh, nkv, hd);
-        const double sq = esize(a->attention.q.type), skv = esize(a->attention.k.type);
+        const double sq = esize(a->attention.q.type);
+        /* a cached value: as k is given, or a Q8_0 code with its share of a scale */
+        const double skv = a->attention.kv_q8 ? 34.0 / 32.0 : esize(a->attention.k.type);
         double keys = (double)(pos0 + n); /* cache positions read */
         if (a->attention.window > 0) {      /* each token sees at most `window` keys */
             const double w = a->attention.window;

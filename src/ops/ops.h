@@ -238,6 +238,12 @@ typedef struct nstf_op_args {
              * n_seq S > 1 independent sequences of n rows each, one after
              * another in q, k, v, out and lse (0 or 1: one sequence). */
             int64_t n_seq;
+            /* The cache's type: false = the backend's kv_type (fp32 on the
+             * CPU, bf16 on a GPU); true = Q8_0 rows of nstf_kv_row_bytes
+             * (contiguous caches only; not with lse): this batch's k, v are
+             * written quantized, and earlier positions are read back as
+             * d * code. The batch's own keys and values are used as given. */
+            bool kv_q8;
         } attention;
         /* The attention op's contract (the batch's k, v written into a
          * contiguous cache, causal, GQA) for a layer that tracks its cache
@@ -256,6 +262,7 @@ typedef struct nstf_op_args {
             int block;              /* positions per tracked block (NSTF_SPARSE_BLOCK_MIN..MAX) */
             int topk;               /* blocks chosen by the bound besides block 0 and the window */
             int window;             /* recent positions always attended (their whole blocks) */
+            bool kv_q8;             /* a Q8_0 cache (as attention's): refused, not supported */
             float *kmin, *kmax;     /* [n_seq, n_blocks, n_kv_heads, head_dim] fp32: per-channel
                                        min / max of the keys of each block (n_blocks =
                                        ceil(n_ctx / block)) */
@@ -464,6 +471,23 @@ int64_t nstf_sparse_work_floats(int64_t n, int n_heads, int n_kv_heads, int head
                                 int block, int window);
 /* Positions a one-token step at position p attends to, per kv head. */
 int64_t nstf_sparse_keys(int64_t p, int topk, int block, int window);
+
+/* ---- the Q8_0 KV cache ---------------------------------------------------
+ * A row (one position, every kv head) of a Q8_0 cache holds the kv_dim
+ * int8 codes, then one fp16 scale d per 32 of them (kv head h's block j at
+ * scale h * head_dim / 32 + j), value = d * code, padded to a multiple of
+ * 16 bytes (the GPU loads codes 8 and 16 bytes at a time); d = amax / 127
+ * of the block, code = nearest-even(x / d), as ggml's Q8_0 blocks (d at
+ * most 65504, the largest fp16: values past 127 x 65504 clip; a NaN value
+ * is stored as code 0). */
+/* Bytes of a cache row of kv_dim values: es bytes a value (the backend's
+ * own type) or, with q8, the Q8_0 row above. False for a kv_dim that is
+ * not positive or (q8) not a multiple of 32, or on overflow. */
+bool nstf_kv_row_bytes(bool q8, int es, int64_t kv_dim, uint64_t *out);
+/* One row of kv_dim fp32 values into a Q8_0 cache row (the codes, then
+ * the scales), and back (fp32; the padding is not read). */
+void nstf_kv_q8_store(const float *x, int64_t kv_dim, uint8_t *row);
+void nstf_kv_q8_load(const uint8_t *row, int64_t kv_dim, float *x);
 
 /* ---- scalar references (the oracle) ------------------------------------ */
 

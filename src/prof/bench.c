@@ -31,7 +31,7 @@ const char *nstf_bench_backend(const nstf_session *s) { return s->be->vt->name; 
 
 void nstf_bench_backend_info_get(const nstf_session *s, nstf_bench_backend_info *out) {
     const nstf_backend *be = s->be;
-    out->type_k = out->type_v = be->kv_type == NSTF_TYPE_BF16 ? "bf16" : be->kv_type == NSTF_TYPE_F16 ? "f16" : "f32";
+    out->type_k = out->type_v = nstf_session_kv_type(s);
     out->n_gpu_layers = be->host_memory ? 0 : s->model->cfg.n_layers;
     /* the CPU and the GPU from level 2 attend with an online softmax over
      * tiles; GPU levels 0 and 1 materialize the score matrix */

@@ -23,7 +23,11 @@
  * tiles in shared memory (cp.async: the next tile loads while it computes
  * on this one). With a sliding window the splits start at the first token's
  * window (rounded down to a key tile), read on the device with the
- * position, so a captured step stays valid. */
+ * position, so a captured step stays valid. Over a Q8_0 cache (Q8) each
+ * wave stages its next tiles' codes and scales (all of them started
+ * before the PDL wait: cache rows only) and widens each into its one bf16
+ * tile before the same flash_tile; the call's own rows come from k, v as
+ * plain loads. */
 #include "flash_common.h"
 #include "core/switches.h"
 
@@ -45,10 +49,33 @@
 #endif
 #define FD_WAVE_KV (FD_STAGES * 2 * FD_BKV) /* rows of a wave's K/V stages */
 
-template <int HD> static constexpr size_t fd_smem_bytes() {
-    return ((size_t)16 * (HD + 8) + (size_t)FD_NW * FD_WAVE_KV * (HD + 8) + (size_t)FD_NW * 16 * NSTF_MMA_SCRATCH_LD) *
-           sizeof(u16);
+/* Q8 (the Q8_0 cache): each wave has one bf16 K/V tile and fd_q8_stages
+ * staged tiles of codes and scales (flash_q8_stage_bytes), copied ahead
+ * while it computes: 4 at head_dim 64, 2 at 128 (3 and 2 blocks an SM on
+ * an H200); 1 on AMD (64 KiB of LDS; plain copies there anyway). 8 and 4
+ * (2 blocks an SM, more keys in flight but fewer waves) were slower on the
+ * H200 (docs/PERFORMANCE.md). */
+#if defined(NSTF_GPU_HIP)
+template <int HD> static constexpr int fd_q8_stages() { return 1; }
+#else
+template <int HD> static constexpr int fd_q8_stages() { return HD == 64 ? 4 : 2; }
+#endif
+template <int HD> static constexpr size_t fd_q8_wave_bytes() {
+    return (size_t)2 * FD_BKV * (HD + 8) * sizeof(u16) + (size_t)fd_q8_stages<HD>() * flash_q8_stage_bytes<HD, FD_BKV>();
 }
+/* Q tile, the waves' K/V (bf16: FD_STAGES tiles a wave; Q8: its region),
+ * the waves' mma scratch. */
+template <int HD, bool Q8 = false> static constexpr size_t fd_smem_bytes() {
+    return (size_t)16 * (HD + 8) * sizeof(u16) + (size_t)FD_NW * 16 * NSTF_MMA_SCRATCH_LD * sizeof(u16) +
+           (Q8 ? (size_t)FD_NW * fd_q8_wave_bytes<HD>() : (size_t)FD_NW * FD_WAVE_KV * (HD + 8) * sizeof(u16));
+}
+static_assert(fd_q8_wave_bytes<64>() % 16 == 0 && fd_q8_wave_bytes<128>() % 16 == 0, "16-byte aligned wave regions");
+static_assert((size_t)16 * (2 + 64) * sizeof(float) <= fd_q8_wave_bytes<64>() &&
+                  (size_t)16 * (2 + 128) * sizeof(float) <= fd_q8_wave_bytes<128>(),
+              "the merge's partials must fit the Q8 waves' regions");
+#if defined(NSTF_GPU_HIP)
+static_assert(fd_smem_bytes<128, true>() <= 65536, "LDS: 64 KiB a workgroup");
+#endif
 
 /* The in-block merge keeps (m, l, acc) of 16 rows per wave where the K/V
  * tiles were. */
@@ -65,10 +92,11 @@ static __device__ __forceinline__ void fd_wave_sync(void) {
 #endif
 }
 
-template <int HD>
+template <int HD, bool Q8>
 __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     flash_decode_kernel(const u16 *__restrict__ q, int64_t q_stride, const u16 *__restrict__ kn, int64_t k_stride,
-                        const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t n_tok, int64_t pos0,
+                        const u16 *__restrict__ vn, int64_t v_stride, u16 *kc, u16 *vc, int64_t kv_rb, int64_t n_tok,
+                        int64_t pos0,
                         int n_heads, int n_kv, float scale_log2, int64_t chunk, float *part_ml, float *part_acc,
                         const int32_t *__restrict__ pos_dev, int early, int window, u16 *out, int64_t out_stride) {
     /* the position comes from the host (copied before the launch), and the
@@ -78,8 +106,8 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     constexpr int LD = HD + 8;
     extern __shared__ __align__(16) u16 smem[];
     u16 *sq = smem;
-    u16 *skv = sq + 16 * LD; /* per wave, per stage: K [BKV][LD], V [BKV][LD] */
-    u16 *scratch = skv + FD_NW * FD_WAVE_KV * LD;
+    u16 *skv = sq + 16 * LD; /* bf16: per wave, per stage: K [BKV][LD], V [BKV][LD]; Q8: per wave regions */
+    u16 *scratch = Q8 ? (u16 *)((uint8_t *)skv + FD_NW * fd_q8_wave_bytes<HD>()) : skv + FD_NW * FD_WAVE_KV * LD;
 
     const int tid = threadIdx.x, nt = FD_NW * NSTF_WAVE, wave = tid / NSTF_WAVE, lane = tid % NSTF_WAVE;
     const int hkv = blockIdx.y, group = n_heads / n_kv;
@@ -89,23 +117,52 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     const int64_t lo = window > 0 && pos0 + 1 > window ? (pos0 + 1 - window) / FD_BKV * FD_BKV : 0;
     const int64_t s0 = lo + (int64_t)split * chunk;
     const int64_t s1 = s0 + chunk < kv_total ? s0 + chunk : kv_total;
-    u16 *sk = skv + wave * FD_WAVE_KV * LD, *sv = sk + FD_BKV * LD; /* stage 0 */
-    if (early)
+    u16 *sk = skv + wave * FD_WAVE_KV * LD, *sv = sk + FD_BKV * LD; /* bf16: stage 0 */
+    /* Q8: the wave's tile, then its staged tiles; every staged copy reads
+     * cache rows only, so all of them are started before the PDL wait */
+    constexpr int QS = fd_q8_stages<HD>();
+    constexpr size_t QSB = flash_q8_stage_bytes<HD, FD_BKV>();
+    uint8_t *stg = (uint8_t *)skv + wave * fd_q8_wave_bytes<HD>() + 2 * FD_BKV * LD * sizeof(u16);
+    if constexpr (Q8) {
+        sk = (u16 *)((uint8_t *)skv + wave * fd_q8_wave_bytes<HD>());
+        sv = sk + FD_BKV * LD;
+#pragma unroll
+        for (int i = 0; i < QS; i++) {
+            const int64_t k1 = s0 + (int64_t)i * FD_BKV;
+            if (k1 < s1)
+                flash_stage_q8<HD, FD_BKV>(stg + i * QSB, (const uint8_t *)kc, (const uint8_t *)vc, kv_rb, k1, s1, pos0,
+                                           n_kv, hkv, lane, NSTF_WAVE);
+            nstf_cp_commit();
+        }
+    } else if (early) {
         flash_load_kv<HD, FD_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, s0, s1, pos0, n_kv, hkv, lane,
                                   NSTF_WAVE, 0);
+    }
     NSTF_PDL_WAIT();
     NSTF_PDL_TRIGGER();
 
-    if (blockIdx.x == 0) flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, 0, n_tok, pos0, n_kv, hkv, tid, nt);
+    if (blockIdx.x == 0) {
+        if constexpr (Q8)
+            flash_write_cache_q8<HD>((uint8_t *)kc, (uint8_t *)vc, kv_rb, kn, k_stride, vn, v_stride, 0, n_tok, pos0,
+                                     n_kv, hkv, tid, nt);
+        else
+            flash_write_cache<HD>(kc, vc, kn, k_stride, vn, v_stride, 0, n_tok, pos0, n_kv, hkv, tid, nt);
+    }
 
+    /* the Q tile (Q8: plain loads, so that its wait is not on the staged tiles) */
     for (int c = tid; c < 16 * (HD / 8); c += nt) {
         int row = c / (HD / 8), ch = c % (HD / 8);
         bool valid = row < rows;
         int64_t off = valid ? (row / group) * q_stride + (int64_t)(hkv * group + row % group) * HD + ch * 8 : 0;
-        nstf_cp16(sq + row * LD + ch * 8, q + off, valid);
+        if constexpr (Q8)
+            *(uint4 *)(sq + row * LD + ch * 8) = valid ? *(const uint4 *)(q + off) : make_uint4(0, 0, 0, 0);
+        else
+            nstf_cp16(sq + row * LD + ch * 8, q + off, valid);
     }
-    nstf_cp_commit();
-    nstf_cp_wait<0>();
+    if constexpr (!Q8) {
+        nstf_cp_commit();
+        nstf_cp_wait<0>();
+    }
     __syncthreads();
 
     flash_state<HD> st;
@@ -117,35 +174,59 @@ __global__ void __launch_bounds__(FD_NW *NSTF_WAVE)
     }
 
     u16 *wscratch = scratch + wave * 16 * NSTF_MMA_SCRATCH_LD;
-    /* tile i of the split (keys s0 + i BKV ..) goes to stage i % FD_STAGES,
-     * one cp.async group per tile (empty past the split's keys); tile 0's
-     * cache rows were started before the PDL wait */
-    constexpr int SROWS = 2 * FD_BKV * LD; /* one stage */
-    flash_load_kv<HD, FD_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, s0, s1, pos0, n_kv, hkv, lane,
-                              NSTF_WAVE, early ? 1 : -1);
-    nstf_cp_commit();
+    if constexpr (Q8) {
+        /* tile i (keys s0 + i BKV ..) is staged in stage i % QS, one
+         * cp.async group per tile (empty past the split's keys); widened
+         * into the wave's tile once it has landed */
+        int stage = 0;
+        for (int64_t kv0 = s0; kv0 < s0 + chunk; kv0 += FD_BKV) { /* same trip count in every wave */
+            nstf_cp_wait<QS - 1>(); /* this tile's group is complete */
+            fd_wave_sync();
+            if (kv0 < s1) {
+                flash_fill_q8<HD, FD_BKV>(sk, sv, LD, stg + stage * QSB, kn, k_stride, vn, v_stride, kv0, s1, pos0,
+                                          hkv, lane, NSTF_WAVE);
+                fd_wave_sync();
+                flash_tile<HD, FD_BKV>(st, sk, sv, LD, kv0, s1, scale_log2, true, window, wscratch);
+            }
+            fd_wave_sync(); /* the tile and the stage may be refilled */
+            const int64_t kn0 = kv0 + QS * FD_BKV;
+            if (kn0 < s1)
+                flash_stage_q8<HD, FD_BKV>(stg + stage * QSB, (const uint8_t *)kc, (const uint8_t *)vc, kv_rb, kn0, s1,
+                                           pos0, n_kv, hkv, lane, NSTF_WAVE);
+            nstf_cp_commit();
+            stage = stage + 1 == QS ? 0 : stage + 1;
+        }
+    } else {
+        /* tile i of the split (keys s0 + i BKV ..) goes to stage i % FD_STAGES,
+         * one cp.async group per tile (empty past the split's keys); tile 0's
+         * cache rows were started before the PDL wait */
+        constexpr int SROWS = 2 * FD_BKV * LD; /* one stage */
+        flash_load_kv<HD, FD_BKV>(sk, sv, LD, kc, vc, kn, k_stride, vn, v_stride, s0, s1, pos0, n_kv, hkv, lane,
+                                  NSTF_WAVE, early ? 1 : -1);
+        nstf_cp_commit();
 #pragma unroll
-    for (int i = 1; i < FD_STAGES; i++) {
-        const int64_t k1 = s0 + (int64_t)i * FD_BKV;
-        if (k1 < s1)
-            flash_load_kv<HD, FD_BKV>(sk + i * SROWS, sv + i * SROWS, LD, kc, vc, kn, k_stride, vn, v_stride, k1, s1,
-                                      pos0, n_kv, hkv, lane, NSTF_WAVE, -1);
-        nstf_cp_commit();
-    }
-    int stage = 0;
-    for (int64_t kv0 = s0; kv0 < s0 + chunk; kv0 += FD_BKV) { /* same trip count in every wave */
-        nstf_cp_wait<FD_STAGES - 1>(); /* this tile's group is complete */
-        fd_wave_sync();                 /* the tile is the wave's own: no block barrier */
-        if (kv0 < s1)
-            flash_tile<HD, FD_BKV>(st, sk + stage * SROWS, sv + stage * SROWS, LD, kv0, s1, scale_log2, true, window,
-                                   wscratch);
-        fd_wave_sync(); /* the stage may be refilled */
-        const int64_t kn0 = kv0 + FD_STAGES * FD_BKV;
-        if (kn0 < s1)
-            flash_load_kv<HD, FD_BKV>(sk + stage * SROWS, sv + stage * SROWS, LD, kc, vc, kn, k_stride, vn, v_stride,
-                                      kn0, s1, pos0, n_kv, hkv, lane, NSTF_WAVE, -1);
-        nstf_cp_commit();
-        stage = stage + 1 == FD_STAGES ? 0 : stage + 1;
+        for (int i = 1; i < FD_STAGES; i++) {
+            const int64_t k1 = s0 + (int64_t)i * FD_BKV;
+            if (k1 < s1)
+                flash_load_kv<HD, FD_BKV>(sk + i * SROWS, sv + i * SROWS, LD, kc, vc, kn, k_stride, vn, v_stride, k1,
+                                          s1, pos0, n_kv, hkv, lane, NSTF_WAVE, -1);
+            nstf_cp_commit();
+        }
+        int stage = 0;
+        for (int64_t kv0 = s0; kv0 < s0 + chunk; kv0 += FD_BKV) { /* same trip count in every wave */
+            nstf_cp_wait<FD_STAGES - 1>(); /* this tile's group is complete */
+            fd_wave_sync();                 /* the tile is the wave's own: no block barrier */
+            if (kv0 < s1)
+                flash_tile<HD, FD_BKV>(st, sk + stage * SROWS, sv + stage * SROWS, LD, kv0, s1, scale_log2, true,
+                                       window, wscratch);
+            fd_wave_sync(); /* the stage may be refilled */
+            const int64_t kn0 = kv0 + FD_STAGES * FD_BKV;
+            if (kn0 < s1)
+                flash_load_kv<HD, FD_BKV>(sk + stage * SROWS, sv + stage * SROWS, LD, kc, vc, kn, k_stride, vn,
+                                          v_stride, kn0, s1, pos0, n_kv, hkv, lane, NSTF_WAVE, -1);
+            nstf_cp_commit();
+            stage = stage + 1 == FD_STAGES ? 0 : stage + 1;
+        }
     }
     flash_finish_l<HD>(st);
 
@@ -262,20 +343,20 @@ static int fd_early(void) { return nstf_switch_int(NSTF_SW_FD_EARLY); }
 /* The kernel's shared-memory size allowed on the current device (once per
  * device), and the blocks of it an SM holds at once (the occupancy API,
  * read once; 2 if it cannot say). */
-template <int HD> static nstf_status fd_prepare(int wave, int *per_sm) {
+template <int HD, bool Q8> static nstf_status fd_prepare(int wave, int *per_sm) {
     static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
     static int cached = 0;
-    void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t, int,
-                int, float, int64_t, float *, float *, const int32_t *, int, int, u16 *, int64_t) =
-        flash_decode_kernel<HD>;
+    void (*kfn)(const u16 *, int64_t, const u16 *, int64_t, const u16 *, int64_t, u16 *, u16 *, int64_t, int64_t,
+                int64_t, int, int, float, int64_t, float *, float *, const int32_t *, int, int, u16 *, int64_t) =
+        flash_decode_kernel<HD, Q8>;
     if (!nstf_gpu_device_done(&attr_set)) {
         GPU_CHECK(gpuFuncSetAttribute((const void *)kfn, gpuFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)fd_smem_bytes<HD>()));
+                                      (int)fd_smem_bytes<HD, Q8>()));
         nstf_gpu_device_mark(&attr_set);
     }
     if (!cached) {
         int n = 0;
-        if (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, kfn, FD_NW * wave, fd_smem_bytes<HD>()) != gpuSuccess ||
+        if (gpuOccupancyMaxActiveBlocksPerMultiprocessor(&n, kfn, FD_NW * wave, fd_smem_bytes<HD, Q8>()) != gpuSuccess ||
             n <= 0)
             n = 2;
         cached = n;
@@ -308,21 +389,29 @@ extern "C" size_t nstf_gpu_flash_decode_scratch_bytes(int64_t n_tok, int64_t pos
     int n_sm = 0, wave = 0, per_sm = 0;
     if (n_tok <= 0 || pos0 < 0 || n_kv_heads <= 0 || n_heads <= 0 || (head_dim != 64 && head_dim != 128)) return 0;
     if (nstf_mma_device(&n_sm, &wave) != NSTF_OK) return 0;
-    if ((head_dim == 64 ? fd_prepare<64>(wave, &per_sm) : fd_prepare<128>(wave, &per_sm)) != NSTF_OK) return 0;
+    /* the plan comes from the bf16 kernel's occupancy for either cache type
+     * (the scratch is sized by it; the Q8_0 kernel's plan must not need more) */
+    if ((head_dim == 64 ? fd_prepare<64, false>(wave, &per_sm) : fd_prepare<128, false>(wave, &per_sm)) != NSTF_OK)
+        return 0;
     int64_t chunk = 0, n_split = 0;
     fd_plan(pos0 + n_tok, n_kv_heads, n_sm, per_sm, &chunk, &n_split);
     int64_t rows = n_tok * (n_heads / n_kv_heads);
     return (size_t)(n_kv_heads * (n_split / FD_NW) * rows * (head_dim + 2)) * sizeof(float);
 }
 
-template <int HD>
+template <int HD, bool Q8>
 static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_stride, const u16 *v,
-                                       int64_t v_stride, u16 *kc, u16 *vc, u16 *out, int64_t out_stride, int64_t n_tok,
-                                       int64_t pos0, int n_heads, int n_kv, float scale, int window, void *scratch,
-                                       size_t scratch_bytes, const int32_t *pos_dev, gpuStream_t stream) {
-    int n_sm = 0, wave = 0, per_sm = 0;
+                                       int64_t v_stride, u16 *kc, u16 *vc, int64_t kv_rb, u16 *out, int64_t out_stride,
+                                       int64_t n_tok, int64_t pos0, int n_heads, int n_kv, float scale, int window,
+                                       void *scratch, size_t scratch_bytes, const int32_t *pos_dev, gpuStream_t stream) {
+    int n_sm = 0, wave = 0, per_sm = 0, per_sm_q8 = 0;
     NSTF_TRY(nstf_mma_device(&n_sm, &wave));
-    NSTF_TRY(fd_prepare<HD>(wave, &per_sm));
+    NSTF_TRY((fd_prepare<HD, false>(wave, &per_sm)));
+    if (Q8) { /* its own attributes and occupancy (its staging costs shared memory): the plan for the blocks
+               * it holds at once, no more than the bf16 kernel's, whose plan sized the scratch */
+        NSTF_TRY((fd_prepare<HD, true>(wave, &per_sm_q8)));
+        per_sm = per_sm_q8 < per_sm ? per_sm_q8 : per_sm;
+    }
     int64_t chunk = 0, n_split = 0;
     fd_plan(pos0 + n_tok, n_kv, n_sm, per_sm, &chunk, &n_split); /* with pos_dev, pos0 is the bound */
     const int rows = (int)n_tok * (n_heads / n_kv);
@@ -336,11 +425,11 @@ static nstf_status flash_decode_launch(const u16 *q, int64_t q_stride, const u16
         return nstf_set_error(NSTF_ERR_RANGE, "flash_decode: %lld split blocks", (long long)n_blk);
     float *part_ml = (float *)scratch;
     float *part_acc = part_ml + (size_t)n_kv * n_blk * rows * 2;
-    const size_t smem = fd_smem_bytes<HD>();
+    const size_t smem = fd_smem_bytes<HD, Q8>();
     dim3 grid((unsigned)n_blk, (unsigned)n_kv);
     const int pdl = nstf_gpu_pdl();
-    GPU_CHECK(nstf_gpu_launch(flash_decode_kernel<HD>, grid, dim3(FD_NW * wave), smem, stream, pdl, q, q_stride, k,
-                              k_stride, v, v_stride, kc, vc, n_tok, pos0, n_heads, n_kv,
+    GPU_CHECK(nstf_gpu_launch(flash_decode_kernel<HD, Q8>, grid, dim3(FD_NW * wave), smem, stream, pdl, q, q_stride,
+                              k, k_stride, v, v_stride, kc, vc, kv_rb, n_tok, pos0, n_heads, n_kv,
                               scale * 1.4426950408889634f, chunk, part_ml, part_acc, pos_dev, fd_early(), window,
                               out, out_stride));
     GPU_LAUNCH_CHECK(stream);
@@ -368,15 +457,17 @@ extern "C" nstf_status nstf_gpu_flash_decode(const uint16_t *q, int64_t q_stride
                               (long long)n_tok, n_heads / n_kv_heads);
     gpuStream_t s = (gpuStream_t)stream;
     if (head_dim == 64)
-        return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos0, n_heads, n_kv_heads, scale, 0, scratch, scratch_bytes, NULL, s);
-    return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos0, n_heads, n_kv_heads, scale, 0, scratch, scratch_bytes, NULL, s);
+        return flash_decode_launch<64, false>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, 0, out,
+                                              out_stride, n_tok, pos0, n_heads, n_kv_heads, scale, 0, scratch,
+                                              scratch_bytes, NULL, s);
+    return flash_decode_launch<128, false>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, 0, out, out_stride,
+                                           n_tok, pos0, n_heads, n_kv_heads, scale, 0, scratch, scratch_bytes, NULL,
+                                           s);
 }
 
 extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                                   int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                                                  uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                                  uint16_t *k_cache, uint16_t *v_cache, int64_t kv_rb, uint16_t *out,
                                                   int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                                   int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
                                                   int head_dim, float scale, int window, void *scratch,
@@ -384,13 +475,15 @@ extern "C" nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_s
     if (!d_pos0 || window < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "flash_decode_dpos: d_pos0 NULL or window < 0");
     NSTF_TRY(flash_check_args("flash_decode", q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride,
                               n_tok, pos_max, n_ctx, n_heads, n_kv_heads, head_dim));
+    NSTF_TRY(flash_check_kv_rb("flash_decode_dpos", kv_rb, n_kv_heads, head_dim));
     if (n_tok * (n_heads / n_kv_heads) > 16)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "flash_decode_dpos: %lld tokens x %d query heads per kv head > 16",
                               (long long)n_tok, n_heads / n_kv_heads);
     gpuStream_t s = (gpuStream_t)stream;
-    if (head_dim == 64)
-        return flash_decode_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                       pos_max, n_heads, n_kv_heads, scale, window, scratch, scratch_bytes, d_pos0, s);
-    return flash_decode_launch<128>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, n_tok,
-                                    pos_max, n_heads, n_kv_heads, scale, window, scratch, scratch_bytes, d_pos0, s);
+#define FD_DPOS(HD, Q8)                                                                                          \
+    flash_decode_launch<HD, Q8>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, kv_rb, out, out_stride, \
+                                n_tok, pos_max, n_heads, n_kv_heads, scale, window, scratch, scratch_bytes, d_pos0, s)
+    if (head_dim == 64) return kv_rb ? FD_DPOS(64, true) : FD_DPOS(64, false);
+    return kv_rb ? FD_DPOS(128, true) : FD_DPOS(128, false);
+#undef FD_DPOS
 }

@@ -333,6 +333,18 @@ nstf_status nstf_gpu_flash_attn_sw(const uint16_t *q, int64_t q_stride, const ui
                                    int64_t out_stride, int64_t n_tok, int64_t pos0, int64_t n_ctx,
                                    int n_heads, int n_kv_heads, int head_dim, float scale, int window,
                                    void *stream);
+/* Prefill over a Q8_0 cache (rows of kv_rb bytes, as in
+ * nstf_gpu_flash_decode_dpos) through the bf16 kernel: cache rows [lo,
+ * pos0) of every kv head widened into the bf16 rows [n_ctx, n_kv_heads,
+ * head_dim] of k_bf, v_bf (their rows elsewhere untouched), and the call's
+ * n_tok rows of k, v quantized into the cache at pos0; then
+ * nstf_gpu_flash_attn_sw on k_bf, v_bf as its cache attends (lo: the first
+ * position any of the call's tokens sees, 0 without a window). Each
+ * cached value is widened once per call, not once per query tile. */
+nstf_status nstf_gpu_kv_q8_prepare(const uint16_t *k, int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                   uint8_t *k_cache, uint8_t *v_cache, int64_t kv_rb, uint16_t *k_bf,
+                                   uint16_t *v_bf, int64_t n_tok, int64_t lo, int64_t pos0, int64_t n_ctx,
+                                   int n_kv_heads, int head_dim, void *stream);
 nstf_status nstf_gpu_flash_attn(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                 int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                 uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
@@ -393,10 +405,14 @@ nstf_status nstf_gpu_event_ms(void *start, void *stop, float *ms);
  * it will see; scratch of nstf_gpu_flash_decode_scratch_bytes(n_tok,
  * pos_max, ...) bytes); positions past *d_pos0 + n_tok cost an empty split.
  * window > 0: a sliding window as in nstf_gpu_flash_attn_sw; the splits
- * then start at the window of the first token. */
+ * then start at the window of the first token. kv_rb: 0 for a bf16 cache
+ * as above, else a Q8_0 cache of rows of kv_rb bytes (nstf_kv_row_bytes,
+ * ops.h: the row's int8 codes, then an fp16 scale per 32 of them), written
+ * quantized and read widened to bf16 (each tile's codes and scales staged
+ * in shared memory, by cp.async on NVIDIA). */
 nstf_status nstf_gpu_flash_decode_dpos(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                                        int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                                       uint16_t *k_cache, uint16_t *v_cache, uint16_t *out,
+                                       uint16_t *k_cache, uint16_t *v_cache, int64_t kv_rb, uint16_t *out,
                                        int64_t out_stride, int64_t n_tok, const int32_t *d_pos0,
                                        int64_t pos_max, int64_t n_ctx, int n_heads, int n_kv_heads,
                                        int head_dim, float scale, int window, void *scratch,

@@ -293,6 +293,17 @@ NSTF_DEV void nstf_cp16(void *sdst, const void *gsrc, bool valid) {
     *(uint4 *)sdst = v;
 #endif
 }
+/* Copies N (4 or 8) bytes, both addresses N-aligned: cp.async (L1-
+ * allocating) on sm_80+, else a plain load and store. */
+template <int N> NSTF_DEV void nstf_cp_small(void *sdst, const void *gsrc) {
+    static_assert(N == 4 || N == 8, "cp.async copies 4, 8 or 16 bytes");
+#if defined(NSTF_MMA_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(nstf_smem_addr(sdst)), "l"(gsrc), "n"(N));
+#else
+    if (N == 8) *(uint2 *)sdst = *(const uint2 *)gsrc;
+    else *(uint32_t *)sdst = *(const uint32_t *)gsrc;
+#endif
+}
 NSTF_DEV void nstf_cp_commit(void) {
 #if defined(NSTF_MMA_NV) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");

@@ -120,5 +120,9 @@ static __device__ __forceinline__ unsigned nstf_ld_acquire_gpu(const unsigned *p
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return __half2float(__ushort_as_half(h));
 }
+/* fp32 -> fp16 bits, round to nearest even */
+static __device__ __forceinline__ unsigned short nstf_float_to_half_bits(float f) {
+    return __half_as_ushort(__float2half_rn(f));
+}
 
 #endif

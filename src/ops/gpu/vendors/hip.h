@@ -184,5 +184,9 @@ static __device__ __forceinline__ unsigned nstf_ld_acquire_gpu(const unsigned *p
 static __device__ __forceinline__ float nstf_half_bits_to_float(unsigned short h) {
     return (float)__builtin_bit_cast(_Float16, h);
 }
+/* fp32 -> fp16 bits, round to nearest even */
+static __device__ __forceinline__ unsigned short nstf_float_to_half_bits(float f) {
+    return __builtin_bit_cast(unsigned short, (_Float16)f);
+}
 
 #endif
