@@ -15,7 +15,8 @@
  * >= 95% outside near-ties (240/240 measured). Then the
  * session's options: q8_0 is taken and named in nstf_session_kv_type;
  * an unknown type, K and V of different types, Q8_0 with sparse attention
- * are clear errors. */
+ * (asked, or sparse layers set on the run as a file's plan would) are
+ * clear errors. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,15 @@ static int run(const nstf_llama *m, bool q8, const int32_t *toks, float *lg) {
     for (int t = N_PROMPT; st == NSTF_OK && t < N_PROMPT + N_DEC; t++)
         st = nstf_llama_forward_seq(r, toks + t, 1, t, false, lg + (int64_t)t * nv, NULL);
     CHECK(st == NSTF_OK, "%s cache: %s", q8 ? "Q8_0" : "fp32", nstf_last_error());
-    if (r && q8) CHECK(r->s.kv_q8 && r->s.kv_row == 208, "the run's cache rows: %llu bytes", (unsigned long long)r->s.kv_row);
+    if (r && q8) {
+        CHECK(r->s.kv_q8 && r->s.kv_row == 208, "the run's cache rows: %llu bytes", (unsigned long long)r->s.kv_row);
+        /* sparse layers (a file's plan) over it: refused */
+        uint8_t layer[64] = {0};
+        layer[0] = 1;
+        const nstf_status ss = nstf_llama_run_sparse_set(r, layer, 16, 16, 64);
+        CHECK(ss == NSTF_ERR_UNSUPPORTED && strstr(nstf_last_error(), "Q8_0"), "sparse layers over a Q8_0 cache: %s",
+              ss == NSTF_OK ? "taken" : nstf_last_error());
+    }
     nstf_llama_run_free(r);
     nstf_backend_free(be);
     return st == NSTF_OK;

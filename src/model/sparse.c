@@ -26,6 +26,10 @@ nstf_status nstf_llama_run_sparse_set(nstf_llama_run *r, const uint8_t *layer, i
     for (int l = r->l0; layer && l < r->l1; l++) n_slots += layer[l] != 0;
     if (n_slots == 0) return NSTF_OK;
     if (r->tp) return nstf_set_error(NSTF_ERR_UNSUPPORTED, "sparse attention in a tensor-parallel run is not supported");
+    if (r->s.kv_q8)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                              "sparse attention with the Q8_0 KV cache is not supported (a plan in the file asks for it: "
+                              "--dense-attn, or the default cache type)");
     if (block < NSTF_SPARSE_BLOCK_MIN || block > NSTF_SPARSE_BLOCK_MAX)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "sparse attention: block of %d positions (use %d..%d)", block,
                               NSTF_SPARSE_BLOCK_MIN, NSTF_SPARSE_BLOCK_MAX);
