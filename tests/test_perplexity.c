@@ -367,6 +367,17 @@ static void test_cli(void) {
         free(tok);
         nstf_session_close(s);
     }
+    /* the Q8_0 KV cache (-b 16 < -c 64: later batches read it back): a
+     * perplexity near the fp32 cache's; an unknown cache type refused */
+    rc = run((const char *[]){"perplexity", "-m", MODEL_TINY, "-f", text, "-c", "64", "-b", "16", "-t", "1",
+                              "--device", "cpu", "-ctk", "q8_0", "-ctv", "q8_0", NULL});
+    fin = strstr(g_out, "Final estimate: PPL = ");
+    double ppl8 = 0;
+    CHECK(rc == 0 && fin && sscanf(fin, "Final estimate: PPL = %lf", &ppl8) == 1 && fabs(ppl8 - ppl) <= 0.01 * ppl,
+          "-ctk q8_0: exit %d, PPL %.4f against %.4f (within 1%%): %s", rc, ppl8, ppl, g_err);
+    rc = run((const char *[]){"perplexity", "-m", MODEL_TINY, "-f", text, "-c", "64", "-ctk", "q4_0", "-ctv", "q4_0",
+                              NULL});
+    CHECK(rc == 1 && strstr(g_err, "q8_0"), "-ctk q4_0: exit %d: %s", rc, g_err);
     rc = run((const char *[]){"perplexity", "-m", MODEL_TINY, "-f", small, "-c", "64", NULL});
     CHECK(rc == 1 && strstr(g_err, "needs at least 128"), "short text: exit %d: %s", rc, g_err);
     rc = run((const char *[]){"perplexity", "-m", MODEL_TINY, "--kl-base", text, "--save-logits", text, NULL});

@@ -29,6 +29,7 @@ static void usage(FILE *f) {
             "  -t, --threads N       CPU threads (default: every core)\n"
             "  --device cpu|gpu|auto where to run (default auto)\n"
             "  --tp N, --gpus LIST   tensor parallel over N GPUs (as nstf run)\n"
+            "  -ctk, -ctv T          KV cache type of K and V: q8_0, or auto (the device's own; default)\n"
             "  --precise             CPU: fp32 activations in every matmul\n"
             "  -v                    model and device details\n");
 }
@@ -94,7 +95,7 @@ static void print_kl(const nstf_ppl_result *r) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model = NULL, *text_path = NULL, *device = "auto", *gpus = NULL;
+    const char *model = NULL, *text_path = NULL, *device = "auto", *gpus = NULL, *ctk = NULL, *ctv = NULL;
     int n_tp = 0;
     nstf_ppl_params pp = {0, 0, -1, NULL, NULL, NULL, NULL};
     int n_ctx = 0, n_batch = 0, threads = 0;
@@ -122,6 +123,8 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--save-logits")) pp.save_logits = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--gpus")) gpus = v;
+        else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) ctk = v;
+        else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) ctv = v;
         else if (!strcmp(a, "--tp")) {
             if (!cli_parse_int(a, v, 1, 16, &n_tp)) return 2;
         } else {
@@ -163,6 +166,8 @@ int cmd_perplexity(int argc, char **argv) {
     sp.gpus = gpus;
     sp.precise = precise;
     sp.verbose = verbose;
+    sp.cache_type_k = ctk;
+    sp.cache_type_v = ctv;
     nstf_session *s = NULL;
     if (nstf_session_open(model, &sp, &s) != NSTF_OK) {
         fprintf(stderr, "nstf perplexity: %s\n", nstf_last_error());
