@@ -14,8 +14,13 @@
  * earlier gate). Checked exactly: the fused cache write (rows [pos0,
  * pos0+n_tok) = k, v; rows before unchanged; rows after untouched); guard
  * regions after each launch; NaN/Inf. Long sequences check a sample of
- * query tokens (first, last and random ones). Exit 77 = no GPU. */
+ * query tokens (first, last and random ones). Every prefill case runs with
+ * the default kernel (wgmma + TMA on sm_90a) and the portable one
+ * (NSTF_FLASH=mma, set with nstf_switch_set). Exit 77 = no GPU. */
 #include "gpu_harness.h"
+#include "core/switches.h"
+
+static const char *g_flash = NULL; /* NSTF_FLASH for the prefill cases: NULL default, "mma" */
 
 static float bf2f(uint16_t b) { return nstf_bf16_to_f32(b); }
 static uint16_t f2bf(float f) { return nstf_f32_to_bf16(f); }
@@ -55,8 +60,8 @@ static void run_case(const attn_case &tc, uint64_t seed) {
         return p < P0 ? &vc[(p * n_kv + hk) * D] : &v[(p - P0) * kv_stride + (int64_t)hk * D];
     };
 
-    gh_begin("%-7s n_tok=%-5lld pos0=%-5lld heads=%2d/%d hd=%-3d", tc.decode ? "decode" : "prefill", (long long)T,
-             (long long)P0, H, n_kv, D);
+    gh_begin("%-7s n_tok=%-5lld pos0=%-5lld heads=%2d/%d hd=%-3d%s", tc.decode ? "decode" : "prefill", (long long)T,
+             (long long)P0, H, n_kv, D, !tc.decode && g_flash ? " (mma)" : "");
     /* device */
     const size_t q_b = T * q_stride * 2, kv_b = T * kv_stride * 2, c_b = n_ctx * kvd * 2, o_b = T * out_stride * 2;
     gh_buf dq = gh_alloc(q_b, q.data()), dk = gh_alloc(kv_b, k.data()), dv = gh_alloc(kv_b, v.data());
@@ -70,6 +75,7 @@ static void run_case(const attn_case &tc, uint64_t seed) {
                                    kv_stride, dkc.as<uint16_t>(), dvc.as<uint16_t>(), dout.as<uint16_t>(), out_stride,
                                    T, P0, n_ctx, H, n_kv, D, scale, dscr.p(), sb, NULL);
     } else {
+        CHECK(nstf_switch_set(NSTF_SW_FLASH, g_flash) == NSTF_OK, "NSTF_FLASH=%s", g_flash ? g_flash : "(default)");
         st = nstf_gpu_flash_attn(dq.as<uint16_t>(), q_stride, dk.as<uint16_t>(), kv_stride, dv.as<uint16_t>(),
                                  kv_stride, dkc.as<uint16_t>(), dvc.as<uint16_t>(), dout.as<uint16_t>(), out_stride, T,
                                  P0, n_ctx, H, n_kv, D, scale, NULL);
@@ -160,20 +166,28 @@ int main(void) {
     if (!gh_init("test_attention_gpu")) return TEST_SKIP;
     uint64_t seed = 100;
     const int groups[] = {1, 3, 4, 8}, hds[] = {64, 128};
+    for (const char *kern : {(const char *)NULL, "mma"}) {
+        g_flash = kern;
+        for (int hd : hds)
+            for (int g : groups) {
+                /* prefill: tile tails, pos0 > 0, long sequences */
+                const int64_t pf[][2] = {{1, 0}, {37, 0}, {100, 29}, {300, 700}, {129, 64}, {255, 1}};
+                for (const auto &c : pf) run_case({c[0], c[1], 2, g, hd, false}, seed++);
+            }
+        /* long prefill: 4096 tokens, and 2048 tokens after 2048 cached */
+        run_case({4096, 0, 8, 4, 64, false}, seed++);
+        run_case({2048, 2048, 8, 4, 128, false}, seed++);
+        run_case({4096, 0, 1, 8, 128, false}, seed++);
+        run_case({1000, 3001, 2, 4, 64, false}, seed++);
+    }
+    g_flash = NULL;
     for (int hd : hds)
         for (int g : groups) {
-            /* prefill: tile tails, pos0 > 0, long sequences */
-            const int64_t pf[][2] = {{1, 0}, {37, 0}, {100, 29}, {300, 700}, {129, 64}};
-            for (const auto &c : pf) run_case({c[0], c[1], 2, g, hd, false}, seed++);
             /* decode: n_tok 1 and the largest n_tok that fits 16 rows */
             const int64_t dc[][2] = {{1, 0}, {1, 1}, {1, 63}, {1, 1000}, {1, 4095}, {16 / g, 517}, {2, 40}};
             for (const auto &c : dc)
                 if (c[0] * g <= 16) run_case({c[0], c[1], 2, g, hd, true}, seed++);
         }
-    /* long prefill: 4096 tokens, and 2048 tokens after 2048 cached */
-    run_case({4096, 0, 8, 4, 64, false}, seed++);
-    run_case({2048, 2048, 8, 4, 128, false}, seed++);
-    run_case({4096, 0, 1, 8, 128, false}, seed++);
     run_case({1, 8191, 8, 4, 128, true}, seed++);
     /* argument validation */
     {

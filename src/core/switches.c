@@ -15,6 +15,7 @@
 
 static const nstf_switch_choice gemm_choices[] = {
     {"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {"wgmma256", 256}, {"wgmma128", 128}, {"wgmma64", 64}, {NULL, 0}};
+static const nstf_switch_choice flash_choices[] = {{"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {NULL, 0}};
 static const nstf_switch_choice gemv_rows_choices[] = {
     {"auto", NSTF_SWITCH_AUTO}, {"8", 8}, {"16", 16}, {"32", 32}, {NULL, 0}};
 static const nstf_switch_choice cpu_isa_choices[] = {
@@ -49,6 +50,9 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_CE_ROWS] = {"NSTF_CE_ROWS", NSTF_SWITCH_INT, NSTF_SWITCH_AUTO, 8, 65535 * 32, NULL,
                          "tokens per chunk of the GPU cross-entropy, rounded down to a multiple of 8 (auto: the "
                          "most whose logits fit its 2 GiB scratch; tests force small chunks)"},
+    [NSTF_SW_FLASH] = {"NSTF_FLASH", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, flash_choices,
+                       "prefill / training flash attention: auto (wgmma + TMA on sm_90a without a sliding window; "
+                       "else mma.sync) or mma (the portable kernel)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,

@@ -2,7 +2,10 @@
  * nstf_gpu_flash_decode (one token after ctx - 1 cached) on the Llama-3.2-1B
  * (32 q / 8 kv heads, head_dim 64) and Llama-3.1-8B (32 / 8, head_dim 128)
  * configurations. GPU events, 5 warm-ups, median of 20. Prefill prints
- * TFLOP/s counting the causal work (4 * D per query-key pair); decode prints
+ * TFLOP/s counting the causal work (4 * D per query-key pair), for the
+ * default kernel (wgmma on sm_90a) and the portable one (NSTF_FLASH=mma,
+ * set with nstf_switch_set); also without a cache (the training forward,
+ * keys from the new rows) at 8192 tokens; decode prints
  * microseconds and the KV bytes read per second. The PyTorch SDPA figures
  * come from sdpa_ref.py run in the same device call. */
 #include <algorithm>
@@ -10,15 +13,16 @@
 
 #include "../common/bench_util.h"
 #include "../common/gpu_time.h"
+#include "core/switches.h"
 
 
 int main(void) {
     const int H = 32, HKV = 8;
     const int hds[] = {64, 128};
-    const int64_t max_ctx = 8192;
+    const int64_t max_ctx = 16384;
     uint16_t *q, *k, *v, *kc, *vc, *o;
     void *scratch;
-    const size_t qb = (size_t)4096 * H * 128 * 2, kvb = (size_t)max_ctx * HKV * 128 * 2;
+    const size_t qb = (size_t)max_ctx * H * 128 * 2, kvb = (size_t)max_ctx * HKV * 128 * 2;
     DEV_CHECK(gpuMalloc((void **)&q, qb));
     DEV_CHECK(gpuMalloc((void **)&o, qb));
     DEV_CHECK(gpuMalloc((void **)&k, kvb));
@@ -39,13 +43,28 @@ int main(void) {
     printf("| kernel | head_dim | tokens / ctx | ours | metric |\n|---|---|---|---|---|\n");
     for (int D : hds) {
         const float sc = 1.0f / sqrtf((float)D);
-        for (int64_t T : {512, 2048, 4096}) {
+        for (int64_t T : {512, 1024, 2048, 4096, 8192, 16384})
+            for (const char *kern : {(const char *)NULL, "mma"}) {
+                (void)nstf_switch_set(NSTF_SW_FLASH, kern);
+                float ms = time_ms([&] {
+                    nstf_gpu_flash_attn(q, H * D, k, HKV * D, v, HKV * D, kc, vc, o, H * D, T, 0, max_ctx, H, HKV, D,
+                                        sc, NULL);
+                });
+                double fl = 4.0 * D * H * (double)T * (T + 1) / 2;
+                printf("| prefill %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n", kern ? kern : "default", D,
+                       (long long)T, ms * 1e3, fl / ms / 1e9);
+            }
+        (void)nstf_switch_set(NSTF_SW_FLASH, NULL);
+        { /* no cache (the training forward's shape, log-sum-exp saved) */
+            const int64_t T = 8192;
+            float *lse = (float *)scratch;
             float ms = time_ms([&] {
-                nstf_gpu_flash_attn(q, H * D, k, HKV * D, v, HKV * D, kc, vc, o, H * D, T, 0, max_ctx, H, HKV, D, sc,
-                                    NULL);
+                nstf_gpu_flash_attn_lse_batch(q, H * D, k, HKV * D, v, HKV * D, o, H * D, lse, T, 1, H, HKV, D, sc,
+                                              NULL);
             });
             double fl = 4.0 * D * H * (double)T * (T + 1) / 2;
-            printf("| prefill | %d | %lld | %.1f us | %.1f TFLOP/s |\n", D, (long long)T, ms * 1e3, fl / ms / 1e9);
+            printf("| train fwd (lse) | %d | %lld | %.1f us | %.1f TFLOP/s |\n", D, (long long)T, ms * 1e3,
+                   fl / ms / 1e9);
         }
         for (int64_t ctx : {1024, 4096, 8192}) {
             size_t sb = nstf_gpu_flash_decode_scratch_bytes(1, ctx - 1, H, HKV, D);

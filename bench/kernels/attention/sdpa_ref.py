@@ -1,4 +1,4 @@
-"""sdpa_ref.py - PyTorch scaled_dot_product_attention (flash backend) on the
+"""sdpa_ref.py - PyTorch scaled_dot_product_attention (flash and cuDNN backends) on the
 shapes of bench_attention.cu, for the side-by-side table. Run on the same
 card in the same session: python3 sdpa_ref.py"""
 import torch
@@ -27,23 +27,28 @@ def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print("| kernel | head_dim | tokens / ctx | SDPA flash | metric | note |\n|---|---|---|---|---|---|")
     for D in (64, 128):
-        for T in (512, 2048, 4096):
+        for T in (512, 1024, 2048, 4096, 8192, 16384):
             q = torch.randn(1, H, T, D, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, HKV, T, D, device=dev, dtype=torch.bfloat16)
             v = torch.randn(1, HKV, T, D, device=dev, dtype=torch.bfloat16)
-            note = "enable_gqa"
-            try:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            ke, ve = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
+            for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                note = "enable_gqa"
                 fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            except Exception:
-                ke, ve = k.repeat_interleave(H // HKV, 1), v.repeat_interleave(H // HKV, 1)
-                fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
-                note = "kv expanded"
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                ms = bench(fn)
-            fl = 4.0 * D * H * T * (T + 1) / 2
-            print(f"| prefill | {D} | {T} | {ms*1e3:.1f} us | {fl/ms/1e9:.1f} TFLOP/s | {note} |")
+                try:
+                    with sdpa_kernel(be):
+                        fn()
+                except Exception:
+                    fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=True)
+                    note = "kv expanded"
+                try:
+                    with sdpa_kernel(be):
+                        ms = bench(fn)
+                except Exception as e:
+                    print(f"| prefill {name} | {D} | {T} | - | - | {type(e).__name__} |")
+                    continue
+                fl = 4.0 * D * H * T * (T + 1) / 2
+                print(f"| prefill {name} | {D} | {T} | {ms*1e3:.1f} us | {fl/ms/1e9:.1f} TFLOP/s | {note} |")
         for ctx in (1024, 4096, 8192):
             q = torch.randn(1, H, 1, D, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, HKV, ctx, D, device=dev, dtype=torch.bfloat16)

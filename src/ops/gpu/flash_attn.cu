@@ -17,7 +17,11 @@
  * a batch of independent sequences laid one after another (each block
  * offsets its rows), no cache (kc NULL, pos0 0: every key comes from the
  * new rows), and each row's log-sum-exp is saved for the backward. */
+#include "core/switches.h"
 #include "flash_common.h"
+#if defined(NSTF_GPU_CUDA)
+#include "flash_attn_wgmma.h"
+#endif
 
 #define FA_NW 4
 #define FA_BQ (FA_NW * 16)
@@ -194,6 +198,32 @@ static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uin
                               "0 without one",
                               (long long)n_seq, (long long)pos0, cached ? "with" : "without");
     gpuStream_t s = (gpuStream_t)stream;
+#if defined(NSTF_GPU_CUDA)
+    /* sm_90a: the wgmma kernel (flash_attn_wgmma.h) unless NSTF_FLASH=mma,
+     * a sliding window, or operands TMA cannot address. With a cache, the
+     * new rows are copied into it first and every key is read from there. */
+    const int64_t kvd = (int64_t)n_kv_heads * head_dim;
+    const uint16_t *ks = cached ? k_cache : k, *vs = cached ? v_cache : v;
+    const int64_t k_ld = cached ? kvd : k_stride, v_ld = cached ? kvd : v_stride;
+    if (window == 0 && nstf_switch_int(NSTF_SW_FLASH) != 0 && flash_wgmma_usable() &&
+        flash_wgmma_fits(q, q_stride, ks, k_ld, vs, v_ld, out, out_stride)) {
+        if (cached) {
+            const uint16_t *src[2] = {k, v};
+            const int64_t sld[2] = {k_stride, v_stride};
+            uint16_t *dst[2] = {k_cache + pos0 * kvd, v_cache + pos0 * kvd};
+            for (int i = 0; i < 2; i++)
+                if (dst[i] != src[i] || sld[i] != kvd) /* rows already in place need no copy */
+                    GPU_CHECK(cudaMemcpy2DAsync(dst[i], (size_t)kvd * 2, src[i], (size_t)sld[i] * 2, (size_t)kvd * 2,
+                                                (size_t)n_tok, cudaMemcpyDeviceToDevice, s));
+        }
+        const int64_t kv_rows = cached ? pos0 + n_tok : n_seq * n_tok, kv_seq = cached ? 0 : n_tok;
+        if (head_dim == 64)
+            return flash_wgmma_launch<64>(q, q_stride, ks, k_ld, vs, v_ld, kv_rows, kv_seq, out, out_stride, lse,
+                                          n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, s);
+        return flash_wgmma_launch<128>(q, q_stride, ks, k_ld, vs, v_ld, kv_rows, kv_seq, out, out_stride, lse, n_tok,
+                                       n_seq, pos0, n_heads, n_kv_heads, scale, s);
+    }
+#endif
     if (head_dim == 64)
         return flash_attn_launch<64>(q, q_stride, k, k_stride, v, v_stride, k_cache, v_cache, out, out_stride, lse,
                                      n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, window, s);

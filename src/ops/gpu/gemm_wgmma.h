@@ -35,18 +35,11 @@
  *     are a multiple of 8 and C, R 16-byte aligned, a quad transposes its
  *     pairs with shuffles so each lane moves 8 consecutive outputs with
  *     16-byte accesses.
- * The tensor maps are encoded on the host per call with
- * cuTensorMapEncodeTiled, reached through cudaGetDriverEntryPointByVersion
- * so nothing links libcuda. */
+ * The tensor maps are encoded on the host per call (wgmma_common.h). */
 #ifndef NSTF_GEMM_WGMMA_H
 #define NSTF_GEMM_WGMMA_H
 
-#include <cuda.h> /* CUtensorMap and the cuTensorMapEncodeTiled types only; no libcuda link */
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define NSTF_WGMMA_DEVICE 1
-#include "wgmma_ops.h"
-#endif
+#include "wgmma_common.h"
 
 #define WG_BM 128
 #define WG_BK 64
@@ -63,58 +56,6 @@ template <int BN> struct wg_cfg {
 };
 
 #if defined(NSTF_WGMMA_DEVICE)
-static __device__ __forceinline__ uint32_t wg_smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-static __device__ __forceinline__ void wg_bar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void wg_bar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-static __device__ __forceinline__ void wg_bar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-static __device__ __forceinline__ void wg_bar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-/* box (k0 .. k0+63, r0 .. r0+rows-1) of a 2-D tensor map into shared memory */
-static __device__ __forceinline__ void wg_tma_load(uint32_t dst, const CUtensorMap *map, int k0, int r0,
-                                                   uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                 ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
-                 : "memory");
-}
-/* wgmma shared-memory descriptor, K-major operand in the 128-byte swizzle:
- * bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4
- * (unused for swizzled K-major; 1 by convention), 32-45 stride byte offset
- * >> 4 (1024 B between 8-row groups), 62-63 layout (1 = 128-byte swizzle). */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
-/* F16: fp16 operands, else bf16 */
-template <int BN, bool F16>
-static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (BN == 256)
-        (F16 ? nstf_wgmma_f16_m64n256 : nstf_wgmma_m64n256)(d, da, db, acc);
-    else if constexpr (BN == 128)
-        (F16 ? nstf_wgmma_f16_m64n128 : nstf_wgmma_m64n128)(d, da, db, acc);
-    else
-        (F16 ? nstf_wgmma_f16_m64n64 : nstf_wgmma_m64n64)(d, da, db, acc);
-}
-/* keeps the compiler from moving accumulator reads across wgmma waits */
-template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
-#pragma unroll
-    for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 /* Two adjacent outputs (row, col), (row, col + 1) of the NONE / RESIDUAL
  * epilogue. vec: N even and C, R aligned for a paired access. */
@@ -419,66 +360,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
 /* ---------------------------------------------------------------- host ---- */
 
-typedef CUresult (*wg_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-/* cuTensorMapEncodeTiled from the driver the runtime already loaded. */
-static wg_encode_fn wg_encoder(void) {
-    static wg_encode_fn fn = NULL;
-    static int tried = 0;
-    if (!tried) {
-        tried = 1;
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (wg_encode_fn)p;
-        else
-            (void)cudaGetLastError(); /* do not leave the failure as the sticky "last error" */
-    }
-    return fn;
-}
-
-/* [rows, K] bf16 (or fp16: f16) row-major as a 2-D tensor map with a
- * 64 x box_rows box, 128-byte swizzle, zero fill out of bounds. */
-static nstf_status wg_make_map(CUtensorMap *map, const void *base, int64_t rows, int64_t k, int box_rows, bool f16) {
-    const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)k * 2};
-    const cuuint32_t box[2] = {WG_BK, (cuuint32_t)box_rows};
-    const cuuint32_t estr[2] = {1, 1};
-    CUresult r = wg_encoder()(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cuTensorMapEncodeTiled failed (%d) for [%lld, %lld]",
-                              (int)r, (long long)rows, (long long)k);
-    return NSTF_OK;
-}
-
-/* Whether this process can run the wgmma kernels: a 9.x device, the driver
- * entry point, and a loaded kernel image that holds the sm_90a body. An
- * image for sm_80 (binaryVersion 80), or for sm_90 without the "a" features
- * or JIT-compiled from compute_80 / compute_90 PTX (binaryVersion 90 but an
- * empty body), keeps the portable path: only the real body declares the
- * static shared mbarriers, so its static shared size is non-zero. */
+/* Whether this process can run the wgmma GEMM (wg_kernel_usable on the
+ * 128-wide instance, whose body declares 2 x STAGES mbarriers). */
 static int gemm_wgmma_usable(void) {
     static int cached = -1;
     if (cached < 0) {
-        cached = 0;
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
                     int, int) = gemm_wgmma_kernel<128, false>;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9 &&
-            cudaFuncGetAttributes(&fa, (const void *)kfn) == cudaSuccess && fa.binaryVersion >= 90 &&
-            fa.sharedSizeBytes >= 2 * (size_t)wg_cfg<128>::STAGES * 8 &&
-            wg_encoder() != NULL)
-            cached = 1;
-        else
-            (void)cudaGetLastError(); /* a failed query must not linger as the "last error" */
+        cached = wg_kernel_usable((const void *)kfn, 2 * (size_t)wg_cfg<128>::STAGES * 8);
     }
     return cached;
 }
@@ -518,8 +408,8 @@ static nstf_status gemm_wgmma_launch_bn(const u16 *a, const u16 *w, void *c, con
         nstf_gpu_device_mark(&attr_set);
     }
     CUtensorMap map_a, map_w;
-    NSTF_TRY(wg_make_map(&map_a, a, m, k, WG_BM, F16));
-    NSTF_TRY(wg_make_map(&map_w, w, n, k, BN, F16));
+    NSTF_TRY(wg_make_map(&map_a, a, m, k, k, WG_BM, F16, "gemm (wgmma)"));
+    NSTF_TRY(wg_make_map(&map_w, w, n, k, k, BN, F16, "gemm (wgmma)"));
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + BN - 1) / BN);
     const int grid = (int)(tiles < n_sm ? tiles : n_sm);
     gemm_wgmma_kernel<BN, F16><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi, c_bf16,

@@ -1,0 +1,344 @@
+/* flash_attn_wgmma.h — the Hopper (sm_90a) path of the prefill / training
+ * flash attention (flash_attn.cu): QK^T and PV on warpgroup MMA
+ * (`wgmma.mma_async`), Q, K and V brought into shared memory by TMA. NVIDIA
+ * only: flash_attn.cu includes this file in CUDA builds, the kernel body
+ * exists only in sm_90a device code, and the host takes this path only when
+ * the loaded image holds that body (flash_wgmma_usable), no sliding window is
+ * asked for, and the operands meet TMA's alignment rules; otherwise the
+ * portable mma.h kernel runs. Same contract as that kernel: causal, GQA,
+ * bf16 in and out, fp32 softmax state, optional log-sum-exp.
+ *
+ * Design:
+ *   - a block owns 128 query rows of one head (grid: query tiles, heads,
+ *     sequences; late, heavy tiles first) and walks the key tiles of 128
+ *     positions from 0 to its last row's position;
+ *   - 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
+ *     loads, the others idle; the warpgroup gives its registers away with
+ *     setmaxnreg), 1 and 2 are consumers, each owning 64 query rows;
+ *   - the Q tile is loaded once; K and V tiles go through a STAGES-deep ring,
+ *     with a "full" mbarrier each for K and V (so S = Q K^T starts before V
+ *     has landed) and one "empty" mbarrier per stage (one arrive per
+ *     consumer warpgroup once its MMAs on the stage have retired);
+ *   - shared-memory tiles are 64-column chunks in the 128-byte swizzle (a
+ *     64-element bf16 row is one swizzle row): S = Q K^T is K-major for both
+ *     operands (as the GEMM's), P V takes P from registers (an m64nN
+ *     accumulator's pairs are exactly the A fragment of the next k16 slice,
+ *     so the probabilities never leave the registers) and V "MN-major" (its
+ *     head dimension contiguous: wgmma transposes it; 8-key groups 1024 B
+ *     apart, the second 64-column chunk of a 128-wide head FW_BN * 128 B on);
+ *   - the online softmax in the log2 domain as in flash_common.h (running
+ *     max m, per-thread partial sums l reduced over the quad at the end);
+ *     tiles that reach past a warpgroup's first row are masked, tiles wholly
+ *     past its last row are skipped (waited for, not computed), and a
+ *     warpgroup whose rows all lie past the end leaves at once (the empty
+ *     barriers count only the warpgroups with rows);
+ *   - TMA zero-fills rows past the tensor: the key map ends at the last key
+ *     this call may read, so no stale cache row (possibly NaN) ever meets a
+ *     zero probability.
+ * With a KV cache the caller first copies the new rows into it
+ * (cudaMemcpy2DAsync) and the keys are all read from the cache. */
+#ifndef NSTF_FLASH_ATTN_WGMMA_H
+#define NSTF_FLASH_ATTN_WGMMA_H
+
+#include "wgmma_common.h"
+
+#define FW_BM 128 /* query rows per block: 2 consumer warpgroups x 64 */
+#define FW_BN 128 /* keys per tile */
+#define FW_THREADS 384
+
+template <int HD> struct fw_cfg {
+    static constexpr int NCH = HD / 64; /* 64-column chunks of a row */
+    static constexpr int STAGES = HD == 64 ? 3 : 2;
+    static constexpr int Q_BYTES = FW_BM * HD * 2;
+    static constexpr int KV_BYTES = FW_BN * HD * 2; /* one K or V tile */
+    /* dynamic shared memory: Q, the K ring, the V ring, + 1024 to align to
+     * the swizzle's period (the mbarriers are static, see the kernel) */
+    static constexpr int SMEM = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
+    static constexpr int N_BARS = 1 + 3 * STAGES; /* Q; per stage K full, V full, empty */
+};
+
+#if defined(NSTF_WGMMA_DEVICE)
+/* Issue (and commit) S = Q K(it)^T for one consumer warpgroup: wait for
+ * tile it's K, then HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
+template <int HD>
+static __device__ __forceinline__ void fw_qk(float *s, uint32_t q_wg, uint32_t s_k, uint32_t bar_fk, int it) {
+    constexpr int S = fw_cfg<HD>::STAGES;
+    const int st = it % S;
+    wg_bar_wait(bar_fk + 8 * st, (uint32_t)(it / S) & 1);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    const uint32_t kb = s_k + st * fw_cfg<HD>::KV_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int c = kk / 4, off = (kk % 4) * 32;
+        nstf_wgmma_m64n128(s, wg_desc(q_wg + c * FW_BM * 128 + off), wg_desc(kb + c * FW_BN * 128 + off), kk > 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+#endif
+
+template <int HD>
+__global__ void __launch_bounds__(FW_THREADS, 1)
+    flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                       const __grid_constant__ CUtensorMap map_v, u16 *out, int64_t out_stride, float *lse,
+                       int64_t n_tok, int64_t pos0, int64_t kv_seq_rows, int n_heads, int n_kv, float scale_log2) {
+#if defined(NSTF_WGMMA_DEVICE)
+    typedef fw_cfg<HD> cfg;
+    constexpr int S = cfg::STAGES, NCH = cfg::NCH, NS = FW_BN / 2, NO = HD / 2;
+    extern __shared__ unsigned char fw_smem_raw[];
+    /* static: only this sm_90a body declares them (flash_wgmma_usable) */
+    __shared__ __align__(8) uint64_t fw_bars[cfg::N_BARS];
+    const uint32_t base = (wg_smem_addr(fw_smem_raw) + 1023u) & ~1023u;
+    const uint32_t s_q = base, s_k = s_q + cfg::Q_BYTES, s_v = s_k + S * cfg::KV_BYTES;
+    const uint32_t bar_q = wg_smem_addr(fw_bars), bar_fk = bar_q + 8, bar_fv = bar_fk + 8 * S,
+                   bar_e = bar_fv + 8 * S;
+
+    const int64_t seq = blockIdx.z;
+    const int64_t n_qt = (n_tok + FW_BM - 1) / FW_BM;
+    const int64_t t0 = (n_qt - 1 - (int64_t)blockIdx.x) * FW_BM; /* heavy tiles first */
+    const int64_t t1 = t0 + FW_BM < n_tok ? t0 + FW_BM : n_tok;
+    const int h = blockIdx.y, hkv = h / (n_heads / n_kv);
+    const int64_t kv_end = pos0 + t1; /* keys [0, kv_end) */
+    const int n_tiles = (int)((kv_end + FW_BN - 1) / FW_BN);
+
+    if (threadIdx.x == 0) {
+        wg_bar_init(bar_q, 1);
+        for (int s = 0; s < S; s++) {
+            wg_bar_init(bar_fk + 8 * s, 1);
+            wg_bar_init(bar_fv + 8 * s, 1);
+            /* one arrive per consumer warpgroup with rows to compute */
+            wg_bar_init(bar_e + 8 * s, t0 + 64 < n_tok ? 2 : 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (threadIdx.x == 0) {
+            const int qrow = (int)(seq * n_tok + t0), krow = (int)(seq * kv_seq_rows);
+            wg_bar_expect_tx(bar_q, cfg::Q_BYTES);
+            for (int c = 0; c < NCH; c++) wg_tma_load(s_q + c * FW_BM * 128, &map_q, h * HD + c * 64, qrow, bar_q);
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int it = 0; it < n_tiles; it++) {
+                /* a fresh barrier counts as having completed the phase before
+                 * phase 0: the first lap does not wait */
+                wg_bar_wait(bar_e + 8 * stage, phase ^ 1);
+                const int r = krow + it * FW_BN;
+                const uint32_t fk = bar_fk + 8 * stage, fv = bar_fv + 8 * stage;
+                wg_bar_expect_tx(fk, cfg::KV_BYTES);
+                for (int c = 0; c < NCH; c++)
+                    wg_tma_load(s_k + stage * cfg::KV_BYTES + c * FW_BN * 128, &map_k, hkv * HD + c * 64, r, fk);
+                wg_bar_expect_tx(fv, cfg::KV_BYTES);
+                for (int c = 0; c < NCH; c++)
+                    wg_tma_load(s_v + stage * cfg::KV_BYTES + c * FW_BN * 128, &map_v, hkv * HD + c * 64, r, fv);
+                if (++stage == S) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int cw = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+    /* accumulator i of a thread: row 16 warp + lane / 4 (+ 8 when i & 2),
+     * column 8 (i / 4) + 2 (lane % 4) + (i & 1) */
+    const int64_t row0 = t0 + cw * 64 + warp * 16 + lane / 4; /* slot 0; slot 1 is row0 + 8 */
+    const int64_t wg_first = pos0 + t0 + cw * 64;
+    const int64_t wg_last = wg_first + 63 < kv_end - 1 ? wg_first + 63 : kv_end - 1;
+    if (t0 + cw * 64 >= n_tok) return; /* every row past the end: not counted by the empty barriers */
+    /* this warpgroup computes tiles [0, n_my); the later ones are wholly
+     * past its rows */
+    const int n_my = (int)(wg_last / FW_BN) + 1 < n_tiles ? (int)(wg_last / FW_BN) + 1 : n_tiles;
+    float o[NO], s[NS];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NS; i++) s[i] = 0.0f;
+    /* running max (scaled, log2 domain) and per-thread partial sums */
+    float m0 = FLASH_NEG_INF, m1 = FLASH_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    const uint32_t q_wg = s_q + cw * 64 * 128;
+    wg_bar_wait(bar_q, 0);
+
+    /* Pipeline per tile it (S = QK^T of tile it already in s):
+     *   softmax(s) -> exponentials, alpha (the MMAs of P V(it-1) still run)
+     *   wait for P V(it-1); release its stage; pack P (the registers that
+     *   P V(it-1) read are free only now)
+     *   issue S = Q K(it+1)^T into s
+     *   O *= alpha; issue O += P V(it)
+     *   wait for S(it+1)                (P V(it) still runs) */
+    fw_qk<HD>(s, q_wg, s_k, bar_fk, 0);
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_regs<NS>(s);
+    for (int it = 0; it < n_my; it++) {
+        const int64_t kv0 = (int64_t)it * FW_BN;
+        const bool has_next = it + 1 < n_my;
+        float mx0 = FLASH_NEG_INF, mx1 = FLASH_NEG_INF; /* raw (unscaled) maxima */
+        if (kv0 + FW_BN - 1 > wg_first || kv0 + FW_BN > kv_end) {
+            /* mask: key column > the row's position, or past kv_end; the
+             * limits relative to kv0, clamped into [-1, FW_BN] */
+            int64_t a = pos0 + row0, b = a + 8;
+            a = (a < kv_end - 1 ? a : kv_end - 1) - kv0;
+            b = (b < kv_end - 1 ? b : kv_end - 1) - kv0;
+            const int lim0 = a < -1 ? -1 : a > FW_BN ? FW_BN : (int)a;
+            const int lim1 = b < -1 ? -1 : b > FW_BN ? FW_BN : (int)b;
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
+                if (col > ((i & 2) ? lim1 : lim0)) s[i] = FLASH_NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            if (i & 2)
+                mx1 = fmaxf(mx1, s[i]);
+            else
+                mx0 = fmaxf(mx0, s[i]);
+        }
+        mx0 = fmaxf(mx0, nstf_shfl_xor(mx0, 1));
+        mx0 = fmaxf(mx0, nstf_shfl_xor(mx0, 2));
+        mx1 = fmaxf(mx1, nstf_shfl_xor(mx1, 1));
+        mx1 = fmaxf(mx1, nstf_shfl_xor(mx1, 2));
+        /* scale > 0: the scaled max is the max of the scaled scores */
+        mx0 = fmaxf(m0, mx0 * scale_log2);
+        mx1 = fmaxf(m1, mx1 * scale_log2);
+        const float b0 = nstf_softmax_base(mx0), b1 = nstf_softmax_base(mx1);
+        const float a0 = nstf_exp2(m0 - b0), a1 = nstf_exp2(m1 - b1); /* m = -inf -> 0 */
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= a0;
+        l1 *= a1;
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            const float e = nstf_exp2(fmaf(s[i], scale_log2, -((i & 2) ? b1 : b0)));
+            if (i & 2)
+                l1 += e;
+            else
+                l0 += e;
+            s[i] = e;
+        }
+        /* P V(it - 1) has retired: its stage goes back to the producer
+         * (before waiting for tile it + 1, which may need that stage), and
+         * the registers of its P operand may be written again */
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_fence_regs<NO>(o);
+        if (it > 0 && tid == 0) wg_bar_arrive(bar_e + 8 * ((it - 1) % S));
+        uint32_t p[NS / 2];
+#pragma unroll
+        for (int i = 0; i < NS; i += 2) p[i / 2] = nstf_mma_pack2(s[i], s[i + 1]);
+        if (has_next) fw_qk<HD>(s, q_wg, s_k, bar_fk, it + 1);
+#pragma unroll
+        for (int i = 0; i < NO; i++) o[i] *= (i & 2) ? a1 : a0;
+
+        const int st = it % S;
+        wg_bar_wait(bar_fv + 8 * st, (uint32_t)(it / S) & 1);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        const uint32_t vb = s_v + st * cfg::KV_BYTES;
+#pragma unroll
+        for (int j = 0; j < FW_BN / 16; j++) {
+            /* keys 16 j .. 16 j + 15: two 8-key groups of 1024 B */
+            if constexpr (HD == 64)
+                nstf_wgmma_rs_tb_m64n64(o, &p[4 * j], wg_desc_mn(vb + j * 2048, FW_BN * 128), 1);
+            else
+                nstf_wgmma_rs_tb_m64n128(o, &p[4 * j], wg_desc_mn(vb + j * 2048, FW_BN * 128), 1);
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        /* S(it + 1) is ready (the last lap: nothing but P V(it) pending) */
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wg_fence_regs<NS>(s);
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_regs<NO>(o);
+    if (tid == 0) wg_bar_arrive(bar_e + 8 * ((n_my - 1) % S));
+    /* tiles wholly past this warpgroup's rows: nothing to compute, but each
+     * arrive must count for its tile's fill, not run ahead of it */
+    for (int it = n_my; it < n_tiles; it++) {
+        wg_bar_wait(bar_fv + 8 * (it % S), (uint32_t)(it / S) & 1);
+        if (tid == 0) wg_bar_arrive(bar_e + 8 * (it % S));
+    }
+
+    l0 += nstf_shfl_xor(l0, 1);
+    l0 += nstf_shfl_xor(l0, 2);
+    l1 += nstf_shfl_xor(l1, 1);
+    l1 += nstf_shfl_xor(l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    u16 *ob = out + seq * n_tok * out_stride + (int64_t)h * HD;
+#pragma unroll
+    for (int i = 0; i < NO; i += 2) {
+        const int64_t t = row0 + ((i & 2) ? 8 : 0);
+        if (t >= n_tok) continue;
+        const float inv = (i & 2) ? inv1 : inv0;
+        const int col = 8 * (i >> 2) + 2 * (lane & 3);
+        *(uint32_t *)(ob + t * out_stride + col) = nstf_mma_pack2(o[i] * inv, o[i + 1] * inv);
+    }
+    if (lse && (lane & 3) == 0) {
+        /* the natural log-sum-exp of the row's scaled scores */
+        float *lb = lse + seq * n_tok * n_heads;
+        if (row0 < n_tok) lb[row0 * n_heads + h] = (m0 + nstf_fast_log2f(l0)) * 0.6931471805599453f;
+        if (row0 + 8 < n_tok) lb[(row0 + 8) * n_heads + h] = (m1 + nstf_fast_log2f(l1)) * 0.6931471805599453f;
+    }
+#endif /* NSTF_WGMMA_DEVICE */
+}
+
+/* ---------------------------------------------------------------- host ---- */
+
+static int flash_wgmma_usable(void) {
+    static int cached = -1;
+    if (cached < 0) {
+        void (*kfn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, u16 *, int64_t, float *, int64_t,
+                    int64_t, int64_t, int, int, float) = flash_wgmma_kernel<64>;
+        cached = wg_kernel_usable((const void *)kfn, (size_t)fw_cfg<64>::N_BARS * 8);
+    }
+    return cached;
+}
+
+/* q: [n_seq * n_tok] rows of n_heads * HD (q_stride apart); k, v: kv_rows
+ * rows of n_kv * HD (k_ld, v_ld apart), sequence s's keys starting at row
+ * s * kv_seq_rows (0 with a cache: one sequence). The caller checks TMA's
+ * rules (flash_wgmma_fits). */
+static bool flash_wgmma_fits(const void *q, int64_t q_stride, const void *k, int64_t k_ld, const void *v,
+                             int64_t v_ld, const void *out, int64_t out_stride) {
+    const uintptr_t a16 = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
+    return (a16 & 15) == 0 && q_stride % 8 == 0 && k_ld % 8 == 0 && v_ld % 8 == 0 && ((uintptr_t)out & 3) == 0 &&
+           out_stride % 2 == 0;
+}
+
+template <int HD>
+static nstf_status flash_wgmma_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_ld, const u16 *v,
+                                      int64_t v_ld, int64_t kv_rows, int64_t kv_seq_rows, u16 *out, int64_t out_stride, float *lse,
+                                      int64_t n_tok, int64_t n_seq, int64_t pos0, int n_heads, int n_kv, float scale,
+                                      cudaStream_t stream) {
+    typedef fw_cfg<HD> cfg;
+    static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
+    if (!nstf_gpu_device_done(&attr_set)) {
+        void (*kfn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, u16 *, int64_t, float *, int64_t,
+                    int64_t, int64_t, int, int, float) = flash_wgmma_kernel<HD>;
+        if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
+            cudaSuccess)
+            return nstf_set_error(NSTF_ERR_GPU, "flash_attn (wgmma): cannot allow %d bytes of shared memory",
+                                  cfg::SMEM);
+        nstf_gpu_device_mark(&attr_set);
+    }
+    const char *who = "flash_attn (wgmma)";
+    CUtensorMap mq, mk, mv;
+    NSTF_TRY(wg_make_map(&mq, q, n_seq * n_tok, (int64_t)n_heads * HD, q_stride, FW_BM, false, who));
+    NSTF_TRY(wg_make_map(&mk, k, kv_rows, (int64_t)n_kv * HD, k_ld, FW_BN, false, who));
+    NSTF_TRY(wg_make_map(&mv, v, kv_rows, (int64_t)n_kv * HD, v_ld, FW_BN, false, who));
+    const int64_t n_qt = (n_tok + FW_BM - 1) / FW_BM;
+    if (n_qt > 0x7fffffff || n_heads > 65535 || n_seq > 65535 || n_seq * n_tok > 0x7fffffff ||
+        kv_rows > 0x7fffffff)
+        return nstf_set_error(NSTF_ERR_RANGE, "flash_attn (wgmma): grid or tensor too large");
+    dim3 grid((unsigned)n_qt, (unsigned)n_heads, (unsigned)n_seq);
+    flash_wgmma_kernel<HD><<<grid, FW_THREADS, cfg::SMEM, stream>>>(mq, mk, mv, out, out_stride, lse, n_tok, pos0,
+                                                                    kv_seq_rows, n_heads, n_kv,
+                                                                    scale * 1.4426950408889634f);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nstf_set_error(NSTF_ERR_GPU, "flash_attn (wgmma): launch failed: %s", cudaGetErrorString(e));
+    return NSTF_OK;
+}
+
+#endif /* NSTF_FLASH_ATTN_WGMMA_H */
