@@ -15,7 +15,7 @@
  *   - 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
  *     loads, the others idle; the warpgroup gives its registers away with
  *     setmaxnreg), 1 and 2 are consumers, each owning 64 query rows;
- *   - the Q tile is loaded once; K and V tiles go through a STAGES-deep ring,
+ *   - the Q tile is loaded once; K and V tiles go through a 3-deep ring,
  *     with a "full" mbarrier each for K and V (so S = Q K^T starts before V
  *     has landed) and one "empty" mbarrier per stage (one arrive per
  *     consumer warpgroup once its MMAs on the stage have retired);
@@ -48,7 +48,10 @@
 
 template <int HD> struct fw_cfg {
     static constexpr int NCH = HD / 64; /* 64-column chunks of a row */
-    static constexpr int STAGES = HD == 64 ? 3 : 2;
+    /* 3: the K tile of it + 1 loads while tiles it - 1 and it are in use
+     * (a 2-deep ring would expose the load of every tile); at head dim 128
+     * that is 225 KiB of the 227 an SM allows */
+    static constexpr int STAGES = 3;
     static constexpr int Q_BYTES = FW_BM * HD * 2;
     static constexpr int KV_BYTES = FW_BN * HD * 2; /* one K or V tile */
     /* dynamic shared memory: Q, the K ring, the V ring, + 1024 to align to
@@ -58,6 +61,18 @@ template <int HD> struct fw_cfg {
 };
 
 #if defined(NSTF_WGMMA_DEVICE)
+/* The max (MAX) or sum of r[0 .. N), N a power of two, as a tree; r is
+ * overwritten. */
+template <int N, bool MAX> static __device__ __forceinline__ float fw_tree(float *r) {
+    if constexpr (N == 1) {
+        return r[0];
+    } else {
+#pragma unroll
+        for (int k = 0; k < N / 2; k++) r[k] = MAX ? fmaxf(r[k], r[k + N / 2]) : r[k] + r[k + N / 2];
+        return fw_tree<N / 2, MAX>(r);
+    }
+}
+
 /* Issue (and commit) S = Q K(it)^T for one consumer warpgroup: wait for
  * tile it's K, then HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
 template <int HD>
@@ -176,7 +191,6 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     for (int it = 0; it < n_my; it++) {
         const int64_t kv0 = (int64_t)it * FW_BN;
         const bool has_next = it + 1 < n_my;
-        float mx0 = FLASH_NEG_INF, mx1 = FLASH_NEG_INF; /* raw (unscaled) maxima */
         if (kv0 + FW_BN - 1 > wg_first || kv0 + FW_BN > kv_end) {
             /* mask: key column > the row's position, or past kv_end; the
              * limits relative to kv0, clamped into [-1, FW_BN] */
@@ -191,13 +205,15 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 if (col > ((i & 2) ? lim1 : lim0)) s[i] = FLASH_NEG_INF;
             }
         }
+        /* raw (unscaled) row maxima: trees, not a 32-long dependency chain
+         * (one warp per scheduler per warpgroup has little else to issue) */
+        float r0[NS / 4], r1[NS / 4];
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            if (i & 2)
-                mx1 = fmaxf(mx1, s[i]);
-            else
-                mx0 = fmaxf(mx0, s[i]);
+        for (int k = 0; k < NS / 4; k++) {
+            r0[k] = fmaxf(s[4 * k], s[4 * k + 1]);
+            r1[k] = fmaxf(s[4 * k + 2], s[4 * k + 3]);
         }
+        float mx0 = fw_tree<NS / 4, true>(r0), mx1 = fw_tree<NS / 4, true>(r1);
         mx0 = fmaxf(mx0, nstf_shfl_xor(mx0, 1));
         mx0 = fmaxf(mx0, nstf_shfl_xor(mx0, 2));
         mx1 = fmaxf(mx1, nstf_shfl_xor(mx1, 1));
@@ -212,14 +228,15 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         l0 *= a0;
         l1 *= a1;
 #pragma unroll
-        for (int i = 0; i < NS; i++) {
-            const float e = nstf_exp2(fmaf(s[i], scale_log2, -((i & 2) ? b1 : b0)));
-            if (i & 2)
-                l1 += e;
-            else
-                l0 += e;
-            s[i] = e;
+        for (int i = 0; i < NS; i++) s[i] = nstf_exp2(fmaf(s[i], scale_log2, -((i & 2) ? b1 : b0)));
+        /* the tile's share of the row sums, as trees */
+#pragma unroll
+        for (int k = 0; k < NS / 4; k++) {
+            r0[k] = s[4 * k] + s[4 * k + 1];
+            r1[k] = s[4 * k + 2] + s[4 * k + 3];
         }
+        l0 += fw_tree<NS / 4, false>(r0);
+        l1 += fw_tree<NS / 4, false>(r1);
         /* P V(it - 1) has retired: its stage goes back to the producer
          * (before waiting for tile it + 1, which may need that stage), and
          * the registers of its P operand may be written again */
