@@ -206,7 +206,7 @@ static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uin
     const uint16_t *ks = cached ? k_cache : k, *vs = cached ? v_cache : v;
     const int64_t k_ld = cached ? kvd : k_stride, v_ld = cached ? kvd : v_stride;
     if (window == 0 && nstf_switch_int(NSTF_SW_FLASH) != 0 && flash_wgmma_usable() &&
-        flash_wgmma_fits(q, q_stride, ks, k_ld, vs, v_ld, out, out_stride)) {
+        flash_wgmma_fits(n_tok, q, q_stride, ks, k_ld, vs, v_ld, out, out_stride)) {
         if (cached) {
             const uint16_t *src[2] = {k, v};
             const int64_t sld[2] = {k_stride, v_stride};

@@ -9,9 +9,10 @@
  * bf16 in and out, fp32 softmax state, optional log-sum-exp.
  *
  * Design:
- *   - a block owns 128 query rows of one head (grid: query tiles, heads,
- *     sequences; late, heavy tiles first) and walks the key tiles of 128
- *     positions from 0 to its last row's position;
+ *   - a block owns 128 query rows of one head (grid: heads, query tiles,
+ *     sequences; heads fastest and late, heavy tiles first, so blocks start
+ *     in order of decreasing work) and walks the key tiles of 128 positions
+ *     from 0 to its last row's position;
  *   - 3 warpgroups: warpgroup 0 is the producer (one thread issues the TMA
  *     loads, the others idle; the warpgroup gives its registers away with
  *     setmaxnreg), 1 and 2 are consumers, each owning 64 query rows;
@@ -26,6 +27,10 @@
  *     so the probabilities never leave the registers) and V "MN-major" (its
  *     head dimension contiguous: wgmma transposes it; 8-key groups 1024 B
  *     apart, the second 64-column chunk of a 128-wide head FW_BN * 128 B on);
+ *   - per tile, the softmax of tile it runs while the MMAs of P V(it-1)
+ *     do, and S(it+1) is issued before P V(it); the two warpgroups take
+ *     turns (named barriers) to issue their MMAs, so one's softmax runs
+ *     under the other's MMAs ("ping-pong");
  *   - the online softmax in the log2 domain as in flash_common.h (running
  *     max m, per-thread partial sums l reduced over the quad at the end);
  *     tiles that reach past a warpgroup's first row are masked, tiles wholly
@@ -73,6 +78,15 @@ template <int N, bool MAX> static __device__ __forceinline__ float fw_tree(float
     }
 }
 
+/* Named barriers 1 and 2 over the two consumer warpgroups (256 threads):
+ * sync waits for the other warpgroup's arrive. */
+static __device__ __forceinline__ void fw_named_sync(int id) {
+    asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void fw_named_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
+
 /* Issue (and commit) S = Q K(it)^T for one consumer warpgroup: wait for
  * tile it's K, then HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
 template <int HD>
@@ -109,9 +123,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 
     const int64_t seq = blockIdx.z;
     const int64_t n_qt = (n_tok + FW_BM - 1) / FW_BM;
-    const int64_t t0 = (n_qt - 1 - (int64_t)blockIdx.x) * FW_BM; /* heavy tiles first */
+    const int64_t t0 = (n_qt - 1 - (int64_t)blockIdx.y) * FW_BM; /* heavy tiles first */
     const int64_t t1 = t0 + FW_BM < n_tok ? t0 + FW_BM : n_tok;
-    const int h = blockIdx.y, hkv = h / (n_heads / n_kv);
+    const int h = blockIdx.x, hkv = h / (n_heads / n_kv);
     const int64_t kv_end = pos0 + t1; /* keys [0, kv_end) */
     const int n_tiles = (int)((kv_end + FW_BN - 1) / FW_BN);
 
@@ -177,6 +191,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     float m0 = FLASH_NEG_INF, m1 = FLASH_NEG_INF, l0 = 0.0f, l1 = 0.0f;
     const uint32_t q_wg = s_q + cw * 64 * 128;
     wg_bar_wait(bar_q, 0);
+    /* Ping-pong (both warpgroups have rows): the warpgroups take turns to
+     * issue their MMAs (named barrier 1 + cw is this one's turn), so one's
+     * softmax runs under the other's MMAs instead of both contending for the
+     * same units at once. Warpgroup 1 computes every tile (its last row is
+     * the block's), warpgroup 0 may stop earlier and then takes empty turns;
+     * warpgroup 0 goes first. */
+    const bool pp = t0 + 64 < n_tok;
+    if (pp && cw == 1) fw_named_arrive(1);
 
     /* Pipeline per tile it (S = QK^T of tile it already in s):
      *   softmax(s) -> exponentials, alpha (the MMAs of P V(it-1) still run)
@@ -246,9 +268,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         uint32_t p[NS / 2];
 #pragma unroll
         for (int i = 0; i < NS; i += 2) p[i / 2] = nstf_mma_pack2(s[i], s[i + 1]);
-        if (has_next) fw_qk<HD>(s, q_wg, s_k, bar_fk, it + 1);
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] *= (i & 2) ? a1 : a0;
+        if (pp) fw_named_sync(1 + cw); /* this warpgroup's turn on the tensor cores */
+        if (has_next) fw_qk<HD>(s, q_wg, s_k, bar_fk, it + 1);
 
         const int st = it % S;
         wg_bar_wait(bar_fv + 8 * st, (uint32_t)(it / S) & 1);
@@ -263,6 +286,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 nstf_wgmma_rs_tb_m64n128(o, &p[4 * j], wg_desc_mn(vb + j * 2048, FW_BN * 128), 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        if (pp && (cw == 0 || has_next)) fw_named_arrive(2 - cw); /* the other's turn */
         /* S(it + 1) is ready (the last lap: nothing but P V(it) pending) */
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_regs<NS>(s);
@@ -275,6 +299,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     for (int it = n_my; it < n_tiles; it++) {
         wg_bar_wait(bar_fv + 8 * (it % S), (uint32_t)(it / S) & 1);
         if (tid == 0) wg_bar_arrive(bar_e + 8 * (it % S));
+        if (pp) { /* (warpgroup 0 only) an empty turn, so the turns stay paired */
+            fw_named_sync(1);
+            fw_named_arrive(2);
+        }
     }
 
     l0 += nstf_shfl_xor(l0, 1);
@@ -316,10 +344,10 @@ static int flash_wgmma_usable(void) {
  * rows of n_kv * HD (k_ld, v_ld apart), sequence s's keys starting at row
  * s * kv_seq_rows (0 with a cache: one sequence). The caller checks TMA's
  * rules (flash_wgmma_fits). */
-static bool flash_wgmma_fits(const void *q, int64_t q_stride, const void *k, int64_t k_ld, const void *v,
-                             int64_t v_ld, const void *out, int64_t out_stride) {
+static bool flash_wgmma_fits(int64_t n_tok, const void *q, int64_t q_stride, const void *k, int64_t k_ld,
+                             const void *v, int64_t v_ld, const void *out, int64_t out_stride) {
     const uintptr_t a16 = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
-    return (a16 & 15) == 0 && q_stride % 8 == 0 && k_ld % 8 == 0 && v_ld % 8 == 0 && ((uintptr_t)out & 3) == 0 &&
+    return n_tok <= (int64_t)65535 * FW_BM && (a16 & 15) == 0 && q_stride % 8 == 0 && k_ld % 8 == 0 && v_ld % 8 == 0 && ((uintptr_t)out & 3) == 0 &&
            out_stride % 2 == 0;
 }
 
@@ -345,10 +373,11 @@ static nstf_status flash_wgmma_launch(const u16 *q, int64_t q_stride, const u16 
     NSTF_TRY(wg_make_map(&mk, k, kv_rows, (int64_t)n_kv * HD, k_ld, FW_BN, false, who));
     NSTF_TRY(wg_make_map(&mv, v, kv_rows, (int64_t)n_kv * HD, v_ld, FW_BN, false, who));
     const int64_t n_qt = (n_tok + FW_BM - 1) / FW_BM;
-    if (n_qt > 0x7fffffff || n_heads > 65535 || n_seq > 65535 || n_seq * n_tok > 0x7fffffff ||
-        kv_rows > 0x7fffffff)
+    if (n_qt > 65535 || n_seq > 65535 || n_seq * n_tok > 0x7fffffff || kv_rows > 0x7fffffff)
         return nstf_set_error(NSTF_ERR_RANGE, "flash_attn (wgmma): grid or tensor too large");
-    dim3 grid((unsigned)n_qt, (unsigned)n_heads, (unsigned)n_seq);
+    /* heads fastest: blocks start in order of decreasing work across all
+     * heads (heavy tiles first), so the last wave holds the lightest tiles */
+    dim3 grid((unsigned)n_heads, (unsigned)n_qt, (unsigned)n_seq);
     flash_wgmma_kernel<HD><<<grid, FW_THREADS, cfg::SMEM, stream>>>(mq, mk, mv, out, out_stride, lse, n_tok, pos0,
                                                                     kv_seq_rows, n_heads, n_kv,
                                                                     scale * 1.4426950408889634f);
