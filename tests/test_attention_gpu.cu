@@ -29,6 +29,7 @@ struct attn_case {
     int64_t n_tok, pos0;
     int n_kv, group, hd;
     bool decode;
+    int window; /* prefill: a sliding window (0: none) */
 };
 
 static void run_case(const attn_case &tc, uint64_t seed) {
@@ -60,8 +61,8 @@ static void run_case(const attn_case &tc, uint64_t seed) {
         return p < P0 ? &vc[(p * n_kv + hk) * D] : &v[(p - P0) * kv_stride + (int64_t)hk * D];
     };
 
-    gh_begin("%-7s n_tok=%-5lld pos0=%-5lld heads=%2d/%d hd=%-3d%s", tc.decode ? "decode" : "prefill", (long long)T,
-             (long long)P0, H, n_kv, D, !tc.decode && g_flash ? " (mma)" : "");
+    gh_begin("%-7s n_tok=%-5lld pos0=%-5lld heads=%2d/%d hd=%-3d%s%s", tc.decode ? "decode" : "prefill", (long long)T,
+             (long long)P0, H, n_kv, D, tc.window ? " window" : "", !tc.decode && g_flash ? " (mma)" : "");
     /* device */
     const size_t q_b = T * q_stride * 2, kv_b = T * kv_stride * 2, c_b = n_ctx * kvd * 2, o_b = T * out_stride * 2;
     gh_buf dq = gh_alloc(q_b, q.data()), dk = gh_alloc(kv_b, k.data()), dv = gh_alloc(kv_b, v.data());
@@ -76,9 +77,9 @@ static void run_case(const attn_case &tc, uint64_t seed) {
                                    T, P0, n_ctx, H, n_kv, D, scale, dscr.p(), sb, NULL);
     } else {
         CHECK(nstf_switch_set(NSTF_SW_FLASH, g_flash) == NSTF_OK, "NSTF_FLASH=%s", g_flash ? g_flash : "(default)");
-        st = nstf_gpu_flash_attn(dq.as<uint16_t>(), q_stride, dk.as<uint16_t>(), kv_stride, dv.as<uint16_t>(),
-                                 kv_stride, dkc.as<uint16_t>(), dvc.as<uint16_t>(), dout.as<uint16_t>(), out_stride, T,
-                                 P0, n_ctx, H, n_kv, D, scale, NULL);
+        st = nstf_gpu_flash_attn_sw(dq.as<uint16_t>(), q_stride, dk.as<uint16_t>(), kv_stride, dv.as<uint16_t>(),
+                                    kv_stride, dkc.as<uint16_t>(), dvc.as<uint16_t>(), dout.as<uint16_t>(), out_stride,
+                                    T, P0, n_ctx, H, n_kv, D, scale, tc.window, NULL);
     }
     gh_launched(st, tc.decode ? "flash_decode" : "flash_attn");
     std::vector<uint16_t> out(T * out_stride), kc2(n_ctx * kvd), vc2(n_ctx * kvd);
@@ -113,11 +114,11 @@ static void run_case(const attn_case &tc, uint64_t seed) {
     for (int64_t t : toks)
         for (int h = 0; h < H; h++) {
             const int hk = h / tc.group;
-            const int64_t n_keys = P0 + t + 1;
+            const int64_t n_keys = P0 + t + 1, j0 = tc.window > 0 && n_keys > tc.window ? n_keys - tc.window : 0;
             const uint16_t *qr = &q[t * q_stride + (int64_t)h * D];
             double md = -1e300;
             float mf = -INFINITY;
-            for (int64_t p = 0; p < n_keys; p++) {
+            for (int64_t p = j0; p < n_keys; p++) {
                 const uint16_t *kr = key(p, hk);
                 double a = 0;
                 float b = 0;
@@ -132,12 +133,12 @@ static void run_case(const attn_case &tc, uint64_t seed) {
             }
             double ld;
             float lf;
-            gh_softmax_exp(sd.data(), sf.data(), n_keys, md, mf, &ld, &lf);
-            for (int64_t p = 0; p < n_keys; p++) pb[p] = gh_bf(sf[p] / lf); /* P as the bf16 operand */
+            gh_softmax_exp(sd.data() + j0, sf.data() + j0, n_keys - j0, md, mf, &ld, &lf);
+            for (int64_t p = j0; p < n_keys; p++) pb[p] = gh_bf(sf[p] / lf); /* P as the bf16 operand */
             for (int d = 0; d < D; d++) {
                 double od = 0;
                 float of = 0, ob = 0;
-                for (int64_t p = 0; p < n_keys; p++) {
+                for (int64_t p = j0; p < n_keys; p++) {
                     float x = bf2f(val(p, hk)[d]);
                     od += sd[p] * x;
                     of += sf[p] * x;
@@ -172,13 +173,20 @@ int main(void) {
             for (int g : groups) {
                 /* prefill: tile tails, pos0 > 0, long sequences */
                 const int64_t pf[][2] = {{1, 0}, {37, 0}, {100, 29}, {300, 700}, {129, 64}, {255, 1}};
-                for (const auto &c : pf) run_case({c[0], c[1], 2, g, hd, false}, seed++);
+                for (const auto &c : pf) run_case({c[0], c[1], 2, g, hd, false, 0}, seed++);
             }
         /* long prefill: 4096 tokens, and 2048 tokens after 2048 cached */
-        run_case({4096, 0, 8, 4, 64, false}, seed++);
-        run_case({2048, 2048, 8, 4, 128, false}, seed++);
-        run_case({4096, 0, 1, 8, 128, false}, seed++);
-        run_case({1000, 3001, 2, 4, 64, false}, seed++);
+        run_case({4096, 0, 8, 4, 64, false, 0}, seed++);
+        run_case({2048, 2048, 8, 4, 128, false, 0}, seed++);
+        run_case({4096, 0, 1, 8, 128, false, 0}, seed++);
+        run_case({1000, 3001, 2, 4, 64, false, 0}, seed++);
+        /* sliding windows: shorter than a tile, across tiles, past the
+         * prompt's start, larger than the context */
+        run_case({300, 700, 2, 4, 64, false, 100}, seed++);
+        run_case({129, 64, 2, 1, 128, false, 37}, seed++);
+        run_case({1000, 0, 2, 4, 128, false, 256}, seed++);
+        run_case({2048, 2048, 8, 4, 128, false, 1000}, seed++);
+        run_case({517, 3, 2, 3, 64, false, 4096}, seed++);
     }
     g_flash = NULL;
     for (int hd : hds)
@@ -186,9 +194,9 @@ int main(void) {
             /* decode: n_tok 1 and the largest n_tok that fits 16 rows */
             const int64_t dc[][2] = {{1, 0}, {1, 1}, {1, 63}, {1, 1000}, {1, 4095}, {16 / g, 517}, {2, 40}};
             for (const auto &c : dc)
-                if (c[0] * g <= 16) run_case({c[0], c[1], 2, g, hd, true}, seed++);
+                if (c[0] * g <= 16) run_case({c[0], c[1], 2, g, hd, true, 0}, seed++);
         }
-    run_case({1, 8191, 8, 4, 128, true}, seed++);
+    run_case({1, 8191, 8, 4, 128, true, 0}, seed++);
     /* argument validation */
     {
         gh_begin("attention: argument validation");

@@ -4,8 +4,9 @@
  * configurations. GPU events, 5 warm-ups, median of 20. Prefill prints
  * TFLOP/s counting the causal work (4 * D per query-key pair), for the
  * default kernel (wgmma on sm_90a) and the portable one (NSTF_FLASH=mma,
- * set with nstf_switch_set); also without a cache (the training forward,
- * keys from the new rows) at 8192 tokens; decode prints
+ * set with nstf_switch_set); also with a 4096-token sliding window, and
+ * without a cache (the training forward, keys from the new rows), at 8192
+ * tokens; decode prints
  * microseconds and the KV bytes read per second. The PyTorch SDPA figures
  * come from sdpa_ref.py run in the same device call. */
 #include <algorithm>
@@ -54,6 +55,18 @@ int main(void) {
                 printf("| prefill %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n", kern ? kern : "default", D,
                        (long long)T, ms * 1e3, fl / ms / 1e9);
             }
+        for (const char *kern : {(const char *)NULL, "mma"}) { /* a 4096-token sliding window (Mistral) */
+            (void)nstf_switch_set(NSTF_SW_FLASH, kern);
+            const int64_t T = 8192, W = 4096;
+            float ms = time_ms([&] {
+                nstf_gpu_flash_attn_sw(q, H * D, k, HKV * D, v, HKV * D, kc, vc, o, H * D, T, 0, max_ctx, H, HKV, D,
+                                       sc, (int)W, NULL);
+            });
+            /* query-key pairs within the window: sum over t of min(t + 1, W) */
+            double fl = 4.0 * D * H * ((double)W * (W + 1) / 2 + (double)(T - W) * W);
+            printf("| prefill window %lld %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n", (long long)W,
+                   kern ? kern : "default", D, (long long)T, ms * 1e3, fl / ms / 1e9);
+        }
         (void)nstf_switch_set(NSTF_SW_FLASH, NULL);
         { /* no cache (the training forward's shape, log-sum-exp saved) */
             const int64_t T = 8192;

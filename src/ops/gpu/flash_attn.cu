@@ -199,13 +199,13 @@ static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uin
                               (long long)n_seq, (long long)pos0, cached ? "with" : "without");
     gpuStream_t s = (gpuStream_t)stream;
 #if defined(NSTF_GPU_CUDA)
-    /* sm_90a: the wgmma kernel (flash_attn_wgmma.h) unless NSTF_FLASH=mma,
-     * a sliding window, or operands TMA cannot address. With a cache, the
-     * new rows are copied into it first and every key is read from there. */
+    /* sm_90a: the wgmma kernel (flash_attn_wgmma.h) unless NSTF_FLASH=mma
+     * or operands TMA cannot address. With a cache, the new rows are copied
+     * into it first and every key is read from there. */
     const int64_t kvd = (int64_t)n_kv_heads * head_dim;
     const uint16_t *ks = cached ? k_cache : k, *vs = cached ? v_cache : v;
     const int64_t k_ld = cached ? kvd : k_stride, v_ld = cached ? kvd : v_stride;
-    if (window == 0 && nstf_switch_int(NSTF_SW_FLASH) != 0 && flash_wgmma_usable() &&
+    if (nstf_switch_int(NSTF_SW_FLASH) != 0 && flash_wgmma_usable() &&
         flash_wgmma_fits(n_tok, q, q_stride, ks, k_ld, vs, v_ld, out, out_stride)) {
         if (cached) {
             const uint16_t *src[2] = {k, v};
@@ -219,9 +219,9 @@ static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uin
         const int64_t kv_rows = cached ? pos0 + n_tok : n_seq * n_tok, kv_seq = cached ? 0 : n_tok;
         if (head_dim == 64)
             return flash_wgmma_launch<64>(q, q_stride, ks, k_ld, vs, v_ld, kv_rows, kv_seq, out, out_stride, lse,
-                                          n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, s);
+                                          n_tok, n_seq, pos0, n_heads, n_kv_heads, scale, window, s);
         return flash_wgmma_launch<128>(q, q_stride, ks, k_ld, vs, v_ld, kv_rows, kv_seq, out, out_stride, lse, n_tok,
-                                       n_seq, pos0, n_heads, n_kv_heads, scale, s);
+                                       n_seq, pos0, n_heads, n_kv_heads, scale, window, s);
     }
 #endif
     if (head_dim == 64)

@@ -3,10 +3,10 @@
  * (`wgmma.mma_async`), Q, K and V brought into shared memory by TMA. NVIDIA
  * only: flash_attn.cu includes this file in CUDA builds, the kernel body
  * exists only in sm_90a device code, and the host takes this path only when
- * the loaded image holds that body (flash_wgmma_usable), no sliding window is
- * asked for, and the operands meet TMA's alignment rules; otherwise the
- * portable mma.h kernel runs. Same contract as that kernel: causal, GQA,
- * bf16 in and out, fp32 softmax state, optional log-sum-exp.
+ * the loaded image holds that body (flash_wgmma_usable) and the operands
+ * meet TMA's alignment rules; otherwise the portable mma.h kernel runs.
+ * Same contract as that kernel: causal, GQA, optional sliding window, bf16
+ * in and out, fp32 softmax state, optional log-sum-exp.
  *
  * Design:
  *   - a block owns 128 query rows of one head (grid: heads, query tiles,
@@ -33,8 +33,10 @@
  *     under the other's MMAs ("ping-pong");
  *   - the online softmax in the log2 domain as in flash_common.h (running
  *     max m, per-thread partial sums l reduced over the quad at the end);
- *     tiles that reach past a warpgroup's first row are masked, tiles wholly
- *     past its last row are skipped (waited for, not computed), and a
+ *     tiles that reach past a warpgroup's first row (or, with a sliding
+ *     window, below its last row's window) are masked, tiles wholly past
+ *     its last row or before its first row's window are skipped (waited
+ *     for, not computed; a block starts at its first row's window), and a
  *     warpgroup whose rows all lie past the end leaves at once (the empty
  *     barriers count only the warpgroups with rows);
  *   - TMA zero-fills rows past the tensor: the key map ends at the last key
@@ -87,13 +89,14 @@ static __device__ __forceinline__ void fw_named_arrive(int id) {
     asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 
-/* Issue (and commit) S = Q K(it)^T for one consumer warpgroup: wait for
- * tile it's K, then HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
+/* Issue (and commit) S = Q K^T for one consumer warpgroup: wait for the K
+ * tile at ring position j (tiles counted from the block's first), then
+ * HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
 template <int HD>
-static __device__ __forceinline__ void fw_qk(float *s, uint32_t q_wg, uint32_t s_k, uint32_t bar_fk, int it) {
+static __device__ __forceinline__ void fw_qk(float *s, uint32_t q_wg, uint32_t s_k, uint32_t bar_fk, int j) {
     constexpr int S = fw_cfg<HD>::STAGES;
-    const int st = it % S;
-    wg_bar_wait(bar_fk + 8 * st, (uint32_t)(it / S) & 1);
+    const int st = j % S;
+    wg_bar_wait(bar_fk + 8 * st, (uint32_t)(j / S) & 1);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
     const uint32_t kb = s_k + st * fw_cfg<HD>::KV_BYTES;
 #pragma unroll
@@ -109,7 +112,8 @@ template <int HD>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                        const __grid_constant__ CUtensorMap map_v, u16 *out, int64_t out_stride, float *lse,
-                       int64_t n_tok, int64_t pos0, int64_t kv_seq_rows, int n_heads, int n_kv, float scale_log2) {
+                       int64_t n_tok, int64_t pos0, int64_t kv_seq_rows, int n_heads, int n_kv, float scale_log2,
+                       int window) {
 #if defined(NSTF_WGMMA_DEVICE)
     typedef fw_cfg<HD> cfg;
     constexpr int S = cfg::STAGES, NCH = cfg::NCH, NS = FW_BN / 2, NO = HD / 2;
@@ -128,6 +132,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int h = blockIdx.x, hkv = h / (n_heads / n_kv);
     const int64_t kv_end = pos0 + t1; /* keys [0, kv_end) */
     const int n_tiles = (int)((kv_end + FW_BN - 1) / FW_BN);
+    /* sliding window (window > 0): row at position p sees keys > p - window;
+     * the block starts at the tile of its first row's first key */
+    const int64_t blk_lo = window > 0 && pos0 + t0 + 1 > window ? pos0 + t0 + 1 - window : 0;
+    const int it0 = (int)(blk_lo / FW_BN);
 
     if (threadIdx.x == 0) {
         wg_bar_init(bar_q, 1);
@@ -150,7 +158,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int c = 0; c < NCH; c++) wg_tma_load(s_q + c * FW_BM * 128, &map_q, h * HD + c * 64, qrow, bar_q);
             int stage = 0;
             uint32_t phase = 0;
-            for (int it = 0; it < n_tiles; it++) {
+            for (int it = it0; it < n_tiles; it++) {
                 /* a fresh barrier counts as having completed the phase before
                  * phase 0: the first lap does not wait */
                 wg_bar_wait(bar_e + 8 * stage, phase ^ 1);
@@ -179,9 +187,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int64_t wg_first = pos0 + t0 + cw * 64;
     const int64_t wg_last = wg_first + 63 < kv_end - 1 ? wg_first + 63 : kv_end - 1;
     if (t0 + cw * 64 >= n_tok) return; /* every row past the end: not counted by the empty barriers */
-    /* this warpgroup computes tiles [0, n_my); the later ones are wholly
-     * past its rows */
-    const int n_my = (int)(wg_last / FW_BN) + 1 < n_tiles ? (int)(wg_last / FW_BN) + 1 : n_tiles;
+    /* this warpgroup computes tiles [c0, c1) of the block's [it0, n_tiles):
+     * the earlier ones lie wholly before its rows' windows, the later ones
+     * wholly past its rows */
+    const int64_t wg_lo = window > 0 && wg_first + 1 > window ? wg_first + 1 - window : 0;
+    const int c0 = (int)(wg_lo / FW_BN);
+    const int c1 = (int)(wg_last / FW_BN) + 1 < n_tiles ? (int)(wg_last / FW_BN) + 1 : n_tiles;
+    /* keys below the last row's window start need the lower mask */
+    const int64_t lo_max = window > 0 ? wg_last + 1 - window : -1;
     float o[NO], s[NS];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.0f;
@@ -194,11 +207,27 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     /* Ping-pong (both warpgroups have rows): the warpgroups take turns to
      * issue their MMAs (named barrier 1 + cw is this one's turn), so one's
      * softmax runs under the other's MMAs instead of both contending for the
-     * same units at once. Warpgroup 1 computes every tile (its last row is
-     * the block's), warpgroup 0 may stop earlier and then takes empty turns;
-     * warpgroup 0 goes first. */
+     * same units at once. One turn per tile of the block, for both: a tile a
+     * warpgroup does not compute is an empty turn. Warpgroup 0 goes first;
+     * warpgroup 1 hands the turn back after each but the block's last. */
     const bool pp = t0 + 64 < n_tok;
     if (pp && cw == 1) fw_named_arrive(1);
+    auto turn_begin = [&]() {
+        if (pp) fw_named_sync(1 + cw);
+    };
+    auto turn_end = [&](int it) {
+        if (pp && (cw == 0 || it + 1 < n_tiles)) fw_named_arrive(2 - cw);
+    };
+    /* a tile this warpgroup does not compute: the arrive must count for the
+     * tile's fill, not run ahead of it; then an empty turn */
+    auto skip = [&](int it) {
+        const int j = it - it0;
+        wg_bar_wait(bar_fv + 8 * (j % S), (uint32_t)(j / S) & 1);
+        if (tid == 0) wg_bar_arrive(bar_e + 8 * (j % S));
+        turn_begin();
+        turn_end(it);
+    };
+    for (int it = it0; it < c0; it++) skip(it);
 
     /* Pipeline per tile it (S = QK^T of tile it already in s):
      *   softmax(s) -> exponentials, alpha (the MMAs of P V(it-1) still run)
@@ -206,25 +235,32 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
      *   P V(it-1) read are free only now)
      *   issue S = Q K(it+1)^T into s
      *   O *= alpha; issue O += P V(it)
-     *   wait for S(it+1)                (P V(it) still runs) */
-    fw_qk<HD>(s, q_wg, s_k, bar_fk, 0);
+     *   wait for S(it+1)                (P V(it) still runs)
+     * Ring positions count from the block's first tile it0. */
+    fw_qk<HD>(s, q_wg, s_k, bar_fk, c0 - it0);
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_regs<NS>(s);
-    for (int it = 0; it < n_my; it++) {
+    for (int it = c0; it < c1; it++) {
         const int64_t kv0 = (int64_t)it * FW_BN;
-        const bool has_next = it + 1 < n_my;
-        if (kv0 + FW_BN - 1 > wg_first || kv0 + FW_BN > kv_end) {
-            /* mask: key column > the row's position, or past kv_end; the
-             * limits relative to kv0, clamped into [-1, FW_BN] */
+        const int j = it - it0;
+        const bool has_next = it + 1 < c1;
+        if (kv0 + FW_BN - 1 > wg_first || kv0 + FW_BN > kv_end || kv0 < lo_max) {
+            /* mask: key column > the row's position, past kv_end, or (with a
+             * window) at or below the row's position - window; the limits
+             * relative to kv0, clamped into [-1, FW_BN] */
             int64_t a = pos0 + row0, b = a + 8;
+            const int64_t la = window > 0 ? a + 1 - window - kv0 : -1, lb = window > 0 ? b + 1 - window - kv0 : -1;
             a = (a < kv_end - 1 ? a : kv_end - 1) - kv0;
             b = (b < kv_end - 1 ? b : kv_end - 1) - kv0;
-            const int lim0 = a < -1 ? -1 : a > FW_BN ? FW_BN : (int)a;
-            const int lim1 = b < -1 ? -1 : b > FW_BN ? FW_BN : (int)b;
+            const int hi0 = a < -1 ? -1 : a > FW_BN ? FW_BN : (int)a;
+            const int hi1 = b < -1 ? -1 : b > FW_BN ? FW_BN : (int)b;
+            const int lo0 = la < 0 ? 0 : la > FW_BN ? FW_BN : (int)la;
+            const int lo1 = lb < 0 ? 0 : lb > FW_BN ? FW_BN : (int)lb;
 #pragma unroll
             for (int i = 0; i < NS; i++) {
                 const int col = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-                if (col > ((i & 2) ? lim1 : lim0)) s[i] = FLASH_NEG_INF;
+                const bool out = (i & 2) ? col > hi1 || col < lo1 : col > hi0 || col < lo0;
+                if (out) s[i] = FLASH_NEG_INF;
             }
         }
         /* raw (unscaled) row maxima: trees, not a 32-long dependency chain
@@ -264,46 +300,37 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
          * the registers of its P operand may be written again */
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
         wg_fence_regs<NO>(o);
-        if (it > 0 && tid == 0) wg_bar_arrive(bar_e + 8 * ((it - 1) % S));
+        if (it > c0 && tid == 0) wg_bar_arrive(bar_e + 8 * ((j - 1) % S));
         uint32_t p[NS / 2];
 #pragma unroll
         for (int i = 0; i < NS; i += 2) p[i / 2] = nstf_mma_pack2(s[i], s[i + 1]);
 #pragma unroll
         for (int i = 0; i < NO; i++) o[i] *= (i & 2) ? a1 : a0;
-        if (pp) fw_named_sync(1 + cw); /* this warpgroup's turn on the tensor cores */
-        if (has_next) fw_qk<HD>(s, q_wg, s_k, bar_fk, it + 1);
+        turn_begin(); /* this warpgroup's turn on the tensor cores */
+        if (has_next) fw_qk<HD>(s, q_wg, s_k, bar_fk, j + 1);
 
-        const int st = it % S;
-        wg_bar_wait(bar_fv + 8 * st, (uint32_t)(it / S) & 1);
+        const int st = j % S;
+        wg_bar_wait(bar_fv + 8 * st, (uint32_t)(j / S) & 1);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
         const uint32_t vb = s_v + st * cfg::KV_BYTES;
 #pragma unroll
-        for (int j = 0; j < FW_BN / 16; j++) {
-            /* keys 16 j .. 16 j + 15: two 8-key groups of 1024 B */
+        for (int jj = 0; jj < FW_BN / 16; jj++) {
+            /* keys 16 jj .. 16 jj + 15: two 8-key groups of 1024 B */
             if constexpr (HD == 64)
-                nstf_wgmma_rs_tb_m64n64(o, &p[4 * j], wg_desc_mn(vb + j * 2048, FW_BN * 128), 1);
+                nstf_wgmma_rs_tb_m64n64(o, &p[4 * jj], wg_desc_mn(vb + jj * 2048, FW_BN * 128), 1);
             else
-                nstf_wgmma_rs_tb_m64n128(o, &p[4 * j], wg_desc_mn(vb + j * 2048, FW_BN * 128), 1);
+                nstf_wgmma_rs_tb_m64n128(o, &p[4 * jj], wg_desc_mn(vb + jj * 2048, FW_BN * 128), 1);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        if (pp && (cw == 0 || has_next)) fw_named_arrive(2 - cw); /* the other's turn */
+        turn_end(it); /* the other's turn */
         /* S(it + 1) is ready (the last lap: nothing but P V(it) pending) */
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_regs<NS>(s);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     wg_fence_regs<NO>(o);
-    if (tid == 0) wg_bar_arrive(bar_e + 8 * ((n_my - 1) % S));
-    /* tiles wholly past this warpgroup's rows: nothing to compute, but each
-     * arrive must count for its tile's fill, not run ahead of it */
-    for (int it = n_my; it < n_tiles; it++) {
-        wg_bar_wait(bar_fv + 8 * (it % S), (uint32_t)(it / S) & 1);
-        if (tid == 0) wg_bar_arrive(bar_e + 8 * (it % S));
-        if (pp) { /* (warpgroup 0 only) an empty turn, so the turns stay paired */
-            fw_named_sync(1);
-            fw_named_arrive(2);
-        }
-    }
+    if (tid == 0) wg_bar_arrive(bar_e + 8 * ((c1 - 1 - it0) % S));
+    for (int it = c1; it < n_tiles; it++) skip(it);
 
     l0 += nstf_shfl_xor(l0, 1);
     l0 += nstf_shfl_xor(l0, 2);
@@ -334,7 +361,7 @@ static int flash_wgmma_usable(void) {
     static int cached = -1;
     if (cached < 0) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, u16 *, int64_t, float *, int64_t,
-                    int64_t, int64_t, int, int, float) = flash_wgmma_kernel<64>;
+                    int64_t, int64_t, int, int, float, int) = flash_wgmma_kernel<64>;
         cached = wg_kernel_usable((const void *)kfn, (size_t)fw_cfg<64>::N_BARS * 8);
     }
     return cached;
@@ -355,12 +382,12 @@ template <int HD>
 static nstf_status flash_wgmma_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_ld, const u16 *v,
                                       int64_t v_ld, int64_t kv_rows, int64_t kv_seq_rows, u16 *out, int64_t out_stride, float *lse,
                                       int64_t n_tok, int64_t n_seq, int64_t pos0, int n_heads, int n_kv, float scale,
-                                      cudaStream_t stream) {
+                                      int window, cudaStream_t stream) {
     typedef fw_cfg<HD> cfg;
     static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
     if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, u16 *, int64_t, float *, int64_t,
-                    int64_t, int64_t, int, int, float) = flash_wgmma_kernel<HD>;
+                    int64_t, int64_t, int, int, float, int) = flash_wgmma_kernel<HD>;
         if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
             cudaSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "flash_attn (wgmma): cannot allow %d bytes of shared memory",
@@ -380,7 +407,7 @@ static nstf_status flash_wgmma_launch(const u16 *q, int64_t q_stride, const u16 
     dim3 grid((unsigned)n_heads, (unsigned)n_qt, (unsigned)n_seq);
     flash_wgmma_kernel<HD><<<grid, FW_THREADS, cfg::SMEM, stream>>>(mq, mk, mv, out, out_stride, lse, n_tok, pos0,
                                                                     kv_seq_rows, n_heads, n_kv,
-                                                                    scale * 1.4426950408889634f);
+                                                                    scale * 1.4426950408889634f, window);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nstf_set_error(NSTF_ERR_GPU, "flash_attn (wgmma): launch failed: %s", cudaGetErrorString(e));
