@@ -117,8 +117,8 @@ static void case_rope_bwd(test_rng *r) { rope_case(r, true); }
  * keys), dout, and the backward through the backend. */
 /* S sequences of n queries each (S > 1: one op over the batch, pos0 0),
  * laid out one after another in every view */
-static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0, int64_t S) {
-    const int nh = 6, nkv = 2, hd = 64;
+static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0, int64_t S, int hd) {
+    const int nh = 6, nkv = 2;
     const int64_t qd = nh * hd, kvd = nkv * hd, nk = pos0 + n, N = S * n, NK = S * nk;
     const float scale = 0.125f;
     float *q = malloc((size_t)(N * qd) * 4), *k = malloc((size_t)(NK * kvd) * 4), *v = malloc((size_t)(NK * kvd) * 4);
@@ -193,8 +193,8 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0, int64_t S) 
         for (int64_t i = 0; i < len[o]; i++) nb[i] = bfr(naive[o][i]);
         double *rd = dvec(refs[o], len[o]);
         char what[112];
-        snprintf(what, sizeof what, "attention_bwd %s, %lld x %lld tokens at %lld", names[o], (long long)S,
-                 (long long)n, (long long)pos0);
+        snprintf(what, sizeof what, "attention_bwd %s, %lld x %lld tokens at %lld, hd %d", names[o], (long long)S,
+                 (long long)n, (long long)pos0, hd);
         judge_naive(what, got, rd, act_bf16() ? nb : NULL, len[o], 1e-7);
         free(h), free(got), free(nb), free(rd);
     }
@@ -204,10 +204,15 @@ static void attention_bwd_case(test_rng *r, int64_t n, int64_t pos0, int64_t S) 
 }
 
 static void case_attention_bwd(test_rng *r) {
-    attention_bwd_case(r, 37, 0, 1);
-    attention_bwd_case(r, 70, 0, 1);  /* more than one 64-row tile */
-    attention_bwd_case(r, 19, 40, 1); /* keys before the batch (a cached prefix) */
-    attention_bwd_case(r, 45, 0, 3);  /* a batch of three sequences in one op */
+    attention_bwd_case(r, 37, 0, 1, 64);
+    attention_bwd_case(r, 70, 0, 1, 64);  /* more than one 64-row tile */
+    attention_bwd_case(r, 19, 40, 1, 64); /* keys before the batch (a cached prefix) */
+    attention_bwd_case(r, 45, 0, 3, 64);  /* a batch of three sequences in one op */
+    /* several 128-row tiles (the sm_90a kernels' blocks), head dim 128, a
+     * prefix, a batch whose sequences end inside a tile */
+    attention_bwd_case(r, 300, 0, 1, 128);
+    attention_bwd_case(r, 150, 77, 1, 128);
+    attention_bwd_case(r, 200, 0, 2, 64);
 }
 
 static void case_swiglu_bwd(test_rng *r) {

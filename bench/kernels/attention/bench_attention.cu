@@ -6,7 +6,8 @@
  * default kernel (wgmma on sm_90a) and the portable one (NSTF_FLASH=mma,
  * set with nstf_switch_set); also with a 4096-token sliding window, and
  * without a cache (the training forward, keys from the new rows), at 8192
- * tokens; decode prints
+ * tokens; the backward (dO = Q's values) at 2048-8192 tokens, both
+ * kernels, counting 2.5x the forward's work; decode prints
  * microseconds and the KV bytes read per second. The PyTorch SDPA figures
  * come from sdpa_ref.py run in the same device call. */
 #include <algorithm>
@@ -26,6 +27,8 @@ int main(void) {
     const size_t qb = (size_t)max_ctx * H * 128 * 2, kvb = (size_t)max_ctx * HKV * 128 * 2;
     DEV_CHECK(gpuMalloc((void **)&q, qb));
     DEV_CHECK(gpuMalloc((void **)&o, qb));
+    uint16_t *dqb;
+    DEV_CHECK(gpuMalloc((void **)&dqb, qb));
     DEV_CHECK(gpuMalloc((void **)&k, kvb));
     DEV_CHECK(gpuMalloc((void **)&v, kvb));
     DEV_CHECK(gpuMalloc((void **)&kc, kvb));
@@ -78,6 +81,24 @@ int main(void) {
             double fl = 4.0 * D * H * (double)T * (T + 1) / 2;
             printf("| train fwd (lse) | %d | %lld | %.1f us | %.1f TFLOP/s |\n", D, (long long)T, ms * 1e3,
                    fl / ms / 1e9);
+        }
+        for (int64_t T : {2048, 4096, 8192}) { /* backward (training), from a forward's lse */
+            float *lse = (float *)scratch, *bws = lse + T * H;
+            uint16_t *dq = dqb, *dk = vc, *dv = vc + T * HKV * D; /* the value cache is free here */
+            nstf_gpu_flash_attn_lse_batch(q, H * D, k, HKV * D, v, HKV * D, o, H * D, lse, T, 1, H, HKV, D, sc, NULL);
+            const size_t bsb = nstf_gpu_flash_attn_bwd_scratch_bytes(T, H);
+            for (const char *kern : {(const char *)NULL, "mma"}) {
+                (void)nstf_switch_set(NSTF_SW_FLASH, kern);
+                float ms = time_ms([&] {
+                    nstf_gpu_flash_attn_bwd(q, H * D, k, HKV * D, v, HKV * D, o, H * D, q, H * D, lse, dq, H * D, dk,
+                                            HKV * D, dv, HKV * D, T, 0, H, HKV, D, sc, bws, bsb, NULL);
+                });
+                /* 2.5x the forward's work (five products to its two), the usual count */
+                double fl = 2.5 * 4.0 * D * H * (double)T * (T + 1) / 2;
+                printf("| backward %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n", kern ? kern : "default", D,
+                       (long long)T, ms * 1e3, fl / ms / 1e9);
+            }
+            (void)nstf_switch_set(NSTF_SW_FLASH, NULL);
         }
         for (int64_t ctx : {1024, 4096, 8192}) {
             size_t sb = nstf_gpu_flash_decode_scratch_bytes(1, ctx - 1, H, HKV, D);

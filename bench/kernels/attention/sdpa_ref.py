@@ -49,6 +49,22 @@ def main():
                     continue
                 fl = 4.0 * D * H * T * (T + 1) / 2
                 print(f"| prefill {name} | {D} | {T} | {ms*1e3:.1f} us | {fl/ms/1e9:.1f} TFLOP/s | {note} |")
+        for T in (2048, 4096, 8192):
+            q = torch.randn(1, H, T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(1, HKV, T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(1, HKV, T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            g = torch.randn(1, H, T, D, device=dev, dtype=torch.bfloat16)
+            for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(be):
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                        fn = lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+                        ms = bench(fn)
+                except Exception as e:
+                    print(f"| backward {name} | {D} | {T} | - | - | {type(e).__name__} |")
+                    continue
+                fl = 2.5 * 4.0 * D * H * T * (T + 1) / 2
+                print(f"| backward {name} | {D} | {T} | {ms*1e3:.1f} us | {fl/ms/1e9:.1f} TFLOP/s | enable_gqa |")
         for ctx in (1024, 4096, 8192):
             q = torch.randn(1, H, 1, D, device=dev, dtype=torch.bfloat16)
             k = torch.randn(1, HKV, ctx, D, device=dev, dtype=torch.bfloat16)

@@ -23,6 +23,7 @@
  * registers without spills on every target. P and dS meet the next product
  * rounded to bf16 (nstf_mma_c_to_a), as in the forward. Rows are padded by
  * 8 elements so ldmatrix rows fall in distinct banks. */
+#include "core/switches.h"
 #include "mma.h"
 
 typedef unsigned short u16;
@@ -331,8 +332,14 @@ static nstf_status ab_launch(const u16 *q, int64_t q_stride, const u16 *k, int64
     return NSTF_OK;
 }
 
+#if defined(NSTF_GPU_CUDA)
+#include "attn_bwd_wgmma.h"
+#endif
+
+/* D (dO . O) per token and head; the sm_90a kernels also keep the
+ * log2-scaled log-sum-exp laid out per head there */
 extern "C" size_t nstf_gpu_flash_attn_bwd_scratch_bytes(int64_t n_tok, int n_heads) {
-    return (size_t)n_tok * (size_t)n_heads * sizeof(float);
+    return 2 * (size_t)n_tok * (size_t)n_heads * sizeof(float);
 }
 
 extern "C" nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t q_stride, const uint16_t *k,
@@ -368,6 +375,19 @@ extern "C" nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t 
                               scratch_bytes);
     gpuStream_t s = (gpuStream_t)stream;
     float *D = (float *)scratch;
+#if defined(NSTF_GPU_CUDA)
+    /* sm_90a: the wgmma kernels (attn_bwd_wgmma.h) unless NSTF_FLASH=mma */
+    if (nstf_switch_int(NSTF_SW_FLASH) != 0 && attn_bwd_wgmma_usable() &&
+        attn_bwd_wgmma_fits(q, k, v, dout, dq, dk, dv)) {
+        if (head_dim == 64)
+            return attn_bwd_wgmma_launch<64>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride,
+                                             lse, dq, dq_stride, dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0,
+                                             n_heads, n_kv_heads, scale, D, s);
+        return attn_bwd_wgmma_launch<128>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride, lse,
+                                          dq, dq_stride, dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0, n_heads,
+                                          n_kv_heads, scale, D, s);
+    }
+#endif
     if (head_dim == 64)
         return ab_launch<64>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride, lse, dq,
                              dq_stride, dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0, n_heads, n_kv_heads, scale,

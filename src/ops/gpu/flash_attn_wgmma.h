@@ -137,17 +137,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int64_t blk_lo = window > 0 && pos0 + t0 + 1 > window ? pos0 + t0 + 1 - window : 0;
     const int it0 = (int)(blk_lo / FW_BN);
 
-    if (threadIdx.x == 0) {
-        wg_bar_init(bar_q, 1);
-        for (int s = 0; s < S; s++) {
-            wg_bar_init(bar_fk + 8 * s, 1);
-            wg_bar_init(bar_fv + 8 * s, 1);
-            /* one arrive per consumer warpgroup with rows to compute */
-            wg_bar_init(bar_e + 8 * s, t0 + 64 < n_tok ? 2 : 1);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    /* per stage K full, V full, empty (one arrive per consumer warpgroup
+     * with rows to compute) */
+    wg_ring_init(bar_q, bar_fk, bar_fv, bar_e, S, 1, t0 + 64 < n_tok ? 2 : 1);
 
     const int wg = threadIdx.x / 128;
     if (wg == 0) {

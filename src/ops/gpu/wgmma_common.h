@@ -72,6 +72,26 @@ static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db
     else
         (F16 ? nstf_wgmma_f16_m64n64 : nstf_wgmma_m64n64)(d, da, db, acc);
 }
+/* The barriers of a producer / consumer ring (flash attention forward and
+ * backward), by thread 0, then a block barrier: one for the operands loaded
+ * once (bar_own, TMA's expect_tx arrive), and per stage s of S: "full"
+ * barriers for the two tiles of the stage (bar_fx + 8 s: TMA's arrive;
+ * bar_fy + 8 s: fy_count arrives) and an "empty" one (bar_e + 8 s:
+ * e_count consumer arrives). The barriers are made visible to the async
+ * (TMA) proxy. */
+static __device__ __forceinline__ void wg_ring_init(uint32_t bar_own, uint32_t bar_fx, uint32_t bar_fy,
+                                                    uint32_t bar_e, int S, int fy_count, int e_count) {
+    if (threadIdx.x == 0) {
+        wg_bar_init(bar_own, 1);
+        for (int s = 0; s < S; s++) {
+            wg_bar_init(bar_fx + 8 * s, 1);
+            wg_bar_init(bar_fy + 8 * s, fy_count);
+            wg_bar_init(bar_e + 8 * s, e_count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
 /* keeps the compiler from moving accumulator reads across wgmma waits */
 template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
