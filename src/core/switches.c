@@ -51,8 +51,8 @@ static const nstf_switch_def g_defs[] = {
                          "tokens per chunk of the GPU cross-entropy, rounded down to a multiple of 8 (auto: the "
                          "most whose logits fit its 2 GiB scratch; tests force small chunks)"},
     [NSTF_SW_FLASH] = {"NSTF_FLASH", NSTF_SWITCH_ENUM, NSTF_SWITCH_AUTO, 0, 0, flash_choices,
-                       "prefill / training flash attention: auto (wgmma + TMA on sm_90a; else mma.sync) or mma (the "
-                       "portable kernel)"},
+                       "flash attention (prefill, training forward and backward): auto (wgmma + TMA on sm_90a; else "
+                       "mma.sync) or mma (the portable kernels)"},
     [NSTF_SW_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,
                                 "cache folder: the CPU roofline figures go to nstf/roofline.json in it"},
     [NSTF_SW_HOME] = {"HOME", NSTF_SWITCH_STR, 0, 0, 0, NULL,

@@ -52,7 +52,7 @@ typedef enum {
     NSTF_SW_CPU_ISA,        /* enum: AUTO, 0 scalar, 1 avx2, 2 avx512: a cap on the CPU matmul tiles */
     NSTF_SW_CKPT_STALL_MS,  /* int: ms a checkpoint write sleeps mid-way (fault-injection tests) */
     NSTF_SW_CE_ROWS,        /* int: AUTO, or tokens per chunk of the GPU cross-entropy (rounded down to 8) */
-    NSTF_SW_FLASH,          /* enum: AUTO, 0 = "mma" (the portable prefill flash attention) */
+    NSTF_SW_FLASH,          /* enum: AUTO, 0 = "mma" (the portable flash attention kernels, forward and backward) */
     NSTF_SW_XDG_CACHE_HOME, /* string: cache folder (roofline cache) */
     NSTF_SW_HOME,           /* string: home folder (roofline cache without XDG_CACHE_HOME) */
     NSTF_SW_API_KEY,        /* string, secret: the bearer token `nstf serve` asks for (--api-key wins) */
