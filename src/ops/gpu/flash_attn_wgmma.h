@@ -80,15 +80,6 @@ template <int N, bool MAX> static __device__ __forceinline__ float fw_tree(float
     }
 }
 
-/* Named barriers 1 and 2 over the two consumer warpgroups (256 threads):
- * sync waits for the other warpgroup's arrive. */
-static __device__ __forceinline__ void fw_named_sync(int id) {
-    asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
-}
-static __device__ __forceinline__ void fw_named_arrive(int id) {
-    asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
-}
-
 /* Issue (and commit) S = Q K^T for one consumer warpgroup: wait for the K
  * tile at ring position j (tiles counted from the block's first), then
  * HD / 16 k-steps; q_wg is its 64 rows of the Q tile. */
@@ -203,12 +194,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
      * warpgroup does not compute is an empty turn. Warpgroup 0 goes first;
      * warpgroup 1 hands the turn back after each but the block's last. */
     const bool pp = t0 + 64 < n_tok;
-    if (pp && cw == 1) fw_named_arrive(1);
+    if (pp && cw == 1) wg_named_arrive(1);
     auto turn_begin = [&]() {
-        if (pp) fw_named_sync(1 + cw);
+        if (pp) wg_named_sync(1 + cw);
     };
     auto turn_end = [&](int it) {
-        if (pp && (cw == 0 || it + 1 < n_tiles)) fw_named_arrive(2 - cw);
+        if (pp && (cw == 0 || it + 1 < n_tiles)) wg_named_arrive(2 - cw);
     };
     /* a tile this warpgroup does not compute: the arrive must count for the
      * tile's fill, not run ahead of it; then an empty turn */

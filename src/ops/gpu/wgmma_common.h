@@ -92,6 +92,15 @@ static __device__ __forceinline__ void wg_ring_init(uint32_t bar_own, uint32_t b
     }
     __syncthreads();
 }
+/* Named barriers 1 and 2 over the two consumer warpgroups of a flash
+ * attention block (256 threads): the ping-pong turns (sync waits for the
+ * other warpgroup's arrive). */
+static __device__ __forceinline__ void wg_named_sync(int id) {
+    asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void wg_named_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
 /* keeps the compiler from moving accumulator reads across wgmma waits */
 template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
