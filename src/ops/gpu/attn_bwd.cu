@@ -378,7 +378,7 @@ extern "C" nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t 
 #if defined(NSTF_GPU_CUDA)
     /* sm_90a: the wgmma kernels (attn_bwd_wgmma.h) unless NSTF_FLASH=mma */
     if (nstf_switch_int(NSTF_SW_FLASH) != 0 && attn_bwd_wgmma_usable() &&
-        attn_bwd_wgmma_fits(q, k, v, dout, dq, dk, dv)) {
+        attn_bwd_wgmma_fits(dq, dk, dv)) {
         if (head_dim == 64)
             return attn_bwd_wgmma_launch<64>(q, q_stride, k, k_stride, v, v_stride, out, o_stride, dout, do_stride,
                                              lse, dq, dq_stride, dk, dk_stride, dv, dv_stride, n_tok, n_seq, pos0,

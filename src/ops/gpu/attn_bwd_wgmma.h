@@ -17,9 +17,10 @@
  *   - bw_ss: [64 owned rows] x [64 streamed rows]^T over the head dimension,
  *     both operands K-major in shared memory (S = Q K^T and dP = dO V^T in
  *     dq; S^T = K Q^T and dP^T = V dO^T in dkv);
- *   - bw_rs: [64 rows] x [64 streamed rows, head dim] with the left operand
- *     (P or dS, rounded to bf16 as in the portable kernels) from registers
- *     and the streamed tile read transposed (dQ += dS K in dq; dV += P^T dO
+ *   - wg_rs_tb (wgmma_common.h, the forward's P V): [64 rows] x [64
+ *     streamed rows, head dim] with the left operand (P or dS, rounded to
+ *     bf16 as in the portable kernels) from registers and the streamed tile
+ *     read transposed (dQ += dS K in dq; dV += P^T dO
  *     and dK += dS^T Q in dkv).
  * The log-sum-exp (times log2 e) and D = dO . O are laid out [sequence]
  * [head][token] by bw_dot_kernel; dkv reads a streamed tile's 64 values of
@@ -73,18 +74,6 @@ template <int HD> static __device__ __forceinline__ void bw_ss(float *acc, uint3
         nstf_wgmma_m64n64(acc, wg_desc(a_wg + c * BW_ROWS * 128 + off), wg_desc(b + c * BW_T * 128 + off), kk > 0);
     }
 }
-/* acc[HD / 2] += P B, P the 64 x 64 left operand in registers (p[16]: the
- * bf16 pairs of an m64n64 accumulator), B a streamed tile [64][HD] read
- * transposed (its head dimension contiguous); issued, not committed. */
-template <int HD> static __device__ __forceinline__ void bw_rs(float *acc, const uint32_t *p, uint32_t b) {
-#pragma unroll
-    for (int j = 0; j < BW_T / 16; j++) {
-        if constexpr (HD == 64)
-            nstf_wgmma_rs_tb_m64n64(acc, &p[4 * j], wg_desc_mn(b + j * 2048, BW_T * 128), 1);
-        else
-            nstf_wgmma_rs_tb_m64n128(acc, &p[4 * j], wg_desc_mn(b + j * 2048, BW_T * 128), 1);
-    }
-}
 static __device__ __forceinline__ void bw_commit_wait0(void) {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
@@ -126,22 +115,16 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
         if (threadIdx.x == 0) {
             const int qrow = (int)(seq * n_tok + t0), krow = (int)(seq * nk);
             wg_bar_expect_tx(bar_own, 2 * cfg::OWN_BYTES);
-            for (int c = 0; c < NCH; c++) {
-                wg_tma_load(s_a + c * BW_ROWS * 128, &map_q, h * HD + c * 64, qrow, bar_own);
-                wg_tma_load(s_b + c * BW_ROWS * 128, &map_do, h * HD + c * 64, qrow, bar_own);
-            }
+            wg_tma_load_chunks<NCH>(s_a, BW_ROWS * 128, &map_q, h * HD, qrow, bar_own);
+            wg_tma_load_chunks<NCH>(s_b, BW_ROWS * 128, &map_do, h * HD, qrow, bar_own);
             for (int it = 0; it < n_tiles; it++) {
                 const int st = it % S;
                 wg_bar_wait(bar_e + 8 * st, ((uint32_t)(it / S) & 1) ^ 1);
                 const int r = krow + it * BW_T;
                 wg_bar_expect_tx(bar_fx + 8 * st, cfg::T_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_x + st * cfg::T_BYTES + c * BW_T * 128, &map_k, hkv * HD + c * 64, r,
-                                bar_fx + 8 * st);
+                wg_tma_load_chunks<NCH>(s_x + st * cfg::T_BYTES, BW_T * 128, &map_k, hkv * HD, r, bar_fx + 8 * st);
                 wg_bar_expect_tx(bar_fy + 8 * st, cfg::T_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_y + st * cfg::T_BYTES + c * BW_T * 128, &map_v, hkv * HD + c * 64, r,
-                                bar_fy + 8 * st);
+                wg_tma_load_chunks<NCH>(s_y + st * cfg::T_BYTES, BW_T * 128, &map_v, hkv * HD, r, bar_fy + 8 * st);
             }
         }
         return;
@@ -171,37 +154,35 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
     for (int it = 0; it < n_my; it++) {
         const int st = it % S;
         const uint32_t ph = (uint32_t)(it / S) & 1;
-        {
-            const uint32_t kb = s_x + st * cfg::T_BYTES, vb = s_y + st * cfg::T_BYTES;
-            /* both tiles first: a wait (a loop) between two MMAs of one
-             * group makes ptxas serialize them */
-            wg_bar_wait(bar_fx + 8 * st, ph);
-            wg_bar_wait(bar_fy + 8 * st, ph);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            bw_ss<HD>(sc, q_wg, kb);  /* S = Q K^T */
-            bw_ss<HD>(dp, do_wg, vb); /* dP = dO V^T */
-            bw_commit_wait0();
-            wg_fence_regs<32>(sc);
-            wg_fence_regs<32>(dp);
-            const int64_t kv0 = (int64_t)it * BW_T;
-            uint32_t pd[16];
+        const uint32_t kb = s_x + st * cfg::T_BYTES, vb = s_y + st * cfg::T_BYTES;
+        /* both tiles first: a wait (a loop) between two MMAs of one
+         * group makes ptxas serialize them */
+        wg_bar_wait(bar_fx + 8 * st, ph);
+        wg_bar_wait(bar_fy + 8 * st, ph);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        bw_ss<HD>(sc, q_wg, kb);  /* S = Q K^T */
+        bw_ss<HD>(dp, do_wg, vb); /* dP = dO V^T */
+        bw_commit_wait0();
+        wg_fence_regs<32>(sc);
+        wg_fence_regs<32>(dp);
+        const int64_t kv0 = (int64_t)it * BW_T;
+        uint32_t pd[16];
 #pragma unroll
-            for (int i = 0; i < 32; i += 2) {
-                const int r = (i >> 1) & 1;
-                const int64_t key = kv0 + 8 * (i >> 2) + 2 * (lane & 3), qp = pos0 + row0 + 8 * r;
-                float x[2];
+        for (int i = 0; i < 32; i += 2) {
+            const int r = (i >> 1) & 1;
+            const int64_t key = kv0 + 8 * (i >> 2) + 2 * (lane & 3), qp = pos0 + row0 + 8 * r;
+            float x[2];
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float p = key + e <= qp ? nstf_exp2(fmaf(sc[i + e], scale_log2, -l2[r])) : 0.0f;
-                    x[e] = p * (dp[i + e] - dd[r]); /* dS */
-                }
-                pd[i / 2] = nstf_mma_pack2(x[0], x[1]);
+            for (int e = 0; e < 2; e++) {
+                const float p = key + e <= qp ? nstf_exp2(fmaf(sc[i + e], scale_log2, -l2[r])) : 0.0f;
+                x[e] = p * (dp[i + e] - dd[r]); /* dS */
             }
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            bw_rs<HD>(acc, pd, kb); /* dQ += dS K */
-            bw_commit_wait0();
-            wg_fence_regs<NO>(acc);
+            pd[i / 2] = nstf_mma_pack2(x[0], x[1]);
         }
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wg_rs_tb<HD, BW_T>(acc, pd, kb); /* dQ += dS K */
+        bw_commit_wait0();
+        wg_fence_regs<NO>(acc);
         if (tid == 0) wg_bar_arrive(bar_e + 8 * st);
     }
     /* tiles wholly past this warpgroup's rows: the arrive must count for the
@@ -262,23 +243,17 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
         if (pw == 0 && pl == 0) {
             const int krow = (int)(seq * nk + j0);
             wg_bar_expect_tx(bar_own, 2 * cfg::OWN_BYTES);
-            for (int c = 0; c < NCH; c++) {
-                wg_tma_load(s_a + c * BW_ROWS * 128, &map_k, hkv * HD + c * 64, krow, bar_own);
-                wg_tma_load(s_b + c * BW_ROWS * 128, &map_v, hkv * HD + c * 64, krow, bar_own);
-            }
+            wg_tma_load_chunks<NCH>(s_a, BW_ROWS * 128, &map_k, hkv * HD, krow, bar_own);
+            wg_tma_load_chunks<NCH>(s_b, BW_ROWS * 128, &map_v, hkv * HD, krow, bar_own);
             for (int it = 0; it < n_tiles; it++) {
                 const int st = it % S;
                 wg_bar_wait(bar_e + 8 * st, ((uint32_t)(it / S) & 1) ^ 1);
                 const int h = hkv * group + it / n_per;
                 const int r = (int)(seq * n_tok + (qt_first + it % n_per) * BW_T);
                 wg_bar_expect_tx(bar_fx + 8 * st, cfg::T_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_x + st * cfg::T_BYTES + c * BW_T * 128, &map_q, h * HD + c * 64, r,
-                                bar_fx + 8 * st);
+                wg_tma_load_chunks<NCH>(s_x + st * cfg::T_BYTES, BW_T * 128, &map_q, h * HD, r, bar_fx + 8 * st);
                 wg_bar_expect_tx(bar_fy + 8 * st, cfg::T_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_y + st * cfg::T_BYTES + c * BW_T * 128, &map_do, h * HD + c * 64, r,
-                                bar_fy + 8 * st);
+                wg_tma_load_chunks<NCH>(s_y + st * cfg::T_BYTES, BW_T * 128, &map_do, h * HD, r, bar_fy + 8 * st);
             }
         } else if (pw == 1) {
             /* the tiles' L and D into shared memory, 2 values a lane */
@@ -349,8 +324,8 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
                 pd[i / 2] = nstf_mma_pack2(x[0], x[1]);
             }
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            bw_rs<HD>(dva, pp, gb); /* dV += P^T dO */
-            bw_rs<HD>(dka, pd, qb); /* dK += dS^T Q */
+            wg_rs_tb<HD, BW_T>(dva, pp, gb); /* dV += P^T dO */
+            wg_rs_tb<HD, BW_T>(dka, pd, qb); /* dK += dS^T Q */
             bw_commit_wait0();
             wg_fence_regs<NO>(dva);
             wg_fence_regs<NO>(dka);
@@ -388,13 +363,11 @@ static int attn_bwd_wgmma_usable(void) {
     return cached;
 }
 
-/* TMA's rules for the operands (16-byte aligned, row pitches multiples of
- * 16 bytes; every stride is a multiple of 8 elements already) and the
- * 4-byte paired stores of dq, dk, dv. */
-static bool attn_bwd_wgmma_fits(const void *q, const void *k, const void *v, const void *dout, const void *dq,
-                                const void *dk, const void *dv) {
-    return (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)dout) & 15) == 0 &&
-           (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) & 3) == 0;
+/* The 4-byte paired stores of dq, dk, dv. TMA's rules for the operands
+ * (16-byte aligned q, k, v, dout; every stride a multiple of 8 elements)
+ * are nstf_gpu_flash_attn_bwd_batch's own argument checks. */
+static bool attn_bwd_wgmma_fits(const void *dq, const void *dk, const void *dv) {
+    return (((uintptr_t)dq | (uintptr_t)dk | (uintptr_t)dv) & 3) == 0;
 }
 
 template <int HD>

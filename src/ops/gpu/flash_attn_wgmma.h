@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         if (threadIdx.x == 0) {
             const int qrow = (int)(seq * n_tok + t0), krow = (int)(seq * kv_seq_rows);
             wg_bar_expect_tx(bar_q, cfg::Q_BYTES);
-            for (int c = 0; c < NCH; c++) wg_tma_load(s_q + c * FW_BM * 128, &map_q, h * HD + c * 64, qrow, bar_q);
+            wg_tma_load_chunks<NCH>(s_q, FW_BM * 128, &map_q, h * HD, qrow, bar_q);
             int stage = 0;
             uint32_t phase = 0;
             for (int it = it0; it < n_tiles; it++) {
@@ -148,11 +148,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 const int r = krow + it * FW_BN;
                 const uint32_t fk = bar_fk + 8 * stage, fv = bar_fv + 8 * stage;
                 wg_bar_expect_tx(fk, cfg::KV_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_k + stage * cfg::KV_BYTES + c * FW_BN * 128, &map_k, hkv * HD + c * 64, r, fk);
+                wg_tma_load_chunks<NCH>(s_k + stage * cfg::KV_BYTES, FW_BN * 128, &map_k, hkv * HD, r, fk);
                 wg_bar_expect_tx(fv, cfg::KV_BYTES);
-                for (int c = 0; c < NCH; c++)
-                    wg_tma_load(s_v + stage * cfg::KV_BYTES + c * FW_BN * 128, &map_v, hkv * HD + c * 64, r, fv);
+                wg_tma_load_chunks<NCH>(s_v + stage * cfg::KV_BYTES, FW_BN * 128, &map_v, hkv * HD, r, fv);
                 if (++stage == S) {
                     stage = 0;
                     phase ^= 1;
@@ -295,15 +293,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         const int st = j % S;
         wg_bar_wait(bar_fv + 8 * st, (uint32_t)(j / S) & 1);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        const uint32_t vb = s_v + st * cfg::KV_BYTES;
-#pragma unroll
-        for (int jj = 0; jj < FW_BN / 16; jj++) {
-            /* keys 16 jj .. 16 jj + 15: two 8-key groups of 1024 B */
-            if constexpr (HD == 64)
-                nstf_wgmma_rs_tb_m64n64(o, &p[4 * jj], wg_desc_mn(vb + jj * 2048, FW_BN * 128), 1);
-            else
-                nstf_wgmma_rs_tb_m64n128(o, &p[4 * jj], wg_desc_mn(vb + jj * 2048, FW_BN * 128), 1);
-        }
+        wg_rs_tb<HD, FW_BN>(o, p, s_v + st * cfg::KV_BYTES); /* O += P V */
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         turn_end(it); /* the other's turn */
         /* S(it + 1) is ready (the last lap: nothing but P V(it) pending) */
@@ -352,14 +342,12 @@ static int flash_wgmma_usable(void) {
 
 /* q: [n_seq * n_tok] rows of n_heads * HD (q_stride apart); k, v: kv_rows
  * rows of n_kv * HD (k_ld, v_ld apart), sequence s's keys starting at row
- * s * kv_seq_rows (0 with a cache: one sequence). The caller checks TMA's
- * rules (flash_wgmma_fits). */
-static bool flash_wgmma_fits(int64_t n_tok, const void *q, int64_t q_stride, const void *k, int64_t k_ld,
-                             const void *v, int64_t v_ld, const void *out, int64_t out_stride) {
-    const uintptr_t a16 = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v;
-    return n_tok <= (int64_t)65535 * FW_BM && (a16 & 15) == 0 && q_stride % 8 == 0 && k_ld % 8 == 0 && v_ld % 8 == 0 && ((uintptr_t)out & 3) == 0 &&
-           out_stride % 2 == 0;
-}
+ * s * kv_seq_rows (0 with a cache: one sequence). TMA's rules (16-byte
+ * aligned bases, row pitches multiples of 16 bytes) and the paired output
+ * stores hold already: flash_check_args asks the same of every flash
+ * attention call, and a cache's pitch is n_kv * HD. */
+/* n_tok the grid's y can hold (one block per 128 rows) */
+#define FW_MAX_TOK ((int64_t)65535 * FW_BM)
 
 template <int HD>
 static nstf_status flash_wgmma_launch(const u16 *q, int64_t q_stride, const u16 *k, int64_t k_ld, const u16 *v,

@@ -46,6 +46,15 @@ static __device__ __forceinline__ void wg_tma_load(uint32_t dst, const CUtensorM
                  ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
                  : "memory");
 }
+/* NCH 64-column chunks (col0, col0 + 64, ...) of rows r0.. of a tensor map
+ * into shared memory, chunk c at dst + c * chunk_bytes (one 128-byte
+ * swizzle row per tile row): the layout of a head-dimension-wide tile. */
+template <int NCH>
+static __device__ __forceinline__ void wg_tma_load_chunks(uint32_t dst, uint32_t chunk_bytes, const CUtensorMap *map,
+                                                          int col0, int r0, uint32_t bar) {
+#pragma unroll
+    for (int c = 0; c < NCH; c++) wg_tma_load(dst + c * chunk_bytes, map, col0 + c * 64, r0, bar);
+}
 /* wgmma shared-memory descriptor, K-major operand in the 128-byte swizzle:
  * bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4
  * (unused for swizzled K-major; 1 by convention), 32-45 stride byte offset
@@ -71,6 +80,21 @@ static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db
         (F16 ? nstf_wgmma_f16_m64n128 : nstf_wgmma_m64n128)(d, da, db, acc);
     else
         (F16 ? nstf_wgmma_f16_m64n64 : nstf_wgmma_m64n64)(d, da, db, acc);
+}
+/* acc[HD / 2] += P B over ROWS keys: P from registers (p[ROWS / 4]: the
+ * bf16 pairs of an m64nROWS accumulator, 4 per k16 slice), B a [ROWS][HD]
+ * tile of 64-column chunks ROWS * 128 B apart, read transposed (its head
+ * dimension contiguous): 16-row steps are 2048 B, two 8-row groups. Issued,
+ * not committed. Flash attention's P V, and the backward's dQ, dK, dV. */
+template <int HD, int ROWS>
+static __device__ __forceinline__ void wg_rs_tb(float *acc, const uint32_t *p, uint32_t b) {
+#pragma unroll
+    for (int j = 0; j < ROWS / 16; j++) {
+        if constexpr (HD == 64)
+            nstf_wgmma_rs_tb_m64n64(acc, &p[4 * j], wg_desc_mn(b + j * 2048, ROWS * 128), 1);
+        else
+            nstf_wgmma_rs_tb_m64n128(acc, &p[4 * j], wg_desc_mn(b + j * 2048, ROWS * 128), 1);
+    }
 }
 /* The barriers of a producer / consumer ring (flash attention forward and
  * backward), by thread 0, then a block barrier: one for the operands loaded
