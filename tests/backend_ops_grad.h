@@ -306,35 +306,51 @@ static void case_matmul_bwd_x(test_rng *r) {
     }
 }
 
-/* dW += dy^T x over n tokens (a multiple of 8: on Hopper the wgmma GEMM
- * after transposing x and dy; else the direct kernel) */
-static void matmul_bwd_w_case(test_rng *r, int64_t n) {
-    const int64_t n_in = 128, n_out = 72;
-    float *xv = malloc((size_t)(n * n_in) * 4), *dyv = malloc((size_t)(n * n_out) * 4);
-    void *hx = act_make(r, xv, n * n_in, 1.0f), *hdy = act_make(r, dyv, n * n_out, 1.0f);
+/* dW += dy^T x over n tokens, x and dy rows xs and ds elements apart (on
+ * Hopper the wgmma weight gradient reading them as stored, its k range
+ * split across the SMs when the output has few tiles: the long cases; else
+ * the direct kernel). Run twice from the same start: the sums are made in a
+ * fixed order, so the two results are the same bits. */
+static void matmul_bwd_w_case(test_rng *r, int64_t n, int64_t n_in, int64_t n_out, int64_t xs, int64_t ds) {
+    float *xv = malloc((size_t)(n * xs) * 4), *dyv = malloc((size_t)(n * ds) * 4);
+    void *hx = act_make(r, xv, n * xs, 1.0f), *hdy = act_make(r, dyv, n * ds, 1.0f);
     float *dw0 = fvec(r, n_out * n_in, 1.0f), *ref = malloc((size_t)(n_out * n_in) * 4), *got = malloc((size_t)(n_out * n_in) * 4);
+    float *xc = malloc((size_t)(n * n_in) * 4), *dyc = malloc((size_t)(n * n_out) * 4), *got2 = malloc((size_t)(n_out * n_in) * 4);
+    for (int64_t t = 0; t < n; t++) {
+        memcpy(xc + t * n_in, xv + t * xs, (size_t)n_in * 4);
+        memcpy(dyc + t * n_out, dyv + t * ds, (size_t)n_out * 4);
+    }
     memcpy(ref, dw0, (size_t)(n_out * n_in) * 4);
-    nstf_ref_matmul_bwd_w(xv, dyv, ref, n, n_in, n_out);
-    dbuf dx = up(hx, act_bytes(n * n_in)), ddy = up(hdy, act_bytes(n * n_out)), ddw = up(dw0, (size_t)(n_out * n_in) * 4);
+    nstf_ref_matmul_bwd_w(xc, dyc, ref, n, n_in, n_out);
+    dbuf dx = up(hx, act_bytes(n * xs)), ddy = up(hdy, act_bytes(n * ds)), ddw = up(dw0, (size_t)(n_out * n_in) * 4);
     nstf_op_args a = {.op = NSTF_OP_MATMUL_BWD_W, .label = "matmul_bwd_w"};
-    a.matmul_bwd_w.x = (nstf_view){dx.d, g_be->act_type, n_in};
-    a.matmul_bwd_w.dy = (nstf_view){ddy.d, g_be->act_type, n_out};
+    a.matmul_bwd_w.x = (nstf_view){dx.d, g_be->act_type, xs};
+    a.matmul_bwd_w.dy = (nstf_view){ddy.d, g_be->act_type, ds};
     a.matmul_bwd_w.dw = ddw.d;
     a.matmul_bwd_w.n = n;
     a.matmul_bwd_w.n_in = n_in;
     a.matmul_bwd_w.n_out = n_out;
-    run_op(&a, 1, 0);
-    down(ddw, got, "matmul_bwd_w dw");
-    char what[64];
-    snprintf(what, sizeof what, "matmul_bwd_w (%lld tokens)", (long long)n);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_bwd_w (%lld tokens, %lld x %lld)", (long long)n, (long long)n_out,
+             (long long)n_in);
+    for (int rep = 0; rep < 2; rep++) {
+        if (rep) CHECK(g_be->vt->upload(g_be, ddw.d, dw0, (uint64_t)(n_out * n_in) * 4) == NSTF_OK, "%s: upload", what);
+        run_op(&a, 1, 0);
+        down(ddw, rep ? got2 : got, "matmul_bwd_w dw");
+    }
     judge_added(what, got, ref, dw0, n_out * n_in, NULL);
+    CHECK(memcmp(got, got2, (size_t)(n_out * n_in) * 4) == 0, "%s: %s: two runs differ", g_name, what);
     drop(dx), drop(ddy), drop(ddw);
-    free(xv), free(dyv), free(hx), free(hdy), free(dw0), free(ref), free(got);
+    free(xv), free(dyv), free(hx), free(hdy), free(dw0), free(ref), free(got), free(got2), free(xc), free(dyc);
 }
 
 static void case_matmul_bwd_w(test_rng *r) {
-    matmul_bwd_w_case(r, 37);
-    matmul_bwd_w_case(r, 64);
+    matmul_bwd_w_case(r, 37, 128, 72, 128, 72);
+    matmul_bwd_w_case(r, 64, 128, 72, 128, 72);
+    matmul_bwd_w_case(r, 2000, 200, 136, 200, 136);  /* k split; tiles past both edges */
+    if (strcmp(g_be->vt->name, "CPU") != 0) /* the CPU backend takes dense rows only */
+        matmul_bwd_w_case(r, 1029, 576, 192, 584, 960); /* strided rows (a group's views); k split */
+    matmul_bwd_w_case(r, 300, 1536, 576, 1536, 576); /* many tiles, one split */
 }
 
 /* n tokens (the sixth ignored) over a vocabulary of n_vocab. rows: tokens

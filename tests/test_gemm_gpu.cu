@@ -125,10 +125,10 @@ static void run_case(const gemm_case &tc, uint64_t seed, size_t c_off = 0) {
     static const char *const en_s[] = {"none", "residual", "swiglu"};
     /* every kernel: the default choice, then each forced one (NSTF_GEMM);
      * a forced choice that lands on a kernel already run is skipped */
-    static const char *const env[] = {NULL, "wgmma256", "wgmma128", "wgmma64", "mma"};
-    const char *done[5];
+    static const char *const env[] = {NULL, "wgmma256", "wgmma192", "wgmma128", "wgmma64", "mma"};
+    const char *done[6];
     int n_done = 0;
-    for (int pass = 0; pass < 5; pass++) {
+    for (int pass = 0; pass < 6; pass++) {
         force_gemm(env[pass]);
         const char *path = nstf_gpu_gemm_path(M, N, K);
         int seen = 0;
@@ -347,7 +347,7 @@ int main(void) {
     int n_wg = 0;
     for (int i = 0; i < g_n_paths; i++) n_wg += strncmp(g_path_seen[i], "wgmma", 5) == 0;
     gh_begin("gemm: kernels exercised");
-    CHECK(n_wg == 0 || n_wg == 3, "only %d of the 3 wgmma tile widths were exercised", n_wg);
-    gh_note("%d kernels, %d of them wgmma (0 or all 3 required)", g_n_paths, n_wg);
+    CHECK(n_wg == 0 || n_wg == 4, "only %d of the 4 wgmma tile widths were exercised", n_wg);
+    gh_note("%d kernels, %d of them wgmma (0 or all 4 required)", g_n_paths, n_wg);
     return gh_finish("test_gemm_gpu");
 }

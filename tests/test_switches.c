@@ -192,7 +192,7 @@ static void check_cli(void) {
         CHECK(!strcmp(field(line, 1, f, sizeof f), "wgmma64"), "NSTF_GEMM value: %s", line);
         CHECK(!strcmp(field(line, 2, f, sizeof f), "auto"), "NSTF_GEMM default: %s", line);
         CHECK(!strcmp(field(line, 3, f, sizeof f), "environment"), "NSTF_GEMM source: %s", line);
-        CHECK(strstr(line, "auto|mma|wgmma256|wgmma128|wgmma64") != NULL, "NSTF_GEMM accepted: %s", line);
+        CHECK(strstr(line, "auto|mma|wgmma256|wgmma192|wgmma128|wgmma64") != NULL, "NSTF_GEMM accepted: %s", line);
     }
     if (listing_line("NSTF_PF_BYTES", line, sizeof line))
         CHECK(!strcmp(field(line, 1, f, sizeof f), "4096"), "NSTF_PF_BYTES value: %s", line);

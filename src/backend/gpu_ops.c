@@ -576,6 +576,16 @@ nstf_status nstf_gpu_op_matmul_bwd_w(nstf_backend *be, const nstf_op_args *a) {
     NSTF_TRY(need_bf16(a, a->matmul_bwd_w.x));
     NSTF_TRY(need_bf16(a, a->matmul_bwd_w.dy));
     const int64_t n = a->matmul_bwd_w.n, n_in = a->matmul_bwd_w.n_in, n_out = a->matmul_bwd_w.n_out;
+    const nstf_view x = a->matmul_bwd_w.x, dy = a->matmul_bwd_w.dy;
+    size_t sb = 0;
+    if (nstf_gpu_gemm_dw_fast(dy.data, dy.stride, x.data, x.stride, n_out, n_in, n, &sb)) {
+        /* dW [out, in] += dY^T X with dY [n, out] and X [n, in] read as stored */
+        void *scr = sb ? tscratch(g, sb) : NULL;
+        if (sb && !scr) return no_scratch(a, sb);
+        g->n_kernels += sb ? 2 : 1;
+        return nstf_gpu_gemm_dw(dy.data, dy.stride, x.data, x.stride, a->matmul_bwd_w.dw, n_out, n_in, n, scr, sb,
+                                g->stream);
+    }
     if (bwd_wgmma(n_out, n_in, n)) {
         /* dW [out, in] += (dY^T [out, n]) (X^T [in, n])^T: both transposed, then the forward GEMM adding into dW */
         uint16_t *t = tscratch(g, ((size_t)n_out + (size_t)n_in) * (size_t)n * 2);

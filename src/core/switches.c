@@ -14,7 +14,8 @@
 #include <strings.h>
 
 static const nstf_switch_choice gemm_choices[] = {
-    {"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {"wgmma256", 256}, {"wgmma128", 128}, {"wgmma64", 64}, {NULL, 0}};
+    {"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {"wgmma256", 256}, {"wgmma192", 192}, {"wgmma128", 128}, {"wgmma64", 64},
+    {NULL, 0}};
 static const nstf_switch_choice flash_choices[] = {{"auto", NSTF_SWITCH_AUTO}, {"mma", 0}, {NULL, 0}};
 static const nstf_switch_choice gemv_rows_choices[] = {
     {"auto", NSTF_SWITCH_AUTO}, {"8", 8}, {"16", 16}, {"32", 32}, {NULL, 0}};

@@ -247,7 +247,7 @@ static int gemm_pick(int64_t m, int64_t n, int n_sm) {
     const int sw = nstf_switch_int(NSTF_SW_GEMM); /* NSTF_SWITCH_AUTO, 0 (mma) or a tile width */
     if (sw != 0 && gemm_wgmma_usable()) {
         const int bn = sw > 0 ? sw : gemm_wgmma_bn(m, n, n_sm);
-        return bn == 256 ? 2 : bn == 128 ? 3 : 4;
+        return bn == 256 ? 2 : bn == 128 ? 3 : bn == 64 ? 4 : 5;
     }
 #endif
     return ((m + 127) / 128) * ((n + 127) / 128) >= n_sm ? 0 : 1;
@@ -255,7 +255,7 @@ static int gemm_pick(int64_t m, int64_t n, int n_sm) {
 
 extern "C" const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k) {
     static const char *names[] = {"mma.sync 128x128", "mma.sync 64x128", "wgmma 128x256", "wgmma 128x128",
-                                  "wgmma 128x64"};
+                                  "wgmma 128x64", "wgmma 128x192"};
     (void)k;
     int n_sm = 0, wave = 0;
     if (m <= 0 || n <= 0 || nstf_mma_device(&n_sm, &wave) != NSTF_OK) return "none";
@@ -266,6 +266,97 @@ extern "C" int nstf_gpu_gemm_kmajor_fast(int64_t m, int64_t n, int64_t k) {
     int n_sm = 0, wave = 0;
     if (m <= 0 || n <= 0 || k % 8 != 0 || n % 8 != 0 || nstf_mma_device(&n_sm, &wave) != NSTF_OK) return 0;
     return gemm_pick(m, n, n_sm) >= 2;
+}
+
+/* ---- the weight gradient on wgmma: C [M, N] += A^T B, A [K, M], B [K, N] ---- */
+
+/* dw[i] += part[0][i] + part[1][i] + ... in split order (deterministic) */
+__global__ void __launch_bounds__(256) gemm_dw_reduce_kernel(const float *__restrict__ part, float *__restrict__ dw,
+                                                             int64_t n, int splits, int vec) {
+    const int64_t stride = (int64_t)gridDim.x * 256;
+    if (vec) {
+        for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n / 4; i += stride) {
+            float4 v = ((const float4 *)dw)[i];
+            for (int s = 0; s < splits; s++) {
+                const float4 p = ((const float4 *)(part + (int64_t)s * n))[i];
+                v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+            }
+            ((float4 *)dw)[i] = v;
+        }
+        return;
+    }
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < n; i += stride) {
+        float v = dw[i];
+        for (int s = 0; s < splits; s++) v += part[(int64_t)s * n + i];
+        dw[i] = v;
+    }
+}
+
+#if defined(NSTF_GPU_CUDA)
+/* The plan of an M x N x K weight gradient: 0 when the wgmma form does not
+ * apply (no sm_90a body, the mma switch, or operands TMA cannot address). */
+static int gemm_dw_pick(const void *a, int64_t lda, const void *b, int64_t ldb, int64_t m, int64_t n, int64_t k,
+                        int *bn, int *splits) {
+    int n_sm = 0, wave = 0;
+    if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX / 2 || n > INT32_MAX / 2 || k > INT32_MAX / 2 || lda < m ||
+        ldb < n || lda % 8 || ldb % 8 || ((uintptr_t)a | (uintptr_t)b) % 16)
+        return 0;
+    if (nstf_switch_int(NSTF_SW_GEMM) == 0 || !gemm_wgmma_body_usable<192, true>() ||
+        nstf_mma_device(&n_sm, &wave) != NSTF_OK)
+        return 0;
+    gemm_dw_plan(m, n, k, n_sm, bn, splits);
+    return 1;
+}
+#endif
+
+extern "C" int nstf_gpu_gemm_dw_fast(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, int64_t m,
+                                     int64_t n, int64_t k, size_t *scratch_bytes) {
+#if defined(NSTF_GPU_CUDA)
+    int bn = 0, sp = 0;
+    if (!gemm_dw_pick(a, lda, b, ldb, m, n, k, &bn, &sp)) return 0;
+    *scratch_bytes = sp > 1 ? (size_t)sp * (size_t)m * (size_t)n * sizeof(float) : 0;
+    return 1;
+#else
+    (void)a, (void)lda, (void)b, (void)ldb, (void)m, (void)n, (void)k, (void)scratch_bytes;
+    return 0;
+#endif
+}
+
+extern "C" nstf_status nstf_gpu_gemm_dw(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                                        int64_t m, int64_t n, int64_t k, void *scratch, size_t scratch_bytes,
+                                        void *stream) {
+#if defined(NSTF_GPU_CUDA)
+    int bn = 0, sp = 0, n_sm = 0, wave = 0;
+    if (!c || !gemm_dw_pick(a, lda, b, ldb, m, n, k, &bn, &sp) || nstf_mma_device(&n_sm, &wave) != NSTF_OK)
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm_dw: no wgmma weight gradient for M=%lld N=%lld K=%lld",
+                              (long long)m, (long long)n, (long long)k);
+    const size_t need = sp > 1 ? (size_t)sp * (size_t)m * (size_t)n * sizeof(float) : 0;
+    if (need && (!scratch || scratch_bytes < need || (uintptr_t)scratch % 16))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm_dw: scratch of %zu bytes (want %zu, 16-byte aligned)",
+                              scratch_bytes, need);
+    float *out = sp > 1 ? (float *)scratch : c;
+    const int vec = n % 8 == 0 && (uintptr_t)out % 16 == 0 ? 2 : n % 2 == 0 && (uintptr_t)out % 8 == 0 ? 1 : 0;
+    const u16 *a16 = (const u16 *)a, *b16 = (const u16 *)b;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (bn == 256)
+        NSTF_TRY(gemm_dw_launch_bn<256>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));
+    else if (bn == 192)
+        NSTF_TRY(gemm_dw_launch_bn<192>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));
+    else
+        NSTF_TRY(gemm_dw_launch_bn<128>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));
+    if (sp == 1) return NSTF_OK;
+    const int64_t total = m * n;
+    const int rvec = total % 4 == 0 && (uintptr_t)c % 16 == 0;
+    const int64_t blocks = ((rvec ? total / 4 : total) + 255) / 256;
+    gemm_dw_reduce_kernel<<<(unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID), 256, 0, s>>>(
+        (const float *)scratch, c, total, sp, rvec);
+    GPU_LAUNCH_CHECK(s);
+    return NSTF_OK;
+#else
+    (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)m, (void)n, (void)k, (void)scratch, (void)scratch_bytes,
+        (void)stream;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm_dw: the wgmma weight gradient is a CUDA (sm_90a) path");
+#endif
 }
 
 extern "C" int64_t nstf_gpu_swiglu_packed_row(int64_t p, int64_t n_ff) {
@@ -315,7 +406,7 @@ static nstf_status gemm_run(bool f16, const uint16_t *a, const uint16_t *w, void
         int vec = n_out % 2 == 0 && (uintptr_t)c % c_al == 0 && (!res_on || (uintptr_t)res % r_al == 0);
         if (n_out % 8 == 0 && (uintptr_t)c % 16 == 0 && (!res_on || (uintptr_t)res % 16 == 0)) vec = 2;
         const u16 *a16 = (const u16 *)a, *w16 = (const u16 *)w;
-        const int bn = path == 2 ? 256 : path == 3 ? 128 : 64;
+        const int bn = path == 2 ? 256 : path == 3 ? 128 : path == 4 ? 64 : 192;
         return f16 ? gemm_wgmma_launch<true>(bn, a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s)
                    : gemm_wgmma_launch<false>(bn, a16, w16, c, res, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, s);
     }

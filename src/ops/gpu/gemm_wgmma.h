@@ -8,7 +8,7 @@
  * loaded image).
  *
  * Same contract and epilogues as the portable kernel in gemm.cu. Design:
- *   - block tile 128 x BN x 64 (BN 256, 128 or 64, chosen per shape so the
+ *   - block tile 128 x BN x 64 (BN 256, 192, 128 or 64, chosen per shape so the
  *     tiles fill the SMs), one block per SM, persistent: block b takes tiles
  *     b, b + grid, ... in the grouped raster order of gemm_raster (gemm.cu;
  *     GEMM_GROUP_M block rows at a time) so the tiles in flight share A and
@@ -35,7 +35,15 @@
  *     are a multiple of 8 and C, R 16-byte aligned, a quad transposes its
  *     pairs with shuffles so each lane moves 8 consecutive outputs with
  *     16-byte accesses.
- * The tensor maps are encoded on the host per call (wgmma_common.h). */
+ * The tensor maps are encoded on the host per call (wgmma_common.h).
+ *
+ * The weight gradient dW (+)= dY^T X (nstf_gpu_gemm_dw) is the same kernel
+ * with both operands MN-major (template MN): dY [tokens, out] and X [tokens,
+ * in] are read as stored (TMA boxes of 64 tokens x 64 columns, wgmma with
+ * both transpose bits), so nothing is transposed first; its output has few
+ * tiles (out x in) and a long K (the tokens), so K is split into ranges
+ * whose partial sums are added in split order afterwards (deterministic);
+ * gemm_dw_plan picks the tile width (128, 192, 256) and the splits. */
 #ifndef NSTF_GEMM_WGMMA_H
 #define NSTF_GEMM_WGMMA_H
 
@@ -47,7 +55,7 @@
 
 /* Stages per tile width: as deep as ~192 KiB of shared memory allows. */
 template <int BN> struct wg_cfg {
-    static constexpr int STAGES = BN == 256 ? 4 : BN == 128 ? 6 : 8;
+    static constexpr int STAGES = BN == 256 ? 4 : BN == 192 ? 5 : BN == 128 ? 6 : 8;
     static constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
     /* dynamic shared memory: the ring + 1024 to align it to the 128-byte
@@ -162,11 +170,16 @@ static __device__ __forceinline__ void wg_quad_transpose(float2 *p, int q) {
 }
 #endif /* NSTF_WGMMA_DEVICE */
 
-template <int BN, bool F16>
+/* MN: the weight-gradient form C (+)= A^T B with A [K, M] and B [K, N] read
+ * as stored (both operands MN-major: TMA boxes of 64 k rows x 64 columns,
+ * chunk c of a slice 8 KiB on), K split into `splits` ranges: work item t
+ * is tile t % n_tiles of split t / n_tiles (the items in flight share their
+ * k range's panels in L2), and split s writes its own C + s M N. */
+template <int BN, bool F16, bool MN>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_w,
-                      void *C, const void *R, int64_t M, int64_t N, int64_t K, int epi, int c_bf16, int r_bf16,
-                      int vec) {
+                      void *C_all, const void *R, int64_t M, int64_t N, int64_t K, int epi, int c_bf16,
+                      int r_bf16, int vec, int splits) {
 #if defined(NSTF_WGMMA_DEVICE)
     typedef wg_cfg<BN> cfg;
     constexpr int S = cfg::STAGES, NR = BN / 2;
@@ -193,7 +206,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
     const int wg = threadIdx.x / 128;
     const int64_t n_pm = (M + WG_BM - 1) / WG_BM, n_pn = (N + BN - 1) / BN, n_tiles = n_pm * n_pn;
-    const int ktiles = (int)((K + WG_BK - 1) / WG_BK);
+    const int ktiles = (int)((K + WG_BK - 1) / WG_BK), k_per = (ktiles + splits - 1) / splits;
+    const int64_t n_items = n_tiles * splits;
 
     if (wg == 0) {
         /* producer: 40 registers are plenty for one thread issuing TMA */
@@ -201,16 +215,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         if (threadIdx.x == 0) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-                const gemm_tile tile = gemm_raster<WG_BM, BN>(t, n_pm, n_pn);
-                const int m0 = (int)tile.m0, n0 = (int)tile.n0;
-                for (int kt = 0; kt < ktiles; kt++) {
+            for (int64_t t = blockIdx.x; t < n_items; t += gridDim.x) {
+                const gemm_tile tile = gemm_raster<WG_BM, BN>(t % n_tiles, n_pm, n_pn);
+                const int m0 = (int)tile.m0, n0 = (int)tile.n0, sp = (int)(t / n_tiles);
+                const int k0 = sp * k_per, k1 = k0 + k_per < ktiles ? k0 + k_per : ktiles;
+                for (int kt = k0; kt < k1; kt++) {
                     /* a fresh barrier counts as having completed the phase
                      * before phase 0: the first lap does not wait */
                     wg_bar_wait(bar_empty + 8 * stage, phase ^ 1);
                     wg_bar_expect_tx(bar_full + 8 * stage, cfg::STAGE_BYTES);
-                    wg_tma_load(s_a + stage * cfg::A_BYTES, &map_a, kt * WG_BK, m0, bar_full + 8 * stage);
-                    wg_tma_load(s_w + stage * cfg::B_BYTES, &map_w, kt * WG_BK, n0, bar_full + 8 * stage);
+                    if constexpr (MN) {
+                        wg_tma_load_chunks<2>(s_a + stage * cfg::A_BYTES, 8192, &map_a, m0, kt * WG_BK,
+                                              bar_full + 8 * stage);
+                        wg_tma_load_chunks<BN / 64>(s_w + stage * cfg::B_BYTES, 8192, &map_w, n0, kt * WG_BK,
+                                                    bar_full + 8 * stage);
+                    } else {
+                        wg_tma_load(s_a + stage * cfg::A_BYTES, &map_a, kt * WG_BK, m0, bar_full + 8 * stage);
+                        wg_tma_load(s_w + stage * cfg::B_BYTES, &map_w, kt * WG_BK, n0, bar_full + 8 * stage);
+                    }
                     if (++stage == S) {
                         stage = 0;
                         phase ^= 1;
@@ -229,18 +251,30 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     for (int i = 0; i < NR; i++) acc[i] = 0.0f;
     int stage = 0;
     uint32_t phase = 0;
-    for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const gemm_tile tile = gemm_raster<WG_BM, BN>(t, n_pm, n_pn);
+    for (int64_t t = blockIdx.x; t < n_items; t += gridDim.x) {
+        const gemm_tile tile = gemm_raster<WG_BM, BN>(t % n_tiles, n_pm, n_pn);
         const int64_t m0 = tile.m0, n0 = tile.n0;
+        const int sp = (int)(t / n_tiles), k0 = sp * k_per, k1 = k0 + k_per < ktiles ? k0 + k_per : ktiles;
+        /* the output: with splits, this split's partial sums */
+        void *const C = MN && splits > 1 ? (void *)((float *)C_all + (int64_t)sp * M * N) : C_all;
         int prev = -1;
-        for (int kt = 0; kt < ktiles; kt++) {
+        for (int kt = k0; kt < k1; kt++) {
             wg_bar_wait(bar_full + 8 * stage, phase);
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-            const uint32_t a0 = s_a + stage * cfg::A_BYTES + cw * 64 * 128; /* this warpgroup's 64 rows */
+            /* this warpgroup's 64 rows (K-major) or 64 columns (MN-major: chunk cw) */
+            const uint32_t a0 = s_a + stage * cfg::A_BYTES + cw * 64 * 128;
             const uint32_t b0 = s_w + stage * cfg::B_BYTES;
+            if constexpr (MN) {
+                /* k16 steps are 16 rows of 128 B; B's 64-column chunks 8 KiB apart */
 #pragma unroll
-            for (int kk = 0; kk < WG_BK / 16; kk++)
-                wg_mma<BN, F16>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wg_mma_tt<BN>(acc, wg_desc_mn(a0 + kk * 2048, 8192), wg_desc_mn(b0 + kk * 2048, 8192),
+                                  kt > k0 || kk > 0);
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wg_mma<BN, F16>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
+            }
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             /* the previous slice's MMAs have retired: hand its stage back */
             asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -361,27 +395,29 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 /* ---------------------------------------------------------------- host ---- */
 
 
-/* Whether this process can run the wgmma GEMM (wg_kernel_usable on the
- * 128-wide instance, whose body declares 2 x STAGES mbarriers). */
-static int gemm_wgmma_usable(void) {
+/* Whether this process can run the BN-wide (MN: weight-gradient) instance
+ * of the wgmma GEMM: wg_kernel_usable, its body declaring 2 x STAGES
+ * mbarriers. The forward asks for the 128-wide instance. */
+template <int BN, bool MN> static int gemm_wgmma_body_usable(void) {
     static int cached = -1;
     if (cached < 0) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
-                    int, int) = gemm_wgmma_kernel<128, false>;
-        cached = wg_kernel_usable((const void *)kfn, 2 * (size_t)wg_cfg<128>::STAGES * 8);
+                    int, int, int) = gemm_wgmma_kernel<BN, false, MN>;
+        cached = wg_kernel_usable((const void *)kfn, 2 * (size_t)wg_cfg<BN>::STAGES * 8);
     }
     return cached;
 }
+static int gemm_wgmma_usable(void) { return gemm_wgmma_body_usable<128, false>(); }
 
 /* Tile width for an M x N problem on n_sm SMs: the fewest "column-waves"
  * (waves of persistent tiles x tile width), a narrower tile paying for its
  * lower MMA efficiency (wider wgmma reuses each A fragment more). */
 static int gemm_wgmma_bn(int64_t m, int64_t n, int n_sm) {
-    static const int bns[3] = {256, 128, 64};
-    static const double eff[3] = {1.0, 0.9, 0.75};
+    static const int bns[4] = {256, 192, 128, 64};
+    static const double eff[4] = {1.0, 0.97, 0.9, 0.75};
     int best = 256;
     double best_cost = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + bns[i] - 1) / bns[i]);
         const int64_t waves = (tiles + n_sm - 1) / n_sm;
         const double cost = (double)waves * bns[i] / eff[i];
@@ -401,7 +437,7 @@ static nstf_status gemm_wgmma_launch_bn(const u16 *a, const u16 *w, void *c, con
     static unsigned long long attr_set = 0; /* a bit per device (nstf_gpu_device_done) */
     if (!nstf_gpu_device_done(&attr_set)) {
         void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int,
-                    int, int) = gemm_wgmma_kernel<BN, F16>;
+                    int, int, int) = gemm_wgmma_kernel<BN, F16, false>;
         if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
             cudaSuccess)
             return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): cannot allow %d bytes of shared memory", cfg::SMEM);
@@ -412,22 +448,80 @@ static nstf_status gemm_wgmma_launch_bn(const u16 *a, const u16 *w, void *c, con
     NSTF_TRY(wg_make_map(&map_w, w, n, k, k, BN, F16, "gemm (wgmma)"));
     const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + BN - 1) / BN);
     const int grid = (int)(tiles < n_sm ? tiles : n_sm);
-    gemm_wgmma_kernel<BN, F16><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi, c_bf16,
-                                                                         r_bf16, vec);
+    gemm_wgmma_kernel<BN, F16, false><<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_w, c, r, m, n, k, epi,
+                                                                                c_bf16, r_bf16, vec, 1);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nstf_set_error(NSTF_ERR_GPU, "gemm (wgmma): launch failed: %s", cudaGetErrorString(e));
     return NSTF_OK;
 }
 
-/* The tile width bn (256, 128 or 64) of gemm_wgmma_bn; F16: fp16 operands. */
+/* The tile width bn (256, 192, 128 or 64) of gemm_wgmma_bn; F16: fp16 operands. */
 template <bool F16>
 static nstf_status gemm_wgmma_launch(int bn, const u16 *a, const u16 *w, void *c, const void *r, int64_t m, int64_t n,
                                      int64_t k, int epi, int c_bf16, int r_bf16, int vec, int n_sm,
                                      cudaStream_t stream) {
     if (bn == 256) return gemm_wgmma_launch_bn<256, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
+    if (bn == 192) return gemm_wgmma_launch_bn<192, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
     if (bn == 128) return gemm_wgmma_launch_bn<128, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
     return gemm_wgmma_launch_bn<64, F16>(a, w, c, r, m, n, k, epi, c_bf16, r_bf16, vec, n_sm, stream);
+}
+
+/* ---- the weight gradient: C [M, N] (+)= A^T B, A [K, M] and B [K, N] as stored ---- */
+
+/* Tile width and k splits for the weight gradient on n_sm SMs: the least
+ * estimated time, in k-slices of a 64-wide tile, over widths 128, 192, 256
+ * (a narrower tile paying for its lower MMA efficiency) and 1-16 splits of
+ * at least 8 k-slices each; a split costs its partial sums' traffic (about
+ * 4 slices' worth a tile, written once, read back by the reduction). */
+static void gemm_dw_plan(int64_t m, int64_t n, int64_t k, int n_sm, int *bn_out, int *splits_out) {
+    static const int bns[3] = {256, 192, 128};
+    static const double eff[3] = {1.0, 0.97, 0.9};
+    const int64_t ktiles = (k + WG_BK - 1) / WG_BK;
+    double best = -1;
+    for (int i = 0; i < 3; i++) {
+        const int64_t tiles = ((m + WG_BM - 1) / WG_BM) * ((n + bns[i] - 1) / bns[i]);
+        for (int sp = 1; sp <= 16; sp++) {
+            const int64_t per = (ktiles + sp - 1) / sp;
+            if (sp > 1 && (per < 8 || (sp - 1) * per >= ktiles)) break; /* too short, or an empty split */
+            const int64_t waves = (tiles * sp + n_sm - 1) / n_sm;
+            double cost = (double)waves * ((double)per / eff[i] + (sp > 1 ? 4.0 : 0.0)) * bns[i] / 64.0;
+            if (sp > 1) cost += (double)tiles * sp * 4.0 * bns[i] / 64.0 / n_sm; /* the reduction's reads */
+            if (best < 0 || cost < best) {
+                best = cost;
+                *bn_out = bns[i];
+                *splits_out = sp;
+            }
+        }
+    }
+}
+
+template <int BN>
+static nstf_status gemm_dw_launch_bn(const u16 *a, int64_t lda, const u16 *b, int64_t ldb, float *c, int64_t m,
+                                     int64_t n, int64_t k, int splits, int vec, int n_sm, cudaStream_t stream) {
+    typedef wg_cfg<BN> cfg;
+    static unsigned long long attr_set = 0;
+    void (*kfn)(const CUtensorMap, const CUtensorMap, void *, const void *, int64_t, int64_t, int64_t, int, int, int,
+                int, int) = gemm_wgmma_kernel<BN, false, true>;
+    if (!nstf_gpu_device_done(&attr_set)) {
+        if (cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, cfg::SMEM) !=
+            cudaSuccess)
+            return nstf_set_error(NSTF_ERR_GPU, "weight gradient (wgmma): cannot allow %d bytes of shared memory",
+                                  cfg::SMEM);
+        nstf_gpu_device_mark(&attr_set);
+    }
+    CUtensorMap map_a, map_b;
+    NSTF_TRY(wg_make_map(&map_a, a, k, m, lda, 64, false, "weight gradient (wgmma)"));
+    NSTF_TRY(wg_make_map(&map_b, b, k, n, ldb, 64, false, "weight gradient (wgmma)"));
+    const int64_t items = ((m + WG_BM - 1) / WG_BM) * ((n + BN - 1) / BN) * splits;
+    const int grid = (int)(items < n_sm ? items : n_sm);
+    /* one split adds into C; several write their partial sums (C is then the partials' buffer) */
+    const int epi = splits == 1 ? NSTF_GEMM_EPI_RESIDUAL : NSTF_GEMM_EPI_NONE;
+    kfn<<<grid, WG_THREADS, cfg::SMEM, stream>>>(map_a, map_b, c, c, m, n, k, epi, 0, 0, vec, splits);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nstf_set_error(NSTF_ERR_GPU, "weight gradient (wgmma): launch failed: %s", cudaGetErrorString(e));
+    return NSTF_OK;
 }
 
 #endif /* NSTF_GEMM_WGMMA_H */

@@ -308,6 +308,18 @@ const char *nstf_gpu_gemm_path(int64_t m, int64_t n, int64_t k);
  * not k-major and call nstf_gpu_gemm_bf16 (1) rather than nstf_gpu_gemm_ex
  * (0). */
 int nstf_gpu_gemm_kmajor_fast(int64_t m, int64_t n, int64_t k);
+/* The weight gradient read as stored: C [M, N] (fp32) += A^T B for bf16
+ * A [K, M] (row stride lda) and B [K, N] (ldb), on wgmma with both operands
+ * MN-major and K split across the SMs where the output has few tiles (the
+ * splits' partial sums go to the scratch and are added in split order:
+ * deterministic). nstf_gpu_gemm_dw_fast says whether this call can take it
+ * (Hopper, strides multiples of 8, A and B 16-byte aligned, no NSTF_GEMM=mma)
+ * and sets the scratch it needs (0: none); nstf_gpu_gemm_dw refuses calls
+ * it cannot take (NSTF_ERR_UNSUPPORTED). */
+int nstf_gpu_gemm_dw_fast(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, int64_t m, int64_t n,
+                          int64_t k, size_t *scratch_bytes);
+nstf_status nstf_gpu_gemm_dw(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float *c, int64_t m,
+                             int64_t n, int64_t k, void *scratch, size_t scratch_bytes, void *stream);
 
 /* SWIGLU packing: row p of the packed W holds row nstf_gpu_swiglu_packed_row(p,
  * n_ff) of the stacked [gate (n_ff rows); up (n_ff rows)] matrix. */

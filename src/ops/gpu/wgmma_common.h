@@ -76,10 +76,22 @@ template <int BN, bool F16>
 static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
     if constexpr (BN == 256)
         (F16 ? nstf_wgmma_f16_m64n256 : nstf_wgmma_m64n256)(d, da, db, acc);
+    else if constexpr (BN == 192)
+        (F16 ? nstf_wgmma_f16_m64n192 : nstf_wgmma_m64n192)(d, da, db, acc);
     else if constexpr (BN == 128)
         (F16 ? nstf_wgmma_f16_m64n128 : nstf_wgmma_m64n128)(d, da, db, acc);
     else
         (F16 ? nstf_wgmma_f16_m64n64 : nstf_wgmma_m64n64)(d, da, db, acc);
+}
+/* Both operands MN-major (the weight gradient's dY and X as stored), bf16 */
+template <int BN>
+static __device__ __forceinline__ void wg_mma_tt(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (BN == 256)
+        nstf_wgmma_tt_m64n256(d, da, db, acc);
+    else if constexpr (BN == 192)
+        nstf_wgmma_tt_m64n192(d, da, db, acc);
+    else
+        nstf_wgmma_tt_m64n128(d, da, db, acc);
 }
 /* acc[HD / 2] += P B over ROWS keys: P from registers (p[ROWS / 4]: the
  * bf16 pairs of an m64nROWS accumulator, 4 per k16 slice), B a [ROWS][HD]
