@@ -1,8 +1,9 @@
 /* attn_naive.cu — the unfused kernels of the lower execution levels (L0,
  * L1 in model/llama_gpu.c): attention through a materialized fp32 score
  * matrix (QK^T, scale + causal mask, softmax, PV as separate kernels, or
- * scale + mask + softmax as one), a plain fp32 residual add, SwiGLU over
- * rows holding gate | up side by side, and the NVTX range markers.
+ * scale + mask + softmax as one), a plain fp32 residual add, and the NVTX
+ * range markers. (SwiGLU over rows holding gate | up side by side,
+ * nstf_gpu_swiglu_rows, is in swiglu.cu.)
  *
  * Scores are [n_heads, n_tok, n_kv] fp32 (row stride n_kv); token t sits at
  * position pos0 + t and sees cache positions j <= pos0 + t (and, with a
@@ -10,7 +11,6 @@
  * are the baseline the flash kernels are measured against: simple, one
  * thread per output, no tiling. */
 #include "gpu.h"
-#include "fused_math.h"
 
 /* Profiler ranges: NVTX on CUDA (header-only nvtx3 from the toolkit), roctx
  * on HIP when the build found ROCm's roctracer (cmake/gpu.cmake). */
@@ -136,16 +136,6 @@ add_kernel(float *__restrict__ x, const float *__restrict__ y, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] += y[i];
 }
 
-__global__ void __launch_bounds__(NAIVE_THREADS)
-swiglu_rows_kernel(const uint16_t *__restrict__ h, uint16_t *__restrict__ y, int64_t n_tok, int64_t ffn) {
-    const int64_t n = n_tok * ffn, stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const int64_t t = i / ffn, c = i - t * ffn;
-        const float g = bf16_at(h, t * 2 * ffn + c), u = bf16_at(h, t * 2 * ffn + ffn + c);
-        y[i] = nstf_float_to_bf16(nstf_swiglu1(g, u)).bits;
-    }
-}
-
 static unsigned grid_for(int64_t work) {
     int64_t b = (work + NAIVE_THREADS - 1) / NAIVE_THREADS;
     if (b < 1) b = 1;
@@ -212,16 +202,6 @@ extern "C" nstf_status nstf_gpu_add(float *x, const float *y, int64_t n, void *s
     if (n == 0) return NSTF_OK;
     gpuStream_t s = (gpuStream_t)stream;
     add_kernel<<<grid_for(n), NAIVE_THREADS, 0, s>>>(x, y, n);
-    GPU_LAUNCH_CHECK(s);
-    return NSTF_OK;
-}
-
-extern "C" nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int64_t n_tok, int64_t ffn,
-                                            void *stream) {
-    if (!h || !y || n_tok < 0 || ffn < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "nstf_gpu_swiglu_rows: bad arguments");
-    if (n_tok == 0) return NSTF_OK;
-    gpuStream_t s = (gpuStream_t)stream;
-    swiglu_rows_kernel<<<grid_for(n_tok * ffn), NAIVE_THREADS, 0, s>>>(h, y, n_tok, ffn);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

@@ -68,6 +68,36 @@ __device__ __host__ inline nstf_bf16 nstf_float_to_bf16(float f) {
 __device__ __forceinline__ float nstf_bf16lo_to_float(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float nstf_bf16hi_to_float(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+/* VEC (1, 2, 4 or 8) bf16 at p as (VEC + 1) / 2 words, element 0 in the
+ * low half of word 0 (VEC 1: the low half, the high half 0), one aligned
+ * access; and the store of as many. */
+template <int VEC>
+__device__ __forceinline__ void nstf_bf16_ldv(const nstf_bf16 *p, uint32_t (&w)[(VEC + 1) / 2]) {
+    if constexpr (VEC == 8) {
+        const uint4 u = *(const uint4 *)p;
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else if constexpr (VEC == 4) {
+        const uint2 u = *(const uint2 *)p;
+        w[0] = u.x, w[1] = u.y;
+    } else if constexpr (VEC == 2) {
+        w[0] = *(const uint32_t *)p;
+    } else {
+        w[0] = p[0].bits;
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void nstf_bf16_stv(nstf_bf16 *p, const uint32_t (&w)[(VEC + 1) / 2]) {
+    if constexpr (VEC == 8)
+        *(uint4 *)p = make_uint4(w[0], w[1], w[2], w[3]);
+    else if constexpr (VEC == 4)
+        *(uint2 *)p = make_uint2(w[0], w[1]);
+    else if constexpr (VEC == 2)
+        *(uint32_t *)p = w[0];
+    else
+        p[0].bits = (uint16_t)w[0];
+}
+
 /* ---- quantized blocks as the kernels read them ------------------------- *
  * Byte layouts are GGUF's (see core/dtype.h): 32 elements per block,
  * fp16 scale first. Blocks are 34/18/20 bytes, so only 2-byte alignment
