@@ -52,26 +52,50 @@ static void judge_added(const char *what, const float *got, const float *ref, co
     free(g), free(nv), free(rd);
 }
 
-static void case_get_rows_bwd(test_rng *r) {
-    const int64_t rows = 23, dim = 96, n = 40;
-    int32_t ids[40];
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(rng_next(r) % 9) * 2; /* repeats; odd rows untouched */
+/* An op that adds into out (n floats, starting at start): run twice from
+ * the same start, the first result judged against ref (got receives it),
+ * the second the same bits (the sums' order is fixed). */
+static void run_added_twice(nstf_op_args *a, dbuf out, const float *start, float *got, const float *ref, int64_t n,
+                            const char *what) {
+    float *got2 = malloc((size_t)n * 4);
+    for (int rep = 0; rep < 2; rep++) {
+        if (rep) CHECK(g_be->vt->upload(g_be, out.d, start, (uint64_t)n * 4) == NSTF_OK, "%s: upload", what);
+        run_op(a, 1, 0);
+        down(out, rep ? got2 : got, what);
+    }
+    judge_added(what, got, ref, start, n, NULL);
+    CHECK(memcmp(got, got2, (size_t)n * 4) == 0, "%s: %s: two runs differ", g_name, what);
+    free(got2);
+}
+
+/* n tokens with ids from `distinct` values (times 2: odd rows untouched) of
+ * a table of `rows`; run twice from the same start: the same bits */
+static void get_rows_bwd_case(test_rng *r, int64_t rows, int64_t dim, int64_t n, int distinct) {
+    int32_t *ids = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(rng_next(r) % (uint64_t)distinct) * 2;
     float *dout = fvec(r, n * dim, 1.0f), *tab = fvec(r, rows * dim, 1.0f), *ref = malloc((size_t)(rows * dim) * 4);
     float *got = malloc((size_t)(rows * dim) * 4);
     memcpy(ref, tab, (size_t)(rows * dim) * 4);
     nstf_ref_get_rows_bwd(ids, dout, ref, n, dim);
-    dbuf di = up(ids, sizeof ids), dd = up(dout, (size_t)(n * dim) * 4), dt = up(tab, (size_t)(rows * dim) * 4);
+    dbuf di = up(ids, (size_t)n * 4), dd = up(dout, (size_t)(n * dim) * 4), dt = up(tab, (size_t)(rows * dim) * 4);
     nstf_op_args a = {.op = NSTF_OP_GET_ROWS_BWD, .label = "get_rows_bwd"};
     a.get_rows_bwd.ids = di.d;
     a.get_rows_bwd.dout = (nstf_view){dd.d, NSTF_TYPE_F32, dim};
     a.get_rows_bwd.dtable = dt.d;
     a.get_rows_bwd.n = n;
     a.get_rows_bwd.dim = dim;
-    run_op(&a, 1, 0);
-    down(dt, got, "get_rows_bwd dtable");
-    judge_added("get_rows_bwd", got, ref, tab, rows * dim, NULL);
+    char what[80];
+    snprintf(what, sizeof what, "get_rows_bwd (%lld tokens of %d ids, width %lld)", (long long)n, distinct,
+             (long long)dim);
+    run_added_twice(&a, dt, tab, got, ref, rows * dim, what);
     drop(di), drop(dd), drop(dt);
-    free(dout), free(tab), free(ref), free(got);
+    free(ids), free(dout), free(tab), free(ref), free(got);
+}
+
+static void case_get_rows_bwd(test_rng *r) {
+    get_rows_bwd_case(r, 23, 96, 40, 9);
+    get_rows_bwd_case(r, 301, 1100, 700, 150); /* rows wider than one pass; tokens over several chunks */
+    get_rows_bwd_case(r, 9, 64, 3000, 3);      /* long runs of the same id */
 }
 
 static void case_rmsnorm_bwd(test_rng *r) {
@@ -315,7 +339,7 @@ static void matmul_bwd_w_case(test_rng *r, int64_t n, int64_t n_in, int64_t n_ou
     float *xv = malloc((size_t)(n * xs) * 4), *dyv = malloc((size_t)(n * ds) * 4);
     void *hx = act_make(r, xv, n * xs, 1.0f), *hdy = act_make(r, dyv, n * ds, 1.0f);
     float *dw0 = fvec(r, n_out * n_in, 1.0f), *ref = malloc((size_t)(n_out * n_in) * 4), *got = malloc((size_t)(n_out * n_in) * 4);
-    float *xc = malloc((size_t)(n * n_in) * 4), *dyc = malloc((size_t)(n * n_out) * 4), *got2 = malloc((size_t)(n_out * n_in) * 4);
+    float *xc = malloc((size_t)(n * n_in) * 4), *dyc = malloc((size_t)(n * n_out) * 4);
     for (int64_t t = 0; t < n; t++) {
         memcpy(xc + t * n_in, xv + t * xs, (size_t)n_in * 4);
         memcpy(dyc + t * n_out, dyv + t * ds, (size_t)n_out * 4);
@@ -333,15 +357,9 @@ static void matmul_bwd_w_case(test_rng *r, int64_t n, int64_t n_in, int64_t n_ou
     char what[96];
     snprintf(what, sizeof what, "matmul_bwd_w (%lld tokens, %lld x %lld)", (long long)n, (long long)n_out,
              (long long)n_in);
-    for (int rep = 0; rep < 2; rep++) {
-        if (rep) CHECK(g_be->vt->upload(g_be, ddw.d, dw0, (uint64_t)(n_out * n_in) * 4) == NSTF_OK, "%s: upload", what);
-        run_op(&a, 1, 0);
-        down(ddw, rep ? got2 : got, "matmul_bwd_w dw");
-    }
-    judge_added(what, got, ref, dw0, n_out * n_in, NULL);
-    CHECK(memcmp(got, got2, (size_t)(n_out * n_in) * 4) == 0, "%s: %s: two runs differ", g_name, what);
+    run_added_twice(&a, ddw, dw0, got, ref, n_out * n_in, what);
     drop(dx), drop(ddy), drop(ddw);
-    free(xv), free(dyv), free(hx), free(hdy), free(dw0), free(ref), free(got), free(got2), free(xc), free(dyc);
+    free(xv), free(dyv), free(hx), free(hdy), free(dw0), free(ref), free(got), free(xc), free(dyc);
 }
 
 static void case_matmul_bwd_w(test_rng *r) {

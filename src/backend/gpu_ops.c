@@ -466,9 +466,12 @@ nstf_status nstf_gpu_op_get_rows_bwd(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
     if (a->get_rows_bwd.dout.type != NSTF_TYPE_F32)
         return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: get_rows_bwd: dout must be F32");
-    g->n_kernels++;
+    const size_t sb = nstf_gpu_get_rows_bwd_scratch_bytes(a->get_rows_bwd.n);
+    void *scr = tscratch(g, sb);
+    if (!scr) return no_scratch(a, sb);
+    g->n_kernels += 3;
     return nstf_gpu_get_rows_bwd(a->get_rows_bwd.ids, a->get_rows_bwd.dout.data, a->get_rows_bwd.dout.stride,
-                                 a->get_rows_bwd.dtable, a->get_rows_bwd.n, a->get_rows_bwd.dim, g->stream);
+                                 a->get_rows_bwd.dtable, a->get_rows_bwd.n, a->get_rows_bwd.dim, scr, sb, g->stream);
 }
 
 nstf_status nstf_gpu_op_rmsnorm_bwd(nstf_backend *be, const nstf_op_args *a) {
@@ -479,7 +482,7 @@ nstf_status nstf_gpu_op_rmsnorm_bwd(nstf_backend *be, const nstf_op_args *a) {
     const size_t sb = a->rmsnorm_bwd.dw ? nstf_gpu_rmsnorm_bwd_scratch_bytes(n, dim) : 0;
     void *scr = sb ? tscratch(g, sb) : NULL;
     if (sb && !scr) return no_scratch(a, sb);
-    g->n_kernels += a->rmsnorm_bwd.dw ? 3 : 1;
+    g->n_kernels += nstf_gpu_rmsnorm_bwd_launches(dim, a->rmsnorm_bwd.dw != NULL);
     return nstf_gpu_rmsnorm_bwd(a->rmsnorm_bwd.x, a->rmsnorm_bwd.w, a->rmsnorm_bwd.dy, a->rmsnorm_bwd.dx,
                                 a->rmsnorm_bwd.dw, xa.data, xa.data ? xa.stride : 0, n, dim, a->rmsnorm_bwd.eps, scr, sb,
                                 g->stream);
@@ -634,13 +637,8 @@ nstf_status nstf_gpu_op_cross_entropy(nstf_backend *be, const nstf_op_args *a) {
     const size_t sb = nstf_gpu_cross_entropy_scratch_bytes(n, rows, dim, vocab);
     void *scr = tscratch(g, sb);
     if (!scr) return no_scratch(a, sb);
-    for (int64_t r0 = 0; r0 < n; r0 += rows) { /* the kernels nstf_gpu_cross_entropy launches */
-        const int64_t nc = n - r0 < rows ? n - r0 : rows;
-        const bool dw_fast = a->cross_entropy.dw && nstf_gpu_gemm_kmajor_fast(vocab, dim, nc);
-        g->n_kernels += 4 + (r0 == 0 && nstf_gpu_gemm_kmajor_fast(nc, dim, vocab)) +
-                        (a->cross_entropy.dw ? 1 + dw_fast : 0);
-    }
-    g->n_kernels++;
+    g->n_kernels += nstf_gpu_cross_entropy_launches(a->cross_entropy.h.data, n, dim, vocab, rows,
+                                                    a->cross_entropy.dw != NULL);
     return nstf_gpu_cross_entropy(a->cross_entropy.h.data, w->data, a->cross_entropy.targets,
                                   a->cross_entropy.ignore_index, n_norm, a->cross_entropy.lse, a->cross_entropy.dh,
                                   a->cross_entropy.dw, a->cross_entropy.loss, n, dim, vocab, rows, scr, sb, g->stream);

@@ -7,7 +7,9 @@
  * set with nstf_switch_set); also with a 4096-token sliding window, and
  * without a cache (the training forward, keys from the new rows), at 8192
  * tokens; the backward (dO = Q's values) at 2048-8192 tokens, both
- * kernels, counting 2.5x the forward's work; decode prints
+ * kernels, counting 2.5x the forward's work; the training step's shape
+ * (16 sequences of 1024 tokens, 9 / 3 heads of 64), forward with the lse
+ * and backward; decode prints
  * microseconds and the KV bytes read per second. The PyTorch SDPA figures
  * come from sdpa_ref.py run in the same device call. */
 #include <algorithm>
@@ -97,6 +99,31 @@ int main(void) {
                 double fl = 2.5 * 4.0 * D * H * (double)T * (T + 1) / 2;
                 printf("| backward %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n", kern ? kern : "default", D,
                        (long long)T, ms * 1e3, fl / ms / 1e9);
+            }
+            (void)nstf_switch_set(NSTF_SW_FLASH, NULL);
+        }
+        if (D == 64) { /* the training step's shape: SmolLM2-135M, 16 sequences x 1024 tokens, 9 / 3 heads */
+            const int h = 9, hkv = 3;
+            const int64_t T = 1024, S = 16, nt = T * S;
+            float *lse = (float *)scratch, *bws = lse + nt * h;
+            uint16_t *dk = vc, *dv = vc + nt * hkv * D;
+            const size_t bsb = nstf_gpu_flash_attn_bwd_scratch_bytes(nt, h);
+            for (const char *kern : {(const char *)NULL, "mma"}) {
+                (void)nstf_switch_set(NSTF_SW_FLASH, kern);
+                float fms = time_ms([&] {
+                    nstf_gpu_flash_attn_lse_batch(q, h * D, k, hkv * D, v, hkv * D, o, h * D, lse, T, S, h, hkv, D, sc,
+                                                  NULL);
+                });
+                float bms = time_ms([&] {
+                    nstf_gpu_flash_attn_bwd_batch(q, h * D, k, hkv * D, v, hkv * D, o, h * D, q, h * D, lse, dqb,
+                                                  h * D, dk, hkv * D, dv, hkv * D, T, S, 0, h, hkv, D, sc, bws, bsb,
+                                                  NULL);
+                });
+                const double fl = 4.0 * D * h * (double)T * (T + 1) / 2 * S;
+                printf("| train fwd 16x1024, 9/3 heads %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n",
+                       kern ? kern : "default", D, (long long)nt, fms * 1e3, fl / fms / 1e9);
+                printf("| backward 16x1024, 9/3 heads %s | %d | %lld | %.1f us | %.1f TFLOP/s |\n",
+                       kern ? kern : "default", D, (long long)nt, bms * 1e3, 2.5 * fl / bms / 1e9);
             }
             (void)nstf_switch_set(NSTF_SW_FLASH, NULL);
         }

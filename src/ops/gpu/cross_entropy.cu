@@ -10,12 +10,14 @@
  *     target's logit;
  *   ce_grad_kernel: G = (e^(z - lse) - onehot) / n_norm in bf16, in 32 x 32
  *     tiles, also written transposed (G^T) when the weight gradient takes
- *     the wgmma GEMM;
- *   dh_c = G W and dW += G^T h_c: on Hopper the wgmma GEMM on k-major
- *     operands (W^T made once per call, h_c^T per chunk, G^T above), with
- *     the residual epilogue adding into dW; elsewhere, or for a shape the
- *     wgmma path does not take (nstf_gpu_gemm_kmajor_fast), the portable
- *     nstf_gpu_gemm_ex on the operands as stored.
+ *     the transposing path below;
+ *   dh_c = G W: on Hopper the wgmma GEMM on k-major operands (W^T made
+ *     once per call);
+ *   dW += G^T h_c: on Hopper the wgmma weight gradient on G and h_c as
+ *     stored (nstf_gpu_gemm_dw), or where it needs a split, the wgmma GEMM
+ *     on G^T and h_c^T with the residual epilogue adding into dW;
+ *   elsewhere, or for a shape the wgmma paths do not take, the portable
+ *   nstf_gpu_gemm_ex on the operands as stored (ce_plan says which).
  * ce_finish_kernel sums the loss over all rows in a fixed order, in double
  * (deterministic). Ignored targets give zero rows and no loss. The chunk is
  * the caller's (nstf_gpu_cross_entropy_rows): thousands of rows, so the
@@ -127,6 +129,37 @@ __global__ void __launch_bounds__(CE_THREADS)
 
 /* ---------------------------------------------------------------- host ---- */
 
+/* How a chunk of nc rows (at hc) computes its gradients: dh on the wgmma
+ * GEMM (W^T made once); dW on the wgmma weight gradient reading G and h_c
+ * as stored (mn; only without a split: no scratch of its own), else on the
+ * wgmma GEMM after transposing (kmajor: G^T from ce_grad_kernel, h_c^T),
+ * else the portable GEMM. The chunk's G sits in the scratch, 256-byte
+ * aligned, so only hc's alignment matters to the weight gradient. */
+typedef struct {
+    bool dh_fast, dw_mn, dw_kmajor;
+} ce_chunk_plan;
+
+static ce_chunk_plan ce_plan(const uint16_t *hc, bool with_dw, int64_t nc, int64_t dim, int64_t n_vocab) {
+    ce_chunk_plan c = {nstf_gpu_gemm_kmajor_fast(nc, dim, n_vocab) != 0, false, false};
+    size_t sb = 0;
+    c.dw_mn = with_dw && nstf_gpu_gemm_dw_fast(hc, n_vocab, hc, dim, n_vocab, dim, nc, &sb) && sb == 0;
+    c.dw_kmajor = with_dw && !c.dw_mn && nstf_gpu_gemm_kmajor_fast(n_vocab, dim, nc);
+    return c;
+}
+
+extern "C" int nstf_gpu_cross_entropy_launches(const uint16_t *h, int64_t n_tok, int64_t dim, int64_t n_vocab,
+                                               int64_t rows, int with_dw) {
+    int k = 1; /* ce_finish_kernel */
+    bool wt_made = false;
+    for (int64_t r0 = 0; rows > 0 && r0 < n_tok; r0 += rows) {
+        const int64_t nc = n_tok - r0 < rows ? n_tok - r0 : rows;
+        const ce_chunk_plan c = ce_plan(h + r0 * dim, with_dw, nc, dim, n_vocab);
+        k += 4 + (c.dh_fast && !wt_made) + (with_dw ? 1 + c.dw_kmajor : 0);
+        wt_made = wt_made || c.dh_fast;
+    }
+    return k;
+}
+
 extern "C" nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
                                               int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
                                               double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab, int64_t rows,
@@ -172,12 +205,12 @@ extern "C" nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t 
         ce_row_kernel<<<(unsigned)(nc < NSTF_GPU_MAX_GRID ? nc : NSTF_GPU_MAX_GRID), CE_THREADS, 0, s>>>(
             z, n_vocab, targets + r0, ignore_index, rl + r0, zt + r0, nc);
         GPU_LAUNCH_CHECK(s);
-        const bool dw_fast = dw && nstf_gpu_gemm_kmajor_fast(n_vocab, dim, nc);
+        const ce_chunk_plan c = ce_plan(hc, dw != NULL, nc, dim, n_vocab);
         ce_grad_kernel<<<dim3((unsigned)((n_vocab + 31) / 32), (unsigned)((nc + 31) / 32)), CE_THREADS, 0, s>>>(
-            z, n_vocab, targets + r0, ignore_index, rl + r0, inv, g, dw_fast ? gt : NULL, nc);
+            z, n_vocab, targets + r0, ignore_index, rl + r0, inv, g, c.dw_kmajor ? gt : NULL, nc);
         GPU_LAUNCH_CHECK(s);
         /* dh_c [nc, dim] = G [nc, V] W [V, dim] */
-        if (nstf_gpu_gemm_kmajor_fast(nc, dim, n_vocab)) {
+        if (c.dh_fast) {
             if (!wt_made) NSTF_TRY(nstf_gpu_transpose_bf16(w, dim, wt, n_vocab, dim, stream));
             wt_made = true;
             NSTF_TRY(nstf_gpu_gemm_bf16(g, wt, dh + r0 * dim, NSTF_TYPE_F32, NULL, NSTF_TYPE_F32, nc, dim, n_vocab,
@@ -187,7 +220,9 @@ extern "C" nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t 
                                       stream));
         }
         /* dW [V, dim] += G^T [V, nc] h_c [nc, dim] */
-        if (dw_fast) {
+        if (c.dw_mn) {
+            NSTF_TRY(nstf_gpu_gemm_dw(g, n_vocab, hc, dim, dw, n_vocab, dim, nc, NULL, 0, stream));
+        } else if (c.dw_kmajor) {
             NSTF_TRY(nstf_gpu_transpose_bf16(hc, dim, ht, nc, dim, stream));
             NSTF_TRY(nstf_gpu_gemm_bf16(gt, ht, dw, NSTF_TYPE_F32, dw, NSTF_TYPE_F32, n_vocab, dim, nc,
                                         NSTF_GEMM_EPI_RESIDUAL, stream));

@@ -596,6 +596,8 @@ nstf_status nstf_gpu_flash_attn_bwd_batch(const uint16_t *q, int64_t q_stride, c
  * NULL, token stride dxb_stride) receives dx after the add, rounded to bf16.
  * Scratch (only with dw): nstf_gpu_rmsnorm_bwd_scratch_bytes. */
 size_t nstf_gpu_rmsnorm_bwd_scratch_bytes(int64_t n, int64_t dim);
+/* The kernels nstf_gpu_rmsnorm_bwd launches for rows of dim (with dw or not). */
+int nstf_gpu_rmsnorm_bwd_launches(int64_t dim, int with_dw);
 nstf_status nstf_gpu_rmsnorm_bwd(const float *x, const float *w, const float *dy, float *dx, float *dw,
                                  uint16_t *dx_bf16, int64_t dxb_stride, int64_t n, int64_t dim,
                                  float eps, void *scratch, size_t scratch_bytes, void *stream);
@@ -614,9 +616,12 @@ nstf_status nstf_gpu_swiglu_bwd(const uint16_t *gate, int64_t gate_stride, const
                                 int64_t dup_stride, int64_t n, int64_t n_ff, void *stream);
 
 /* Embedding backward: dtable[ids[t], :] += dout[t, :] (fp32), repeated ids
- * summed in token order (deterministic, no atomics). */
+ * summed in token order (deterministic, no float atomics); the scratch
+ * (nstf_gpu_get_rows_bwd_scratch_bytes) holds a hash of the ids. */
+size_t nstf_gpu_get_rows_bwd_scratch_bytes(int64_t n_tok);
 nstf_status nstf_gpu_get_rows_bwd(const int32_t *ids, const float *dout, int64_t dout_stride,
-                                  float *dtable, int64_t n_tok, int64_t dim, void *stream);
+                                  float *dtable, int64_t n_tok, int64_t dim, void *scratch,
+                                  size_t scratch_bytes, void *stream);
 
 /* Cross-entropy fused with the logits (nstf_ref_cross_entropy's
  * contract), chunked over the tokens: chunks of `rows` tokens (a multiple
@@ -656,6 +661,11 @@ static inline int64_t nstf_gpu_cross_entropy_rows(int64_t n_tok, int64_t dim, in
     const int64_t chunks = (n_tok + most - 1) / most;
     return ((n_tok + chunks - 1) / chunks + 7) / 8 * 8;
 }
+
+/* The kernels nstf_gpu_cross_entropy launches for these arguments (the
+ * backend's count of launches per step). */
+int nstf_gpu_cross_entropy_launches(const uint16_t *h, int64_t n_tok, int64_t dim, int64_t n_vocab, int64_t rows,
+                                    int with_dw);
 nstf_status nstf_gpu_cross_entropy(const uint16_t *h, const uint16_t *w, const int32_t *targets,
                                    int32_t ignore_index, double n_norm, float *lse, float *dh, float *dw,
                                    double *loss, int64_t n_tok, int64_t dim, int64_t n_vocab, int64_t rows,

@@ -84,6 +84,8 @@
  * because every NSTF reduction is executed by all lanes of the warp. */
 #define NSTF_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), NSTF_WAVE)
 #define NSTF_SHFL(v, src) __shfl_sync(0xffffffffu, (v), (src), NSTF_WAVE)
+/* Bit l set where lane l's predicate holds (lanes past the wave width: 0). */
+#define NSTF_BALLOT(p) ((unsigned long long)__ballot_sync(0xffffffffu, (p)))
 /* The lanes of a wave meet (shared memory written by one lane, read by another). */
 #define NSTF_WAVE_SYNC() __syncwarp()
 /* Nanoseconds of the device's global timer (for timeouts in device code). */

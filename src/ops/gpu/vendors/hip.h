@@ -147,6 +147,8 @@ static __device__ __forceinline__ void nstf_amd_syncthreads(void) {
 /* ROCm's shuffles take no member mask (the whole wave participates). */
 #define NSTF_SHFL_XOR(v, m) __shfl_xor((v), (m), NSTF_WAVE)
 #define NSTF_SHFL(v, src) __shfl((v), (src), NSTF_WAVE)
+/* Bit l set where lane l's predicate holds (lanes past the wave width: 0). */
+#define NSTF_BALLOT(p) ((unsigned long long)__ballot((p)))
 /* The lanes of a wave meet (shared memory written by one lane, read by another). */
 #define NSTF_WAVE_SYNC() __builtin_amdgcn_wave_barrier()
 /* Nanoseconds of the device's constant 100 MHz counter (for timeouts in
