@@ -7,8 +7,9 @@
  * fused epilogues' cost (default kernel) and the largest relative
  * difference of each of our kernels to cuBLAS; then the training step's
  * shapes (forward, input and weight gradients, fp32 outputs where the step
- * has them) beside cuBLAS. */
+ * has them) beside cuBLAS (only these with the argument "train"). */
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -20,7 +21,9 @@
 #include "../common/gpu_time.h"
 
 
-int main(void) {
+int main(int argc, char **argv) {
+    /* "train": only the training step's shapes */
+    const bool train_only = argc > 1 && strcmp(argv[1], "train") == 0;
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 1; }
     const int64_t kn[][2] = {{2048, 2048}, {2048, 8192}, {8192, 2048}, {4096, 4096}, {4096, 14336}, {14336, 4096}};
@@ -41,83 +44,88 @@ int main(void) {
         DEV_CHECK(gpuMemcpy(a, hbuf.data(), maxel * 2, gpuMemcpyHostToDevice));
         DEV_CHECK(gpuMemset(r, 0, maxel * 4));
     }
-    printf("| M | K | N | path | ours TFLOP/s | mma.sync TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | mma.sync/cuBLAS "
-           "| +residual(f32) | SwiGLU | max rel diff ours / mma.sync |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    std::vector<uint16_t> x(maxel), y(maxel);
-    for (int64_t M : ms)
-        for (const auto &s : kn) {
-            const int64_t K = s[0], N = s[1];
-            const double fl = 2.0 * M * N * K;
-            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
-            const char *path = nstf_gpu_gemm_path(M, N, K);
-            float t_ours = time_ms([&] {
-                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
-            });
-            float t_res = time_ms([&] {
-                nstf_gpu_gemm_bf16(a, w, r, NSTF_TYPE_F32, r, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_RESIDUAL, NULL);
-            });
-            float t_swi = time_ms([&] {
-                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_SWIGLU, NULL);
-            });
-            (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
-            float t_mma = time_ms([&] {
-                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
-            });
-            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
-            const float one = 1.0f, zero = 0.0f;
-            float t_cub = time_ms([&] {
-                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, CUDA_R_16BF, (int)K, a,
-                             CUDA_R_16BF, (int)K, &zero, c2, CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT);
-            });
-            /* same product from each of our kernels, compared with cuBLAS */
-            double diff[2];
-            DEV_CHECK(gpuDeviceSynchronize());
-            DEV_CHECK(gpuMemcpy(y.data(), c2, M * N * 2, gpuMemcpyDeviceToHost));
-            for (int pass = 0; pass < 2; pass++) {
-                if (pass == 1) (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
-                DEV_CHECK(gpuMemset(c, 0xff, M * N * 2));
-                nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
-                DEV_CHECK(gpuDeviceSynchronize());
-                DEV_CHECK(gpuMemcpy(x.data(), c, M * N * 2, gpuMemcpyDeviceToHost));
-                double md = 0, my = 0;
-                for (int64_t i = 0; i < M * N; i++) {
-                    double d = fabs((double)bf2f(x[i]) - (double)bf2f(y[i]));
-                    md = std::max(md, d != d ? INFINITY : d); /* NaN (poison left) counts as infinite */
-                    my = std::max(my, (double)fabsf(bf2f(y[i])));
-                }
-                diff[pass] = md / (my > 0 ? my : 1);
-            }
-            (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
-            printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f | %.1f | %.1e / %.1e |\n",
-                   (long long)M, (long long)K, (long long)N, path, fl / t_ours / 1e9, fl / t_mma / 1e9,
-                   fl / t_cub / 1e9, 100.0 * t_cub / t_ours, 100.0 * t_cub / t_mma, fl / t_res / 1e9,
-                   fl / t_swi / 1e9, diff[0], diff[1]);
-            fflush(stdout);
-        }
-    /* the wgmma tile widths one by one (NSTF_GEMM=wgmma256/128/64), for the
-     * choice in gemm_wgmma_bn(); only where the wgmma path exists */
-    if (strncmp(nstf_gpu_gemm_path(2048, 2048, 2048), "wgmma", 5) == 0) {
-        printf("\nwgmma tile sweep, bf16 out, no epilogue (TFLOP/s):\n\n");
-        printf("| M | K | N | default | 128x256 | 128x128 | 128x64 |\n|---|---|---|---|---|---|---|\n");
-        static const char *const env[] = {"wgmma256", "wgmma128", "wgmma64"};
+    if (!train_only) {
+        printf("| M | K | N | path | ours TFLOP/s | mma.sync TFLOP/s | cuBLAS TFLOP/s | ours/cuBLAS | mma.sync/cuBLAS "
+               "| +residual(f32) | SwiGLU | max rel diff ours / mma.sync |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        std::vector<uint16_t> x(maxel), y(maxel);
         for (int64_t M : ms)
             for (const auto &s : kn) {
                 const int64_t K = s[0], N = s[1];
                 const double fl = 2.0 * M * N * K;
-                float t[3];
-                for (int i = 0; i < 3; i++) {
-                    (void)nstf_switch_set(NSTF_SW_GEMM, env[i]);
-                    t[i] = time_ms([&] {
-                        nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE,
-                                           NULL);
-                    });
+                (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
+                const char *path = nstf_gpu_gemm_path(M, N, K);
+                float t_ours = time_ms([&] {
+                    nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
+                });
+                float t_res = time_ms([&] {
+                    nstf_gpu_gemm_bf16(a, w, r, NSTF_TYPE_F32, r, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_RESIDUAL, NULL);
+                });
+                float t_swi = time_ms([&] {
+                    nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_SWIGLU,
+                                       NULL);
+                });
+                (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
+                float t_mma = time_ms([&] {
+                    nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
+                });
+                (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
+                const float one = 1.0f, zero = 0.0f;
+                float t_cub = time_ms([&] {
+                    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, CUDA_R_16BF, (int)K, a,
+                                 CUDA_R_16BF, (int)K, &zero, c2, CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+                });
+                /* same product from each of our kernels, compared with cuBLAS */
+                double diff[2];
+                DEV_CHECK(gpuDeviceSynchronize());
+                DEV_CHECK(gpuMemcpy(y.data(), c2, M * N * 2, gpuMemcpyDeviceToHost));
+                for (int pass = 0; pass < 2; pass++) {
+                    if (pass == 1) (void)nstf_switch_set(NSTF_SW_GEMM, "mma");
+                    DEV_CHECK(gpuMemset(c, 0xff, M * N * 2));
+                    nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K, NSTF_GEMM_EPI_NONE, NULL);
+                    DEV_CHECK(gpuDeviceSynchronize());
+                    DEV_CHECK(gpuMemcpy(x.data(), c, M * N * 2, gpuMemcpyDeviceToHost));
+                    double md = 0, my = 0;
+                    for (int64_t i = 0; i < M * N; i++) {
+                        double d = fabs((double)bf2f(x[i]) - (double)bf2f(y[i]));
+                        md = std::max(md, d != d ? INFINITY : d); /* NaN (poison left) counts as infinite */
+                        my = std::max(my, (double)fabsf(bf2f(y[i])));
+                    }
+                    diff[pass] = md / (my > 0 ? my : 1);
                 }
                 (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
-                printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f |\n", (long long)M, (long long)K, (long long)N,
-                       nstf_gpu_gemm_path(M, N, K), fl / t[0] / 1e9, fl / t[1] / 1e9, fl / t[2] / 1e9);
+                printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.1f | %.1f "
+                       "| %.1e / %.1e |\n",
+                       (long long)M, (long long)K, (long long)N, path, fl / t_ours / 1e9, fl / t_mma / 1e9,
+                       fl / t_cub / 1e9, 100.0 * t_cub / t_ours, 100.0 * t_cub / t_mma, fl / t_res / 1e9,
+                       fl / t_swi / 1e9, diff[0], diff[1]);
+                fflush(stdout);
             }
+        /* the wgmma tile widths one by one (NSTF_GEMM=wgmma256/128/64), for the
+         * choice in gemm_wgmma_bn(); only where the wgmma path exists */
+        if (strncmp(nstf_gpu_gemm_path(2048, 2048, 2048), "wgmma", 5) == 0) {
+            printf("\nwgmma tile sweep, bf16 out, no epilogue (TFLOP/s):\n\n");
+            printf("| M | K | N | default | 128x256 | 128x128 | 128x64 |\n|---|---|---|---|---|---|---|\n");
+            static const char *const env[] = {"wgmma256", "wgmma128", "wgmma64"};
+            for (int64_t M : ms)
+                for (const auto &s : kn) {
+                    const int64_t K = s[0], N = s[1];
+                    const double fl = 2.0 * M * N * K;
+                    float t[3];
+                    for (int i = 0; i < 3; i++) {
+                        (void)nstf_switch_set(NSTF_SW_GEMM, env[i]);
+                        t[i] = time_ms([&] {
+                            nstf_gpu_gemm_bf16(a, w, c, NSTF_TYPE_BF16, NULL, NSTF_TYPE_F32, M, N, K,
+                                               NSTF_GEMM_EPI_NONE, NULL);
+                        });
+                    }
+                    (void)nstf_switch_set(NSTF_SW_GEMM, NULL);
+                    printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.1f |\n", (long long)M, (long long)K,
+                           (long long)N,
+                           nstf_gpu_gemm_path(M, N, K), fl / t[0] / 1e9, fl / t[1] / 1e9, fl / t[2] / 1e9);
+                }
+        }
     }
     /* the training step's GEMMs (SmolLM2-135M, 16 x 1024 tokens): the
      * forward and input-gradient products (output fp32 where the step keeps
