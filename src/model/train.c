@@ -250,7 +250,12 @@ static nstf_status params_plan(const nstf_train *t, const nstf_backend *be, uint
 /* The largest scratch any training op of this shape asks its backend for
  * (one buffer, grown to the largest): the cross-entropy's logits chunk, a
  * frozen matrix dequantized for its input gradient (CPU), the attention
- * backward's row dots and RMSNorm's per-row factors. */
+ * backward's row dots and log-sum-exps, RMSNorm's per-row factors and dw
+ * partials (at most 512 row chunks), and on a GPU the embedding backward's
+ * hash of the ids (a power of two >= 2n slots of 8 bytes, and 4 bytes a
+ * token). Not counted: the weight gradient's k-split partial sums on
+ * Hopper (their splits depend on the device's SM count; tens of MB at
+ * the SmolLM2 shape, beside the cross-entropy's 1.56 GiB). */
 static uint64_t ops_scratch(const nstf_train *t, const nstf_backend *be) {
     const uint64_t n = (uint64_t)t->n, dim = (uint64_t)t->c.dim, V = (uint64_t)t->c.n_vocab;
     uint64_t ce;
@@ -262,9 +267,14 @@ static uint64_t ops_scratch(const nstf_train *t, const nstf_backend *be) {
         ce = nstf_gpu_cross_entropy_scratch_bytes((int64_t)n, rows, (int64_t)dim, (int64_t)V);
     }
     uint64_t s = ce;
-    const uint64_t rms = 4 * (n + 64 * dim), att = 4 * n * (uint64_t)t->c.n_heads;
+    const uint64_t rms = 4 * (n + 512 * dim), att = 8 * n * (uint64_t)t->c.n_heads;
     if (rms > s) s = rms;
     if (att > s) s = att;
+    if (!be->host_memory) {
+        uint64_t slots = 64;
+        while (slots < 2 * n) slots *= 2;
+        if (8 * slots + 4 * n > s) s = 8 * slots + 4 * n;
+    }
     if (t->sh.lora_rank && be->host_memory) {
         const uint64_t big = 4 * dim * (uint64_t)(t->c.ffn_dim > t->c.n_heads * t->c.head_dim ? t->c.ffn_dim
                                                                                                 : t->c.n_heads * t->c.head_dim);
