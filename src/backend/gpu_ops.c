@@ -531,8 +531,9 @@ nstf_status nstf_gpu_op_swiglu_bwd(nstf_backend *be, const nstf_op_args *a) {
 /* Whether an M x N x K gradient GEMM takes the forward's wgmma GEMM (on
  * Hopper; K % 8 == 0, its TMA rule) after transposing the operand that is
  * not k-major into the training scratch: 2 bytes per element moved twice,
- * small beside the GEMM, for the wgmma rate instead of the portable
- * kernel's (gemm_bwd.cu). */
+ * for the wgmma rate instead of the portable kernel's (gemm_bwd.cu). dX
+ * transposes W (small); dW takes this only where its MN-major form
+ * (nstf_gpu_gemm_dw, nothing transposed) does not apply. */
 static bool bwd_wgmma(int64_t m, int64_t n, int64_t k) { return nstf_gpu_gemm_kmajor_fast(m, n, k) != 0; }
 
 /* A matrix not stored bf16 (a frozen, quantized base) is dequantized into
