@@ -293,28 +293,39 @@ __global__ void __launch_bounds__(256) gemm_dw_reduce_kernel(const float *__rest
 }
 
 #if defined(NSTF_GPU_CUDA)
-/* The plan of an M x N x K weight gradient: 0 when the wgmma form does not
- * apply (no sm_90a body, the mma switch, or operands TMA cannot address). */
+/* The plan of an M x N x K weight gradient: tile width, k splits, and the
+ * device's SM count it was made for. */
+struct gemm_dw_choice {
+    int bn, splits, n_sm;
+};
+
+/* 0 when the wgmma form does not apply (no sm_90a body, the mma switch, or
+ * operands TMA cannot address), else 1 and the plan. */
 static int gemm_dw_pick(const void *a, int64_t lda, const void *b, int64_t ldb, int64_t m, int64_t n, int64_t k,
-                        int *bn, int *splits) {
-    int n_sm = 0, wave = 0;
+                        gemm_dw_choice *p) {
+    int wave = 0;
     if (m <= 0 || n <= 0 || k <= 0 || m > INT32_MAX / 2 || n > INT32_MAX / 2 || k > INT32_MAX / 2 || lda < m ||
         ldb < n || lda % 8 || ldb % 8 || ((uintptr_t)a | (uintptr_t)b) % 16)
         return 0;
     if (nstf_switch_int(NSTF_SW_GEMM) == 0 || !gemm_wgmma_body_usable<192, true>() ||
-        nstf_mma_device(&n_sm, &wave) != NSTF_OK)
+        nstf_mma_device(&p->n_sm, &wave) != NSTF_OK)
         return 0;
-    gemm_dw_plan(m, n, k, n_sm, bn, splits);
+    gemm_dw_plan(m, n, k, p->n_sm, &p->bn, &p->splits);
     return 1;
+}
+
+/* The splits' partial sums (none with one split). */
+static size_t gemm_dw_scratch(const gemm_dw_choice *p, int64_t m, int64_t n) {
+    return p->splits > 1 ? (size_t)p->splits * (size_t)m * (size_t)n * sizeof(float) : 0;
 }
 #endif
 
 extern "C" int nstf_gpu_gemm_dw_fast(const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, int64_t m,
                                      int64_t n, int64_t k, size_t *scratch_bytes) {
 #if defined(NSTF_GPU_CUDA)
-    int bn = 0, sp = 0;
-    if (!gemm_dw_pick(a, lda, b, ldb, m, n, k, &bn, &sp)) return 0;
-    *scratch_bytes = sp > 1 ? (size_t)sp * (size_t)m * (size_t)n * sizeof(float) : 0;
+    gemm_dw_choice p = {128, 1, 0};
+    if (!gemm_dw_pick(a, lda, b, ldb, m, n, k, &p)) return 0;
+    *scratch_bytes = gemm_dw_scratch(&p, m, n);
     return 1;
 #else
     (void)a, (void)lda, (void)b, (void)ldb, (void)m, (void)n, (void)k, (void)scratch_bytes;
@@ -326,11 +337,12 @@ extern "C" nstf_status nstf_gpu_gemm_dw(const uint16_t *a, int64_t lda, const ui
                                         int64_t m, int64_t n, int64_t k, void *scratch, size_t scratch_bytes,
                                         void *stream) {
 #if defined(NSTF_GPU_CUDA)
-    int bn = 0, sp = 0, n_sm = 0, wave = 0;
-    if (!c || !gemm_dw_pick(a, lda, b, ldb, m, n, k, &bn, &sp) || nstf_mma_device(&n_sm, &wave) != NSTF_OK)
+    gemm_dw_choice p = {128, 1, 0};
+    if (!c || !gemm_dw_pick(a, lda, b, ldb, m, n, k, &p))
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "gemm_dw: no wgmma weight gradient for M=%lld N=%lld K=%lld",
                               (long long)m, (long long)n, (long long)k);
-    const size_t need = sp > 1 ? (size_t)sp * (size_t)m * (size_t)n * sizeof(float) : 0;
+    const int sp = p.splits, n_sm = p.n_sm;
+    const size_t need = gemm_dw_scratch(&p, m, n);
     if (need && (!scratch || scratch_bytes < need || (uintptr_t)scratch % 16))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "gemm_dw: scratch of %zu bytes (want %zu, 16-byte aligned)",
                               scratch_bytes, need);
@@ -338,9 +350,9 @@ extern "C" nstf_status nstf_gpu_gemm_dw(const uint16_t *a, int64_t lda, const ui
     const int vec = n % 8 == 0 && (uintptr_t)out % 16 == 0 ? 2 : n % 2 == 0 && (uintptr_t)out % 8 == 0 ? 1 : 0;
     const u16 *a16 = (const u16 *)a, *b16 = (const u16 *)b;
     cudaStream_t s = (cudaStream_t)stream;
-    if (bn == 256)
+    if (p.bn == 256)
         NSTF_TRY(gemm_dw_launch_bn<256>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));
-    else if (bn == 192)
+    else if (p.bn == 192)
         NSTF_TRY(gemm_dw_launch_bn<192>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));
     else
         NSTF_TRY(gemm_dw_launch_bn<128>(a16, lda, b16, ldb, out, m, n, k, sp, vec, n_sm, s));

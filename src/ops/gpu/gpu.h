@@ -239,4 +239,27 @@ static inline void nstf_gpu_device_mark(unsigned long long *mask) {
 /* Grid-stride loops use a grid clamped to this many blocks. */
 #define NSTF_GPU_MAX_GRID 65535
 
+/* The launch of a kernel over n_rows rows of row_len bf16 elements taken
+ * in runs of vec (8, 4, 2 or 1: the widest that row_len and align, the OR
+ * of every row start's byte address, allow): a block as wide as a row's
+ * runs (split evenly when more than `threads`), as many rows as fit in
+ * `threads`; the grid clamped to NSTF_GPU_MAX_GRID (a grid-stride loop
+ * over the rows takes the rest). */
+typedef struct {
+    int vec;
+    dim3 grid, block;
+} nstf_rows_launch;
+
+static inline nstf_rows_launch nstf_bf16_rows_launch(uint64_t align, int64_t row_len, int64_t n_rows, int threads) {
+    nstf_rows_launch l;
+    l.vec = 8;
+    while (l.vec > 1 && (row_len % l.vec || align % (uint64_t)(2 * l.vec))) l.vec /= 2;
+    const int64_t n_ch = row_len / l.vec, iters = (n_ch + threads - 1) / threads;
+    const int tx = (int)((n_ch + iters - 1) / iters), ty = threads / tx;
+    const int64_t blocks = (n_rows + ty - 1) / ty;
+    l.grid = dim3((unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID));
+    l.block = dim3((unsigned)tx, (unsigned)ty);
+    return l;
+}
+
 #endif

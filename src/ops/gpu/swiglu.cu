@@ -90,28 +90,18 @@ extern "C" nstf_status nstf_gpu_swiglu_rows(const uint16_t *h, uint16_t *y, int6
                               (long long)n_tok, (long long)ffn);
     if (n_tok == 0) return NSTF_OK;
     gpuStream_t s = (gpuStream_t)stream;
-    /* the widest access every row start (h at 4 ffn bytes a token, up 2 ffn
-     * bytes on, y at 2 ffn) is aligned to */
-    const uintptr_t a = (uintptr_t)h | (uintptr_t)y;
-    int vec = 8;
-    while (vec > 1 && (ffn % vec || a % (uintptr_t)(2 * vec))) vec /= 2;
-    /* a block as wide as the row's chunks (split evenly when over 256), as
-     * many tokens as fit */
-    const int64_t n_ch = ffn / vec, iters = (n_ch + SWIGLU_THREADS - 1) / SWIGLU_THREADS;
-    const int tx = (int)((n_ch + iters - 1) / iters), ty = SWIGLU_THREADS / tx;
-    const int64_t blocks = (n_tok + ty - 1) / ty;
-    const unsigned grid = (unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID);
-    const dim3 block((unsigned)tx, (unsigned)ty);
+    /* every row start: h at 4 ffn bytes a token, up 2 ffn bytes on, y at 2 ffn */
+    const nstf_rows_launch l = nstf_bf16_rows_launch((uintptr_t)h | (uintptr_t)y, ffn, n_tok, SWIGLU_THREADS);
     const nstf_bf16 *hb = (const nstf_bf16 *)h;
     nstf_bf16 *yb = (nstf_bf16 *)y;
-    if (vec == 8)
-        swiglu_kernel_rows<8><<<grid, block, 0, s>>>(hb, yb, n_tok, (int)ffn);
-    else if (vec == 4)
-        swiglu_kernel_rows<4><<<grid, block, 0, s>>>(hb, yb, n_tok, (int)ffn);
-    else if (vec == 2)
-        swiglu_kernel_rows<2><<<grid, block, 0, s>>>(hb, yb, n_tok, (int)ffn);
+    if (l.vec == 8)
+        swiglu_kernel_rows<8><<<l.grid, l.block, 0, s>>>(hb, yb, n_tok, (int)ffn);
+    else if (l.vec == 4)
+        swiglu_kernel_rows<4><<<l.grid, l.block, 0, s>>>(hb, yb, n_tok, (int)ffn);
+    else if (l.vec == 2)
+        swiglu_kernel_rows<2><<<l.grid, l.block, 0, s>>>(hb, yb, n_tok, (int)ffn);
     else
-        swiglu_kernel_rows<1><<<grid, block, 0, s>>>(hb, yb, n_tok, (int)ffn);
+        swiglu_kernel_rows<1><<<l.grid, l.block, 0, s>>>(hb, yb, n_tok, (int)ffn);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }

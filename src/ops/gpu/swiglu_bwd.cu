@@ -81,22 +81,14 @@ extern "C" nstf_status nstf_gpu_swiglu_bwd(const uint16_t *gate, int64_t gate_st
                               (long long)n, (long long)n_ff);
     if (n == 0) return NSTF_OK;
     gpuStream_t s = (gpuStream_t)stream;
-    /* the widest access every row start is aligned to: pointers and strides
-     * (in bytes) together */
+    /* every row start: pointers and strides (in bytes) together */
     const uint64_t a = (uint64_t)((uintptr_t)gate | (uintptr_t)up | (uintptr_t)dy | (uintptr_t)dgate |
                                   (uintptr_t)dup) |
                        (uint64_t)((gate_stride | up_stride | dy_stride | dgate_stride | dup_stride) * 2);
-    int vec = 8;
-    while (vec > 1 && (n_ff % vec || a % (uint64_t)(2 * vec))) vec /= 2;
-    /* a block as wide as the row's chunks (split evenly when over 256), as
-     * many tokens as fit */
-    const int64_t n_ch = n_ff / vec, iters = (n_ch + SWB_THREADS - 1) / SWB_THREADS;
-    const int tx = (int)((n_ch + iters - 1) / iters), ty = SWB_THREADS / tx;
-    const int64_t blocks = (n + ty - 1) / ty;
-    const unsigned grid = (unsigned)(blocks < NSTF_GPU_MAX_GRID ? blocks : NSTF_GPU_MAX_GRID);
-    swiglu_bwd_kernel<<<grid, dim3((unsigned)tx, (unsigned)ty), 0, s>>>(
+    const nstf_rows_launch l = nstf_bf16_rows_launch(a, n_ff, n, SWB_THREADS);
+    swiglu_bwd_kernel<<<l.grid, l.block, 0, s>>>(
         (const nstf_bf16 *)gate, gate_stride, (const nstf_bf16 *)up, up_stride, (const nstf_bf16 *)dy, dy_stride,
-        (nstf_bf16 *)dgate, dgate_stride, (nstf_bf16 *)dup, dup_stride, n, (int)n_ff, vec);
+        (nstf_bf16 *)dgate, dgate_stride, (nstf_bf16 *)dup, dup_stride, n, (int)n_ff, l.vec);
     GPU_LAUNCH_CHECK(s);
     return NSTF_OK;
 }
