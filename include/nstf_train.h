@@ -46,7 +46,10 @@ typedef struct nstf_train_params {
     int eval_batches;         /* micro-batches an evaluation reads (default 8) */
     int dp;                   /* data-parallel ranks (default 1): GPUs 0..dp-1, or dp CPU backends sharing
                                  the threads; each takes its batch x grad_accum sequences of a step, the
-                                 gradients are summed over the ranks before the (replicated) update */
+                                 gradients are summed over the ranks before the (replicated) update.
+                                 In a process that mpirun launched as one of N (nstf_proc_join done),
+                                 the run has N ranks, one per process (GPU: the process's place on
+                                 its machine); dp must then be 1 or N */
     int dp_timeout_ms;        /* a rank that makes no progress this long fails the run, naming it
                                  (0: the communicator's default, 30 s) */
     int zero;                 /* ZeRO-1 with dp > 1: 1 cuts the AdamW moments into one slot per rank (the
@@ -118,6 +121,11 @@ nstf_status nstf_trainer_export_lora(nstf_trainer *t, const char *path);
 
 /* One line describing the run: device, parameters, tokens per step. */
 const char *nstf_trainer_describe(const nstf_trainer *t);
+/* The rank this process holds when mpirun launched it as one of several
+ * (every process is one data-parallel rank; only rank 0 should print,
+ * log, evaluate and export, while every rank calls the step, save and
+ * resume); 0 otherwise. */
+int nstf_trainer_rank(const nstf_trainer *t);
 
 #ifdef __cplusplus
 }

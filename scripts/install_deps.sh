@@ -12,7 +12,9 @@
 #                          into build-amd/tools (SASS counts for `nstf isa`).
 # libmicrohttpd-dev is the HTTP server of `nstf serve`; libedit-dev: line
 # editing and history in `nstf chat`; liblapacke-dev: the SVD of the
-# low-rank decomposition (src/opt/lowrank.c).
+# low-rank decomposition (src/opt/lowrank.c); libopenmpi-dev and
+# openmpi-bin: launches by mpirun, one process per rank (libnstf_mpi,
+# src/dist/mpi/shim.c; tests/test_train_mpi.c).
 # clang + libclang-rt-dev are for `make fuzz`: libFuzzer's runtime
 # (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-dev, which tracks the
 # default clang (libclang-rt-14-dev for Debian 12's clang 14).
@@ -30,7 +32,7 @@ case "${1:-}" in
     *) echo "install_deps.sh: unknown step '$1' (want nothing, 'torch' or 'amd')" >&2; exit 2 ;;
 esac
 need=""
-pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev libedit-dev liblapacke-dev python3 python3-pip clang libclang-rt-dev"
+pkgs="cmake make gcc pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev libedit-dev liblapacke-dev libopenmpi-dev openmpi-bin python3 python3-pip clang libclang-rt-dev"
 [ $want_amd = 0 ] || pkgs="$pkgs hipcc clang-19"
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"

@@ -7,8 +7,10 @@
 #define NSTF_TEST_CLI_RUN_H
 
 #include <fcntl.h>
+#include <stdbool.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -54,6 +56,66 @@ static int run(const char *const *args) {
     g_out[k] = 0;
     if (f) fclose(f);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* The whole file, NUL-terminated (NULL when missing); *n its size. */
+static inline unsigned char *cli_file(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)*n + 1);
+    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+static inline bool cli_same_file(const char *a, const char *b) {
+    long na, nb;
+    unsigned char *x = cli_file(a, &na), *y = cli_file(b, &nb);
+    const bool same = x && y && na == nb && memcmp(x, y, (size_t)na) == 0;
+    free(x), free(y);
+    return same;
+}
+
+/* Each step's loss and gradient norm of a `nstf train --log` file as
+ * printed, one "loss norm" line per step into buf; the count of steps
+ * whose norm is above clip into *clipped; returns the steps. */
+static inline int cli_loss_norms(const char *log, double clip, char *buf, size_t cap, int *clipped) {
+    long n;
+    char *s = (char *)cli_file(log, &n);
+    int k = 0;
+    size_t at = 0;
+    buf[0] = 0;
+    *clipped = 0;
+    for (char *p = s; p && (p = strstr(p, "\"loss\": ")); p++, k++) {
+        const char *g = strstr(p, "\"grad_norm\": ");
+        if (!g) break;
+        const int nl = (int)strcspn(p + 8, ","), ng = (int)strcspn(g + 13, ",");
+        *clipped += strtod(g + 13, NULL) > clip;
+        at += (size_t)snprintf(buf + at, at < cap ? cap - at : 0, "%.*s %.*s\n", nl, p + 8, ng, g + 13);
+    }
+    free(s);
+    return k;
+}
+
+/* The training tests' text: 300 lines of 10 words drawn (seed 42) from 19. */
+static inline void cli_write_words(const char *path) {
+    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
+                                  "seven", "wise", "owls", "watch", "from", "an", "old", "oak", "tree"};
+    FILE *f = fopen(path, "wb");
+    test_rng r = {42};
+    for (int i = 0; f && i < 300; i++) {
+        for (int w = 0; w < 10; w++) fprintf(f, "%s%s", w ? " " : "", words[rng_next(&r) % 19]);
+        fputs(".\n", f);
+    }
+    if (f) fclose(f);
 }
 
 static inline int count_lines(const char *s) {

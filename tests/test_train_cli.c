@@ -71,32 +71,6 @@ static void write_text(const char *path, const char *text) {
     }
 }
 
-/* The whole file, NUL-terminated (NULL when missing); *n its size. */
-static unsigned char *slurp(const char *path, long *n) {
-    FILE *f = fopen(path, "rb");
-    *n = 0;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)*n + 1);
-    if (b && fread(b, 1, (size_t)*n, f) != (size_t)*n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[*n] = 0;
-    fclose(f);
-    return b;
-}
-
-static bool same_file(const char *a, const char *b) {
-    long na, nb;
-    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
-    const bool same = x && y && na == nb && memcmp(x, y, (size_t)na) == 0;
-    free(x), free(y);
-    return same;
-}
-
 /* The steps of the "step N/M ..." lines of stderr (g_err), as "1 3 6 7";
  * false when a step line lacks its loss, tokens/s or ETA, or stderr holds a
  * terminal's carriage return or escape sequence. */
@@ -120,7 +94,7 @@ static bool step_lines(char *buf, size_t cap) {
 /* The "loss" of the last JSON line of a log (NAN if none). */
 static double last_loss(const char *log) {
     long n;
-    char *s = (char *)slurp(log, &n);
+    char *s = (char *)cli_file(log, &n);
     double v = NAN;
     if (!s) return v;
     for (char *p = s; (p = strstr(p, "\"loss\": ")); p++) v = strtod(p + 8, NULL);
@@ -131,31 +105,10 @@ static double last_loss(const char *log) {
 /* Every step's loss of a JSONL log into out[cap]; the count. */
 static int losses(const char *log, double *out, int cap) {
     long n;
-    char *s = (char *)slurp(log, &n);
+    char *s = (char *)cli_file(log, &n);
     int k = 0;
     if (!s) return 0;
     for (char *p = s; k < cap && (p = strstr(p, "\"loss\": ")); p++) out[k++] = strtod(p + 8, NULL);
-    free(s);
-    return k;
-}
-
-/* Each step's loss and gradient norm of a JSONL log as printed, one
- * "loss norm" line per step into buf; the count of steps whose norm is
- * above clip into *clipped. */
-static int loss_norms(const char *log, double clip, char *buf, size_t cap, int *clipped) {
-    long n;
-    char *s = (char *)slurp(log, &n);
-    int k = 0;
-    size_t at = 0;
-    buf[0] = 0;
-    *clipped = 0;
-    for (char *p = s; p && (p = strstr(p, "\"loss\": ")); p++, k++) {
-        const char *g = strstr(p, "\"grad_norm\": ");
-        if (!g) break;
-        const int nl = (int)strcspn(p + 8, ","), ng = (int)strcspn(g + 13, ",");
-        *clipped += strtod(g + 13, NULL) > clip;
-        at += (size_t)snprintf(buf + at, at < cap ? cap - at : 0, "%.*s %.*s\n", nl, p + 8, ng, g + 13);
-    }
     free(s);
     return k;
 }
@@ -178,10 +131,10 @@ static double zero_pair(const char *tiny, const char *text, const char *dp, cons
                                                  "--batch", batch, "--dp", dp, "--zero", z ? "1" : "0", "--log",
                                                  log[z], "--ckpt-dir", ck[z], NULL});
         CHECK(rc == 0, "--dp %s --zero %d: exit %d: %s", dp, z, rc, g_err);
-        n[z] = loss_norms(log[z], 0.5, t[z], sizeof t[z], &clipped[z]);
+        n[z] = cli_loss_norms(log[z], 0.5, t[z], sizeof t[z], &clipped[z]);
         strcat(ck[z], "/checkpoint.nstf");
     }
-    const bool same = same_file(ck[0], ck[1]), logs = !strcmp(t[0], t[1]);
+    const bool same = cli_same_file(ck[0], ck[1]), logs = !strcmp(t[0], t[1]);
     const double last = last_loss(log[1]), d = ref >= 0 ? fabs(last - ref) / fmax(1.0, fabs(ref)) : 0;
     printf("  --dp %s --zero 1 vs --zero 0, %d steps (norm above --clip 0.5 in %d): losses and norms %s, final "
            "checkpoints %s", dp, n[1], clipped[1], logs ? "equal" : "DIFFER", same ? "byte-identical" : "DIFFER");
@@ -195,7 +148,7 @@ static double zero_pair(const char *tiny, const char *text, const char *dp, cons
 
 static double first_loss(const char *log) {
     long n;
-    char *s = (char *)slurp(log, &n);
+    char *s = (char *)cli_file(log, &n);
     double v = NAN;
     if (!s) return v;
     char *p = strstr(s, "\"loss\": ");
@@ -245,7 +198,7 @@ static int run_child(const char *const *args, const char *env, rlim_t fsize, con
         nanosleep(&ts, NULL);
     }
     long n;
-    char *e = (char *)slurp(err_path, &n);
+    char *e = (char *)cli_file(err_path, &n);
     snprintf(g_err, sizeof g_err, "%s", e ? e : "");
     free(e);
     if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGKILL ? -SIGKILL : -1;
@@ -272,17 +225,7 @@ int main(void) {
     CHECK(rc == 0, "gen-model: %s", g_err);
     rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f32", "--seed", "2", "-o", tiny2, NULL});
     CHECK(rc == 0, "gen-model: %s", g_err);
-    {
-        static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
-                                      "seven", "wise", "owls", "watch", "from", "an", "old", "oak", "tree"};
-        FILE *f = fopen(text, "wb");
-        test_rng r = {42};
-        for (int i = 0; f && i < 300; i++) {
-            for (int w = 0; w < 10; w++) fprintf(f, "%s%s", w ? " " : "", words[rng_next(&r) % 19]);
-            fputs(".\n", f);
-        }
-        if (f) fclose(f);
-    }
+    cli_write_words(text);
     write_text(one, "the wise owls watch the old oak tree......"); /* 42 bytes + EOS: one window of 32 */
     write_text(empty, "");
     write_text(shortt, "too short");
@@ -312,8 +255,8 @@ int main(void) {
     rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "8", "--lr", "3e-3", "--resume", cb,
                    "--out", ob));
     CHECK(rc == 0, "resume, 4 more: exit %d: %s", rc, g_err);
-    CHECK(same_file(fa, fb), "8 steps and 4 + resume + 4 left different checkpoints");
-    CHECK(same_file(oa, ob), "8 steps and 4 + resume + 4 exported different models");
+    CHECK(cli_same_file(fa, fb), "8 steps and 4 + resume + 4 left different checkpoints");
+    CHECK(cli_same_file(oa, ob), "8 steps and 4 + resume + 4 exported different models");
     printf("  8 steps == 4 + resume + 4: checkpoints and exports byte-identical\n");
 
     /* data parallel: --dp 2 --batch 1 against --dp 1 --batch 2 (the same sequences each step) */
@@ -385,7 +328,7 @@ int main(void) {
             const double lz = last_loss(lr), d = fabs(lz - last2) / fmax(1.0, fabs(last2));
             snprintf(f1, sizeof f1, "%s/checkpoint.nstf", kr);
             if (rs[i].same_as) snprintf(ref, sizeof ref, "%s/%s/checkpoint.nstf", g_dir, rs[i].same_as);
-            const bool same = rs[i].same_as && same_file(f1, ref);
+            const bool same = rs[i].same_as && cli_same_file(f1, ref);
             printf("  --dp %s --zero %s stopped at 25, resumed with --dp %s --zero %s: ", rs[i].from_dp,
                    rs[i].from_zero, rs[i].to_dp, rs[i].to_zero);
             if (rs[i].same_as) printf("final checkpoint %s the uninterrupted run's\n", same ? "byte-identical to" : "DIFFERS from");
@@ -402,8 +345,8 @@ int main(void) {
         rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--zero", "1", "--ckpt-dir", kd1));
         snprintf(f1, sizeof f1, "%s/checkpoint.nstf", kd0);
         snprintf(f2, sizeof f2, "%s/checkpoint.nstf", kd1);
-        CHECK(rc == 0 && same_file(f1, f2), "--zero 1 --dp 1: exit %d, checkpoints %s: %s", rc,
-              same_file(f1, f2) ? "equal" : "differ", g_err);
+        CHECK(rc == 0 && cli_same_file(f1, f2), "--zero 1 --dp 1: exit %d, checkpoints %s: %s", rc,
+              cli_same_file(f1, f2) ? "equal" : "differ", g_err);
         /* the plan: one rank's optimizer slot */
         double o0 = -1, o1 = -1;
         rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--dp", "2", "--zero", "0", "--plan"));
@@ -464,7 +407,7 @@ int main(void) {
     CHECK(rc == 0, "1 step: exit %d: %s", rc, g_err);
     {
         long n;
-        unsigned char *b = slurp(fc, &n);
+        unsigned char *b = cli_file(fc, &n);
         FILE *f = fopen(saved, "wb");
         if (f && b) fwrite(b, 1, (size_t)n, f);
         if (f) fclose(f);
@@ -473,7 +416,7 @@ int main(void) {
     rc = run_child(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--resume", cc),
                    "NSTF_CKPT_STALL_MS=30000", 0, tmpc);
     CHECK(rc == -SIGKILL, "the run with a stalled checkpoint write: status %d (want SIGKILL): %s", rc, g_err);
-    CHECK(same_file(fc, saved), "SIGKILL during a checkpoint write changed the previous checkpoint");
+    CHECK(cli_same_file(fc, saved), "SIGKILL during a checkpoint write changed the previous checkpoint");
     rc = run(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "2", "--resume", cc));
     CHECK(rc == 0, "resume after the kill: exit %d: %s", rc, g_err);
     printf("  SIGKILL during a checkpoint write: the previous checkpoint intact and resumable\n");
@@ -483,7 +426,7 @@ int main(void) {
     rename(saved, fc);
     {
         long n;
-        free(slurp(fc, &n));
+        free(cli_file(fc, &n));
         rc = run_child(TRAIN("--data", text, "--batch", "2", "--seq", "32", "--steps", "4", "--resume", cc), NULL,
                        (rlim_t)(n / 2), NULL);
     }

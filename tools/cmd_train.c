@@ -10,11 +10,13 @@
  * step (the second) with the backend's marks and prints the table. */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include "cli_util.h"
+#include "dist/proc.h"
 #include "gen_model.h"
 #include "nstf_train.h"
 #include "prof/profiler.h"
@@ -39,7 +41,9 @@ static void usage(void) {
            "  --dp N            data parallel over N ranks (GPUs 0..N-1, or N CPU ranks sharing -t): each\n"
            "                    trains on its --batch x --accum sequences of a step, the gradients are\n"
            "                    summed over the ranks before the update (default 1); --dp-timeout MS:\n"
-           "                    a rank that makes no progress this long fails the run (default 30000)\n"
+           "                    a rank that makes no progress this long fails the run (default 30000).\n"
+           "                    Or one process per rank: mpirun -np N nstf train ... (GPU: each\n"
+           "                    process takes its place on its machine; rank 0 prints, logs and writes)\n"
            "  --zero 0|1        with --dp > 1, 1 is ZeRO-1: the AdamW moments cut into one slot per rank\n"
            "                    (gradients reduce-scattered, each rank updates its slot, the weights\n"
            "                    all-gathered); 0 replicates the update. The same results (bit for bit on\n"
@@ -88,11 +92,21 @@ static void print_profile(nstf_prof *pr, int64_t step, double step_ms) {
     if (pr->dropped) fprintf(stderr, "  (%lld op calls not recorded)\n", (long long)pr->dropped);
 }
 
+/* In a launch by mpirun, a rank's error ends every process of the launch
+ * (the others would wait for this rank until their timeout). */
 static int fail(nstf_trainer *t, FILE *log, const char *ckpt, int64_t saved) {
     cli_progress_end(&g_bar); /* the error goes below the bar */
+    char who[32] = "";
+    if (nstf_proc_active() && strncmp(nstf_last_error(), "rank ", 5) != 0)
+        snprintf(who, sizeof who, "rank %d of %d: ", nstf_proc_rank(), nstf_proc_size());
     if (ckpt && saved >= 0 && !strstr(nstf_last_error(), "is kept"))
-        fprintf(stderr, "nstf: %s; the last checkpoint (step %lld) in %s is kept\n", nstf_last_error(), (long long)saved, ckpt);
-    else fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        fprintf(stderr, "nstf: %s%s; the last checkpoint (step %lld) in %s is kept\n", who, nstf_last_error(),
+                (long long)saved, ckpt);
+    else fprintf(stderr, "nstf: %s%s\n", who, nstf_last_error());
+    if (nstf_proc_active()) {
+        fflush(stderr);
+        nstf_proc_abort(1);
+    }
     nstf_trainer_close(t);
     if (log) fclose(log);
     return 1;
@@ -165,6 +179,15 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "nstf train: --eval-every needs --eval-data\n");
         return 2;
     }
+    /* started by mpirun as one of several: one data-parallel rank per
+     * process; rank 0 prints, logs, evaluates and writes the model */
+    if (nstf_proc_launched() && nstf_proc_join() != NSTF_OK) {
+        fprintf(stderr, "nstf: %s\n", nstf_last_error());
+        return 1;
+    }
+    const int rank = nstf_proc_active() ? nstf_proc_rank() : 0;
+    if (nstf_proc_active() && p.dp == 1) p.dp = nstf_proc_size();
+    if (rank > 0) quiet = true, log_path = NULL, out = NULL, lora_out = NULL, eval_every = 0, profile = false;
     /* from scratch: the shape's random model, written once beside the run */
     char init[1100];
     if (shape) {
@@ -183,10 +206,20 @@ int cmd_train(int argc, char **argv) {
             snprintf(init, sizeof init, "%s.init.gguf", out);
         }
         struct stat sb;
-        if (stat(init, &sb) != 0 && gen_model_file(shape, NSTF_TYPE_BF16, init, p.seed) != NSTF_OK) {
+        int made = 1; /* (rank 0 of a launch writes it; the others wait for it) */
+        if (rank == 0 && stat(init, &sb) != 0 && gen_model_file(shape, NSTF_TYPE_BF16, init, p.seed) != NSTF_OK) {
             fprintf(stderr, "nstf: %s\n", nstf_last_error());
-            return 1;
+            made = 0;
         }
+        if (nstf_proc_active()) {
+            int *all = calloc((size_t)nstf_proc_size(), sizeof *all);
+            if (!all || nstf_proc_allgather(&made, all, sizeof made, p.dp_timeout_ms ? p.dp_timeout_ms : 30000) != NSTF_OK)
+                return fail(NULL, NULL, NULL, -1);
+            made = made && all[0];
+            free(all);
+            if (!made) nstf_proc_abort(1);
+        }
+        if (!made) return 1;
         p.model = init;
     }
     if (plan) {
@@ -195,9 +228,10 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "nstf: %s\n", nstf_last_error());
             return 1;
         }
-        nstf_train_plan_print(&pl, &p, stdout);
-        if (!pl.fits) fprintf(stderr, "nstf: the run does not fit: %.2f GiB needed, %.2f GiB %s\n",
+        if (rank == 0) nstf_train_plan_print(&pl, &p, stdout);
+        if (!pl.fits && rank == 0) fprintf(stderr, "nstf: the run does not fit: %.2f GiB needed, %.2f GiB %s\n",
                               (double)pl.total / (1u << 30), (double)pl.available / (1u << 30), pl.host ? "available" : "free");
+        nstf_proc_leave(1000);
         return pl.fits ? 0 : 1;
     }
     FILE *log = NULL;
@@ -279,5 +313,6 @@ int cmd_train(int argc, char **argv) {
     if (!quiet && out) fprintf(stderr, "nstf train: wrote %s\n", out);
     nstf_trainer_close(t);
     if (log) fclose(log);
+    nstf_proc_leave(p.dp_timeout_ms ? p.dp_timeout_ms : 30000);
     return 0;
 }

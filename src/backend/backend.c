@@ -53,6 +53,17 @@ nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_
     snprintf(desc, cap, "none");
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
 }
+nstf_status nstf_gpu_ccl_unique_id(unsigned char *id) {
+    (void)id;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
+nstf_status nstf_gpu_ccl_init_rank(int dev, int rank, int n, const unsigned char *id, void **comm, int timeout_ms,
+                                   char *desc, size_t cap) {
+    (void)dev, (void)rank, (void)n, (void)id, (void)timeout_ms;
+    *comm = NULL;
+    snprintf(desc, cap, "none");
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");
+}
 nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
     (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no GPU backend");

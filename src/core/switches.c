@@ -69,6 +69,14 @@ static const nstf_switch_def g_defs[] = {
     [NSTF_SW_DP_STALL_AT] = {"NSTF_DP_STALL_AT", NSTF_SWITCH_INT, 0, 0, 1000000000, NULL,
                              "the last rank of a data-parallel training run stops before its collective N "
                              "(1-based; 0: never; for the tests of the stall timeout)"},
+    [NSTF_SW_MPI_LIBRARY] = {"NSTF_MPI_LIBRARY", NSTF_SWITCH_STR, 0, 0, 0, NULL,
+                             "the libnstf_mpi library a process started by mpirun loads (default: libnstf_mpi.so "
+                             "beside the program or libnstf, then the loader's path)"},
+    [NSTF_SW_OMPI_WORLD_SIZE] = {"OMPI_COMM_WORLD_SIZE", NSTF_SWITCH_INT, 0, 0, 1 << 20, NULL,
+                                 "set by Open MPI's mpirun: more than 1 makes nstf train one data-parallel rank of "
+                                 "the launch (through libnstf_mpi)"},
+    [NSTF_SW_PMI_SIZE] = {"PMI_SIZE", NSTF_SWITCH_INT, 0, 0, 1 << 20, NULL,
+                          "set by PMI launchers (MPICH's mpiexec, srun --mpi=pmi2): as OMPI_COMM_WORLD_SIZE"},
 };
 _Static_assert(sizeof g_defs / sizeof g_defs[0] == NSTF_SW_COUNT, "one registry row per nstf_switch_id");
 

@@ -59,6 +59,9 @@ typedef enum {
     NSTF_SW_NCCL_LIBRARY,   /* string: the NCCL (RCCL) library file tensor-parallel runs load */
     NSTF_SW_TP_STALL_AT,    /* int: the last tensor-parallel rank stalls before its collective N (fault tests) */
     NSTF_SW_DP_STALL_AT,    /* int: the last data-parallel training rank stalls before its collective N (fault tests) */
+    NSTF_SW_MPI_LIBRARY,    /* string: the libnstf_mpi file a process launched by mpirun loads */
+    NSTF_SW_OMPI_WORLD_SIZE, /* int: set by Open MPI's mpirun: the processes of the launch */
+    NSTF_SW_PMI_SIZE,       /* int: set by PMI launchers (MPICH's hydra, srun --mpi=pmi2): the processes of the launch */
     NSTF_SW_COUNT
 } nstf_switch_id;
 

@@ -16,6 +16,7 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
+#include "dist/proc.h"
 #include "ops/gpu/gpu_api.h"
 #include "ops/gpu/p2p_api.h"
 
@@ -31,6 +32,7 @@ typedef struct thread_arg {
 struct nstf_comm {
     int n, timeout_ms;
     bool gpu;
+    int self; /* process mode (a launch by mpirun): this process's rank; -1: every rank here */
     nstf_backend *be[NSTF_COMM_MAX];
     void *ccl[NSTF_COMM_MAX]; /* GPU: one communicator per rank */
     nstf_p2p *p2p;            /* GPU with peer access everywhere: all-reduces up to P2P_CAP floats */
@@ -63,6 +65,7 @@ struct nstf_comm {
 };
 
 int nstf_comm_size(const nstf_comm *c) { return c->n; }
+int nstf_comm_self(const nstf_comm *c) { return c->self; }
 const char *nstf_comm_transport(const nstf_comm *c) { return c->transport; }
 
 void nstf_comm_fault(nstf_comm *c, int rank, int64_t at) {
@@ -167,9 +170,22 @@ static void describe_stall(nstf_comm *c, char *out, size_t cap) {
                  (long long)hi);
 }
 
+/* Process mode: this process's rank runs here; its collectives time out
+ * on their own (the launch's, NCCL's) and name the ranks behind. */
+static nstf_status run_self(nstf_comm *c, nstf_comm_job fn, void *ctx) {
+    nstf_clear_error();
+    const nstf_status st = fn(ctx, c->self);
+    if (st == NSTF_OK) return NSTF_OK;
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", nstf_last_error());
+    if (!atomic_load(&c->aborted)) nstf_comm_abort(c, msg);
+    return nstf_set_error(st, "rank %d (%s) of the parallel group: %s", c->self, c->be[c->self]->device, msg);
+}
+
 nstf_status nstf_comm_run(nstf_comm *c, nstf_comm_job fn, void *ctx) {
     if (c->wedged || atomic_load(&c->aborted))
         return nstf_set_error(NSTF_ERR_GPU, "tensor-parallel group: the communicator was aborted earlier (%s)", c->why);
+    if (c->self >= 0) return run_self(c, fn, ctx);
     pthread_mutex_lock(&c->mu);
     c->fn = fn;
     c->ctx = ctx;
@@ -298,12 +314,67 @@ static nstf_status host_allgather(nstf_comm *c, int rank, void *buf, size_t slot
     return host_wait(c, rank);
 }
 
+/* ---- the host collectives of process mode (dist/proc.h) ----
+ * The sums are the threads' (rank 0's value, then the others added in
+ * rank order), so a launch by mpirun gives the bits of one process
+ * driving the same ranks. They move PART elements per rank a call. */
+
+#define PART (1 << 20)
+
+/* buf [n] += the other ranks' in rank order: piece by piece of n x PART
+ * elements, rank q sums part q of the piece (all-to-all), then the parts
+ * are gathered (the last piece padded with zeros). */
+static nstf_status proc_allreduce(nstf_comm *c, float *buf, int64_t n) {
+    const size_t R = (size_t)c->n;
+    float *snd = nstf_alloc(2 * R * PART * sizeof(float), "all-reduce buffers"), *rcv = snd + R * PART;
+    if (!snd) return NSTF_ERR_OOM;
+    nstf_status st = NSTF_OK;
+    for (int64_t o = 0; o < n && st == NSTF_OK; o += (int64_t)R * PART) {
+        const int64_t len = n - o < (int64_t)R * PART ? n - o : (int64_t)R * PART;
+        memcpy(snd, buf + o, (size_t)len * sizeof(float));
+        memset(snd + len, 0, (R * PART - (size_t)len) * sizeof(float));
+        st = nstf_proc_alltoall(snd, rcv, PART * sizeof(float), c->timeout_ms);
+        float *mine = snd + (size_t)c->self * PART; /* (its send was taken) */
+        for (size_t i = 0; st == NSTF_OK && i < PART; i++) {
+            float v = rcv[i];
+            for (size_t r = 1; r < R; r++) v += rcv[r * PART + i];
+            mine[i] = v;
+        }
+        if (st == NSTF_OK) st = nstf_proc_allgather(mine, snd, PART * sizeof(float), c->timeout_ms);
+        if (st == NSTF_OK) memcpy(buf + o, snd, (size_t)len * sizeof(float));
+    }
+    nstf_free(snd);
+    return st;
+}
+
+/* This rank's slot of buf [n x shard] summed over the ranks, PART
+ * elements of the slot at a time. */
+static nstf_status proc_reduce_scatter(nstf_comm *c, float *buf, int64_t shard) {
+    const size_t R = (size_t)c->n;
+    float *snd = nstf_alloc(2 * R * PART * sizeof(float), "reduce-scatter buffers"), *rcv = snd + R * PART;
+    if (!snd) return NSTF_ERR_OOM;
+    nstf_status st = NSTF_OK;
+    for (int64_t o = 0; o < shard && st == NSTF_OK; o += PART) {
+        const size_t k = (size_t)(shard - o < PART ? shard - o : PART);
+        for (size_t q = 0; q < R; q++) memcpy(snd + q * k, buf + (int64_t)q * shard + o, k * sizeof(float));
+        st = nstf_proc_alltoall(snd, rcv, k * sizeof(float), c->timeout_ms);
+        float *mine = buf + (int64_t)c->self * shard + o;
+        for (size_t i = 0; st == NSTF_OK && i < k; i++) {
+            float v = rcv[i];
+            for (size_t r = 1; r < R; r++) v += rcv[r * k + i];
+            mine[i] = v;
+        }
+    }
+    nstf_free(snd);
+    return st;
+}
+
 /* A collective's entry: the watchdog's count, a test's stalled rank, an
  * earlier abort. */
 static nstf_status enter(nstf_comm *c, int rank, const char *what, int64_t n) {
-    if (rank < 0 || rank >= c->n || n < 0)
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s of %lld values on rank %d of %d", what, (long long)n, rank,
-                              c->n);
+    if (rank < 0 || rank >= c->n || n < 0 || (c->self >= 0 && rank != c->self))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "%s of %lld values on rank %d of %d%s", what, (long long)n, rank,
+                              c->n, c->self >= 0 && rank != c->self ? " (another process's)" : "");
     pthread_mutex_lock(&c->mu);
     const bool fault = rank == c->fault_rank && c->calls[rank] == c->fault_at;
     if (!fault) c->calls[rank]++;
@@ -340,7 +411,7 @@ nstf_status nstf_comm_allreduce_add(nstf_comm *c, int rank, float *buf, float *d
     *added = false;
     NSTF_TRY(enter(c, rank, "all-reduce", n));
     if (c->n == 1) return NSTF_OK;
-    if (!c->gpu) return host_allreduce(c, rank, buf, n);
+    if (!c->gpu) return c->self >= 0 ? proc_allreduce(c, buf, n) : host_allreduce(c, rank, buf, n);
     void *stream = NULL;
     NSTF_TRY(rank_stream(c, rank, &stream));
     nstf_status st;
@@ -390,7 +461,7 @@ nstf_status nstf_comm_reduce_scatter(nstf_comm *c, int rank, float *buf, int64_t
     NSTF_TRY(check_slots(c, "reduce-scatter", shard, 4));
     NSTF_TRY(enter(c, rank, "reduce-scatter", shard));
     if (c->n == 1) return NSTF_OK;
-    if (!c->gpu) return host_reduce_scatter(c, rank, buf, shard);
+    if (!c->gpu) return c->self >= 0 ? proc_reduce_scatter(c, buf, shard) : host_reduce_scatter(c, rank, buf, shard);
     void *stream = NULL;
     NSTF_TRY(rank_stream(c, rank, &stream));
     return gpu_done(c, rank, nstf_gpu_ccl_reduce_scatter_f32(c->ccl[rank], rank, buf, shard, stream, c->timeout_ms));
@@ -401,6 +472,8 @@ nstf_status nstf_comm_allgather(nstf_comm *c, int rank, void *buf, int64_t shard
     NSTF_TRY(enter(c, rank, "all-gather", shard));
     const int64_t slot = shard * elem_bytes;
     if (c->n == 1) return NSTF_OK;
+    if (!c->gpu && c->self >= 0)
+        return nstf_proc_allgather((char *)buf + (size_t)slot * (size_t)rank, buf, (size_t)slot, c->timeout_ms);
     if (!c->gpu) return host_allgather(c, rank, buf, (size_t)slot);
     void *stream = NULL;
     NSTF_TRY(rank_stream(c, rank, &stream));
@@ -411,6 +484,7 @@ nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, v
     if (bytes > (size_t)INT64_MAX / (size_t)c->n)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "host all-gather of %zu bytes per rank", bytes);
     NSTF_TRY(enter(c, rank, "host all-gather", (int64_t)bytes));
+    if (c->self >= 0) return nstf_proc_allgather(mine, all, bytes, c->timeout_ms);
     NSTF_TRY(host_post(c, rank, mine, 0));
     for (int r = 0; r < c->n; r++) { /* mine may be this rank's own place in all */
         char *to = (char *)all + bytes * (size_t)r;
@@ -443,6 +517,24 @@ void nstf_comm_free(nstf_comm *c) {
     nstf_free(c);
 }
 
+/* A communicator of n ranks, self its process's (-1: all of them). */
+static nstf_comm *comm_new(int n, int self, bool gpu, int timeout_ms) {
+    nstf_comm *c = nstf_calloc(1, sizeof *c, "communicator");
+    if (!c) return NULL;
+    c->n = n;
+    c->self = self;
+    c->gpu = gpu;
+    c->timeout_ms = timeout_ms ? timeout_ms : NSTF_COMM_TIMEOUT_MS;
+    c->fault_rank = -1;
+    c->fault_at = -1;
+    atomic_init(&c->aborted, false);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->job_cv, NULL);
+    pthread_cond_init(&c->done_cv, NULL);
+    pthread_cond_init(&c->bar_cv, NULL);
+    return c;
+}
+
 nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nstf_comm **out) {
     *out = NULL;
     if (n < 1 || n > NSTF_COMM_MAX)
@@ -452,18 +544,8 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
     for (int r = 1; r < n; r++)
         if (be[r]->host_memory != host)
             return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor-parallel ranks must all be CPU or all GPU backends");
-    nstf_comm *c = nstf_calloc(1, sizeof *c, "communicator");
+    nstf_comm *c = comm_new(n, -1, !host, timeout_ms);
     if (!c) return NSTF_ERR_OOM;
-    c->n = n;
-    c->gpu = !host;
-    c->timeout_ms = timeout_ms ? timeout_ms : NSTF_COMM_TIMEOUT_MS;
-    c->fault_rank = -1;
-    c->fault_at = -1;
-    atomic_init(&c->aborted, false);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->job_cv, NULL);
-    pthread_cond_init(&c->done_cv, NULL);
-    pthread_cond_init(&c->bar_cv, NULL);
     for (int r = 0; r < n; r++) c->be[r] = be[r];
     nstf_status st = NSTF_OK;
     snprintf(c->transport, sizeof c->transport, "host");
@@ -489,6 +571,42 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
         if (nstf_thread_start(&c->th[r], rank_main, &c->targ[r]) != 0)
             st = nstf_set_error(NSTF_ERR_OOM, "cannot start the thread of tensor-parallel rank %d", r);
         else c->n_threads++;
+    }
+    if (st != NSTF_OK) {
+        nstf_comm_free(c);
+        return st;
+    }
+    *out = c;
+    return NSTF_OK;
+}
+
+nstf_status nstf_comm_create_proc(nstf_backend *be, int timeout_ms, nstf_comm **out) {
+    *out = NULL;
+    if (!nstf_proc_active())
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "a communicator of processes outside an mpirun launch");
+    const int n = nstf_proc_size(), self = nstf_proc_rank();
+    if (n > NSTF_COMM_MAX)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "mpirun launched %d processes; a parallel group takes 1..%d", n,
+                              NSTF_COMM_MAX);
+    if (timeout_ms < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "communicator timeout %d ms", timeout_ms);
+    nstf_comm *c = comm_new(n, self, !be->host_memory, timeout_ms);
+    if (!c) return NSTF_ERR_OOM;
+    c->be[self] = be;
+    snprintf(c->transport, sizeof c->transport, "%s, one process per rank", nstf_proc_transport());
+    nstf_status st = NSTF_OK;
+    if (c->gpu) { /* NCCL: rank 0's id to every rank through the launch */
+        unsigned char id[NSTF_CCL_ID_BYTES] = {0}, *all = nstf_alloc((size_t)n * sizeof id, "NCCL ids");
+        int dev = 0;
+        void *stream;
+        st = all ? nstf_backend_gpu_stream(be, &dev, &stream) : NSTF_ERR_OOM;
+        if (st == NSTF_OK && self == 0) st = nstf_gpu_ccl_unique_id(id);
+        /* every rank takes part even when rank 0 failed: it then aborts the launch */
+        if (st == NSTF_OK) st = nstf_proc_allgather(id, all, sizeof id, c->timeout_ms);
+        char desc[64] = "";
+        if (st == NSTF_OK) st = nstf_gpu_ccl_init_rank(dev, self, n, all, &c->ccl[self], c->timeout_ms, desc, sizeof desc);
+        if (st == NSTF_OK)
+            snprintf(c->transport, sizeof c->transport, "%s, one process per rank (%s)", desc, nstf_proc_transport());
+        nstf_free(all);
     }
     if (st != NSTF_OK) {
         nstf_comm_free(c);

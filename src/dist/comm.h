@@ -47,7 +47,22 @@ typedef struct nstf_comm nstf_comm;
  * or all GPU, n in 1..NSTF_COMM_MAX). timeout_ms: the stall timeout (0:
  * NSTF_COMM_TIMEOUT_MS). */
 nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nstf_comm **out);
+/* Process mode: a communicator of the processes of a launch by mpirun
+ * (dist/proc.h, joined already), this process being rank
+ * nstf_proc_rank() with backend be (not owned). nstf_comm_run runs the
+ * job for this rank only, on the calling thread; collectives take rank ==
+ * nstf_comm_self. Host ranks sum in rank order through the launch's
+ * all-to-all and all-gather (the same bits as one process driving the
+ * same ranks); GPU ranks use NCCL, each process's communicator made with
+ * ncclCommInitRank from rank 0's id (no peer one-shot path: it needs
+ * every device in one process). A stalled or dead peer makes this rank's
+ * collective fail within timeout_ms, naming the ranks behind; the caller
+ * then ends the launch (nstf_proc_abort), since the others cannot learn
+ * of its error. */
+nstf_status nstf_comm_create_proc(nstf_backend *be, int timeout_ms, nstf_comm **out);
 void nstf_comm_free(nstf_comm *c);
+/* The rank this process holds in process mode; -1 when it holds them all. */
+int nstf_comm_self(const nstf_comm *c);
 int nstf_comm_size(const nstf_comm *c);
 /* "host" or "NCCL 2.28.9" / "RCCL ...". */
 const char *nstf_comm_transport(const nstf_comm *c);
@@ -101,8 +116,8 @@ nstf_status nstf_comm_allgather(nstf_comm *c, int rank, void *buf, int64_t shard
 /* All-gather of host memory between the rank threads, whatever the
  * transport: all [size x bytes] receives every rank's `bytes` of mine in
  * rank order (mine may be the rank's own place in all). For the small figures every rank must agree on (ZeRO-1's
- * partial sums of the gradient norm): the ranks are threads of this one
- * process, so they meet in host memory without a device round trip. */
+ * partial sums of the gradient norm): rank threads meet in host memory
+ * without a device round trip; processes (process mode) through MPI. */
 nstf_status nstf_comm_host_allgather(nstf_comm *c, int rank, const void *mine, void *all, size_t bytes);
 
 /* Whether an all-reduce of n floats can be captured in a graph with the

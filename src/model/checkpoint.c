@@ -98,8 +98,30 @@ static nstf_status get_rank(void *ctx, int r) {
     return nstf_train_get(j->t->trs[r], j->which, a, b - a, j->buf + (a - j->o));
 }
 
+/* The same in a launch by mpirun: every process gives its rank's part
+ * (the rest of its k zero), and each element is taken from the rank that
+ * owns it (shard_len elements a rank, as nstf_train_shard cuts them). */
+static nstf_status gather_chunk(nstf_trainer *t, int which, int64_t o, int64_t k, float *buf) {
+    const int n = t->dp;
+    float *mine = nstf_calloc((size_t)k * (size_t)(n + 1), sizeof(float), "checkpoint gather"), *all = mine + k;
+    if (!mine) return NSTF_ERR_OOM;
+    int64_t lo = 0, hi = 0;
+    nstf_train_shard(t->tr, &lo, &hi);
+    const int64_t a = lo > o ? lo : o, b = hi < o + k ? hi : o + k;
+    nstf_status st = a < b ? nstf_train_get(t->tr, which, a, b - a, mine + (a - o)) : NSTF_OK;
+    if (st == NSTF_OK) st = nstf_comm_host_allgather(t->comm, t->self, mine, all, (size_t)k * sizeof(float));
+    for (int64_t i = 0; st == NSTF_OK && i < k; i++) {
+        int64_t r = (o + i) / t->tr->shard_len;
+        if (r >= n) r = n - 1;
+        buf[i] = all[r * k + i];
+    }
+    nstf_free(mine);
+    return st;
+}
+
 static nstf_status get_chunk(nstf_trainer *t, int which, int64_t o, int64_t k, float *buf) {
     if (which == 0 || t->tr->sh.shards <= 1) return nstf_train_get(t->tr, which, o, k, buf);
+    if (t->self >= 0) return gather_chunk(t, which, o, k, buf);
     get_job j = {t, which, o, k, buf};
     return nstf_trainer_on_ranks(t, get_rank, &j);
 }
@@ -155,7 +177,23 @@ static void stall(void) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+/* A launch's rank other than 0: its part of the moments' gathers (ZeRO-1;
+ * without it rank 0 holds everything), in the order rank 0 asks them. */
+static nstf_status save_share(nstf_trainer *t) {
+    if (t->tr->sh.shards <= 1) return NSTF_OK;
+    float *buf = nstf_alloc((size_t)CK_CHUNK * sizeof(float), "checkpoint buffer");
+    if (!buf) return NSTF_ERR_OOM;
+    nstf_status st = NSTF_OK;
+    const int64_t n = t->tr->n_flat;
+    for (int which = 1; st == NSTF_OK && which < 3; which++)
+        for (int64_t o = 0; st == NSTF_OK && o < n; o += CK_CHUNK)
+            st = gather_chunk(t, which, o, n - o < CK_CHUNK ? n - o : CK_CHUNK, buf);
+    nstf_free(buf);
+    return st;
+}
+
 nstf_status nstf_trainer_save(nstf_trainer *t, const char *dir) {
+    if (t->self > 0) return save_share(t); /* rank 0 of the launch writes */
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return nstf_set_error(NSTF_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
     char path[1024];

@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/mem.h"
 #include "core/switches.h"
+#include "dist/proc.h"
 #include "io/hf_model.h"
 #include "model/trainer.h"
 
@@ -118,17 +119,21 @@ static nstf_status open_backend(const nstf_train_params *p, int rank, nstf_backe
     if (gpu && !nstf_backend_gpu_built())
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: this build has no GPU backend (build with NSTF_CUDA=ON)");
     if (gpu && nstf_backend_gpu_count() < 1) return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--device gpu: no GPU found");
-    if (gpu && p->dp > nstf_backend_gpu_count())
-        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--dp %d: this machine has %d GPUs", p->dp, nstf_backend_gpu_count());
-    if ((gpu || aut) && nstf_backend_gpu_built() && nstf_backend_gpu_count() >= p->dp) {
+    /* the ranks on this machine: all of them, or, launched by mpirun, the
+     * processes here (rank: this one's place among them) */
+    const int here = nstf_proc_active() ? nstf_proc_local_size() : p->dp;
+    if (gpu && here > nstf_backend_gpu_count())
+        return nstf_set_error(NSTF_ERR_UNSUPPORTED, "--dp %d: this machine has %d GPUs for %d ranks", p->dp,
+                              nstf_backend_gpu_count(), here);
+    if ((gpu || aut) && nstf_backend_gpu_built() && nstf_backend_gpu_count() >= here) {
         nstf_status st = nstf_backend_gpu_create(rank, be);
         if (st == NSTF_OK || gpu) return st;
     }
-    /* dp CPU ranks share the threads (every core by default) */
+    /* the CPU ranks of this machine share the threads (every core by default) */
     int threads = p->n_threads;
-    if (p->dp > 1) {
+    if (here > 1) {
         if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-        threads = threads / p->dp > 0 ? threads / p->dp : 1;
+        threads = threads / here > 0 ? threads / here : 1;
     }
     const nstf_cpu_params cp = {threads, true, true, 32}; /* training: fp32 activations */
     return nstf_backend_cpu_create(&cp, be);
@@ -305,6 +310,7 @@ static nstf_status make_current(nstf_trainer *t) {
 
 nstf_status nstf_trainer_on_ranks(nstf_trainer *t, nstf_comm_job fn, void *ctx) {
     if (t->dp == 1) return fn(ctx, 0);
+    if (t->self >= 0) return nstf_comm_run(t->comm, fn, ctx);
     NSTF_TRY(nstf_comm_run(t->comm, fn, ctx));
     return make_current(t);
 }
@@ -321,24 +327,36 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     train_shape sh = {0};
     nstf_status st = t->strs ? NSTF_OK : NSTF_ERR_OOM;
     if (st == NSTF_OK) st = open_model(p->model, &t->model, &t->tok);
-    t->dp = p->dp;
-    for (int r = 0; r < t->dp && st == NSTF_OK; r++) st = open_backend(p, r, &t->bes[r]);
-    t->be = t->bes[0];
+    /* launched by mpirun: this process is one rank of the launch's */
+    t->self = nstf_proc_active() ? nstf_proc_rank() : -1;
+    if (st == NSTF_OK && t->self >= 0 && p->dp != 1 && p->dp != nstf_proc_size())
+        st = nstf_set_error(NSTF_ERR_INVALID_ARG,
+                            "--dp %d: mpirun launched %d processes, one rank each (leave --dp out, or give %d)", p->dp,
+                            nstf_proc_size(), nstf_proc_size());
+    t->dp = t->self >= 0 ? nstf_proc_size() : p->dp;
+    t->p.dp = t->dp;
+    if (st == NSTF_OK && t->self >= 0)
+        st = open_backend(p, nstf_proc_local_rank(), &t->bes[t->self]);
+    for (int r = 0; r < t->dp && st == NSTF_OK && t->self < 0; r++) st = open_backend(p, r, &t->bes[r]);
+    const int me = t->self >= 0 ? t->self : 0;
+    t->be = t->bes[me];
     if (st == NSTF_OK) st = shape_of(p, t->be, &sh);
     if (st == NSTF_OK) st = nstf_data_open(p->data, t->model->cfg.n_vocab, p->seq, p->seed, true, t->tok, &t->data);
     if (st == NSTF_OK && p->eval_data)
         st = nstf_data_open(p->eval_data, t->model->cfg.n_vocab, p->seq, p->seed, false, t->tok, &t->eval);
     /* the replicas: the same initialization (seed) on every rank, each
      * made on its rank's thread (a GPU rank's device current there) */
-    if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, p->dp_timeout_ms, &t->comm);
+    if (st == NSTF_OK && t->dp > 1 && t->self >= 0) st = nstf_comm_create_proc(t->be, p->dp_timeout_ms, &t->comm);
+    else if (st == NSTF_OK && t->dp > 1) st = nstf_comm_create(t->bes, t->dp, p->dp_timeout_ms, &t->comm);
     const int stall = nstf_switch_int(NSTF_SW_DP_STALL_AT); /* a fault test's stalled rank */
     if (st == NSTF_OK && t->dp > 1 && stall > 0) nstf_comm_fault(t->comm, t->dp - 1, stall - 1);
     if (st == NSTF_OK) {
         create_job j = {t, &sh};
         st = nstf_trainer_on_ranks(t, create_rank, &j);
     }
-    t->tr = t->trs[0];
-    for (int r = 0; r < t->dp && st == NSTF_OK; r++) st = nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
+    t->tr = t->trs[me];
+    for (int r = 0; r < t->dp && st == NSTF_OK; r++)
+        if (t->trs[r]) st = nstf_train_set_dp(t->trs[r], t->comm, r, t->dp);
     const int64_t per = (int64_t)t->dp * p->grad_accum * p->batch * (p->seq + 1);
     if (st == NSTF_OK && !(t->batch = nstf_alloc((size_t)per * sizeof(int32_t), "batch tokens"))) st = NSTF_ERR_OOM;
     if (st != NSTF_OK) {
@@ -352,7 +370,7 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     snprintf(t->desc, sizeof t->desc,
              "%s%s: %d layers, dim %d, vocabulary %d; %s (%lld trainable parameters); %lld tokens per step "
              "(%d x %d x %d x %d ranks%s); data %lld tokens, %lld sequences",
-             t->be->device, t->dp > 1 ? " and the other data-parallel ranks" : "", c->n_layers, c->dim, c->n_vocab,
+             t->be->device, t->self >= 0 ? " and the other processes' ranks" : t->dp > 1 ? " and the other data-parallel ranks" : "", c->n_layers, c->dim, c->n_vocab,
              p->lora_rank > 0 ? "LoRA" : "full fine-tune", (long long)t->tr->mem.n_params,
              (long long)per / (p->seq + 1) * p->seq, p->grad_accum, p->batch, p->seq, t->dp,
              sh.shards > 1 ? ", ZeRO-1" : "",
@@ -362,6 +380,7 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
 }
 
 const char *nstf_trainer_describe(const nstf_trainer *t) { return t->desc; }
+int nstf_trainer_rank(const nstf_trainer *t) { return t->self >= 0 ? t->self : 0; }
 int64_t nstf_trainer_steps_done(const nstf_trainer *t) { return t->step; }
 
 /* ---- steps ------------------------------------------------------------------------------------- */
@@ -382,8 +401,11 @@ static nstf_status dp_rank(void *ctx, int r) {
     nstf_trainer *t = j->t;
     const nstf_train_params *p = &t->p;
     const int64_t per = (int64_t)p->grad_accum * p->batch * (p->seq + 1);
-    return nstf_train_step(t->trs[r], t->batch + r * per, p->grad_accum, t->step, &t->opt, p->clip, &j->loss[r],
-                           &j->norm[r]);
+    NSTF_TRY(nstf_train_step(t->trs[r], t->batch + r * per, p->grad_accum, t->step, &t->opt, p->clip, &j->loss[r],
+                             &j->norm[r]));
+    /* every rank's share of the loss (a launch by mpirun holds its own only) */
+    if (t->self >= 0) NSTF_TRY(nstf_comm_host_allgather(t->comm, r, &j->loss[r], j->loss, sizeof j->loss[0]));
+    return NSTF_OK;
 }
 
 nstf_status nstf_trainer_step(nstf_trainer *t, nstf_train_stats *out) {
@@ -395,7 +417,7 @@ nstf_status nstf_trainer_step(nstf_trainer *t, nstf_train_stats *out) {
     NSTF_TRY(nstf_trainer_on_ranks(t, dp_rank, &j));
     double loss = 0;
     for (int r = 0; r < t->dp; r++) loss += j.loss[r]; /* the ranks' shares of the mean */
-    const double norm = j.norm[0];                      /* the same on every rank */
+    const double norm = j.norm[t->self >= 0 ? t->self : 0]; /* the same on every rank */
     const double ms = nstf_time_ms() - t0;
     const int64_t toks = (int64_t)t->dp * p->grad_accum * p->batch * p->seq;
     t->step++;

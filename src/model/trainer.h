@@ -15,9 +15,11 @@ struct nstf_trainer {
     char *strs;             /* the params' strings, one block */
     nstf_llama *model;
     nstf_tokenizer *tok;
-    nstf_backend *be;       /* rank 0's (checkpoints, evaluation and export use rank 0) */
+    nstf_backend *be;       /* rank 0's (checkpoints, evaluation and export use rank 0), or this process's */
     nstf_train *tr;
     int dp;                 /* data-parallel ranks (1: none) */
+    int self;               /* a launch by mpirun: the rank this process holds (the others are NULL below); -1:
+                               every rank here */
     nstf_backend *bes[NSTF_COMM_MAX];
     nstf_train *trs[NSTF_COMM_MAX];
     nstf_comm *comm;        /* over bes (dp > 1) */
@@ -33,7 +35,8 @@ struct nstf_trainer {
 
 /* fn(ctx, r) for every data-parallel rank: on the ranks' threads (each
  * GPU rank's device current there) and then rank 0's device made current
- * on this thread again; with one rank, fn(ctx, 0) here. */
+ * on this thread again; with one rank, fn(ctx, 0) here; in a launch by
+ * mpirun, fn(ctx, self) here. */
 nstf_status nstf_trainer_on_ranks(nstf_trainer *t, nstf_comm_job fn, void *ctx);
 
 /* The fingerprint of the model and training shape a checkpoint is for. */

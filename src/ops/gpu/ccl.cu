@@ -40,6 +40,8 @@ static struct {
     char err[256];
     decltype(&ncclGetVersion) get_version;
     decltype(&ncclCommInitAll) init_all;
+    decltype(&ncclGetUniqueId) unique_id;
+    decltype(&ncclCommInitRank) init_rank;
     decltype(&ncclAllReduce) all_reduce;
     decltype(&ncclReduceScatter) reduce_scatter;
     decltype(&ncclAllGather) all_gather;
@@ -65,6 +67,8 @@ static nstf_status ccl_load(void) {
 #define CCL_SYM(field, name) all = all && (*(void **)&ccl.field = dlsym(h, name)) != NULL
             CCL_SYM(get_version, "ncclGetVersion");
             CCL_SYM(init_all, "ncclCommInitAll");
+            CCL_SYM(unique_id, "ncclGetUniqueId");
+            CCL_SYM(init_rank, "ncclCommInitRank");
             CCL_SYM(all_reduce, "ncclAllReduce");
             CCL_SYM(reduce_scatter, "ncclReduceScatter");
             CCL_SYM(all_gather, "ncclAllGather");
@@ -132,6 +136,102 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
     return NSTF_OK;
 }
 
+extern "C" nstf_status nstf_gpu_ccl_unique_id(unsigned char *id) {
+    NSTF_TRY(ccl_load());
+    static_assert(sizeof(ncclUniqueId) == NSTF_CCL_ID_BYTES, "NCCL's unique id is 128 bytes");
+    ncclUniqueId u;
+    const ncclResult_t r = ccl.unique_id(&u);
+    if (r != ncclSuccess) return ccl_fail("ncclGetUniqueId", r);
+    memcpy(id, &u, sizeof u);
+    return NSTF_OK;
+}
+
+/* ncclCommInitRank blocks until every rank has joined; it runs on a
+ * thread of its own so that a peer that never comes is an error after
+ * timeout_ms (the thread is then left waiting: the caller ends the
+ * launch). */
+typedef struct init_rank_job {
+    int dev, rank, n;
+    ncclUniqueId id;
+    ncclComm_t comm;
+    ncclResult_t r;
+    int cuda_err;
+    bool done, abandoned;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} init_rank_job;
+
+static void *init_rank_main(void *p) {
+    init_rank_job *j = (init_rank_job *)p;
+    const gpuError_t e = gpuSetDevice(j->dev);
+    ncclComm_t c = NULL;
+    ncclResult_t r = ncclSystemError;
+    if (e == gpuSuccess) {
+        const nstf_signals_held held; /* NCCL's proxy threads leave signals to the program */
+        r = ccl.init_rank(&c, j->n, j->id, j->rank);
+    }
+    pthread_mutex_lock(&j->mu);
+    j->comm = c, j->r = r, j->cuda_err = (int)e, j->done = true;
+    const bool abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) { /* the caller gave up: the job is this thread's to free */
+        if (c) (void)ccl.comm_abort(c);
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j);
+    }
+    return NULL;
+}
+
+extern "C" nstf_status nstf_gpu_ccl_init_rank(int dev, int rank, int n, const unsigned char *id, void **comm,
+                                              int timeout_ms, char *desc, size_t cap) {
+    *comm = NULL;
+    NSTF_TRY(ccl_load());
+    if (n < 1 || rank < 0 || rank >= n) return nstf_set_error(NSTF_ERR_INVALID_ARG, "rank %d of %d", rank, n);
+    int v = 0;
+    (void)ccl.get_version(&v);
+    snprintf(desc, cap, "%s %d.%d.%d", NSTF_CCL_NAME, v / 10000, v / 100 % 100, v % 100);
+    init_rank_job *j = (init_rank_job *)calloc(1, sizeof *j);
+    if (!j) return nstf_set_error(NSTF_ERR_OOM, "out of memory");
+    j->dev = dev, j->rank = rank, j->n = n;
+    memcpy(&j->id, id, sizeof j->id);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    pthread_t th;
+    if (nstf_thread_start(&th, init_rank_main, j) != 0) {
+        free(j);
+        return nstf_set_error(NSTF_ERR_OOM, "cannot start a thread for ncclCommInitRank");
+    }
+    const double deadline = now_ms() + timeout_ms;
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && now_ms() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    }
+    if (!j->done) {
+        j->abandoned = true;
+        pthread_mutex_unlock(&j->mu);
+        pthread_detach(th);
+        return nstf_set_error(NSTF_ERR_GPU,
+                              "rank %d: ncclCommInitRank: not every one of the %d ranks joined within %d ms", rank, n,
+                              timeout_ms);
+    }
+    pthread_mutex_unlock(&j->mu);
+    pthread_join(th, NULL);
+    nstf_status st = NSTF_OK;
+    if (j->cuda_err != 0) st = nstf_set_error(NSTF_ERR_GPU, "rank %d: cannot make GPU %d current (error %d)", rank, dev, j->cuda_err);
+    else if (j->r != ncclSuccess) st = ccl_fail("ncclCommInitRank", j->r);
+    else *comm = j->comm;
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+    return st;
+}
+
 /* A collective's result r: waited for while NCCL returns ncclInProgress
  * (at most timeout_ms), an error named after the call otherwise. */
 static nstf_status ccl_queued(ncclComm_t c, ncclResult_t r, const char *what, int timeout_ms) {
@@ -188,6 +288,18 @@ extern "C" nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, i
 extern "C" nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms) {
     (void)comm, (void)buf, (void)n, (void)stream, (void)timeout_ms;
     return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
+}
+extern "C" nstf_status nstf_gpu_ccl_unique_id(unsigned char *id) {
+    (void)id;
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED, "this build has no NCCL/RCCL");
+}
+extern "C" nstf_status nstf_gpu_ccl_init_rank(int dev, int rank, int n, const unsigned char *id, void **comm,
+                                              int timeout_ms, char *desc, size_t cap) {
+    (void)dev, (void)rank, (void)n, (void)id, (void)timeout_ms;
+    *comm = NULL;
+    snprintf(desc, cap, "none");
+    return nstf_set_error(NSTF_ERR_UNSUPPORTED,
+                          "this build has no NCCL/RCCL (configure with -DNSTF_NCCL=ON where its header is installed)");
 }
 extern "C" nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
                                                        int timeout_ms) {

@@ -746,6 +746,15 @@ nstf_status nstf_gpu_attn_sparse(const uint16_t *q, const uint16_t *k, const uin
  * into the others' buffers (ncclAllGather as bytes). abort may be called
  * from any thread while another waits on the communicator. */
 nstf_status nstf_gpu_ccl_init(const int *devs, int n, void **comms, int timeout_ms, char *desc, size_t cap);
+/* One process per rank (a launch by mpirun): unique_id makes the group's
+ * id on rank 0 (NSTF_CCL_ID_BYTES, ncclGetUniqueId), which the launch
+ * hands to every rank; init_rank makes this rank's communicator on device
+ * dev (ncclCommInitRank, blocking, on a thread of its own: an error when
+ * not every rank joined within timeout_ms). */
+#define NSTF_CCL_ID_BYTES 128
+nstf_status nstf_gpu_ccl_unique_id(unsigned char *id);
+nstf_status nstf_gpu_ccl_init_rank(int dev, int rank, int n, const unsigned char *id, void **comm, int timeout_ms,
+                                   char *desc, size_t cap);
 nstf_status nstf_gpu_ccl_allreduce_f32(void *comm, float *buf, int64_t n, void *stream, int timeout_ms);
 nstf_status nstf_gpu_ccl_reduce_scatter_f32(void *comm, int rank, float *buf, int64_t shard, void *stream,
                                             int timeout_ms);

@@ -1,0 +1,280 @@
+/* test_train_mpi.c — `nstf train` launched by mpirun, one process per
+ * data-parallel rank (dist/proc.h, libnstf_mpi), on CPU ranks, against the
+ * same ranks driven by one process (--dp N on its threads), on a tiny
+ * random model (`nstf gen-model --shape tiny`). Checks:
+ *  1. mpirun -np 2 against --dp 2, with --zero 0 and --zero 1 (20 steps,
+ *     --clip 0.5 so clipping happens): every step's loss and gradient norm
+ *     as logged, the final checkpoint and the exported GGUF, all byte for
+ *     byte (the launch sums in rank order, as the threads do); only rank 0
+ *     writes the log and the model;
+ *  2. mpirun -np 3 --zero 1 against --dp 3 (123200 parameters: slots of
+ *     41088, the last rank's share 41024): the checkpoint byte for byte
+ *     (the moments gathered from three processes' slots);
+ *  3. checkpoints cross the launch modes: a launch stopped at step 10
+ *     resumed by --dp 2 (one process) to step 20, and the other way, both
+ *     byte-identical to the uninterrupted --dp 2 run's checkpoint;
+ *  4. from scratch (--shape tiny): rank 0 writes the initial model, the
+ *     others wait for it; the checkpoint equals --dp 2's;
+ *  5. refusals: --dp 3 in a launch of 2 (exit 1, the message says why);
+ *  6. failures end the launch, never hang: a rank stalled before its 5th
+ *     collective (NSTF_DP_STALL_AT=5, --dp-timeout 500) makes rank 0 exit
+ *     within 10 s naming rank 1 as stalled; a rank killed (SIGKILL) mid-run
+ *     ends the launch within 10 s with mpirun naming that rank.
+ * Skips (77) where mpirun or libnstf_mpi.so (a build without MPI) is
+ * missing. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli_run.h"
+
+#define NP_MAX 3
+
+static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", g_dir, name); }
+
+static int count_file_lines(const char *path) {
+    long n;
+    char *s = (char *)cli_file(path, &n);
+    const int k = s ? count_lines(s) : 0;
+    free(s);
+    return k;
+}
+
+static char g_mpirun[512];
+
+static bool find_mpirun(void) {
+    const char *path = getenv("PATH");
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path ? path : "/usr/bin:/bin");
+    for (char *save = NULL, *d = strtok_r(buf, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(g_mpirun, sizeof g_mpirun, "%s/mpirun", d);
+        if (access(g_mpirun, X_OK) == 0) return true;
+    }
+    return false;
+}
+
+/* The processes whose parent is pid, into out[cap] (ascending pids). */
+static int children_of(pid_t pid, pid_t *out, int cap) {
+    int k = 0;
+    FILE *p = popen("ps -e -o pid= -o ppid=", "r");
+    long a, b;
+    while (p && k < cap && fscanf(p, "%ld %ld", &a, &b) == 2)
+        if (b == (long)pid) out[k++] = (pid_t)a;
+    if (p) pclose(p);
+    for (int i = 1; i < k; i++) /* (ps lists in pid order already; kept sure) */
+        for (int j = i; j > 0 && out[j] < out[j - 1]; j--) {
+            const pid_t t = out[j];
+            out[j] = out[j - 1], out[j - 1] = t;
+        }
+    return k;
+}
+
+/* mpirun -np np nstf args..., env (may be NULL) added to the launch's
+ * environment; stderr (mpirun's and every rank's) in g_err. With kill_after
+ * > 0: once the log file `watch` holds that many lines, the launch's
+ * highest-pid rank process is killed with SIGKILL (*killed its pid). The
+ * exit status; *secs the time it took. */
+static int mpi_run(int np, const char *env, const char *const *args, const char *watch, int kill_after,
+                   pid_t *killed, double *secs) {
+    char err_path[300], nps[8];
+    snprintf(err_path, sizeof err_path, "%s/stderr", g_dir);
+    snprintf(nps, sizeof nps, "%d", np);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) dup2(fd, 2);
+        int nul = open("/dev/null", O_WRONLY);
+        if (nul >= 0) dup2(nul, 1);
+        if (env) putenv((char *)env);
+        /* the ranks' leak reports would be Open MPI's (sanitizer builds) */
+        putenv((char *)"ASAN_OPTIONS=detect_leaks=0");
+        char *argv[80];
+        int n = 0;
+        argv[n++] = g_mpirun;
+        argv[n++] = (char *)"--oversubscribe";
+        argv[n++] = (char *)"--allow-run-as-root";
+        argv[n++] = (char *)"-np";
+        argv[n++] = nps;
+        argv[n++] = (char *)NSTF_BIN;
+        for (int i = 0; args[i] && n < 79; i++) argv[n++] = (char *)args[i];
+        argv[n] = NULL;
+        execv(g_mpirun, argv);
+        _exit(127);
+    }
+    int status = 0;
+    bool done_kill = kill_after <= 0;
+    for (;;) {
+        if (waitpid(pid, &status, WNOHANG) == pid) break;
+        if (!done_kill && count_file_lines(watch) >= kill_after) {
+            pid_t kids[16];
+            const int nk = children_of(pid, kids, 16);
+            if (nk == np) {
+                *killed = kids[nk - 1];
+                kill(kids[nk - 1], SIGKILL);
+                done_kill = true;
+            }
+        }
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    long n;
+    char *e = (char *)cli_file(err_path, &n);
+    snprintf(g_err, sizeof g_err, "%s", e ? e : "");
+    free(e);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int main(void) {
+    char lib[300];
+    snprintf(lib, sizeof lib, "%s/libnstf_mpi.so", NSTF_BUILD_DIR);
+    if (!find_mpirun() || access(lib, R_OK) != 0) {
+        printf("test_train_mpi: %s; skipped\n",
+               access(lib, R_OK) != 0 ? "this build has no libnstf_mpi.so (no MPI)" : "no mpirun on PATH");
+        return 77;
+    }
+    snprintf(g_dir, sizeof g_dir, "/tmp/nstf_test_mpi_XXXXXX");
+    if (!mkdtemp(g_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    char tiny[300], text[300];
+    path_in(tiny, sizeof tiny, "tiny.gguf");
+    path_in(text, sizeof text, "text.txt");
+    int rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "f32", "-o", tiny, NULL});
+    CHECK(rc == 0, "gen-model: %s", g_err);
+    cli_write_words(text);
+    double secs = 0;
+    pid_t killed = 0;
+#define ARGS(...)                                                                                                     \
+    ((const char *const[]){"train", "-m", tiny, "--device", "cpu", "-t", "2", "-q", "--data", text, "--batch", "1",   \
+                           "--seq", "32", "--lr", "3e-3", "--clip", "0.5", __VA_ARGS__, NULL})
+
+    /* 1. mpirun -np 2 == --dp 2, both update modes */
+    for (int z = 0; z < 2; z++) {
+        const char *zs = z ? "1" : "0";
+        char lt[300], lm[300], ct[300], cm[300], ot[300], om[300], ft[340], fm[340];
+        char bt[4096], bm[4096];
+        int clip_t = 0, clip_m = 0;
+        snprintf(lt, sizeof lt, "%s/t%d.jsonl", g_dir, z);
+        snprintf(lm, sizeof lm, "%s/m%d.jsonl", g_dir, z);
+        snprintf(ct, sizeof ct, "%s/ckt%d", g_dir, z);
+        snprintf(cm, sizeof cm, "%s/ckm%d", g_dir, z);
+        snprintf(ot, sizeof ot, "%s/t%d.gguf", g_dir, z);
+        snprintf(om, sizeof om, "%s/m%d.gguf", g_dir, z);
+        snprintf(ft, sizeof ft, "%s/checkpoint.nstf", ct);
+        snprintf(fm, sizeof fm, "%s/checkpoint.nstf", cm);
+        rc = run(ARGS("--dp", "2", "--zero", zs, "--steps", "20", "--log", lt, "--ckpt-dir", ct, "--out", ot));
+        CHECK(rc == 0, "--dp 2 --zero %s: exit %d: %s", zs, rc, g_err);
+        rc = mpi_run(2, NULL, ARGS("--zero", zs, "--steps", "20", "--log", lm, "--ckpt-dir", cm, "--out", om), NULL, 0,
+                     &killed, &secs);
+        CHECK(rc == 0, "mpirun -np 2 --zero %s: exit %d: %s", zs, rc, g_err);
+        const int nt = cli_loss_norms(lt, 0.5, bt, sizeof bt, &clip_t), nm = cli_loss_norms(lm, 0.5, bm, sizeof bm, &clip_m);
+        const bool logs = nt == 20 && nm == 20 && !strcmp(bt, bm);
+        const bool ck = cli_same_file(ft, fm), gg = cli_same_file(ot, om);
+        printf("  mpirun -np 2 vs --dp 2, --zero %s, 20 steps (%.1f s, %d clipped): losses and norms %s, checkpoints "
+               "%s, GGUFs %s\n", zs, secs, clip_m, logs ? "equal" : "DIFFER", ck ? "byte-identical" : "DIFFER",
+               gg ? "byte-identical" : "DIFFER");
+        CHECK(logs && ck && gg, "--zero %s: %d / %d logged steps, logs %s, checkpoints %s, GGUFs %s", zs, nt, nm,
+              logs ? "equal" : "differ", ck ? "equal" : "differ", gg ? "equal" : "differ");
+    }
+
+    /* 2. three processes, uneven slots */
+    {
+        char ct[300], cm[300], ft[340], fm[340];
+        path_in(ct, sizeof ct, "ck3t");
+        path_in(cm, sizeof cm, "ck3m");
+        snprintf(ft, sizeof ft, "%s/checkpoint.nstf", ct);
+        snprintf(fm, sizeof fm, "%s/checkpoint.nstf", cm);
+        rc = run(ARGS("--dp", "3", "--zero", "1", "--steps", "8", "--ckpt-dir", ct));
+        CHECK(rc == 0, "--dp 3: exit %d: %s", rc, g_err);
+        rc = mpi_run(3, NULL, ARGS("--zero", "1", "--steps", "8", "--ckpt-dir", cm), NULL, 0, &killed, &secs);
+        CHECK(rc == 0, "mpirun -np 3: exit %d: %s", rc, g_err);
+        const bool ck = cli_same_file(ft, fm);
+        printf("  mpirun -np 3 vs --dp 3, --zero 1, 8 steps (%.1f s): checkpoints %s\n", secs,
+               ck ? "byte-identical" : "DIFFER");
+        CHECK(ck, "three processes' checkpoint differs from --dp 3's");
+    }
+
+    /* 3. resume across the launch modes */
+    {
+        char ref[340], a[300], b[300], fa[340], fb[340];
+        snprintf(ref, sizeof ref, "%s/ckt1/checkpoint.nstf", g_dir); /* --dp 2 --zero 1, 20 steps */
+        path_in(a, sizeof a, "ckA");
+        path_in(b, sizeof b, "ckB");
+        snprintf(fa, sizeof fa, "%s/checkpoint.nstf", a);
+        snprintf(fb, sizeof fb, "%s/checkpoint.nstf", b);
+        rc = mpi_run(2, NULL, ARGS("--zero", "1", "--steps", "20", "--stop-at", "10", "--ckpt-dir", a), NULL, 0,
+                     &killed, &secs);
+        CHECK(rc == 0, "mpirun to step 10: exit %d: %s", rc, g_err);
+        rc = run(ARGS("--dp", "2", "--zero", "1", "--steps", "20", "--resume", a));
+        CHECK(rc == 0, "--dp 2 resuming the launch's checkpoint: exit %d: %s", rc, g_err);
+        rc = run(ARGS("--dp", "2", "--zero", "1", "--steps", "20", "--stop-at", "10", "--ckpt-dir", b));
+        CHECK(rc == 0, "--dp 2 to step 10: exit %d: %s", rc, g_err);
+        rc = mpi_run(2, NULL, ARGS("--zero", "1", "--steps", "20", "--resume", b), NULL, 0, &killed, &secs);
+        CHECK(rc == 0, "mpirun resuming --dp 2's checkpoint: exit %d: %s", rc, g_err);
+        const bool sa = cli_same_file(fa, ref), sb = cli_same_file(fb, ref);
+        printf("  10 steps + resume + 10: launch -> one process %s, one process -> launch %s (against 20 steps of "
+               "--dp 2)\n", sa ? "byte-identical" : "DIFFERS", sb ? "byte-identical" : "DIFFERS");
+        CHECK(sa && sb, "resumed checkpoints: launch -> process %s, process -> launch %s", sa ? "equal" : "differ",
+              sb ? "equal" : "differ");
+    }
+
+    /* 4. from scratch: rank 0 writes the initial model */
+    {
+        char a[300], b[300], fa[340], fb[340];
+        path_in(a, sizeof a, "shT");
+        path_in(b, sizeof b, "shM");
+        snprintf(fa, sizeof fa, "%s/checkpoint.nstf", a);
+        snprintf(fb, sizeof fb, "%s/checkpoint.nstf", b);
+        const char *const targs[] = {"train", "--shape", "tiny", "--device", "cpu", "-t", "2", "-q", "--data", text,
+                                     "--batch", "1", "--seq", "32", "--steps", "3", "--dp", "2", "--ckpt-dir", a, NULL};
+        rc = run(targs);
+        CHECK(rc == 0, "--shape tiny --dp 2: exit %d: %s", rc, g_err);
+        const char *const margs[] = {"train", "--shape", "tiny", "--device", "cpu", "-t", "2", "-q", "--data", text,
+                                     "--batch", "1", "--seq", "32", "--steps", "3", "--ckpt-dir", b, NULL};
+        rc = mpi_run(2, NULL, margs, NULL, 0, &killed, &secs);
+        CHECK(rc == 0, "mpirun --shape tiny: exit %d: %s", rc, g_err);
+        const bool same = cli_same_file(fa, fb);
+        printf("  --shape tiny under mpirun -np 2 vs --dp 2: checkpoints %s\n", same ? "byte-identical" : "DIFFER");
+        CHECK(same, "from scratch under mpirun: the checkpoint differs");
+    }
+
+    /* 5. refusals */
+    rc = mpi_run(2, NULL, ARGS("--dp", "3", "--steps", "2"), NULL, 0, &killed, &secs);
+    CHECK(rc != 0 && strstr(g_err, "--dp 3: mpirun launched 2 processes"), "--dp 3 in a launch of 2: exit %d: %s", rc,
+          g_err);
+
+    /* 6. a stalled rank, a killed rank */
+    rc = mpi_run(2, "NSTF_DP_STALL_AT=5", ARGS("--steps", "50", "--dp-timeout", "500"), NULL, 0, &killed, &secs);
+    {
+        const char *line = strstr(g_err, "nstf: ");
+        printf("  rank 1 stalled before its 5th collective: exit %d after %.1f s: %.*s\n", rc, secs,
+               line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+    }
+    CHECK(rc != 0 && secs < 10 && strstr(g_err, "rank 1 stalled"), "a stalled rank: exit %d after %.1f s: %s", rc,
+          secs, g_err);
+    {
+        char log[300];
+        path_in(log, sizeof log, "kill.jsonl");
+        killed = 0;
+        rc = mpi_run(2, NULL, ARGS("--steps", "100000", "--log", log), log, 5, &killed, &secs);
+        const bool named = strstr(g_err, "rank 1") && strstr(g_err, "signal 9");
+        printf("  rank 1 (pid %ld) killed after %d logged steps: the launch exited %d after %.1f s%s\n", (long)killed,
+               count_file_lines(log), rc, secs, named ? ", mpirun naming rank 1 and the signal" : "");
+        CHECK(killed > 0 && rc != 0 && named && count_file_lines(log) < 100000,
+              "a killed rank: pid %ld, exit %d after %.1f s: %s", (long)killed, rc, secs, g_err);
+    }
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    if (!g_fails && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    return test_finish("test_train_mpi");
+}
