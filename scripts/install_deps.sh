@@ -14,7 +14,7 @@
 # editing and history in `nstf chat`; liblapacke-dev: the SVD of the
 # low-rank decomposition (src/opt/lowrank.c); libopenmpi-dev and
 # openmpi-bin: launches by mpirun, one process per rank (libnstf_mpi,
-# src/dist/mpi/shim.c; tests/test_train_mpi.c).
+# src/dist/mpi/shim.c; tests/test_mpi.c).
 # clang + libclang-rt-dev are for `make fuzz`: libFuzzer's runtime
 # (libclang_rt.fuzzer-x86_64.a) comes with libclang-rt-dev, which tracks the
 # default clang (libclang-rt-14-dev for Debian 12's clang 14).

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/proc.h"
 #include "nstf.h"
 #include "nstf_tools.h"
 
@@ -431,4 +432,49 @@ void cli_sigint_install(bool quit_on_second) {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+}
+
+int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
+    if (!nstf_proc_launched()) return -1;
+    if (nstf_proc_join() != NSTF_OK) {
+        cli_lib_err();
+        return 1;
+    }
+    const int n = nstf_proc_size(), rank = nstf_proc_rank();
+    if (*n_tp > 1 && *n_tp != n) {
+        cli_err("--tp %d: mpirun launched %d processes, one tensor-parallel rank each (leave --tp out, or give %d)",
+                *n_tp, n, n);
+        return cli_launch_end(2);
+    }
+    if (prompt_on_stdin) {
+        cli_err("under mpirun the prompt must come from -p or -f (stdin reaches rank 0 only)");
+        return cli_launch_end(2);
+    }
+    *n_tp = n;
+    if (seed) {
+        uint64_t *all = calloc((size_t)n, sizeof *all);
+        if (!all || nstf_proc_allgather(seed, all, sizeof *seed, 30000) != NSTF_OK) {
+            free(all);
+            cli_lib_err();
+            return cli_launch_end(1);
+        }
+        *seed = all[0];
+        free(all);
+    }
+    if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        cli_err("rank %d: cannot quiet stdout", rank);
+        return cli_launch_end(1);
+    }
+    return -1;
+}
+
+int cli_launch_end(int rc) {
+    if (!nstf_proc_active()) return rc;
+    if (rc != 0 && rc != 130) {
+        fflush(stdout);
+        fflush(stderr);
+        nstf_proc_abort(rc);
+    }
+    nstf_proc_leave(30000);
+    return rc;
 }

@@ -97,4 +97,16 @@ void cli_stages_end(cli_stages *s);
 extern volatile sig_atomic_t cli_sigint;
 void cli_sigint_install(bool quit_on_second);
 
+/* A tensor-parallel command (run, bench) started by mpirun as one of
+ * several processes, one rank each: join the launch; *n_tp (0 or 1:
+ * unset) becomes the launch's size, another count is an error; *seed
+ * (may be NULL) becomes rank 0's, so that every process samples the same
+ * tokens; the prompt must come from the command line (stdin reaches rank
+ * 0 only). Ranks other than 0 write nothing to stdout. Returns -1 to go
+ * on, else the exit status. Not launched: -1 at once. */
+int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin);
+/* The end of a launched command: a failed rank ends the launch (the
+ * others would wait for it); else the launch is left. Returns rc. */
+int cli_launch_end(int rc);
+
 #endif

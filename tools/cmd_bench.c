@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli_util.h"
+#include "dist/proc.h"
 #include "levels.h"
 #include "nstf.h"
 #include "nstf_tools.h"
@@ -33,7 +34,8 @@ static void bench_usage(FILE *f) {
             "      --tg-argmax           tg: bring back only the greedy token computed on the device\n"
             "                            (4 bytes) instead of the logits, as llama-bench does\n"
             "      --device DEV          cpu, gpu or auto (default auto)\n"
-            "      --tp N                tensor parallel over N GPUs (or N CPU ranks with --device cpu)\n"
+            "      --tp N                tensor parallel over N GPUs (or N CPU ranks with --device cpu);\n"
+            "                            or one process per rank: mpirun -np N nstf bench ...\n"
             "      --gpus LIST           the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
             "      --act-bits N          CPU activations of quantized matmuls: 16 (default), 8 or 32\n"
             "      --sparse-attn K[,W]   sparse decode attention in every layer (top-k blocks, window\n"
@@ -275,6 +277,15 @@ int cmd_bench(int argc, char **argv) {
         cli_err("no model given (-m MODEL)");
         return 2;
     }
+    /* under mpirun: one tensor-parallel rank per process, rank 0 prints */
+    if (nstf_proc_launched() && (dec_batch.n > 0 || levels)) {
+        cli_err("under mpirun, bench measures the tensor-parallel run only (no --decode-batch or --levels)");
+        return 2;
+    }
+    {
+        const int lrc = cli_launch_tp(&n_tp, NULL, false);
+        if (lrc >= 0) return lrc;
+    }
     if (dec_batch.n > 0) {
         int rc = 0;
         for (int mi = 0; mi < n_models && rc == 0; mi++)
@@ -400,7 +411,8 @@ int cmd_bench(int argc, char **argv) {
                         n_done++;
                     }
                 }
-                if (ti == threads.n - 1 && bi == n_batch.n - 1) { /* memory at exit of this model */
+                if (ti == threads.n - 1 && bi == n_batch.n - 1 && (!nstf_proc_active() || nstf_proc_rank() == 0)) {
+                    /* memory at exit of this model (a launch's rank 0's) */
                     nstf_mem_report_print_session(stderr, s);
                 }
                 nstf_session_close(s);
@@ -427,5 +439,5 @@ int cmd_bench(int argc, char **argv) {
     nstf_baseline_free(&base);
     free(done);
     free(samples);
-    return rc;
+    return cli_launch_end(rc);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli_util.h"
+#include "dist/proc.h"
 #include "nstf.h"
 #include "nstf_tools.h"
 #include "prof/memory.h"
@@ -34,6 +35,8 @@ static void usage_common(FILE *f) {
             "      --gpus LIST           the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
             "      --tp-timeout MS       a rank that makes no progress this long ends the run with an\n"
             "                            error naming it (default 30000)\n"
+            "                            Or one process per rank: mpirun -np N nstf run ... (the prompt\n"
+            "                            from -p or -f; each process's GPU is its place on its machine)\n"
             "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
             "  -ctk, --cache-type-k T    KV cache type: the device's own (f32 on the CPU, bf16 on a GPU;\n"
             "                            the default) or q8_0 (int8 with a scale per 32: 1.06 bytes a\n"
@@ -426,10 +429,26 @@ static nstf_session *open_session(const run_opts *o, int *rc) {
     return s;
 }
 
+static int run_one(run_opts *o, bool chat_cmd);
+
 static int run_main(int argc, char **argv, bool chat_cmd) {
     run_opts o;
     int rc = parse(argc, argv, &o, chat_cmd, chat_cmd ? chat_usage : run_usage);
     if (rc >= 0) return rc;
+    /* under mpirun: one tensor-parallel rank per process */
+    if (nstf_proc_launched() && (o.interactive || chat_cmd)) {
+        cli_err("a conversation under mpirun is not supported: give the prompt with -p or -f");
+        return 2;
+    }
+    const bool on_stdin = !o.prompt && !o.prompt_file;
+    if ((rc = cli_launch_tp(&o.sp.n_tp, &o.smp.seed, on_stdin)) >= 0) return rc;
+    return cli_launch_end(run_one(&o, chat_cmd));
+}
+
+static int run_one(run_opts *o_, bool chat_cmd) {
+    (void)chat_cmd;
+    run_opts o = *o_;
+    int rc = 0;
     char *owned = NULL;
     if (o.prompt_file && !(o.prompt = owned = read_prompt_file(o.prompt_file))) return 1;
     if (!o.interactive && !o.prompt) {
@@ -470,7 +489,7 @@ static int run_main(int argc, char **argv, bool chat_cmd) {
                 cli_err("the context is full (%lld tokens): generation stopped; raise -c, or use --context-shift to "
                         "go on",
                         (long long)gs.n_past);
-            run_print_speed(&gs);
+            if (!nstf_proc_active() || nstf_proc_rank() == 0) run_print_speed(&gs);
             if (gs.stop == NSTF_STOP_INTERRUPTED) rc = 130;
         }
         if (o.sp.verbose) nstf_mem_report_print_session(stderr, s);

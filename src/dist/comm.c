@@ -321,26 +321,27 @@ static nstf_status host_allgather(nstf_comm *c, int rank, void *buf, size_t slot
 
 #define PART (1 << 20)
 
-/* buf [n] += the other ranks' in rank order: piece by piece of n x PART
- * elements, rank q sums part q of the piece (all-to-all), then the parts
- * are gathered (the last piece padded with zeros). */
+/* buf [n] summed over the ranks in rank order: piece by piece of up to
+ * n_ranks x PART elements, each piece cut into n_ranks parts of k (the
+ * last part padded with zeros), rank q sums part q over the ranks
+ * (all-to-all), then the parts are gathered. */
 static nstf_status proc_allreduce(nstf_comm *c, float *buf, int64_t n) {
-    const size_t R = (size_t)c->n;
-    float *snd = nstf_alloc(2 * R * PART * sizeof(float), "all-reduce buffers"), *rcv = snd + R * PART;
+    const int64_t R = c->n, piece = n < R * PART ? n : R * PART, kmax = (piece + R - 1) / R;
+    float *snd = nstf_alloc(2 * (size_t)(R * kmax) * sizeof(float), "all-reduce buffers"), *rcv = snd + R * kmax;
     if (!snd) return NSTF_ERR_OOM;
     nstf_status st = NSTF_OK;
-    for (int64_t o = 0; o < n && st == NSTF_OK; o += (int64_t)R * PART) {
-        const int64_t len = n - o < (int64_t)R * PART ? n - o : (int64_t)R * PART;
+    for (int64_t o = 0; o < n && st == NSTF_OK; o += piece) {
+        const int64_t len = n - o < piece ? n - o : piece, k = (len + R - 1) / R;
         memcpy(snd, buf + o, (size_t)len * sizeof(float));
-        memset(snd + len, 0, (R * PART - (size_t)len) * sizeof(float));
-        st = nstf_proc_alltoall(snd, rcv, PART * sizeof(float), c->timeout_ms);
-        float *mine = snd + (size_t)c->self * PART; /* (its send was taken) */
-        for (size_t i = 0; st == NSTF_OK && i < PART; i++) {
+        memset(snd + len, 0, (size_t)(R * k - len) * sizeof(float));
+        st = nstf_proc_alltoall(snd, rcv, (size_t)k * sizeof(float), c->timeout_ms);
+        float *mine = snd + c->self * k; /* (its send was taken) */
+        for (int64_t i = 0; st == NSTF_OK && i < k; i++) {
             float v = rcv[i];
-            for (size_t r = 1; r < R; r++) v += rcv[r * PART + i];
+            for (int64_t r = 1; r < R; r++) v += rcv[r * k + i];
             mine[i] = v;
         }
-        if (st == NSTF_OK) st = nstf_proc_allgather(mine, snd, PART * sizeof(float), c->timeout_ms);
+        if (st == NSTF_OK) st = nstf_proc_allgather(mine, snd, (size_t)k * sizeof(float), c->timeout_ms);
         if (st == NSTF_OK) memcpy(buf + o, snd, (size_t)len * sizeof(float));
     }
     nstf_free(snd);
@@ -350,8 +351,8 @@ static nstf_status proc_allreduce(nstf_comm *c, float *buf, int64_t n) {
 /* This rank's slot of buf [n x shard] summed over the ranks, PART
  * elements of the slot at a time. */
 static nstf_status proc_reduce_scatter(nstf_comm *c, float *buf, int64_t shard) {
-    const size_t R = (size_t)c->n;
-    float *snd = nstf_alloc(2 * R * PART * sizeof(float), "reduce-scatter buffers"), *rcv = snd + R * PART;
+    const size_t R = (size_t)c->n, kmax = (size_t)(shard < PART ? shard : PART);
+    float *snd = nstf_alloc(2 * R * (kmax ? kmax : 1) * sizeof(float), "reduce-scatter buffers"), *rcv = snd + R * kmax;
     if (!snd) return NSTF_ERR_OOM;
     nstf_status st = NSTF_OK;
     for (int64_t o = 0; o < shard && st == NSTF_OK; o += PART) {

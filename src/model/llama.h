@@ -198,6 +198,11 @@ void nstf_llama_run_free(nstf_llama_run *r);
  * unevenly); a split that cannot be made is NSTF_ERR_UNSUPPORTED saying
  * why. timeout_ms: the communicator's stall timeout (0: its default).
  * The returned run is rank 0's: forward, clear and free act on the group.
+ * In a process launched by mpirun (dist/proc.h; n must be the launch's
+ * size) only be[rank] is used: the process makes its rank's shard, and
+ * the returned run is that rank's, standing for the group here (every
+ * process calls forward with the same batches and gets the whole
+ * logits).
  * Low-rank matrices, sparse attention and stage chains are refused. */
 nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *be, int n,
                                      const nstf_llama_run_shape *shape, int timeout_ms, nstf_llama_run **out);

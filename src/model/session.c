@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/mem.h"
+#include "dist/proc.h"
 #include "io/hf_model.h"
 #include "io/utf8.h"
 
@@ -93,11 +94,17 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
 }
 
 /* A tensor-parallel run over p->n_tp backends: GPUs (the list p->gpus,
- * or 0..n-1) unless the device is "cpu". */
+ * or 0..n-1) unless the device is "cpu". Launched by mpirun, this process
+ * opens its rank's backend only: the GPU of its place on its machine (the
+ * list's entry there), or its share of the threads. */
 static nstf_status open_tp(nstf_session *s, int n_ctx) {
     const nstf_session_params *p = &s->params;
     const int n = p->n_tp;
     if (n > 16) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--tp %d: at most 16 ranks", n);
+    const int self = nstf_proc_active() ? nstf_proc_rank() : -1;
+    if (self >= 0 && n != nstf_proc_size())
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "--tp %d: mpirun launched %d processes, one rank each", n,
+                              nstf_proc_size());
     const bool cpu = strcmp(p->device, "cpu") == 0 || (strcmp(p->device, "auto") == 0 && nstf_backend_gpu_count() < 1);
     int dev[16];
     const char *g = p->gpus;
@@ -114,13 +121,15 @@ static nstf_status open_tp(nstf_session *s, int n_ctx) {
     if (g && !cpu && *g)
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "--gpus '%s' lists more devices than --tp %d", p->gpus, n);
     nstf_status st = NSTF_OK;
+    const int here = self >= 0 ? nstf_proc_local_size() : n; /* the ranks on this machine */
     for (int r = 0; r < n && st == NSTF_OK; r++) {
+        if (self >= 0 && r != self) continue;
         if (cpu) {
-            const int th = p->n_threads ? (p->n_threads + n - 1) / n : 0;
+            const int th = p->n_threads ? (p->n_threads + here - 1) / here : 0;
             const nstf_cpu_params cp = {th, p->precise, p->deterministic, p->cpu_act_bits};
             st = nstf_backend_cpu_create(&cp, &s->be_tp[r]);
         } else {
-            st = nstf_backend_gpu_create(dev[r], &s->be_tp[r]);
+            st = nstf_backend_gpu_create(dev[self >= 0 ? nstf_proc_local_rank() : r], &s->be_tp[r]);
         }
     }
     if (st == NSTF_OK) {
@@ -134,8 +143,9 @@ static nstf_status open_tp(nstf_session *s, int n_ctx) {
         memset(s->be_tp, 0, sizeof s->be_tp);
         return st;
     }
-    s->be = s->be_tp[0];
-    if (p->verbose)
+    s->be = s->be_tp[self >= 0 ? self : 0];
+    s->be_tp[self >= 0 ? self : 0] = NULL; /* (freed as s->be) */
+    if (p->verbose && self <= 0)
         fprintf(stderr, "nstf: tensor parallel over %d ranks (%s), rank 0 on %s\n", n, nstf_llama_run_tp_transport(s->run),
                 s->be->device);
     return NSTF_OK;
@@ -260,8 +270,7 @@ void nstf_session_close(nstf_session *s) {
     nstf_llama_run_free(s->run_cpu);
     nstf_backend_free(s->be_cpu);
     nstf_llama_run_free(s->run);
-    if (s->be_tp[0])
-        for (int r = 1; r < 16; r++) nstf_backend_free(s->be_tp[r]);
+    for (int r = 0; r < 16; r++) nstf_backend_free(s->be_tp[r]); /* (s->be is one of them, taken out) */
     nstf_backend_free(s->be);
     nstf_free(s->logits);
     nstf_free(s->hist);

@@ -31,7 +31,7 @@ struct nstf_session {
     nstf_tokenizer *tok;
     nstf_backend *be;
     nstf_llama_run *run;   /* the model on be, or the first stage of a split */
-    nstf_backend *be_tp[16]; /* a tensor-parallel run's backends (be_tp[0] is be), or NULL */
+    nstf_backend *be_tp[16]; /* a tensor-parallel run's other backends (this process's rank's is be), or NULL */
     nstf_backend *be_cpu;  /* a split's second backend (the CPU), or NULL */
     nstf_llama_run *run_cpu; /* a split's last stage (on be_cpu), or NULL */
     float *logits;      /* [n_vocab] host copy of the last token's logits */

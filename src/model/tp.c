@@ -15,17 +15,26 @@
  * (after O and after down: the block outputs are partial sums) and the
  * logits, which each rank computes for its vocabulary share. This file
  * runs the ranks' forwards at once on the communicator's threads and
- * gathers the logits shares on the host (the greedy token from them). */
+ * gathers the logits shares on the host (the greedy token from them).
+ *
+ * Launched by mpirun (dist/proc.h), a process holds one rank: it makes
+ * that rank's shard only, its run stands for the group in this process,
+ * and the logits shares are gathered between the processes, so that
+ * every process holds the same logits (and, running the same host loop
+ * with the same seed, picks the same tokens). */
 #include <stdio.h>
 #include <string.h>
 
 #include "core/mem.h"
 #include "core/switches.h"
 #include "dist/comm.h"
+#include "dist/proc.h"
 #include "model/llama.h"
 
 typedef struct nstf_llama_tp {
     int n;
+    int self;                      /* a launch by mpirun: this process's rank (the others' runs are elsewhere); -1 */
+    float *gather;                 /* self >= 0: host [n][n_batch x the widest share] the processes' shares */
     nstf_comm *comm;
     nstf_llama shard[NSTF_COMM_MAX];
     nstf_llama_layer *layers[NSTF_COMM_MAX];
@@ -160,6 +169,7 @@ static void tp_free(nstf_llama_tp *g) {
     }
     nstf_comm_free(g->comm);
     nstf_free(g->row);
+    nstf_free(g->gather);
     nstf_free(g);
 }
 
@@ -188,6 +198,31 @@ static nstf_status create_rank(void *ctx, int r) {
     return NSTF_OK;
 }
 
+/* The widest vocabulary share. */
+static int64_t widest(const nstf_llama_tp *g) {
+    int64_t w = 0;
+    for (int r = 0; r < g->n; r++)
+        if (g->v0[r + 1] - g->v0[r] > w) w = g->v0[r + 1] - g->v0[r];
+    return w;
+}
+
+/* A launch's processes: every rank's share of the first rows rows of
+ * the logits into part[], through the processes' all-gather (each share
+ * padded to the widest). */
+static nstf_status gather_shares(nstf_llama_tp *g, int64_t rows) {
+    const int64_t w = widest(g), mine = g->v0[g->self + 1] - g->v0[g->self];
+    float *slot = g->gather + (size_t)g->self * (size_t)rows * (size_t)w;
+    for (int64_t i = 0; i < rows; i++) memcpy(slot + i * w, g->part[g->self] + i * mine, (size_t)mine * sizeof(float));
+    NSTF_TRY(nstf_comm_host_allgather(g->comm, g->self, slot, g->gather, (size_t)rows * (size_t)w * sizeof(float)));
+    for (int q = 0; q < g->n; q++) {
+        const int64_t share = g->v0[q + 1] - g->v0[q];
+        const float *from = g->gather + (size_t)q * (size_t)rows * (size_t)w;
+        if (q != g->self)
+            for (int64_t i = 0; i < rows; i++) memcpy(g->part[q] + i * share, from + i * w, (size_t)share * sizeof(float));
+    }
+    return NSTF_OK;
+}
+
 nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *be, int n,
                                      const nstf_llama_run_shape *shape, int timeout_ms, nstf_llama_run **out) {
     *out = NULL;
@@ -196,14 +231,21 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel over %d ranks (1..%d)", n, NSTF_COMM_MAX);
     if (shape->l0 != 0 || shape->l1 != c->n_layers || !shape->embed || !shape->output)
         return nstf_set_error(NSTF_ERR_UNSUPPORTED, "tensor parallel: a stage of the model cannot be split");
+    const int self = nstf_proc_active() ? nstf_proc_rank() : -1;
+    if (self >= 0 && n != nstf_proc_size())
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel over %d ranks in a launch of %d processes", n,
+                              nstf_proc_size());
     nstf_llama_tp *g = nstf_calloc(1, sizeof *g, "tensor-parallel group");
     if (!g) return NSTF_ERR_OOM;
     g->n = n;
+    g->self = self;
     const int64_t vu = c->n_vocab % (64 * n) == 0 ? 64 : 1;
     for (int r = 0; r <= n; r++) g->v0[r] = c->n_vocab / vu * r / n * vu;
     nstf_status st = NSTF_OK;
-    for (int r = 0; r < n && st == NSTF_OK; r++) st = shard_make(g, m, r);
-    if (st == NSTF_OK) st = nstf_comm_create(be, n, timeout_ms, &g->comm);
+    for (int r = 0; r < n && st == NSTF_OK; r++)
+        if (self < 0 || r == self) st = shard_make(g, m, r);
+    if (st == NSTF_OK && self >= 0) st = nstf_comm_create_proc(be[self], timeout_ms, &g->comm);
+    else if (st == NSTF_OK) st = nstf_comm_create(be, n, timeout_ms, &g->comm);
     const int stall = nstf_switch_int(NSTF_SW_TP_STALL_AT); /* a fault test's stalled rank */
     if (st == NSTF_OK && stall > 0) nstf_comm_fault(g->comm, n - 1, stall - 1);
     if (st == NSTF_OK) {
@@ -216,11 +258,14 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
         if (!g->part[r]) st = NSTF_ERR_OOM;
     }
     if (st == NSTF_OK && !(g->row = nstf_alloc((size_t)c->n_vocab * sizeof(float), "logits row"))) st = NSTF_ERR_OOM;
+    if (st == NSTF_OK && self >= 0 &&
+        !(g->gather = nstf_alloc((size_t)n * (size_t)shape->n_batch * (size_t)widest(g) * sizeof(float), "logits gather")))
+        st = NSTF_ERR_OOM;
     if (st != NSTF_OK) {
         tp_free(g);
         return st;
     }
-    *out = g->runs[0];
+    *out = g->runs[self >= 0 ? self : 0];
     return NSTF_OK;
 }
 
@@ -245,10 +290,12 @@ static nstf_status forward_rank(void *ctx, int r) {
 
 nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
     nstf_llama_tp *g = r->tp;
-    if (r->tp_rank != 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: forward on rank %d", r->tp_rank);
+    if (r->tp_rank != (g->self >= 0 ? g->self : 0))
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: forward on rank %d", r->tp_rank);
     fwd_job j = {g, b};
     NSTF_TRY(nstf_comm_run(g->comm, forward_rank, &j));
     const int64_t nv = g->v0[g->n], rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;
+    if (g->self >= 0) NSTF_TRY(gather_shares(g, rows));
     const int64_t host = b->argmax_rows ? b->host_rows : rows; /* rows whose logits the caller takes */
     for (int64_t i = 0; i < rows; i++) {
         const bool want = argmax && (b->argmax_rows || i == rows - 1);

@@ -7,9 +7,11 @@
  * heartbeat with the collective's number (8 bytes, tag HB_TAG, eager), and
  * drains the ones that came in; on a timeout the ranks whose last
  * heartbeat is below the number are the ones named. The loop spins for
- * 2 ms, then sleeps 20 us between tests (a CPU rank waiting for a slower
- * one leaves it the cores). */
+ * 50 us, then yields the core between tests until 2 ms (a CPU rank on
+ * the same core as its peer lets it compute), then sleeps 20 us between
+ * tests. */
 #include <mpi.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +150,8 @@ static int wait_req(MPI_Request *req, int64_t seq, const char *what, int timeout
         if (t - t0 >= 2.0) {
             const struct timespec ts = {0, 20000L};
             nanosleep(&ts, NULL);
+        } else if (t - t0 >= 0.05) {
+            sched_yield();
         }
     }
 }

@@ -1,7 +1,8 @@
-/* test_train_mpi.c — `nstf train` launched by mpirun, one process per
- * data-parallel rank (dist/proc.h, libnstf_mpi), on CPU ranks, against the
- * same ranks driven by one process (--dp N on its threads), on a tiny
- * random model (`nstf gen-model --shape tiny`). Checks:
+/* test_mpi.c — nstf launched by mpirun, one process per rank
+ * (dist/proc.h, libnstf_mpi), on CPU ranks, against the same ranks driven
+ * by one process, on tiny random models (`nstf gen-model --shape tiny`).
+ * Training (`nstf train`, one data-parallel rank per process, against
+ * --dp N on the threads of one process):
  *  1. mpirun -np 2 against --dp 2, with --zero 0 and --zero 1 (20 steps,
  *     --clip 0.5 so clipping happens): every step's loss and gradient norm
  *     as logged, the final checkpoint and the exported GGUF, all byte for
@@ -20,6 +21,19 @@
  *     collective (NSTF_DP_STALL_AT=5, --dp-timeout 500) makes rank 0 exit
  *     within 10 s naming rank 1 as stalled; a rank killed (SIGKILL) mid-run
  *     ends the launch within 10 s with mpirun naming that rank.
+ * Tensor-parallel inference (`nstf run`, `nstf bench`, one rank per
+ * process, against --tp N in one process):
+ *  7. mpirun -np 2 nstf run against --tp 2, sampled (--temp 0.8, -s 7) on
+ *     a Q8_0 model and greedy on an F32 one: the same text, byte for byte
+ *     (the logits shares gathered between the processes are the threads'
+ *     bits); with the clock's seed (-s -1) every process still samples
+ *     the same tokens (rank 0's seed), so the run completes and prints
+ *     once;
+ *  8. bench under a launch prints its table once (rank 0);
+ *  9. refusals: --tp 3 in a launch of 2, a prompt on stdin, a
+ *     conversation; a rank stalled before its 3rd collective
+ *     (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the launch within 10 s
+ *     naming rank 1.
  * Skips (77) where mpirun or libnstf_mpi.so (a build without MPI) is
  * missing. */
 #define _GNU_SOURCE
@@ -74,14 +88,16 @@ static int children_of(pid_t pid, pid_t *out, int cap) {
 }
 
 /* mpirun -np np nstf args..., env (may be NULL) added to the launch's
- * environment; stderr (mpirun's and every rank's) in g_err. With kill_after
+ * environment; stdout in g_out, stderr (mpirun's and every rank's) in
+ * g_err. With kill_after
  * > 0: once the log file `watch` holds that many lines, the launch's
  * highest-pid rank process is killed with SIGKILL (*killed its pid). The
  * exit status; *secs the time it took. */
 static int mpi_run(int np, const char *env, const char *const *args, const char *watch, int kill_after,
                    pid_t *killed, double *secs) {
-    char err_path[300], nps[8];
+    char err_path[300], out_path[300], nps[8];
     snprintf(err_path, sizeof err_path, "%s/stderr", g_dir);
+    snprintf(out_path, sizeof out_path, "%s/stdout", g_dir);
     snprintf(nps, sizeof nps, "%d", np);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -89,8 +105,10 @@ static int mpi_run(int np, const char *env, const char *const *args, const char 
     if (pid == 0) {
         int fd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) dup2(fd, 2);
-        int nul = open("/dev/null", O_WRONLY);
-        if (nul >= 0) dup2(nul, 1);
+        int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (out >= 0) dup2(out, 1);
+        int nul = open("/dev/null", O_RDONLY);
+        if (nul >= 0) dup2(nul, 0);
         if (env) putenv((char *)env);
         /* the ranks' leak reports would be Open MPI's (sanitizer builds) */
         putenv((char *)"ASAN_OPTIONS=detect_leaks=0");
@@ -99,6 +117,8 @@ static int mpi_run(int np, const char *env, const char *const *args, const char 
         argv[n++] = g_mpirun;
         argv[n++] = (char *)"--oversubscribe";
         argv[n++] = (char *)"--allow-run-as-root";
+        argv[n++] = (char *)"--bind-to"; /* (Open MPI binds each of 2 ranks to one core by default) */
+        argv[n++] = (char *)"none";
         argv[n++] = (char *)"-np";
         argv[n++] = nps;
         argv[n++] = (char *)NSTF_BIN;
@@ -129,6 +149,9 @@ static int mpi_run(int np, const char *env, const char *const *args, const char 
     char *e = (char *)cli_file(err_path, &n);
     snprintf(g_err, sizeof g_err, "%s", e ? e : "");
     free(e);
+    e = (char *)cli_file(out_path, &n);
+    snprintf(g_out, sizeof g_out, "%s", e ? e : "");
+    free(e);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -136,7 +159,7 @@ int main(void) {
     char lib[300];
     snprintf(lib, sizeof lib, "%s/libnstf_mpi.so", NSTF_BUILD_DIR);
     if (!find_mpirun() || access(lib, R_OK) != 0) {
-        printf("test_train_mpi: %s; skipped\n",
+        printf("test_mpi: %s; skipped\n",
                access(lib, R_OK) != 0 ? "this build has no libnstf_mpi.so (no MPI)" : "no mpirun on PATH");
         return 77;
     }
@@ -273,8 +296,71 @@ int main(void) {
               "a killed rank: pid %ld, exit %d after %.1f s: %s", (long)killed, rc, secs, g_err);
     }
 
+    /* 7. tensor-parallel generation */
+    {
+        char q8[300];
+        path_in(q8, sizeof q8, "tq8.gguf");
+        rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "q8_0", "-o", q8, NULL});
+        CHECK(rc == 0, "gen-model q8_0: %s", g_err);
+        static const char *const modes[2][4] = {{"--temp", "0.8", "-s", "7"}, {"--temp", "0", "-s", "1"}};
+        for (int k = 0; k < 2; k++) {
+            const char *model = k ? tiny : q8;
+            const char *const one[] = {"run", "-m", model, "--device", "cpu", "-t", "2", "--tp", "2", "-p",
+                                       "the quick brown", "-n", "40", modes[k][0], modes[k][1], modes[k][2],
+                                       modes[k][3], NULL};
+            rc = run(one);
+            CHECK(rc == 0, "run --tp 2: exit %d: %s", rc, g_err);
+            static char want[sizeof g_out];
+            snprintf(want, sizeof want, "%s", g_out);
+            const char *const launched[] = {"run", "-m", model, "--device", "cpu", "-t", "2", "-p", "the quick brown",
+                                            "-n", "40", modes[k][0], modes[k][1], modes[k][2], modes[k][3], NULL};
+            rc = mpi_run(2, NULL, launched, NULL, 0, &killed, &secs);
+            const bool same = rc == 0 && !strcmp(want, g_out) && strlen(want) > 0;
+            printf("  mpirun -np 2 nstf run vs --tp 2, %s %s model, 40 tokens (%.1f s): text %s (%zu bytes)\n",
+                   k ? "greedy," : "--temp 0.8 -s 7,", k ? "F32" : "Q8_0", secs, same ? "byte-identical" : "DIFFERS",
+                   strlen(want));
+            CHECK(same, "run under mpirun: exit %d, %zu vs %zu bytes: %s", rc, strlen(g_out), strlen(want), g_err);
+        }
+        const char *const clock_seed[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "-p", "the quick brown", "-n",
+                                          "40", "--temp", "0.8", NULL};
+        rc = mpi_run(2, NULL, clock_seed, NULL, 0, &killed, &secs);
+        const char *gen = strstr(g_err, "generation 40 tokens");
+        CHECK(rc == 0 && gen && !strstr(gen + 1, "generation 40 tokens"),
+              "run under mpirun with the clock's seed: exit %d: %s", rc, g_err);
+        /* 8. bench: one table */
+        const char *const bench[] = {"bench", "-m", q8, "--device", "cpu", "-t", "2", "-p", "16", "-n", "8", "-r", "2",
+                                     NULL};
+        rc = mpi_run(2, NULL, bench, NULL, 0, &killed, &secs);
+        int rows = 0;
+        for (const char *p = g_out; (p = strstr(p, "tg8")); p++) rows++;
+        printf("  nstf bench under mpirun -np 2: exit %d, %d tg8 row(s) (%.1f s)\n", rc, rows, secs);
+        CHECK(rc == 0 && rows == 1, "bench under mpirun: exit %d, %d tg8 rows: %s", rc, rows, g_err);
+        /* 9. refusals, a stalled rank */
+        const char *const tp3[] = {"run", "-m", q8, "--device", "cpu", "--tp", "3", "-p", "x", "-n", "2", NULL};
+        rc = mpi_run(2, NULL, tp3, NULL, 0, &killed, &secs);
+        CHECK(rc != 0 && strstr(g_err, "--tp 3: mpirun launched 2 processes"), "--tp 3 in a launch of 2: exit %d: %s",
+              rc, g_err);
+        const char *const stdin_prompt[] = {"run", "-m", q8, "--device", "cpu", "-n", "2", NULL};
+        rc = mpi_run(2, NULL, stdin_prompt, NULL, 0, &killed, &secs);
+        CHECK(rc != 0 && strstr(g_err, "must come from -p or -f"), "a prompt on stdin under mpirun: exit %d: %s", rc,
+              g_err);
+        const char *const conv[] = {"chat", "-m", q8, "--device", "cpu", NULL};
+        rc = mpi_run(2, NULL, conv, NULL, 0, &killed, &secs);
+        CHECK(rc != 0 && strstr(g_err, "not supported"), "chat under mpirun: exit %d: %s", rc, g_err);
+        const char *const stall[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "-p", "the quick brown", "-n",
+                                     "40", "--tp-timeout", "500", NULL};
+        rc = mpi_run(2, "NSTF_TP_STALL_AT=3", stall, NULL, 0, &killed, &secs);
+        {
+            const char *line = strstr(g_err, "nstf: ");
+            printf("  tensor-parallel rank 1 stalled before its 3rd collective: exit %d after %.1f s: %.*s\n", rc, secs,
+                   line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+        }
+        CHECK(rc != 0 && secs < 10 && strstr(g_err, "rank 1 stalled"), "a stalled tensor-parallel rank: exit %d after "
+              "%.1f s: %s", rc, secs, g_err);
+    }
+
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (!g_fails && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-    return test_finish("test_train_mpi");
+    return test_finish("test_mpi");
 }
