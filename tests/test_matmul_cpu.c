@@ -35,7 +35,9 @@
  *    scalar model of the path (two levels, or the int16 blocks), NMSE <=
  *    1e-10. Run with an arena for every
  *    row and with one for a third of them (rows in chunks); float weights
- *    must give nstf_cpu_matmul's output bit for bit.
+ *    must give nstf_cpu_matmul's output bit for bit; at the AVX-512 level
+ *    of a CPU with VNNI the int16 tiles must give the AVX2 tiles' output
+ *    bit for bit (the same integers, summed by vpdpwssd).
  *  - The slow path (arena too small: dequantized blocks x fp32 x): NMSE <= 1e-7.
  * Outputs are poisoned (NaN bytes) with a guard region after them. */
 #include <math.h>
@@ -138,6 +140,18 @@ static double nmse_but_token1(const float *y, const double *ref, int64_t n_tok, 
     return den > 0 ? num / den : num;
 }
 
+/* One nstf_cpu_matmul_a16 call with an arena for every row (chunked =
+ * false) or for a third of them. */
+static void a16_call(nstf_type t, const void *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                     int nth, bool chunked, const char *tag) {
+    nstf_cpu cpu = {.pool = g_pools[nth]};
+    const int64_t rows = chunked ? (n_tok + 2) / 3 : n_tok;
+    CHECK(nstf_cpu_reserve_a16(&cpu, rows, n_in, n_out) == NSTF_OK, "%s: reserve_a16: %s", tag, nstf_last_error());
+    nstf_cpu_matmul_a16(&cpu, t, w, x, y, n_tok, n_in, n_out);
+    nstf_cpu_release_a16(&cpu);
+    nstf_cpu_release(&cpu);
+}
+
 /* nstf_cpu_matmul_a16 on the case of run_case: against the fp64 reference
  * and the two-level scalar model (header), with an arena for every row
  * (chunked = false) or for a third of them. y8 is nstf_cpu_matmul's output. */
@@ -145,12 +159,16 @@ static void check_a16(nstf_type t, const float *wd, const void *w, const float *
                       int64_t n_tok, int64_t n_in, int64_t n_out, int nth, bool chunked, const char *tag) {
     const size_t ybytes = (size_t)(n_tok * n_out) * 4;
     float *y = guarded_alloc(ybytes);
-    nstf_cpu cpu = {.pool = g_pools[nth]};
-    const int64_t rows = chunked ? (n_tok + 2) / 3 : n_tok;
-    CHECK(nstf_cpu_reserve_a16(&cpu, rows, n_in, n_out) == NSTF_OK, "%s: reserve_a16: %s", tag, nstf_last_error());
-    nstf_cpu_matmul_a16(&cpu, t, w, x, y, n_tok, n_in, n_out);
-    nstf_cpu_release_a16(&cpu);
-    nstf_cpu_release(&cpu);
+    a16_call(t, w, x, y, n_tok, n_in, n_out, nth, chunked, tag);
+    /* the AVX-512 VNNI tiles (vpdpwssd) sum the AVX2 tiles' integers: the same bits */
+    if (nstf_i16_serves(t, n_tok) && nstf_cpu_isa_current() == NSTF_ISA_AVX512 && nstf_cpu_has_vnni()) {
+        float *y2 = guarded_alloc(ybytes);
+        CHECK(nstf_cpu_isa_force(NSTF_ISA_AVX2), "force avx2");
+        a16_call(t, w, x, y2, n_tok, n_in, n_out, nth, chunked, tag);
+        CHECK(nstf_cpu_isa_force(NSTF_ISA_AVX512), "force avx512");
+        CHECK(!memcmp(y, y2, ybytes), "%s a16: the VNNI tiles differ from the AVX2 tiles", tag);
+        free(y2);
+    }
     CHECK(guard_ok(y, ybytes) && count_nonfinite(y, n_tok * n_out) == 0, "%s a16: guard or non-finite outputs", tag);
     if (!is_quant(t)) {
         CHECK(!memcmp(y, y8, ybytes), "%s a16: float weights differ from nstf_cpu_matmul", tag);

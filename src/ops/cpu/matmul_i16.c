@@ -27,8 +27,11 @@
  * 8 rows' int32 sums of a block are folded into one vector by a tree, so a
  * block costs one convert and one FMA per token for all 8 rows. Threads
  * split the row tiles (the tokens when there are too few of them); every
- * output is computed the same way whatever the split. A portable scalar
- * tile computes the same integers (fp32 rounding may differ). */
+ * output is computed the same way whatever the split. The tiles are
+ * compiled twice (matmul_i16_tiles.h): for the build's AVX2, and with
+ * AVX-512 VNNI's vpdpwssd folding the second vpmaddwd and the add (chosen
+ * at run time, the same bits). A portable scalar tile computes the same
+ * integers (fp32 rounding may differ). */
 #include "ops/cpu/matmul_i16.h"
 
 #include <math.h>
@@ -244,278 +247,35 @@ static ALWAYS_INLINE __m256i codes32(const int kind, const uint8_t *bl, __m256i 
     }
 }
 
-static ALWAYS_INLINE void tile_avx2(const int kind, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
-                                    const xq16 *x, int64_t t0, float *y, int64_t ldy) {
-    const int bb = kind == K_Q4_0 || kind == K_IQ4_NL ? 18 : kind == K_Q4_1 ? 20 : kind == K_Q5_0 ? 22
-                 : kind == K_Q5_1 ? 24 : 34;
-    const bool has_m = kind == K_Q4_1 || kind == K_Q5_1;
-    const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
-    const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
-    const int64_t nb = x->nb;
-    const int16_t *xq = x->q + t0 * nb * QK;
-    const float *xd = x->d + t0 * nb, *xs = x->s + t0 * nb;
-    __m256 acc[RN_I16];
-#pragma GCC unroll 8
-    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
-    /* decode (RN <= 2) streams the weights: prefetch the next tile's rows
-     * at the pace this one consumes its own */
-    const uint8_t *pf = w + 8 * row_bytes;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint64_t off = (uint64_t)b * (uint64_t)bb;
-        if (RN <= 2) {
-            nstf_q32_prefetch(pf, 8 * bb);
-            pf += 8 * bb;
-        }
-        __m256 mv = _mm256_setzero_ps();
-        const __m256 dv = nstf_q32_scales8(wr, off, has_m, &mv);
-        __m256i wlo[8], whi[8];
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            const __m256i c = codes32(kind, wr[r] + off, iq4);
-            wlo[r] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c));
-            whi[r] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c, 1));
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < RN; t++) {
-            const __m256i xlo = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
-            const __m256i xhi = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK + 16));
-            __m256i p[8];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++)
-                p[r] = _mm256_add_epi32(_mm256_madd_epi16(wlo[r], xlo), _mm256_madd_epi16(whi[r], xhi));
-            const __m256i isum = nstf_q32_reduce8_i32(p);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b)),
-                                     acc[t]);
-            if (has_m) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
-        }
-    }
-    store_tile(RN, acc, rm, y, ldy);
-}
-
-/* Super-block tiles (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block
- * the 8 rows are decoded to int16 into wq[chunk][row][32], with per chunk of
- * 32 a scale vector over the rows (dv: d * sc for Q4_K / Q5_K, d (ls - 32)
- * for IQ4_XS whose codes are the code book's values, d for Q2_K, Q3_K and
- * Q6_K whose 16-value scales are multiplied into their codes) and the mins'
- * (mv = -dmin * m; Q2_K's two per chunk, mv for elements 0..15 against sl,
- * mh for 16..31 against sh). Q2_K's q * sc <= 3 * 15 = 45; Q3_K's
- * |(q - 4) * sc| <= 4 * 32 = 128; Q6_K's
- * |(q - 32) * sc| <= 32 * 128 = 4096, so 16 products
- * with |x| <= 32767 stay below 2^31: the tree sums in int32 up to 4 lanes
- * of 4 products and finishes in fp32. */
-
-/* The sums of RN tokens from t0 over super-block b's 8 decoded chunks
- * (wq, dvs, mvs, mhs), added to accm (in registers over the chunks). */
-static ALWAYS_INLINE void ktile_tokens(const int kt, const int RN, const xq16 *x, int64_t t0, int64_t b,
-                                       const int16_t (*wq)[8][32], const float (*dvs)[8], const float (*mvs)[8],
-                                       const float (*mhs)[8], __m256 *accm) {
-    const int64_t nb = x->nb;
-    __m256 acc[RN_I16];
-#pragma GCC unroll 8
-    for (int t = 0; t < RN; t++) acc[t] = accm[t];
-    for (int c = 0; c < 8; c++) {
-        const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
-        const __m256 mh = kt == NSTF_TYPE_Q2_K ? _mm256_load_ps(mhs[c]) : mv;
-#pragma GCC unroll 8
-        for (int t = 0; t < RN; t++) {
-            const int64_t xb = (t0 + t) * nb + 8 * b + c;
-            const __m256i xlo = _mm256_load_si256((const __m256i *)(x->q + xb * QK));
-            const __m256i xhi = _mm256_load_si256((const __m256i *)(x->q + xb * QK + 16));
-            __m256i p[8], a[4];
-#pragma GCC unroll 8
-            for (int r = 0; r < 8; r++)
-                p[r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)wq[c][r]), xlo),
-                                        _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(wq[c][r] + 16)), xhi));
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
-                a[r] = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2 * r], p[2 * r + 1]),
-                                        _mm256_unpackhi_epi32(p[2 * r], p[2 * r + 1]));
-            const __m256 b0 = _mm256_cvtepi32_ps(
-                _mm256_add_epi32(_mm256_unpacklo_epi64(a[0], a[1]), _mm256_unpackhi_epi64(a[0], a[1])));
-            const __m256 b1 = _mm256_cvtepi32_ps(
-                _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
-            const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-            acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
-            if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
-            if (kt == NSTF_TYPE_Q2_K) {
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc[t]);
-                acc[t] = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc[t]);
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < RN; t++) accm[t] = acc[t];
-}
-
-/* n_full groups of 8 tokens from t0, then a group of RN: each super-block
- * of the 8 rows is decoded once for all of them (up to TOK_CHUNK tokens;
- * it was once per 8), their sums kept in accs between super-blocks. */
-static ALWAYS_INLINE void ktile_avx2(const int kt, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
-                                     const xq16 *x, int64_t t0, int n_full, float *y, int64_t ldy) {
-    const uint64_t bb = (uint64_t)nstf_type_block_bytes((nstf_type)kt);
-    const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
-    const int64_t nb = x->nb;
-    __m256 accs[TOK_CHUNK / RN_I16][RN_I16];
-    for (int g = 0; g <= n_full; g++)
-        for (int t = 0; t < RN_I16; t++) accs[g][t] = _mm256_setzero_ps();
-    _Alignas(32) int16_t wq[8][8][32];
-    _Alignas(32) float dvs[8][8], mvs[8][8], mhs[8][8];
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb / 8; b++) {
-        for (int r = 0; r < 8; r++) {
-            const uint8_t *blk = wr[r] + (uint64_t)b * (uint64_t)bb;
-            __m256i c8[8];
-            if (kt == NSTF_TYPE_Q2_K) { /* chunk c = 4n + j: bits 2j of qs[32n..]; 16-value scales and mins */
-                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 80)), dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 82));
-                const __m256i m3 = _mm256_set1_epi8(3);
-                for (int n = 0; n < 2; n++) {
-                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * n));
-                    for (int j = 0; j < 4; j++) {
-                        const int c = 4 * n + j;
-                        const __m256i v = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * j), m3);
-                        _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
-                                                                                   _mm256_set1_epi16(blk[2 * c] & 0xF)));
-                        _mm256_store_si256((__m256i *)(wq[c][r] + 16),
-                                           _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)),
-                                                              _mm256_set1_epi16(blk[2 * c + 1] & 0xF)));
-                        dvs[c][r] = d;
-                        mvs[c][r] = -dmin * (float)(blk[2 * c] >> 4);
-                        mhs[c][r] = -dmin * (float)(blk[2 * c + 1] >> 4);
-                    }
-                }
-            } else if (kt == NSTF_TYPE_Q3_K) { /* chunk c = 4n + j: bits 2j of qs[32n..], bit c of hmask, minus 4 */
-                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 108));
-                _Alignas(16) int8_t sc[16];
-                _mm_store_si128((__m128i *)sc, nstf_q3k_scales16(blk + 96));
-                const __m256i hm = _mm256_loadu_si256((const __m256i *)blk), m3 = _mm256_set1_epi8(3),
-                              m04 = _mm256_set1_epi8(4);
-                for (int n = 0; n < 2; n++) {
-                    const __m256i Q = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n));
-                    for (int j = 0; j < 4; j++) {
-                        const int c = 4 * n + j;
-                        const __m256i h = c <= 2 ? _mm256_slli_epi16(hm, 2 - c) : _mm256_srli_epi16(hm, c - 2);
-                        const __m256i v = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(Q, 2 * j), m3),
-                                                                          _mm256_and_si256(h, m04)),
-                                                          m04);
-                        _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-                                                                                   _mm256_set1_epi16(sc[2 * c])));
-                        _mm256_store_si256((__m256i *)(wq[c][r] + 16),
-                                           _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
-                                                              _mm256_set1_epi16(sc[2 * c + 1])));
-                        dvs[c][r] = d;
-                        mvs[c][r] = 0.0f;
-                    }
-                }
-            } else if (kt == NSTF_TYPE_IQ4_XS) { /* sub-block c: 16 bytes at 8 + 16 c, as an IQ4_NL block's */
-                const float d = nstf_fp16_to_f32(nstf_load_u16(blk));
-                const uint16_t sh = nstf_load_u16(blk + 2);
-                const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
-                for (int c = 0; c < 8; c++) {
-                    const int ls = ((blk[4 + c / 2] >> (4 * (c % 2))) & 0xF) | (((sh >> (2 * c)) & 3) << 4);
-                    const __m256i v = _mm256_shuffle_epi8(iq4, nstf_q32_nibbles(blk + 8 + 16 * c));
-                    _mm256_store_si256((__m256i *)wq[c][r], _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)));
-                    _mm256_store_si256((__m256i *)(wq[c][r] + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)));
-                    dvs[c][r] = d * (float)(ls - 32);
-                    mvs[c][r] = 0.0f;
-                }
-            } else if (kt == NSTF_TYPE_Q6_K) {
-                const float d = nstf_fp16_to_f32(nstf_load_u16(blk + 208));
-                const __m256i m30 = _mm256_set1_epi8(0x30), o32 = _mm256_set1_epi8(32);
-                for (int n = 0; n < 2; n++) {
-                    const __m256i A = _mm256_loadu_si256((const __m256i *)(blk + 64 * n));
-                    const __m256i B = _mm256_loadu_si256((const __m256i *)(blk + 64 * n + 32));
-                    const __m256i H = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
-                    c8[4 * n] = _mm256_or_si256(_mm256_and_si256(A, m4), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-                    c8[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(B, m4), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-                    c8[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), m4), _mm256_and_si256(H, m30));
-                    c8[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), m4),
-                                                    _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-                }
-                for (int c = 0; c < 8; c++) {
-                    const __m256i v = _mm256_sub_epi8(c8[c], o32);
-                    const int8_t *sc = (const int8_t *)blk + 192 + 2 * c;
-                    _mm256_store_si256((__m256i *)wq[c][r], _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-                                                                               _mm256_set1_epi16(sc[0])));
-                    _mm256_store_si256((__m256i *)(wq[c][r] + 16),
-                                       _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
-                                                          _mm256_set1_epi16(sc[1])));
-                    dvs[c][r] = d;
-                    mvs[c][r] = 0.0f;
-                }
-            } else {
-                const bool five = kt == NSTF_TYPE_Q5_K;
-                const float d = nstf_fp16_to_f32(nstf_load_u16(blk)), dmin = nstf_fp16_to_f32(nstf_load_u16(blk + 2));
-                const uint8_t *qs = blk + (five ? 48 : 16);
-                __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-                const __m256i m10 = _mm256_set1_epi8(0x10);
-                for (int j = 0; j < 4; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-                    c8[2 * j] = _mm256_and_si256(v, m4);
-                    c8[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    if (five) { /* bits 2j, 2j+1 of each qh byte (hb shifted by 2j so far) */
-                        c8[2 * j] = _mm256_or_si256(c8[2 * j], _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
-                        c8[2 * j + 1] = _mm256_or_si256(c8[2 * j + 1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
-                        hb = _mm256_srli_epi16(hb, 2);
-                    }
-                }
-                for (int c = 0; c < 8; c++) {
-                    uint8_t sc, m;
-                    nstf_k4_scale_min(c, blk + 4, &sc, &m);
-                    _mm256_store_si256((__m256i *)wq[c][r], _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c8[c])));
-                    _mm256_store_si256((__m256i *)(wq[c][r] + 16), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c8[c], 1)));
-                    dvs[c][r] = d * (float)sc;
-                    mvs[c][r] = -dmin * (float)m;
-                }
-            }
-        }
-        for (int g = 0; g < n_full; g++) ktile_tokens(kt, RN_I16, x, t0 + 8 * g, b, wq, dvs, mvs, mhs, accs[g]);
-        ktile_tokens(kt, RN, x, t0 + 8 * n_full, b, wq, dvs, mvs, mhs, accs[n_full]);
-    }
-    for (int g = 0; g < n_full; g++) store_tile(RN_I16, accs[g], rm, y + 8 * g * ldy, ldy);
-    store_tile(RN, accs[n_full], rm, y + 8 * n_full * ldy, ldy);
-}
-
 /* A tile: rows [0, rm) of w against 8 n_full + RN tokens from t0 (the
  * 32-element types take n_full 0: one group of RN per call). */
 typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, int, float *, int64_t);
-#define DEF_TILE(K, RN, KERN, KIND)                                                                                \
-    static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, int n_full,    \
-                                float *y, int64_t ldy) {                                                           \
-        (void)n_full;                                                                                              \
-        KERN(KIND, RN, w, rb, rm, x, t0, y, ldy);                                                                  \
-    }
-#define DEF_KTILE(K, RN, KIND)                                                                                     \
-    static void tile_##K##_##RN(const uint8_t *w, uint64_t rb, int rm, const xq16 *x, int64_t t0, int n_full,    \
-                                float *y, int64_t ldy) {                                                           \
-        ktile_avx2(KIND, RN, w, rb, rm, x, t0, n_full, y, ldy);                                                    \
-    }
-#define DEF_TILES(K, KERN, KIND)                                                                      \
-    DEF_TILE(K, 1, KERN, KIND) DEF_TILE(K, 2, KERN, KIND) DEF_TILE(K, 3, KERN, KIND)                  \
-    DEF_TILE(K, 4, KERN, KIND) DEF_TILE(K, 5, KERN, KIND) DEF_TILE(K, 6, KERN, KIND)                  \
-    DEF_TILE(K, 7, KERN, KIND) DEF_TILE(K, 8, KERN, KIND)
-#define DEF_KTILES(K, KIND)                                                                           \
-    DEF_KTILE(K, 1, KIND) DEF_KTILE(K, 2, KIND) DEF_KTILE(K, 3, KIND) DEF_KTILE(K, 4, KIND)           \
-    DEF_KTILE(K, 5, KIND) DEF_KTILE(K, 6, KIND) DEF_KTILE(K, 7, KIND) DEF_KTILE(K, 8, KIND)
-DEF_TILES(Q4_0, tile_avx2, K_Q4_0)
-DEF_TILES(Q4_1, tile_avx2, K_Q4_1)
-DEF_TILES(Q5_0, tile_avx2, K_Q5_0)
-DEF_TILES(Q5_1, tile_avx2, K_Q5_1)
-DEF_TILES(Q8_0, tile_avx2, K_Q8_0)
-DEF_TILES(IQ4_NL, tile_avx2, K_IQ4_NL)
-DEF_KTILES(Q4_K, NSTF_TYPE_Q4_K)
-DEF_KTILES(Q5_K, NSTF_TYPE_Q5_K)
-DEF_KTILES(Q6_K, NSTF_TYPE_Q6_K)
-DEF_KTILES(IQ4_XS, NSTF_TYPE_IQ4_XS)
-DEF_KTILES(Q3_K, NSTF_TYPE_Q3_K)
-DEF_KTILES(Q2_K, NSTF_TYPE_Q2_K)
-#define TILE_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_3, tile_##K##_4, tile_##K##_5, tile_##K##_6, tile_##K##_7, tile_##K##_8},
-static const tile_fn k_tiles[N_KINDS][RN_I16] = {TILE_ROW(Q4_0) TILE_ROW(Q4_1) TILE_ROW(Q5_0) TILE_ROW(Q5_1)
-                                                     TILE_ROW(Q8_0) TILE_ROW(IQ4_NL)
-                                                     TILE_ROW(Q4_K) TILE_ROW(Q5_K) TILE_ROW(Q6_K)
-                                                         TILE_ROW(IQ4_XS) TILE_ROW(Q3_K) TILE_ROW(Q2_K)};
+
+#define I16FN(name) name##_avx2
+#define I16TARGET
+#define MADD2(a, x, b, y) _mm256_add_epi32(_mm256_madd_epi16(a, x), _mm256_madd_epi16(b, y))
+#include "ops/cpu/matmul_i16_tiles.h"
+#undef I16FN
+#undef I16TARGET
+#undef MADD2
+/* The VNNI copy of the tiles: not in sanitizer builds, where this file's
+ * tiles already take the compiler many minutes (the AVX2 tiles there
+ * touch memory exactly as these do, and test_matmul_cpu checks the two
+ * bit for bit in the other builds). */
+#if defined(__SANITIZE_ADDRESS__)
+#define I16_VNNI 0
+#else
+#define I16_VNNI NSTF_CPU_HAVE_AVX512
+#endif
+#if I16_VNNI
+#define I16FN(name) name##_vnni
+#define I16TARGET NSTF_TARGET_AVX512VNNI
+#define MADD2(a, x, b, y) _mm256_dpwssd_epi32(_mm256_madd_epi16(a, x), b, y)
+#include "ops/cpu/matmul_i16_tiles.h"
+#undef I16FN
+#undef I16TARGET
+#undef MADD2
+#endif
 
 static int kind_of(nstf_type t) {
     switch (t) {
@@ -539,7 +299,7 @@ static int kind_of(nstf_type t) {
 
 typedef struct {
     nstf_type wtype;
-    bool simd;
+    bool simd, vnni; /* vnni: the AVX-512 level with VNNI (vpdpwssd) */
     const uint8_t *w;
     uint64_t row_bytes;
     const float *x;
@@ -564,6 +324,11 @@ static void run_tiles(const i16_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
     const int rm = (int)(c->n_out - r0 < 8 ? c->n_out - r0 : 8);
     const uint8_t *w = c->w + (uint64_t)r0 * c->row_bytes;
 #if NSTF_CPU_HAVE_AVX2
+#if I16_VNNI
+    const tile_fn(*k_tiles)[RN_I16] = c->vnni ? k_tiles_vnni : k_tiles_avx2;
+#else
+    const tile_fn(*k_tiles)[RN_I16] = k_tiles_avx2;
+#endif
     if (c->simd && is_k(c->wtype)) {
         const int n = (int)(t_end - t0), n_full = (n - 1) / RN_I16;
         k_tiles[kind_of(c->wtype)][n - RN_I16 * n_full - 1](w, c->row_bytes, rm, &c->xq, t0, n_full,
@@ -606,8 +371,9 @@ static void mm_worker(void *p, int ith, int nth) {
 
 void nstf_i16_matmul(nstf_pool *pool, nstf_type wtype, const void *w, const float *x, float *y, int64_t n_tok,
                      int64_t n_in, int64_t n_out, void *arena) {
-    i16_ctx c = {.wtype = wtype, .simd = nstf_cpu_isa_current() != NSTF_ISA_SCALAR, .w = w, .x = x, .y = y,
-                 .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    const nstf_cpu_isa isa = nstf_cpu_isa_current();
+    i16_ctx c = {.wtype = wtype, .simd = isa != NSTF_ISA_SCALAR, .vnni = isa == NSTF_ISA_AVX512 && nstf_cpu_has_vnni(),
+                 .w = w, .x = x, .y = y, .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
     nstf_type_row_bytes(wtype, n_in, &c.row_bytes);
     carve(arena, n_tok, n_in, &c.xq);
     if (n_tok < 8 || !pool || nstf_pool_size(pool) == 1)
