@@ -596,15 +596,26 @@ nstf_status nstf_comm_create_proc(nstf_backend *be, int timeout_ms, nstf_comm **
     snprintf(c->transport, sizeof c->transport, "%s, one process per rank", nstf_proc_transport());
     nstf_status st = NSTF_OK;
     if (c->gpu) { /* NCCL: rank 0's id to every rank through the launch */
-        unsigned char id[NSTF_CCL_ID_BYTES] = {0}, *all = nstf_alloc((size_t)n * sizeof id, "NCCL ids");
+        /* byte 0: whether the rank got that far (every rank takes part in
+         * the exchange, so that a failure is everyone's error, not a wait) */
+        unsigned char id[1 + NSTF_CCL_ID_BYTES] = {0}, *all = nstf_alloc((size_t)n * sizeof id, "NCCL ids");
         int dev = 0;
         void *stream;
         st = all ? nstf_backend_gpu_stream(be, &dev, &stream) : NSTF_ERR_OOM;
-        if (st == NSTF_OK && self == 0) st = nstf_gpu_ccl_unique_id(id);
-        /* every rank takes part even when rank 0 failed: it then aborts the launch */
-        if (st == NSTF_OK) st = nstf_proc_allgather(id, all, sizeof id, c->timeout_ms);
+        if (st == NSTF_OK && self == 0) st = nstf_gpu_ccl_unique_id(id + 1);
+        id[0] = st == NSTF_OK;
+        char why[600] = "";
+        if (st != NSTF_OK) snprintf(why, sizeof why, "%s", nstf_last_error());
+        if (all && nstf_proc_allgather(id, all, sizeof id, c->timeout_ms) != NSTF_OK && st == NSTF_OK)
+            st = NSTF_ERR_RANGE; /* (its error is set) */
+        for (int r = 0; r < n && st == NSTF_OK; r++)
+            if (!all[(size_t)r * sizeof id])
+                st = nstf_set_error(NSTF_ERR_GPU, "rank %d of the launch could not take part in making the NCCL "
+                                    "communicators (its error is on its own output)", r);
+        if (why[0]) st = nstf_set_error(st, "%s", why);
         char desc[64] = "";
-        if (st == NSTF_OK) st = nstf_gpu_ccl_init_rank(dev, self, n, all, &c->ccl[self], c->timeout_ms, desc, sizeof desc);
+        if (st == NSTF_OK)
+            st = nstf_gpu_ccl_init_rank(dev, self, n, all + 1, &c->ccl[self], c->timeout_ms, desc, sizeof desc);
         if (st == NSTF_OK)
             snprintf(c->transport, sizeof c->transport, "%s, one process per rank (%s)", desc, nstf_proc_transport());
         nstf_free(all);
