@@ -29,7 +29,8 @@
  *     bits); with the clock's seed (-s -1) every process still samples
  *     the same tokens (rank 0's seed), so the run completes and prints
  *     once;
- *  8. bench under a launch prints its table once (rank 0);
+ *  8. bench under a launch prints its table once (rank 0); perplexity
+ *     under a launch prints what --tp 2 prints, byte for byte;
  *  9. refusals: --tp 3 in a launch of 2, a prompt on stdin, a
  *     conversation; a rank stalled before its 3rd collective
  *     (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the launch within 10 s
@@ -335,6 +336,22 @@ int main(void) {
         for (const char *p = g_out; (p = strstr(p, "tg8")); p++) rows++;
         printf("  nstf bench under mpirun -np 2: exit %d, %d tg8 row(s) (%.1f s)\n", rc, rows, secs);
         CHECK(rc == 0 && rows == 1, "bench under mpirun: exit %d, %d tg8 rows: %s", rc, rows, g_err);
+        /* perplexity: the same figures */
+        const char *const ppl_one[] = {"perplexity", "-m", q8, "-f", text, "-c", "64", "--chunks", "4", "--device",
+                                       "cpu", "-t", "1", "--tp", "2", NULL};
+        rc = run(ppl_one);
+        CHECK(rc == 0 && strstr(g_out, "Final estimate"), "perplexity --tp 2: exit %d: %s", rc, g_err);
+        static char want_ppl[sizeof g_out];
+        snprintf(want_ppl, sizeof want_ppl, "%s", g_out);
+        const char *const ppl_mpi[] = {"perplexity", "-m", q8, "-f", text, "-c", "64", "--chunks", "4", "--device",
+                                       "cpu", "-t", "1", NULL};
+        rc = mpi_run(2, NULL, ppl_mpi, NULL, 0, &killed, &secs);
+        const char *fin = strstr(g_out, "Final estimate");
+        printf("  nstf perplexity under mpirun -np 2 vs --tp 2: exit %d, %s (%.*s)\n", rc,
+               rc == 0 && !strcmp(g_out, want_ppl) ? "the same output" : "DIFFERENT output",
+               fin ? (int)strcspn(fin, "\n") : 0, fin ? fin : "");
+        CHECK(rc == 0 && !strcmp(g_out, want_ppl), "perplexity under mpirun: exit %d: %s / %s: %s", rc, g_out, want_ppl,
+              g_err);
         /* 9. refusals, a stalled rank */
         const char *const tp3[] = {"run", "-m", q8, "--device", "cpu", "--tp", "3", "-p", "x", "-n", "2", NULL};
         rc = mpi_run(2, NULL, tp3, NULL, 0, &killed, &secs);
@@ -351,7 +368,7 @@ int main(void) {
                                      "40", "--tp-timeout", "500", NULL};
         rc = mpi_run(2, "NSTF_TP_STALL_AT=3", stall, NULL, 0, &killed, &secs);
         {
-            const char *line = strstr(g_err, "nstf: ");
+            const char *line = strstr(g_err, "nstf run: ");
             printf("  tensor-parallel rank 1 stalled before its 3rd collective: exit %d after %.1f s: %.*s\n", rc, secs,
                    line ? (int)strcspn(line, "\n") : 0, line ? line : "");
         }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_util.h"
+#include "dist/proc.h"
 #include "nstf_tools.h"
 
 int cmd_perplexity(int argc, char **argv);
@@ -28,7 +29,8 @@ static void usage(FILE *f) {
             "                        log-probabilities (their tokens are used; -f is not needed)\n"
             "  -t, --threads N       CPU threads (default: every core)\n"
             "  --device cpu|gpu|auto where to run (default auto)\n"
-            "  --tp N, --gpus LIST   tensor parallel over N GPUs (as nstf run)\n"
+            "  --tp N, --gpus LIST   tensor parallel over N GPUs (as nstf run); or one process per rank:\n"
+            "                        mpirun -np N nstf perplexity ...\n"
             "  -ctk, -ctv T          KV cache type of K and V: q8_0, or auto (the device's own; default)\n"
             "  --precise             CPU: fp32 activations in every matmul\n"
             "  -v                    model and device details\n");
@@ -156,6 +158,14 @@ int cmd_perplexity(int argc, char **argv) {
     }
     pp.n_ctx = n_ctx;
     pp.n_batch = n_batch && n_batch < win ? n_batch : win;
+    /* under mpirun: one tensor-parallel rank per process; rank 0 reports
+     * and writes --save-logits */
+    {
+        const int lrc = cli_launch_tp(&n_tp, NULL, false);
+        if (lrc >= 0) return lrc;
+    }
+    const bool quiet = nstf_proc_active() && nstf_proc_rank() > 0;
+    if (quiet) pp.save_logits = NULL;
 
     nstf_session_params sp = nstf_session_default_params();
     sp.n_ctx = win;
@@ -171,7 +181,7 @@ int cmd_perplexity(int argc, char **argv) {
     nstf_session *s = NULL;
     if (nstf_session_open(model, &sp, &s) != NSTF_OK) {
         fprintf(stderr, "nstf perplexity: %s\n", nstf_last_error());
-        return 1;
+        return cli_launch_end(1);
     }
     int32_t *ids = NULL;
     int64_t n_ids = 0;
@@ -183,16 +193,16 @@ int cmd_perplexity(int argc, char **argv) {
         if (!text) {
             fprintf(stderr, "nstf perplexity: %s: cannot read the text\n", text_path);
             nstf_session_close(s);
-            return 1;
+            return cli_launch_end(1);
         }
         st = nstf_session_tokenize_alloc(s, text, len, false, &ids, &n_ids);
         free(text);
-        if (st == NSTF_OK)
+        if (st == NSTF_OK && !quiet)
             fprintf(stderr, "perplexity: %s: %lld tokens, %lld windows of %d, batch %d, %s\n", text_path,
                     (long long)n_ids, (long long)(n_ids / win), win, pp.n_batch, nstf_session_device(s));
     }
     progress_ctx pc = {isatty(2) != 0, pp.kl_base != NULL};
-    pp.progress = on_chunk;
+    pp.progress = quiet ? NULL : on_chunk;
     pp.user = &pc;
     nstf_ppl_result r;
     if (st == NSTF_OK) st = nstf_perplexity(s, ids, n_ids, &pp, &r);
@@ -202,13 +212,14 @@ int cmd_perplexity(int argc, char **argv) {
         } else {
             printf("\nFinal estimate: PPL = %.4lf +/- %.5lf\n", r.ppl, r.ppl_unc);
         }
-        fprintf(stderr, "perplexity: %d windows of %d (%lld positions scored) in %.2f s\n", r.n_chunk, r.n_ctx,
-                (long long)r.count, r.seconds);
+        if (!quiet)
+            fprintf(stderr, "perplexity: %d windows of %d (%lld positions scored) in %.2f s\n", r.n_chunk, r.n_ctx,
+                    (long long)r.count, r.seconds);
         if (pp.save_logits) fprintf(stderr, "perplexity: log-probabilities saved to %s\n", pp.save_logits);
     } else {
         fprintf(stderr, "%snstf perplexity: %s\n", pc.tty ? "\n" : "", nstf_last_error());
     }
     free(ids);
     nstf_session_close(s);
-    return st == NSTF_OK ? 0 : 1;
+    return cli_launch_end(st == NSTF_OK ? 0 : 1);
 }
