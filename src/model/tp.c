@@ -218,7 +218,8 @@ static nstf_status gather_shares(nstf_llama_tp *g, int64_t rows) {
         const int64_t share = g->v0[q + 1] - g->v0[q];
         const float *from = g->gather + (size_t)q * (size_t)rows * (size_t)w;
         if (q != g->self)
-            for (int64_t i = 0; i < rows; i++) memcpy(g->part[q] + i * share, from + i * w, (size_t)share * sizeof(float));
+            for (int64_t i = 0; i < rows; i++)
+                memcpy(g->part[q] + i * share, from + i * w, (size_t)share * sizeof(float));
     }
     return NSTF_OK;
 }
@@ -258,9 +259,10 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
         if (!g->part[r]) st = NSTF_ERR_OOM;
     }
     if (st == NSTF_OK && !(g->row = nstf_alloc((size_t)c->n_vocab * sizeof(float), "logits row"))) st = NSTF_ERR_OOM;
-    if (st == NSTF_OK && self >= 0 &&
-        !(g->gather = nstf_alloc((size_t)n * (size_t)shape->n_batch * (size_t)widest(g) * sizeof(float), "logits gather")))
-        st = NSTF_ERR_OOM;
+    if (st == NSTF_OK && self >= 0) {
+        const size_t gb = (size_t)n * (size_t)shape->n_batch * (size_t)widest(g) * sizeof(float);
+        if (!(g->gather = nstf_alloc(gb, "logits gather"))) st = NSTF_ERR_OOM;
+    }
     if (st != NSTF_OK) {
         tp_free(g);
         return st;

@@ -370,7 +370,9 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
     snprintf(t->desc, sizeof t->desc,
              "%s%s: %d layers, dim %d, vocabulary %d; %s (%lld trainable parameters); %lld tokens per step "
              "(%d x %d x %d x %d ranks%s); data %lld tokens, %lld sequences",
-             t->be->device, t->self >= 0 ? " and the other processes' ranks" : t->dp > 1 ? " and the other data-parallel ranks" : "", c->n_layers, c->dim, c->n_vocab,
+             t->be->device,
+             t->self >= 0 ? " and the other processes' ranks" : t->dp > 1 ? " and the other data-parallel ranks" : "",
+             c->n_layers, c->dim, c->n_vocab,
              p->lora_rank > 0 ? "LoRA" : "full fine-tune", (long long)t->tr->mem.n_params,
              (long long)per / (p->seq + 1) * p->seq, p->grad_accum, p->batch, p->seq, t->dp,
              sh.shards > 1 ? ", ZeRO-1" : "",
