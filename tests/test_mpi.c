@@ -32,7 +32,7 @@
  *  8. bench under a launch prints its table once (rank 0); perplexity
  *     under a launch prints what --tp 2 prints, byte for byte;
  *  9. refusals: --tp 3 in a launch of 2, a prompt on stdin, a
- *     conversation; a rank stalled before its 3rd collective
+ *     conversation, nstf serve; a rank stalled before its 3rd collective
  *     (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the launch within 10 s
  *     naming rank 1.
  * Skips (77) where mpirun or libnstf_mpi.so (a build without MPI) is
@@ -369,6 +369,9 @@ int main(void) {
         const char *const conv[] = {"chat", "-m", q8, "--device", "cpu", NULL};
         rc = mpi_run(2, NULL, conv, NULL, 0, &killed, &secs);
         CHECK(rc != 0 && strstr(g_err, "not supported"), "chat under mpirun: exit %d: %s", rc, g_err);
+        const char *const serve[] = {"serve", "-m", q8, "--device", "cpu", "--port", "0", NULL};
+        rc = mpi_run(2, NULL, serve, NULL, 0, &killed, &secs);
+        CHECK(rc != 0 && strstr(g_err, "not supported"), "serve under mpirun: exit %d: %s", rc, g_err);
         const char *const stall[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "-p", "the quick brown", "-n",
                                      "40", "--tp-timeout", "500", NULL};
         rc = mpi_run(2, "NSTF_TP_STALL_AT=3", stall, NULL, 0, &killed, &secs);

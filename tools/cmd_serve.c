@@ -11,6 +11,7 @@
 
 #include "cli_util.h"
 #include "core/switches.h"
+#include "dist/proc.h"
 #include "nstf.h"
 #include "serve/server.h"
 
@@ -96,6 +97,10 @@ int cmd_serve(int argc, char **argv) {
 #undef VAL
     }
     if (!p.model) { fprintf(stderr, "nstf serve: no model given (-m FILE)\n"); return 2; }
+    if (nstf_proc_launched()) { /* every process would serve on its own */
+        fprintf(stderr, "nstf serve: under mpirun it is not supported: run one process with --tp N\n");
+        return 2;
+    }
     p.max_body = (int64_t)max_body;
     p.timeout_s = timeout;
     p.read_timeout_s = read_timeout;
