@@ -121,11 +121,6 @@ nstf_status nstf_trainer_export_lora(nstf_trainer *t, const char *path);
 
 /* One line describing the run: device, parameters, tokens per step. */
 const char *nstf_trainer_describe(const nstf_trainer *t);
-/* The rank this process holds when mpirun launched it as one of several
- * (every process is one data-parallel rank; only rank 0 should print,
- * log, evaluate and export, while every rank calls the step, save and
- * resume); 0 otherwise. */
-int nstf_trainer_rank(const nstf_trainer *t);
 
 #ifdef __cplusplus
 }

@@ -434,12 +434,19 @@ void cli_sigint_install(bool quit_on_second) {
     sigaction(SIGINT, &sa, NULL);
 }
 
-int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
+int cli_launch_join(void) {
     if (!nstf_proc_launched()) return -1;
     if (nstf_proc_join() != NSTF_OK) {
         cli_lib_err();
         return 1;
     }
+    return -1;
+}
+
+int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
+    if (!nstf_proc_launched()) return -1;
+    const int jrc = cli_launch_join();
+    if (jrc >= 0) return jrc;
     const int n = nstf_proc_size(), rank = nstf_proc_rank();
     if (*n_tp > 1 && *n_tp != n) {
         cli_err("--tp %d: mpirun launched %d processes, one tensor-parallel rank each (leave --tp out, or give %d)",

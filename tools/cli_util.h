@@ -105,6 +105,9 @@ void cli_sigint_install(bool quit_on_second);
  * 0 only). Ranks other than 0 write nothing to stdout. Returns -1 to go
  * on, else the exit status. Not launched: -1 at once. */
 int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin);
+/* Any command: join the launch when mpirun started this process as one of
+ * several. Returns -1 to go on, else the exit status (the error printed). */
+int cli_launch_join(void);
 /* The end of a launched command: a failed rank ends the launch (the
  * others would wait for it); else the launch is left. Returns rc. */
 int cli_launch_end(int rc);

@@ -429,7 +429,7 @@ static nstf_session *open_session(const run_opts *o, int *rc) {
     return s;
 }
 
-static int run_one(run_opts *o, bool chat_cmd);
+static int run_one(run_opts o);
 
 static int run_main(int argc, char **argv, bool chat_cmd) {
     run_opts o;
@@ -442,12 +442,10 @@ static int run_main(int argc, char **argv, bool chat_cmd) {
     }
     const bool on_stdin = !o.prompt && !o.prompt_file;
     if ((rc = cli_launch_tp(&o.sp.n_tp, &o.smp.seed, on_stdin)) >= 0) return rc;
-    return cli_launch_end(run_one(&o, chat_cmd));
+    return cli_launch_end(run_one(o));
 }
 
-static int run_one(run_opts *o_, bool chat_cmd) {
-    (void)chat_cmd;
-    run_opts o = *o_;
+static int run_one(run_opts o) {
     int rc = 0;
     char *owned = NULL;
     if (o.prompt_file && !(o.prompt = owned = read_prompt_file(o.prompt_file))) return 1;

@@ -103,10 +103,7 @@ static int fail(nstf_trainer *t, FILE *log, const char *ckpt, int64_t saved) {
         fprintf(stderr, "nstf: %s%s; the last checkpoint (step %lld) in %s is kept\n", who, nstf_last_error(),
                 (long long)saved, ckpt);
     else fprintf(stderr, "nstf: %s%s\n", who, nstf_last_error());
-    if (nstf_proc_active()) {
-        fflush(stderr);
-        nstf_proc_abort(1);
-    }
+    cli_launch_end(1); /* (returns only outside a launch) */
     nstf_trainer_close(t);
     if (log) fclose(log);
     return 1;
@@ -181,9 +178,9 @@ int cmd_train(int argc, char **argv) {
     }
     /* started by mpirun as one of several: one data-parallel rank per
      * process; rank 0 prints, logs, evaluates and writes the model */
-    if (nstf_proc_launched() && nstf_proc_join() != NSTF_OK) {
-        fprintf(stderr, "nstf: %s\n", nstf_last_error());
-        return 1;
+    {
+        const int jrc = cli_launch_join();
+        if (jrc >= 0) return jrc;
     }
     const int rank = nstf_proc_active() ? nstf_proc_rank() : 0;
     if (nstf_proc_active() && p.dp == 1) p.dp = nstf_proc_size();
@@ -217,9 +214,8 @@ int cmd_train(int argc, char **argv) {
                 return fail(NULL, NULL, NULL, -1);
             made = made && all[0];
             free(all);
-            if (!made) nstf_proc_abort(1);
         }
-        if (!made) return 1;
+        if (!made) return cli_launch_end(1);
         p.model = init;
     }
     if (plan) {

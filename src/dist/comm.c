@@ -65,7 +65,6 @@ struct nstf_comm {
 };
 
 int nstf_comm_size(const nstf_comm *c) { return c->n; }
-int nstf_comm_self(const nstf_comm *c) { return c->self; }
 const char *nstf_comm_transport(const nstf_comm *c) { return c->transport; }
 
 void nstf_comm_fault(nstf_comm *c, int rank, int64_t at) {
@@ -321,6 +320,17 @@ static nstf_status host_allgather(nstf_comm *c, int rank, void *buf, size_t slot
 
 #define PART (1 << 20)
 
+/* out[i] = rank 0's rcv value, then the other ranks' added in rank order
+ * (rcv: R blocks of k, as the all-to-all delivers them): rank_sum's
+ * order, one expression for the all-reduce and the reduce-scatter. */
+static void sum_received(const float *rcv, int64_t R, int64_t k, float *out) {
+    for (int64_t i = 0; i < k; i++) {
+        float v = rcv[i];
+        for (int64_t r = 1; r < R; r++) v += rcv[r * k + i];
+        out[i] = v;
+    }
+}
+
 /* buf [n] summed over the ranks in rank order: piece by piece of up to
  * n_ranks x PART elements, each piece cut into n_ranks parts of k (the
  * last part padded with zeros), rank q sums part q over the ranks
@@ -336,11 +346,7 @@ static nstf_status proc_allreduce(nstf_comm *c, float *buf, int64_t n) {
         memset(snd + len, 0, (size_t)(R * k - len) * sizeof(float));
         st = nstf_proc_alltoall(snd, rcv, (size_t)k * sizeof(float), c->timeout_ms);
         float *mine = snd + c->self * k; /* (its send was taken) */
-        for (int64_t i = 0; st == NSTF_OK && i < k; i++) {
-            float v = rcv[i];
-            for (int64_t r = 1; r < R; r++) v += rcv[r * k + i];
-            mine[i] = v;
-        }
+        if (st == NSTF_OK) sum_received(rcv, R, k, mine);
         if (st == NSTF_OK) st = nstf_proc_allgather(mine, snd, (size_t)k * sizeof(float), c->timeout_ms);
         if (st == NSTF_OK) memcpy(buf + o, snd, (size_t)len * sizeof(float));
     }
@@ -359,12 +365,7 @@ static nstf_status proc_reduce_scatter(nstf_comm *c, float *buf, int64_t shard) 
         const size_t k = (size_t)(shard - o < PART ? shard - o : PART);
         for (size_t q = 0; q < R; q++) memcpy(snd + q * k, buf + (int64_t)q * shard + o, k * sizeof(float));
         st = nstf_proc_alltoall(snd, rcv, k * sizeof(float), c->timeout_ms);
-        float *mine = buf + (int64_t)c->self * shard + o;
-        for (size_t i = 0; st == NSTF_OK && i < k; i++) {
-            float v = rcv[i];
-            for (size_t r = 1; r < R; r++) v += rcv[r * k + i];
-            mine[i] = v;
-        }
+        if (st == NSTF_OK) sum_received(rcv, (int64_t)R, (int64_t)k, buf + (int64_t)c->self * shard + o);
     }
     nstf_free(snd);
     return st;

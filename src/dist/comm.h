@@ -50,8 +50,8 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
 /* Process mode: a communicator of the processes of a launch by mpirun
  * (dist/proc.h, joined already), this process being rank
  * nstf_proc_rank() with backend be (not owned). nstf_comm_run runs the
- * job for this rank only, on the calling thread; collectives take rank ==
- * nstf_comm_self. Host ranks sum in rank order through the launch's
+ * job for this rank only, on the calling thread; collectives take that
+ * rank. Host ranks sum in rank order through the launch's
  * all-to-all and all-gather (the same bits as one process driving the
  * same ranks); GPU ranks use NCCL, each process's communicator made with
  * ncclCommInitRank from rank 0's id (no peer one-shot path: it needs
@@ -61,8 +61,6 @@ nstf_status nstf_comm_create(nstf_backend *const *be, int n, int timeout_ms, nst
  * of its error. */
 nstf_status nstf_comm_create_proc(nstf_backend *be, int timeout_ms, nstf_comm **out);
 void nstf_comm_free(nstf_comm *c);
-/* The rank this process holds in process mode; -1 when it holds them all. */
-int nstf_comm_self(const nstf_comm *c);
 int nstf_comm_size(const nstf_comm *c);
 /* "host" or "NCCL 2.28.9" / "RCCL ...". */
 const char *nstf_comm_transport(const nstf_comm *c);

@@ -101,10 +101,7 @@ static nstf_status open_tp(nstf_session *s, int n_ctx) {
     const nstf_session_params *p = &s->params;
     const int n = p->n_tp;
     if (n > 16) return nstf_set_error(NSTF_ERR_INVALID_ARG, "--tp %d: at most 16 ranks", n);
-    const int self = nstf_proc_active() ? nstf_proc_rank() : -1;
-    if (self >= 0 && n != nstf_proc_size())
-        return nstf_set_error(NSTF_ERR_INVALID_ARG, "--tp %d: mpirun launched %d processes, one rank each", n,
-                              nstf_proc_size());
+    const int self = nstf_proc_active() ? nstf_proc_rank() : -1; /* (create_tp checks n against the launch) */
     const bool cpu = strcmp(p->device, "cpu") == 0 || (strcmp(p->device, "auto") == 0 && nstf_backend_gpu_count() < 1);
     int dev[16];
     const char *g = p->gpus;

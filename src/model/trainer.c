@@ -382,7 +382,6 @@ nstf_status nstf_trainer_open(const nstf_train_params *in, nstf_trainer **out) {
 }
 
 const char *nstf_trainer_describe(const nstf_trainer *t) { return t->desc; }
-int nstf_trainer_rank(const nstf_trainer *t) { return t->self >= 0 ? t->self : 0; }
 int64_t nstf_trainer_steps_done(const nstf_trainer *t) { return t->step; }
 
 /* ---- steps ------------------------------------------------------------------------------------- */
