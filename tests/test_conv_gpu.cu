@@ -5,7 +5,9 @@
  * that take and that miss the 16-byte paths, tiles with ragged edges and
  * several channel chunks; each in NCHW and NHWC, bf16 and fp32 output, with
  * and without bias, and once more with x, w and y off 16-byte alignment
- * (the element-wise fallbacks of levels 3 and 4).
+ * (the element-wise fallbacks of levels 3 and 4); larger grids that take
+ * level 4's bigger tiles on a GPU of 132 SMs; 64-channel multiples, which
+ * Hopper runs on wgmma + TMA in NHWC.
  *
  * Metrics and buffers (tests/gpu_harness.h): bf16 output: the harness's
  * bf16 rule against the naive same-precision loop (nstf_ref_conv2d_f32,
@@ -108,6 +110,23 @@ int main(void) {
         {3, 64, 7, 9, 96, 1, 1, 1, 1, 0, 0, 1, 1, 1},      /* 1x1 */
         {2, 8, 10, 23, 12, 2, 5, 1, 3, 0, 2, 2, 1, 1},     /* even filter, asymmetric everything */
         {1, 16, 40, 70, 24, 3, 3, 2, 2, 1, 1, 1, 1, 1},    /* several tiles along both axes */
+        /* level 4 takes the largest tile whose grid fills the SMs: these two
+         * grids fill an H100's / H200's 132 SMs with 128 x 128 tiles (140
+         * blocks, a ragged N tile) and with 128 x 64 tiles (137 blocks); the
+         * cases above take 64 x 64 tiles there */
+        {4, 72, 47, 47, 200, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+        {4, 24, 66, 66, 40, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+        /* 64-channel multiples: in NHWC, Hopper's wgmma + TMA path (4-D boxes
+         * of x, zero-filled padding): ragged position tiles and a ragged
+         * channel tile, stride 2 with two chunks per tap, dilation 2, 1x1
+         * with an odd channel count (single stores), asymmetric stride and
+         * padding, 7x7 outputs (two images a box) */
+        {2, 64, 13, 11, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1},
+        {3, 128, 15, 14, 64, 3, 3, 2, 2, 1, 1, 1, 1, 1},
+        {1, 64, 12, 16, 40, 3, 3, 1, 1, 2, 2, 2, 2, 1},
+        {2, 64, 9, 9, 33, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+        {1, 64, 17, 19, 130, 3, 3, 2, 1, 1, 2, 1, 1, 1},
+        {5, 64, 7, 7, 96, 3, 3, 1, 1, 1, 1, 1, 1, 1},
     };
     uint64_t seed = 1;
     for (const conv_case &c : cases)
@@ -117,6 +136,11 @@ int main(void) {
     run_case(cases[5], NSTF_CONV_NHWC, true, true, 2, seed++);
     run_case(cases[6], NSTF_CONV_NCHW, false, true, 2, seed++);
     run_case(cases[9], NSTF_CONV_NHWC, false, false, 2, seed++);
+    /* a grid of 64 tiles of 128 positions and 256 channels: the wgmma path's
+     * 128-channel tile on 132 SMs (the cases above take 64), NHWC only */
+    const conv_case wide = {8, 64, 32, 32, 256, 3, 3, 1, 1, 1, 1, 1, 1, 1};
+    run_case(wide, NSTF_CONV_NHWC, true, true, 0, seed++);
+    run_case(wide, NSTF_CONV_NHWC, false, false, 0, seed++);
     check_refusals();
     return gh_finish("test_conv_gpu");
 }
