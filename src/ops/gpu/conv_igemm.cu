@@ -30,9 +30,9 @@
  * would otherwise leave most SMs idle. On NVIDIA, NHWC outputs are stored
  * two channels at a time (the accumulator's adjacent columns).
  *
- * On Hopper, NHWC convolutions without groups over 64-channel multiples take
+ * On Hopper, convolutions without groups over 64-channel multiples take
  * conv_wgmma.h instead: the same GEMM on warpgroup MMA, A gathered by 4-D
- * TMA boxes of x. */
+ * TMA boxes of x (NCHW through NHWC copies). */
 #include "conv_common.h"
 #include "mma.h"
 #if defined(NSTF_GPU_CUDA)
@@ -363,6 +363,11 @@ nstf_status conv_igemm_launch(const conv_params &cp, bool nhwc, const u16 *x, co
     const int y_pair = nhwc && cp.kg % 2 == 0 && (uintptr_t)y % (y_bf16 ? 4 : 8) == 0;
 #if defined(NSTF_GPU_CUDA)
     if (nhwc && conv_wgmma_applies(cp, x, w)) return conv_wgmma_launch(cp, x, w, bias, y, y_bf16, y_pair, n_sm, s);
+    if (!nhwc) {
+        bool taken = false;
+        NSTF_TRY(conv_wgmma_nchw(cp, x, w, bias, y, y_bf16, n_sm, s, &taken));
+        if (taken) return NSTF_OK;
+    }
 #endif
     switch (conv_igemm_tile(cp, n_sm)) {
     case 128:

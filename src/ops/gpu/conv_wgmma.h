@@ -26,7 +26,11 @@
  *     rows each (`wgmma m64nBNk16`), a ring of stages with full / empty
  *     mbarriers, persistent blocks over the tiles (output channels fastest);
  *   - the epilogue writes two adjacent channels at a time (+ bias), each
- *     row to its output position, rows past the output skipped. */
+ *     row to its output position, rows past the output skipped.
+ * NCHW convolutions run the same kernel on re-laid copies (x and w to NHWC
+ * order, the output back), in scratch taken from the stream's memory pool:
+ * three transposes at the memory rate against a portable kernel at a
+ * fraction of the matrix units' rate. */
 #ifndef NSTF_GPU_CONV_WGMMA_H
 #define NSTF_GPU_CONV_WGMMA_H
 
@@ -199,11 +203,12 @@ template <int BN> static int cw_usable(void) {
     return cached;
 }
 
-/* Whether the wgmma path takes this convolution: NHWC, one group, 64-channel
- * multiples, 16-byte aligned x and w, strides TMA can traverse (<= 8), and
- * every size within TMA's and 32-bit limits. */
-static bool conv_wgmma_applies(const conv_params &cp, const void *x, const void *w) {
-    if (cp.groups != 1 || cp.c % 64 != 0 || ((uintptr_t)x | (uintptr_t)w) % 16 != 0) return false;
+/* Whether the wgmma path takes this convolution: one group, 64-channel
+ * multiples, strides TMA can traverse (<= 8), and every size within TMA's
+ * and 32-bit limits (shape_ok); NHWC with x and w 16-byte aligned
+ * (applies), or NCHW through re-laid copies (conv_wgmma_nchw). */
+static bool conv_wgmma_shape_ok(const conv_params &cp) {
+    if (cp.groups != 1 || cp.c % 64 != 0) return false;
     if (cp.sh > 8 || cp.sw > 8) return false;
     const int64_t K = cp.c * cp.r * cp.s;
     if (cp.n > (1 << 24) || cp.h > (1 << 24) || cp.w > (1 << 24) || cp.c > (1 << 24) || cp.k > (1 << 24) ||
@@ -212,6 +217,9 @@ static bool conv_wgmma_applies(const conv_params &cp, const void *x, const void 
         cp.n * cp.p * cp.q > ((int64_t)1 << 36))
         return false;
     return cw_usable<64>() && cw_usable<128>();
+}
+static bool conv_wgmma_applies(const conv_params &cp, const void *x, const void *w) {
+    return ((uintptr_t)x | (uintptr_t)w) % 16 == 0 && conv_wgmma_shape_ok(cp);
 }
 
 /* The box of output positions: powers of two with bi bp bq = 128 (bq sw and
@@ -298,6 +306,69 @@ static nstf_status conv_wgmma_launch(const conv_params &cp, const u16 *x, const 
     NSTF_TRY(wg_make_map(&mw, w, cp.k, K, K, bn, false, "conv2d level 4 (wgmma)"));
     if (bn == 128) return cw_launch_bn<128>(mx, mw, g, bias, y, y_bf16, y_pair, n_sm, s);
     return cw_launch_bn<64>(mx, mw, g, bias, y, y_bf16, y_pair, n_sm, s);
+}
+
+
+/* ---- NCHW through the NHWC kernel: x, w re-laid, y' re-laid back ---- */
+
+/* dst[b][j][i] = src[b][i][j] for b < nb, i < rows, j < cols: 32 x 32
+ * tiles through shared memory (reads and writes both along rows). */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    cw_transpose_kernel(const T *__restrict__ src, T *__restrict__ dst, int64_t rows, int64_t cols) {
+    __shared__ T tile[32][33];
+    const int64_t b = blockIdx.z, i0 = (int64_t)blockIdx.y * 32, j0 = (int64_t)blockIdx.x * 32;
+    const T *sb = src + b * rows * cols;
+    T *db = dst + b * rows * cols;
+    for (int r = threadIdx.y; r < 32; r += 8)
+        if (i0 + r < rows && j0 + threadIdx.x < cols) tile[r][threadIdx.x] = sb[(i0 + r) * cols + j0 + threadIdx.x];
+    __syncthreads();
+    for (int r = threadIdx.y; r < 32; r += 8)
+        if (j0 + r < cols && i0 + threadIdx.x < rows) db[(j0 + r) * rows + i0 + threadIdx.x] = tile[threadIdx.x][r];
+}
+
+template <typename T>
+static nstf_status cw_transpose(const T *src, T *dst, int64_t nb, int64_t rows, int64_t cols, cudaStream_t s) {
+    const dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), (unsigned)nb);
+    cw_transpose_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, rows, cols);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return nstf_set_error(NSTF_ERR_GPU, "conv2d level 4 (wgmma, NCHW): transpose failed: %s",
+                              cudaGetErrorString(e));
+    return NSTF_OK;
+}
+
+/* An NCHW convolution on the wgmma kernel: x [n][c][h w] -> x' [n][h w][c]
+ * and w [k][c][r s] -> w' [k][r s][c] in scratch from the stream's memory
+ * pool (cudaMallocAsync, freed on the stream after use), the convolution
+ * into y' [n][p q][k] (bias included), then y' -> y [n][k][p q]. *taken
+ * says whether it ran: false (and NSTF_OK) when the shape does not suit or
+ * the scratch cannot be had, for the caller's portable path. */
+static nstf_status conv_wgmma_nchw(const conv_params &cp, const u16 *x, const u16 *w, const float *bias, void *y,
+                                   bool y_bf16, int n_sm, cudaStream_t s, bool *taken) {
+    *taken = false;
+    if (!conv_wgmma_shape_ok(cp) || cp.n > 65535 || cp.k > 65535 || cp.c > 65535 * 32 || cp.p * cp.q > 65535 * 32)
+        return NSTF_OK; /* the transposes' grids */
+    const int64_t nx = cp.n * cp.c * cp.h * cp.w, nw = cp.k * cp.c * cp.r * cp.s, ny = cp.n * cp.k * cp.p * cp.q;
+    const size_t bx = ((size_t)nx * 2 + 255) & ~(size_t)255, bw = ((size_t)nw * 2 + 255) & ~(size_t)255;
+    const size_t by = (size_t)ny * (y_bf16 ? 2 : 4);
+    void *scratch = NULL;
+    if (cudaMallocAsync(&scratch, bx + bw + by, s) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no pool memory: the portable path, no lingering error */
+        return NSTF_OK;
+    }
+    u16 *xt = (u16 *)scratch, *wt = (u16 *)((char *)scratch + bx);
+    void *yt = (char *)scratch + bx + bw;
+    nstf_status st = cw_transpose<u16>(x, xt, cp.n, cp.c, cp.h * cp.w, s);
+    if (st == NSTF_OK) st = cw_transpose<u16>(w, wt, cp.k, cp.c, cp.r * cp.s, s);
+    if (st == NSTF_OK) st = conv_wgmma_launch(cp, xt, wt, bias, yt, y_bf16, cp.k % 2 == 0, n_sm, s);
+    if (st == NSTF_OK)
+        st = y_bf16 ? cw_transpose<u16>((const u16 *)yt, (u16 *)y, cp.n, cp.p * cp.q, cp.k, s)
+                    : cw_transpose<float>((const float *)yt, (float *)y, cp.n, cp.p * cp.q, cp.k, s);
+    if (cudaFreeAsync(scratch, s) != cudaSuccess && st == NSTF_OK)
+        st = nstf_set_error(NSTF_ERR_GPU, "conv2d level 4 (wgmma, NCHW): cannot free the scratch");
+    *taken = st == NSTF_OK;
+    return st;
 }
 
 #endif
