@@ -327,10 +327,40 @@ __global__ void __launch_bounds__(256)
         if (j0 + r < cols && i0 + threadIdx.x < rows) db[(j0 + r) * rows + i0 + threadIdx.x] = tile[threadIdx.x][r];
 }
 
+/* The same for 2-byte elements, even rows and columns, 4-byte aligned: 64 x
+ * 64 tiles moved as pairs (128 bytes a warp row, as the 4-byte kernel). */
+__global__ void __launch_bounds__(256)
+    cw_transpose2_kernel(const u16 *__restrict__ src, u16 *__restrict__ dst, int64_t rows, int64_t cols) {
+    __shared__ u16 tile[64][66];
+    const int64_t b = blockIdx.z, i0 = (int64_t)blockIdx.y * 64, j0 = (int64_t)blockIdx.x * 64;
+    const u16 *sb = src + b * rows * cols;
+    u16 *db = dst + b * rows * cols;
+    const int tx = threadIdx.x;
+    for (int r = threadIdx.y; r < 64; r += 8) {
+        const int64_t i = i0 + r, j = j0 + 2 * tx; /* j even, cols even: j + 1 < cols too */
+        if (i < rows && j < cols) {
+            const uint32_t v = *(const uint32_t *)(sb + i * cols + j);
+            tile[r][2 * tx] = (u16)(v & 0xffffu);
+            tile[r][2 * tx + 1] = (u16)(v >> 16);
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.y; r < 64; r += 8) {
+        const int64_t j = j0 + r, i = i0 + 2 * tx;
+        if (j < cols && i < rows)
+            *(uint32_t *)(db + j * rows + i) = (uint32_t)tile[2 * tx][r] | (uint32_t)tile[2 * tx + 1][r] << 16;
+    }
+}
+
 template <typename T>
 static nstf_status cw_transpose(const T *src, T *dst, int64_t nb, int64_t rows, int64_t cols, cudaStream_t s) {
-    const dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), (unsigned)nb);
-    cw_transpose_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, rows, cols);
+    if (sizeof(T) == 2 && rows % 2 == 0 && cols % 2 == 0 && ((uintptr_t)src | (uintptr_t)dst) % 4 == 0) {
+        const dim3 grid((unsigned)((cols + 63) / 64), (unsigned)((rows + 63) / 64), (unsigned)nb);
+        cw_transpose2_kernel<<<grid, dim3(32, 8), 0, s>>>((const u16 *)src, (u16 *)dst, rows, cols);
+    } else {
+        const dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32), (unsigned)nb);
+        cw_transpose_kernel<T><<<grid, dim3(32, 8), 0, s>>>(src, dst, rows, cols);
+    }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nstf_set_error(NSTF_ERR_GPU, "conv2d level 4 (wgmma, NCHW): transpose failed: %s",
