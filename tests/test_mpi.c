@@ -31,10 +31,13 @@
  *     once;
  *  8. bench under a launch prints its table once (rank 0); perplexity
  *     under a launch prints what --tp 2 prints, byte for byte;
- *  9. refusals: --tp 3 in a launch of 2, a prompt on stdin, a
- *     conversation, nstf serve; a rank stalled before its 3rd collective
- *     (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the launch within 10 s
- *     naming rank 1.
+ *  9. stdin, which reaches rank 0 only: a prompt on stdin under a launch
+ *     gives --tp 2 -p's text; a conversation of four turns on stdin (a
+ *     continued line, /system, /save, /load, an unknown command) gives
+ *     --tp 2's answers and saved file byte for byte, each note once;
+ * 10. refusals: --tp 3 in a launch of 2, nstf serve; a rank stalled before
+ *     its 3rd collective (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the
+ *     launch within 10 s naming rank 1.
  * Skips (77) where mpirun or libnstf_mpi.so (a build without MPI) is
  * missing. */
 #define _GNU_SOURCE
@@ -108,8 +111,8 @@ static int mpi_run(int np, const char *env, const char *const *args, const char 
         if (fd >= 0) dup2(fd, 2);
         int out = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (out >= 0) dup2(out, 1);
-        int nul = open("/dev/null", O_RDONLY);
-        if (nul >= 0) dup2(nul, 0);
+        int in = open(g_stdin ? g_stdin : "/dev/null", O_RDONLY); /* rank 0's stdin (mpirun forwards it) */
+        if (in >= 0) dup2(in, 0);
         if (env) putenv((char *)env);
         /* the ranks' leak reports would be Open MPI's (sanitizer builds) */
         putenv((char *)"ASAN_OPTIONS=detect_leaks=0");
@@ -357,18 +360,67 @@ int main(void) {
                fin ? (int)strcspn(fin, "\n") : 0, fin ? fin : "");
         CHECK(rc == 0 && !strcmp(g_out, want_ppl), "perplexity under mpirun: exit %d: %s / %s: %s", rc, g_out, want_ppl,
               g_err);
-        /* 9. refusals, a stalled rank */
+        /* 10. refusals, a stalled rank */
         const char *const tp3[] = {"run", "-m", q8, "--device", "cpu", "--tp", "3", "-p", "x", "-n", "2", NULL};
         rc = mpi_run(2, NULL, tp3, NULL, 0, &killed, &secs);
         CHECK(rc != 0 && strstr(g_err, "--tp 3: mpirun launched 2 processes"), "--tp 3 in a launch of 2: exit %d: %s",
               rc, g_err);
-        const char *const stdin_prompt[] = {"run", "-m", q8, "--device", "cpu", "-n", "2", NULL};
-        rc = mpi_run(2, NULL, stdin_prompt, NULL, 0, &killed, &secs);
-        CHECK(rc != 0 && strstr(g_err, "must come from -p or -f"), "a prompt on stdin under mpirun: exit %d: %s", rc,
-              g_err);
-        const char *const conv[] = {"chat", "-m", q8, "--device", "cpu", NULL};
-        rc = mpi_run(2, NULL, conv, NULL, 0, &killed, &secs);
-        CHECK(rc != 0 && strstr(g_err, "not supported"), "chat under mpirun: exit %d: %s", rc, g_err);
+        /* stdin reaches rank 0 only: it reads and shares the prompt */
+        char in_path[300];
+        path_in(in_path, sizeof in_path, "prompt.txt");
+        FILE *pf = fopen(in_path, "wb");
+        CHECK(pf && fputs("the quick brown", pf) >= 0 && fclose(pf) == 0, "cannot write %s", in_path);
+        const char *const by_arg[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "--tp", "2", "-p",
+                                      "the quick brown", "-n", "30", "--temp", "0.8", "-s", "5", NULL};
+        rc = run(by_arg);
+        static char want_in[sizeof g_out];
+        snprintf(want_in, sizeof want_in, "%s", g_out);
+        const char *const by_stdin[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "-n", "30", "--temp", "0.8",
+                                        "-s", "5", NULL};
+        g_stdin = in_path;
+        rc = mpi_run(2, NULL, by_stdin, NULL, 0, &killed, &secs);
+        g_stdin = NULL;
+        printf("  mpirun -np 2 nstf run, the prompt on stdin, vs --tp 2 -p: %s (%.1f s)\n",
+               rc == 0 && !strcmp(g_out, want_in) && *want_in ? "byte-identical" : "DIFFERS", secs);
+        CHECK(rc == 0 && !strcmp(g_out, want_in) && *want_in, "a prompt on stdin under mpirun: exit %d: %s", rc, g_err);
+        /* a conversation: rank 0 reads each turn and shares it; every rank
+         * runs it (commands included); rank 0 alone prints and saves. On
+         * SmolLM2 (the random models' answers are random bytes, which a
+         * conversation cannot take back as text) */
+        const char *smol = NSTF_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+        if (access(smol, R_OK) != 0) printf("  (%s not fetched: the conversation under mpirun skipped)\n", smol);
+        char chat_path[300], saved_one[300], saved_mpi[300];
+        path_in(chat_path, sizeof chat_path, "turns.txt");
+        path_in(saved_one, sizeof saved_one, "conv_one.json");
+        path_in(saved_mpi, sizeof saved_mpi, "conv_mpi.json");
+        for (int k = 0; k < 2 && access(smol, R_OK) == 0; k++) {
+            FILE *cf = fopen(chat_path, "wb");
+            CHECK(cf && fprintf(cf, "hello there\n/system You are terse.\nwhat is two\\\nplus two\n/save %s\n"
+                                    "and three\n/load %s\none more\n/nonsense\n",
+                                k ? saved_mpi : saved_one, k ? saved_mpi : saved_one) > 0 && fclose(cf) == 0,
+                  "cannot write %s", chat_path);
+            const char *const one[] = {"chat", "-m", smol, "--device", "cpu", "-t", "1", "--tp", "2", "-n", "12",
+                                       "--temp", "0.7", "-s", "3", NULL};
+            const char *const launched[] = {"chat", "-m", smol, "--device", "cpu", "-t", "1", "-n", "12", "--temp",
+                                            "0.7", "-s", "3", NULL};
+            g_stdin = chat_path;
+            rc = k ? mpi_run(2, NULL, launched, NULL, 0, &killed, &secs) : run(one);
+            g_stdin = NULL;
+            CHECK(rc == 0, "chat%s: exit %d: %s", k ? " under mpirun" : " --tp 2", rc, g_err);
+            if (!k) {
+                snprintf(want_in, sizeof want_in, "%s", g_out);
+                continue;
+            }
+            const char *note = strstr(g_err, "(new system message");
+            const bool once = note && !strstr(note + 1, "(new system message") && strstr(g_err, "unknown command") &&
+                              !strstr(strstr(g_err, "unknown command") + 1, "unknown command");
+            const bool same = !strcmp(g_out, want_in) && count_lines(g_out) == 4;
+            printf("  mpirun -np 2 nstf chat, SmolLM2 (4 turns and 4 commands on stdin) vs --tp 2: answers %s, "
+                   "saved conversation %s, notes %s (%.1f s)\n", same ? "byte-identical" : "DIFFER",
+                   cli_same_file(saved_one, saved_mpi) ? "byte-identical" : "DIFFERS", once ? "once" : "NOT ONCE", secs);
+            CHECK(same && cli_same_file(saved_one, saved_mpi) && once, "chat under mpirun: %s / %s: %s", g_out, want_in,
+                  g_err);
+        }
         const char *const serve[] = {"serve", "-m", q8, "--device", "cpu", "--port", "0", NULL};
         rc = mpi_run(2, NULL, serve, NULL, 0, &killed, &secs);
         CHECK(rc != 0 && strstr(g_err, "not supported"), "serve under mpirun: exit %d: %s", rc, g_err);

@@ -6,7 +6,14 @@
  * an answer quits (status 130), Ctrl-D quits (0). Not a terminal (a pipe, a file): one user
  * turn per line until end of input, each answer printed on its own line;
  * nothing else goes to stdout. Lines starting with '/' are commands; a
- * line ending in a backslash continues on the next. */
+ * line ending in a backslash continues on the next.
+ *
+ * Under mpirun (one tensor-parallel rank per process) stdin reaches rank
+ * 0 only: rank 0 reads each turn and shares it (cli_launch_share), and
+ * every rank runs it, so the ranks' caches and sampled tokens stay the
+ * same; only rank 0 prints, and /save writes on rank 0 alone (/load reads
+ * the file on every rank). A Ctrl-C does not stop an answer there: mpirun
+ * ends the launch. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,12 +23,14 @@
 #include <editline/readline.h>
 
 #include "cli_util.h"
+#include "dist/proc.h"
 #include "nstf.h"
 #include "run_opts.h"
 
 typedef struct {
     bool tty;
     bool quit;
+    bool launched, lead; /* under mpirun; rank 0 (or not launched) */
 } chat_state;
 
 static bool on_piece(void *user, int32_t token, const char *piece, size_t len) {
@@ -31,8 +40,12 @@ static bool on_piece(void *user, int32_t token, const char *piece, size_t len) {
     return true;
 }
 
-/* command replies go to stderr: stdout keeps only the answers */
-static void note(const char *msg) { fprintf(stderr, "%s\n", msg); }
+/* command replies go to stderr: stdout keeps only the answers (rank 0's
+ * alone under mpirun) */
+static bool g_quiet;
+static void note(const char *msg) {
+    if (!g_quiet) fprintf(stderr, "%s\n", msg);
+}
 
 /* One line of input without its newline (malloc'd), NULL at the end of
  * input or on Ctrl-C at the prompt (*interrupted then). */
@@ -106,7 +119,7 @@ static bool command(nstf_conv *conv, const char *line) {
     const char *arg;
     if (cmd_is(line, "/exit") || cmd_is(line, "/quit")) return false;
     if (cmd_is(line, "/help")) {
-        help();
+        if (!g_quiet) help();
     } else if (cmd_is(line, "/clear")) {
         nstf_conv_clear(conv);
         note("(conversation cleared)");
@@ -118,6 +131,8 @@ static bool command(nstf_conv *conv, const char *line) {
         const bool save = line[1] == 's';
         if (!(arg = arg_of(line, 5))) {
             cli_err("%s needs a file name", save ? "/save" : "/load");
+        } else if (save && g_quiet) {
+            /* the file is rank 0's to write */
         } else if ((save ? nstf_conv_save(conv, arg) : nstf_conv_load(conv, arg)) != NSTF_OK) {
             cli_lib_err();
         } else {
@@ -126,7 +141,7 @@ static bool command(nstf_conv *conv, const char *line) {
                      arg);
             note(msg);
         }
-    } else {
+    } else if (!g_quiet) {
         cli_err("unknown command '%s' (/help lists them)", line);
     }
     return true;
@@ -134,7 +149,7 @@ static bool command(nstf_conv *conv, const char *line) {
 
 static int turn(chat_state *c, nstf_conv *conv, const run_opts *o, const char *text) {
     nstf_gen_params gp = o->gp;
-    gp.interrupt = (const volatile int *)&cli_sigint;
+    gp.interrupt = c->launched ? NULL : (const volatile int *)&cli_sigint;
     nstf_gen_stats gs;
     nstf_status st = nstf_conv_turn(conv, text, &gp, on_piece, NULL, &gs);
     fputc('\n', stdout);
@@ -152,7 +167,10 @@ static int turn(chat_state *c, nstf_conv *conv, const run_opts *o, const char *t
 }
 
 int chat_loop(nstf_session *s, const run_opts *o) {
-    chat_state c = {.tty = isatty(STDIN_FILENO) != 0};
+    chat_state c = {.launched = nstf_proc_active()};
+    c.lead = !c.launched || nstf_proc_rank() == 0;
+    c.tty = c.lead && isatty(STDIN_FILENO) != 0;
+    g_quiet = !c.lead;
     nstf_conv *conv = NULL;
     if (nstf_conv_open(s, o->system, &o->smp, &conv) != NSTF_OK) {
         cli_lib_err();
@@ -169,7 +187,12 @@ int chat_loop(nstf_session *s, const run_opts *o) {
     }
     while (!c.quit) {
         bool interrupted = false;
-        char *line = read_turn(&c, &interrupted);
+        char *line = c.lead ? read_turn(&c, &interrupted) : NULL;
+        if (c.launched && cli_launch_share(&line, CLI_LAUNCH_WAIT_MS)) {
+            free(line);
+            rc = 1;
+            break;
+        }
         if (!line) {
             if (c.tty) fputc('\n', stdout);
             if (interrupted) rc = 130;

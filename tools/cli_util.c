@@ -443,7 +443,7 @@ int cli_launch_join(void) {
     return -1;
 }
 
-int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
+int cli_launch_tp(int *n_tp, uint64_t *seed) {
     if (!nstf_proc_launched()) return -1;
     const int jrc = cli_launch_join();
     if (jrc >= 0) return jrc;
@@ -451,10 +451,6 @@ int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
     if (*n_tp > 1 && *n_tp != n) {
         cli_err("--tp %d: mpirun launched %d processes, one tensor-parallel rank each (leave --tp out, or give %d)",
                 *n_tp, n, n);
-        return cli_launch_end(2);
-    }
-    if (prompt_on_stdin) {
-        cli_err("under mpirun the prompt must come from -p or -f (stdin reaches rank 0 only)");
         return cli_launch_end(2);
     }
     *n_tp = n;
@@ -473,6 +469,49 @@ int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin) {
         return cli_launch_end(1);
     }
     return -1;
+}
+
+int cli_launch_share(char **text, int timeout_ms) {
+    const int n = nstf_proc_size(), rank = nstf_proc_rank();
+    int64_t len = rank == 0 ? (*text ? (int64_t)strlen(*text) : -1) : 0;
+    int64_t *lens = calloc((size_t)n, sizeof *lens);
+    if (!lens || nstf_proc_allgather(&len, lens, sizeof len, timeout_ms) != NSTF_OK) {
+        free(lens);
+        cli_lib_err();
+        return 1;
+    }
+    len = lens[0];
+    free(lens);
+    if (len > INT32_MAX - 1) {
+        cli_err("%lld bytes of input to share between the ranks: at most %d", (long long)len, INT32_MAX - 1);
+        return 1;
+    }
+    if (rank != 0) {
+        free(*text);
+        *text = NULL;
+    }
+    if (len < 0) return 0; /* none */
+    char *mine = rank == 0 ? *text : calloc((size_t)len + 1, 1);
+    char *all = len ? malloc((size_t)n * (size_t)len) : NULL;
+    if (!mine || (len && !all)) {
+        if (rank != 0) free(mine);
+        free(all);
+        cli_err("out of memory sharing %lld bytes of input between the ranks", (long long)len);
+        return 1;
+    }
+    if (len && nstf_proc_allgather(mine, all, (size_t)len, timeout_ms) != NSTF_OK) {
+        if (rank != 0) free(mine);
+        free(all);
+        cli_lib_err();
+        return 1;
+    }
+    if (rank != 0) { /* rank 0's bytes: the first block */
+        if (len) memcpy(mine, all, (size_t)len);
+        mine[len] = 0;
+        *text = mine;
+    }
+    free(all);
+    return 0;
 }
 
 int cli_launch_end(int rc) {

@@ -101,10 +101,16 @@ void cli_sigint_install(bool quit_on_second);
  * several processes, one rank each: join the launch; *n_tp (0 or 1:
  * unset) becomes the launch's size, another count is an error; *seed
  * (may be NULL) becomes rank 0's, so that every process samples the same
- * tokens; the prompt must come from the command line (stdin reaches rank
- * 0 only). Ranks other than 0 write nothing to stdout. Returns -1 to go
+ * tokens. Ranks other than 0 write nothing to stdout. Returns -1 to go
  * on, else the exit status. Not launched: -1 at once. */
-int cli_launch_tp(int *n_tp, uint64_t *seed, bool prompt_on_stdin);
+int cli_launch_tp(int *n_tp, uint64_t *seed);
+/* Under a launch: rank 0's *text (NULL: none, as at the end of its input)
+ * becomes every rank's, a malloc'd copy (what another rank held is
+ * freed). stdin reaches rank 0 only, so what it reads there (a prompt, a
+ * chat's lines) goes to the others this way; they wait up to timeout_ms
+ * (CLI_LAUNCH_WAIT_MS: a person's pace). 0, or 1 with the error printed. */
+#define CLI_LAUNCH_WAIT_MS (7 * 24 * 3600 * 1000)
+int cli_launch_share(char **text, int timeout_ms);
 /* Any command: join the launch when mpirun started this process as one of
  * several. Returns -1 to go on, else the exit status (the error printed). */
 int cli_launch_join(void);

@@ -283,7 +283,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     {
-        const int lrc = cli_launch_tp(&n_tp, NULL, false);
+        const int lrc = cli_launch_tp(&n_tp, NULL);
         if (lrc >= 0) return lrc;
     }
     if (dec_batch.n > 0) {

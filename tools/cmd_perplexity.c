@@ -161,7 +161,7 @@ int cmd_perplexity(int argc, char **argv) {
     /* under mpirun: one tensor-parallel rank per process; rank 0 reports
      * and writes --save-logits */
     {
-        const int lrc = cli_launch_tp(&n_tp, NULL, false);
+        const int lrc = cli_launch_tp(&n_tp, NULL);
         if (lrc >= 0) return lrc;
     }
     const bool quiet = nstf_proc_active() && nstf_proc_rank() > 0;

@@ -35,8 +35,9 @@ static void usage_common(FILE *f) {
             "      --gpus LIST           the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
             "      --tp-timeout MS       a rank that makes no progress this long ends the run with an\n"
             "                            error naming it (default 30000)\n"
-            "                            Or one process per rank: mpirun -np N nstf run ... (the prompt\n"
-            "                            from -p or -f; each process's GPU is its place on its machine)\n"
+            "                            Or one process per rank: mpirun -np N nstf run ... (rank 0\n"
+            "                            reads stdin and shares it; each process's GPU is its place on\n"
+            "                            its machine)\n"
             "  -fa, --flash-attn [on|auto] accepted: attention is always flash attention here\n"
             "  -ctk, --cache-type-k T    KV cache type: the device's own (f32 on the CPU, bf16 on a GPU;\n"
             "                            the default) or q8_0 (int8 with a scale per 32: 1.06 bytes a\n"
@@ -425,7 +426,7 @@ static nstf_session *open_session(const run_opts *o, int *rc) {
         fprintf(stderr, "nstf %s: seed %llu, %d threads\n", cli_cmd, (unsigned long long)o->smp.seed,
                 nstf_session_threads(s));
     }
-    if (o->chat || o->interactive) say_template(o, s);
+    if ((o->chat || o->interactive) && (!nstf_proc_active() || nstf_proc_rank() == 0)) say_template(o, s);
     return s;
 }
 
@@ -436,28 +437,47 @@ static int run_main(int argc, char **argv, bool chat_cmd) {
     int rc = parse(argc, argv, &o, chat_cmd, chat_cmd ? chat_usage : run_usage);
     if (rc >= 0) return rc;
     /* under mpirun: one tensor-parallel rank per process */
-    if (nstf_proc_launched() && (o.interactive || chat_cmd)) {
-        cli_err("a conversation under mpirun is not supported: give the prompt with -p or -f");
+    if ((rc = cli_launch_tp(&o.sp.n_tp, &o.smp.seed)) >= 0) return rc;
+    return cli_launch_end(run_one(o));
+}
+
+/* The prompt of -f FILE, or of stdin (-f -, or a pipe without -p) into
+ * o->prompt (*owned its memory). Under mpirun stdin reaches rank 0 only:
+ * rank 0 reads it and every rank gets its text. -1 to go on, else the
+ * exit status. */
+static int read_prompt(run_opts *o, char **owned) {
+    const bool launched = nstf_proc_active(), lead = !launched || nstf_proc_rank() == 0;
+    const bool from_stdin =
+        o->prompt_file ? !strcmp(o->prompt_file, "-") : !o->interactive && !o->prompt && (launched || !isatty(STDIN_FILENO));
+    if (o->prompt_file && !from_stdin) {
+        if (!(o->prompt = *owned = read_prompt_file(o->prompt_file))) return 1;
+    } else if (from_stdin) {
+        char *text = NULL;
+        bool failed = false;
+        if (lead && (o->prompt_file || !isatty(STDIN_FILENO)))
+            failed = !(text = read_prompt_file("-"));
+        if (launched && cli_launch_share(&text, CLI_LAUNCH_WAIT_MS)) {
+            free(text);
+            return 1;
+        }
+        if (failed) return 1;
+        o->prompt = *owned = text;
+    }
+    if (!o->interactive && (!o->prompt || !*o->prompt)) {
+        if (lead) cli_err("no prompt given (-p TEXT, -f FILE, or text on stdin)");
         return 2;
     }
-    const bool on_stdin = !o.prompt && !o.prompt_file;
-    if ((rc = cli_launch_tp(&o.sp.n_tp, &o.smp.seed, on_stdin)) >= 0) return rc;
-    return cli_launch_end(run_one(o));
+    return -1;
 }
 
 static int run_one(run_opts o) {
     int rc = 0;
     char *owned = NULL;
-    if (o.prompt_file && !(o.prompt = owned = read_prompt_file(o.prompt_file))) return 1;
-    if (!o.interactive && !o.prompt) {
-        /* a prompt piped on stdin */
-        if (!isatty(STDIN_FILENO) && !(o.prompt = owned = read_stream(stdin, "the prompt on stdin"))) return 1;
-        if (!o.prompt || !*o.prompt) {
-            cli_err("no prompt given (-p TEXT, -f FILE, or text on stdin)");
-            free(owned);
-            return 2;
-        }
+    if ((rc = read_prompt(&o, &owned)) >= 0) {
+        free(owned);
+        return rc;
     }
+    rc = 0;
     cli_sigint_install(true); /* a Ctrl-C while loading stops before the first token */
     nstf_session *s = open_session(&o, &rc);
     if (!s) {
@@ -467,7 +487,9 @@ static int run_one(run_opts o) {
     if (o.interactive) {
         rc = cli_sigint ? 130 : chat_loop(s, &o);
     } else {
-        o.gp.interrupt = (const volatile int *)&cli_sigint;
+        /* under mpirun every rank must stop at the same token: no Ctrl-C
+         * stop there (mpirun ends the launch on one) */
+        o.gp.interrupt = nstf_proc_active() ? NULL : (const volatile int *)&cli_sigint;
         if (o.verbose_prompt) print_prompt_tokens(s, &o, o.prompt);
         if (o.display_prompt) {
             fputs(o.prompt, stdout);

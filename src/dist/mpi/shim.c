@@ -147,7 +147,10 @@ static int wait_req(MPI_Request *req, int64_t seq, const char *what, int timeout
             describe_behind(seq, what, timeout_ms, err, cap);
             return 1;
         }
-        if (t - t0 >= 2.0) {
+        if (t - t0 >= 1000.0) { /* a long wait (a rank waiting for a chat's next line): 1 ms naps */
+            const struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        } else if (t - t0 >= 2.0) {
             const struct timespec ts = {0, 20000L};
             nanosleep(&ts, NULL);
         } else if (t - t0 >= 0.05) {
