@@ -10,6 +10,8 @@
  * gives the prompt back, Ctrl-C at the prompt quits (status 130, as any
  * interrupted run), and so does a second Ctrl-C after a stop. `nstf run` interrupted by Ctrl-C
  * prints its speed line and exits 130.
+ * Random answers (the tiny model's byte tokens): later turns and a
+ * /save + /load round trip still work.
  * Pipe: one turn per line until end of input, each answer on its own
  * line, nothing else on stdout; the second turn evaluates only its new
  * tokens (fewer prompt tokens than the first turn's system message and
@@ -171,6 +173,36 @@ static void interrupts(const char *tiny) {
     printf("run: Ctrl-C prints the speed line and exits 130\n");
 }
 
+/* A random model's answers are random tokens: byte tokens that never form
+ * a character, pieces cut inside one. The conversation keeps them as text
+ * it can take back (U+FFFD for such bytes): every later turn encodes, and
+ * /save writes a file /load reads. */
+static void byte_answers(const char *tiny) {
+    char in[300], saved[300];
+    snprintf(in, sizeof in, "%s/turns_tiny.txt", g_dir);
+    snprintf(saved, sizeof saved, "%s/conv_tiny.json", g_dir);
+    FILE *f = fopen(in, "wb");
+    if (f) {
+        fprintf(f, "hello there\nwhat next\n/save %s\n/load %s\nand then\n", saved, saved);
+        fclose(f);
+    }
+    g_stdin = in;
+    int rc = run((const char *const[]){"chat", "-m", tiny, "-n", "16", "--temp", "1", "-s", "3", "--ignore-eos", "-t",
+                                       "2", NULL});
+    g_stdin = NULL;
+    long n = 0;
+    unsigned char *json = cli_file(saved, &n);
+    const bool replaced = json && strstr((const char *)json, "\xEF\xBF\xBD");
+    CHECK(rc == 0 && count_lines(g_out) == 3 && strstr(g_err, "(4 messages loaded from"),
+          "random answers: exit %d, %d answers: %s", rc, count_lines(g_out), g_err);
+    CHECK(replaced, "the saved conversation holds no U+FFFD: the random answers formed text (seed changed?)");
+    printf("chat with a random model: 3 turns of random tokens, /save and /load: exit %d%s\n", rc,
+           replaced ? " (U+FFFD in the saved answers)" : "");
+    free(json);
+    unlink(in);
+    unlink(saved);
+}
+
 /* gen-model draws a progress bar with rate and ETA on a terminal. */
 static void progress(void) {
     static pty_proc p;
@@ -265,6 +297,7 @@ int main(void) {
     int rc = run((const char *const[]){"gen-model", "--shape", "tiny", "--type", "q8_0", "-o", tiny, NULL});
     CHECK(rc == 0, "gen-model: %s", g_err);
     interrupts(tiny);
+    byte_answers(tiny);
     progress();
     unlink(tiny);
     const bool have_model = access(MODEL, R_OK) == 0;

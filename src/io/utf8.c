@@ -40,3 +40,24 @@ int64_t nstf_utf8_check(const uint8_t *s, size_t n, const char **why) {
     return -1;
 }
 
+
+size_t nstf_utf8_repair(const uint8_t *s, size_t n, char *out) {
+    size_t o = 0;
+    while (n) {
+        int64_t bad = nstf_utf8_check(s, n, NULL);
+        size_t ok = bad < 0 ? n : (size_t)bad;
+        for (size_t i = 0; i < ok; i++) { /* the valid run, NULs replaced */
+            if (s[i]) {
+                out[o++] = (char)s[i];
+            } else {
+                out[o++] = (char)0xEF, out[o++] = (char)0xBF, out[o++] = (char)0xBD;
+            }
+        }
+        if (bad < 0) break;
+        out[o++] = (char)0xEF, out[o++] = (char)0xBF, out[o++] = (char)0xBD;
+        s += ok + 1;
+        n -= ok + 1;
+    }
+    out[o] = 0;
+    return o;
+}

@@ -11,4 +11,10 @@
  * NULL) then says what is wrong ("truncated sequence", "overlong encoding", ...). */
 int64_t nstf_utf8_check(const uint8_t *s, size_t n, const char **why);
 
+/* `s` as valid UTF-8 without NUL bytes: each byte that does not begin a
+ * valid sequence (and each NUL) becomes U+FFFD, as decoders show them.
+ * out has room for 3 n bytes (+ 1 for the terminating NUL it writes);
+ * returns the length written. */
+size_t nstf_utf8_repair(const uint8_t *s, size_t n, char *out);
+
 #endif

@@ -217,7 +217,14 @@ nstf_status nstf_conv_turn(nstf_conv *c, const char *user_text, const nstf_gen_p
     nstf_text answer = {0};
     r = nstf_session_gen_loop(s, &c->smp, &gp, cb, user, &st, &answer, &c->cached);
     if (c->cached.oom) c->fresh = true;
-    nstf_status r2 = push(c, "assistant", answer.p ? answer.p : "", answer.len);
+    /* the answer as text the conversation can take back: tokens of a
+     * byte-level vocabulary may stop inside a character, or never form
+     * one (a random model, a cut at -n); such bytes become U+FFFD, so the
+     * next turn's rendering encodes and /save writes what /load reads */
+    char *text = malloc(3 * answer.len + 1);
+    nstf_status r2 = text ? NSTF_OK : nstf_set_error(NSTF_ERR_OOM, "out of memory for the conversation");
+    if (r2 == NSTF_OK) r2 = push(c, "assistant", text, nstf_utf8_repair((const uint8_t *)(answer.p ? answer.p : ""), answer.len, text));
+    free(text);
     free(answer.p);
     if (r == NSTF_OK) r = r2;
     if (stats) *stats = st;
