@@ -43,6 +43,11 @@ static void serve_usage(FILE *f, const nstf_server_params *d) {
             "  -t, --threads N         CPU threads (default: all cores)\n"
             "      --device DEV        cpu, gpu or auto (default auto: the GPU when the build has\n"
             "                          one and a device answers)\n"
+            "      --tp N              tensor parallel: the model split over N GPUs (or, with --device\n"
+            "                          cpu, N CPU ranks), two all-reduces per layer (NCCL / RCCL)\n"
+            "      --gpus LIST         the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
+            "      --tp-timeout MS     a rank that makes no progress this long fails the step with\n"
+            "                          an error naming it (default 30000)\n"
             "      --max-body BYTES    largest request body (default %lld)\n"
             "      --max-tokens N      most tokens one request may generate (default %d)\n"
             "      --timeout S         a request still running S seconds after it arrived ends\n"
@@ -85,6 +90,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--queue")) INT(0, 1 << 20, &p.max_queue);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) INT(1, 1024, &p.n_threads);
         else if (!strcmp(a, "--device")) { VAL(); p.device = v; }
+        else if (!strcmp(a, "--tp")) INT(1, 16, &p.n_tp);
+        else if (!strcmp(a, "--gpus")) { VAL(); p.gpus = v; }
+        else if (!strcmp(a, "--tp-timeout")) INT(1, 86400000, &p.tp_timeout_ms);
         else if (!strcmp(a, "--max-body")) { VAL(); if (!cli_parse_u64(a, v, &max_body) || max_body < 16 || max_body > (1ull << 34)) { fprintf(stderr, "nstf serve: --max-body takes 16 .. 2^34 bytes\n"); return 2; } }
         else if (!strcmp(a, "--max-tokens")) INT(1, 1 << 24, &p.max_tokens);
         else if (!strcmp(a, "--timeout")) { VAL(); if (!cli_parse_float(a, v, 0.001, 1e7, &timeout)) return 2; }

@@ -568,6 +568,9 @@ nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) 
     nstf_session_params sp = nstf_session_default_params();
     sp.n_threads = p.n_threads;
     sp.device = p.device ? p.device : "auto";
+    sp.n_tp = p.n_tp;
+    sp.gpus = p.gpus;
+    if (p.tp_timeout_ms > 0) sp.tp_timeout_ms = p.tp_timeout_ms;
     sp.verbose = p.verbose;
     sp.n_batch = p.n_batch;
     sp.n_ctx = n_blocks * p.kv_block;

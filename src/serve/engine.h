@@ -50,6 +50,9 @@ typedef struct nstf_engine_params {
     int max_queue;      /* requests waiting for a slot beyond which submit refuses (default 64) */
     int n_threads;      /* CPU threads (0: every core) */
     const char *device; /* "cpu", "gpu" or "auto" */
+    int n_tp;           /* tensor parallel (nstf_session_params' n_tp, gpus, tp_timeout_ms) */
+    const char *gpus;
+    int tp_timeout_ms;
     bool verbose;
 } nstf_engine_params;
 

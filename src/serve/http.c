@@ -715,6 +715,9 @@ nstf_status nstf_server_start(const nstf_server_params *pp, nstf_server **out) {
     ep.max_queue = p.max_queue;
     ep.n_threads = p.n_threads;
     ep.device = p.device;
+    ep.n_tp = p.n_tp;
+    ep.gpus = p.gpus;
+    ep.tp_timeout_ms = p.tp_timeout_ms;
     ep.verbose = p.verbose;
     nstf_status st = nstf_engine_create(&ep, &s->e);
     if (st == NSTF_OK) {

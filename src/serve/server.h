@@ -41,6 +41,9 @@ typedef struct nstf_server_params {
     double timeout_s;       /* per request, from arrival (default 600) */
     double read_timeout_s;  /* to receive one whole request, and idle keep-alive (default 30) */
     int max_conns;          /* open connections (default 256) */
+    int n_tp;               /* tensor parallel over n_tp devices (0 or 1: none) */
+    const char *gpus;       /* the GPUs of n_tp ("0,1"; NULL: 0..n_tp-1) */
+    int tp_timeout_ms;      /* a tensor-parallel rank this long without progress is an error (0: default) */
     bool verbose;
 } nstf_server_params;
 

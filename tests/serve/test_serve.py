@@ -23,7 +23,9 @@ What must hold (each check prints one line; any failure exits 1):
     and its KV blocks freed (seen through /metrics); a full queue answers
     503 with Retry-After;
   - SIGTERM: a running stream still finishes, new requests get 503, the
-    server exits 0.
+    server exits 0;
+  - --tp 2 on two CPU ranks (not with --device gpu): the greedy chat and
+    completion equal `nstf run --tp 2`'s.
 Exit 77 (skipped) when the openai package cannot be imported or the model
 has not been fetched.
 """
@@ -107,8 +109,8 @@ class Server:
                 self.p.wait()
 
 
-def nstf_run(nstf, model, prompt, n, chat):
-    args = [nstf, "run", "-m", model, "-p", prompt, "--temp", "0", "-n", str(n), "-t", "2", *DEVICE]
+def nstf_run(nstf, model, prompt, n, chat, *extra):
+    args = [nstf, "run", "-m", model, "-p", prompt, "--temp", "0", "-n", str(n), "-t", "2", *DEVICE, *extra]
     if chat:
         args.append("--chat")
     out = subprocess.run(args, capture_output=True, timeout=300)
@@ -405,6 +407,30 @@ def test_small_server(args):
         s.stop()
 
 
+def test_tp(args):
+    """--tp 2 on two CPU ranks: the greedy answers equal nstf run --tp 2's."""
+    s = Server(args.nstf, args.model, "--tp", "2", "--device", "cpu", "-np", "2", "-c", "1024")
+    try:
+        for chat in (False, True):
+            prompt = "What is the capital of France?" if chat else "Once upon a time"
+            want = nstf_run(args.nstf, args.model, prompt, 16, chat, "--tp", "2", "--device", "cpu")
+            if chat:
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0}
+            else:
+                body = {"prompt": prompt, "max_tokens": 16, "temperature": 0}
+            status, _, data = s.request("POST", "/v1/chat/completions" if chat else "/v1/completions",
+                                        body=json.dumps(body).encode())
+            got = None
+            if status == 200:
+                c = json.loads(data)["choices"][0]
+                got = c["message"]["content"] if chat else c["text"]
+            check(status == 200 and got == want and len(want) > 0,
+                  f"--tp 2 on the CPU, {'chat' if chat else 'completion'}: the greedy text equals nstf run --tp 2's "
+                  f"({got!r})")
+    finally:
+        s.stop()
+
+
 def test_sigterm(s):
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 24, "stream": True, "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
@@ -464,6 +490,8 @@ def main():
         if FAILS:
             print("server log:\n" + "".join(s.log[-40:]))
     test_small_server(args)
+    if args.device in (None, "cpu"):
+        test_tp(args)
     print(f"test_serve: {len(FAILS)} failed")
     return 1 if FAILS else 0
 
