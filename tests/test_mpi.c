@@ -35,7 +35,7 @@
  *     gives --tp 2 -p's text; a conversation of four turns on stdin (a
  *     continued line, /system, /save, /load, an unknown command) gives
  *     --tp 2's answers and saved file byte for byte, each note once;
- * 10. refusals: --tp 3 in a launch of 2, nstf serve; a rank stalled before
+ * 10. refusals: --tp 3 in a launch of 2 (run and serve); a rank stalled before
  *     its 3rd collective (NSTF_TP_STALL_AT=3, --tp-timeout 500) ends the
  *     launch within 10 s naming rank 1.
  * Skips (77) where mpirun or libnstf_mpi.so (a build without MPI) is
@@ -421,9 +421,11 @@ int main(void) {
             CHECK(same && cli_same_file(saved_one, saved_mpi) && once, "chat under mpirun: %s / %s: %s", g_out, want_in,
                   g_err);
         }
-        const char *const serve[] = {"serve", "-m", q8, "--device", "cpu", "--port", "0", NULL};
+        /* (nstf serve under a launch: tests/serve/test_serve.py) */
+        const char *const serve[] = {"serve", "-m", q8, "--device", "cpu", "--port", "0", "--tp", "3", NULL};
         rc = mpi_run(2, NULL, serve, NULL, 0, &killed, &secs);
-        CHECK(rc != 0 && strstr(g_err, "not supported"), "serve under mpirun: exit %d: %s", rc, g_err);
+        CHECK(rc != 0 && strstr(g_err, "--tp 3: mpirun launched 2 processes"), "serve --tp 3 in a launch of 2: exit %d: %s",
+              rc, g_err);
         const char *const stall[] = {"run", "-m", q8, "--device", "cpu", "-t", "2", "-p", "the quick brown", "-n",
                                      "40", "--tp-timeout", "500", NULL};
         rc = mpi_run(2, "NSTF_TP_STALL_AT=3", stall, NULL, 0, &killed, &secs);

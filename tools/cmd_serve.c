@@ -2,7 +2,8 @@
  * (serve/server.h). Flags follow llama.cpp's llama-server where they
  * exist. SIGTERM or SIGINT stops accepting completions and lets the
  * running ones finish (a second signal, or --drain-timeout, cuts them
- * short); then the server exits 0. */
+ * short); then the server exits 0. Under mpirun (one tensor-parallel
+ * rank per process) rank 0 serves and the others follow its forwards. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,8 @@ static void serve_usage(FILE *f, const nstf_server_params *d) {
             "      --gpus LIST         the GPUs of --tp, such as 0,1 (default 0..N-1)\n"
             "      --tp-timeout MS     a rank that makes no progress this long fails the step with\n"
             "                          an error naming it (default 30000)\n"
+            "                          Or one process per rank: mpirun -np N nstf serve ... (rank 0\n"
+            "                          serves; each process's GPU is its place on its machine)\n"
             "      --max-body BYTES    largest request body (default %lld)\n"
             "      --max-tokens N      most tokens one request may generate (default %d)\n"
             "      --timeout S         a request still running S seconds after it arrived ends\n"
@@ -61,6 +64,8 @@ static void serve_usage(FILE *f, const nstf_server_params *d) {
             d->host, d->port, d->n_seq, d->n_ctx, d->n_batch, d->kv_block, d->max_queue, (long long)d->max_body,
             d->max_tokens, d->timeout_s, d->read_timeout_s, d->max_conns);
 }
+
+static int serve(const nstf_server_params *pp, float drain_s);
 
 static int elapsed_ms(const struct timespec *t0) {
     struct timespec t;
@@ -105,13 +110,30 @@ int cmd_serve(int argc, char **argv) {
 #undef VAL
     }
     if (!p.model) { fprintf(stderr, "nstf serve: no model given (-m FILE)\n"); return 2; }
-    if (nstf_proc_launched()) { /* every process would serve on its own */
-        fprintf(stderr, "nstf serve: under mpirun it is not supported: run one process with --tp N\n");
-        return 2;
-    }
     p.max_body = (int64_t)max_body;
     p.timeout_s = timeout;
     p.read_timeout_s = read_timeout;
+    /* under mpirun: one tensor-parallel rank per process; rank 0 serves,
+     * the others run the forwards it sends */
+    const int lrc = cli_launch_tp(&p.n_tp, NULL);
+    if (lrc >= 0) return lrc;
+    if (nstf_proc_active() && nstf_proc_rank() > 0) {
+        /* mpirun hands a SIGTERM or SIGINT to every rank: these leave when
+         * rank 0, draining, says so */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        if (nstf_server_follow(&p) != NSTF_OK) {
+            fprintf(stderr, "nstf serve: rank %d: %s\n", nstf_proc_rank(), nstf_last_error());
+            return cli_launch_end(1);
+        }
+        return cli_launch_end(0);
+    }
+    return cli_launch_end(serve(&p, drain_s));
+}
+
+/* Rank 0's (or the only process's) server until a signal. */
+static int serve(const nstf_server_params *pp, float drain_s) {
+    const nstf_server_params p = *pp;
 
     /* the signals are taken by sigwait below, in this thread only: every
      * thread started from here on inherits the mask */

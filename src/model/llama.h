@@ -214,6 +214,15 @@ void nstf_llama_tp_free(nstf_llama_run *r);
 /* Internal to the forward: the all-reduce of a tensor-parallel rank, with
  * dst += the sum in the same kernel where the transport can (*added). */
 nstf_status nstf_llama_tp_allreduce(nstf_llama_run *r, float *buf, float *dst, int64_t n, bool *added);
+/* A launch's server (tensor parallel, one process per rank): rank 0 takes
+ * the requests, the others must run the same forwards. nstf_llama_tp_lead
+ * on rank 0's run makes each forward send its batch to the others first
+ * (nothing for a run that is not a launch's; an error on another rank);
+ * nstf_llama_tp_follow, on every other rank, runs the batches it receives
+ * until rank 0 calls nstf_llama_tp_lead_end (then it returns NSTF_OK). */
+nstf_status nstf_llama_tp_lead(nstf_llama_run *r);
+nstf_status nstf_llama_tp_lead_end(nstf_llama_run *r);
+nstf_status nstf_llama_tp_follow(nstf_llama_run *r);
 /* Internal: a tensor-parallel forward (forward.c checked the batch). */
 nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax);
 /* Internal: one run's part of a forward, in its backend's bracket (no checks). */

@@ -43,6 +43,9 @@ typedef struct nstf_llama_tp {
     int64_t v0[NSTF_COMM_MAX + 1]; /* the vocabulary split: rank r has rows [v0[r], v0[r + 1]) */
     float *part[NSTF_COMM_MAX];    /* host [n_batch, share] each rank's logits */
     float *row;                    /* host [n_vocab] the last row, for the greedy token */
+    bool lead;                     /* rank 0 of a launch's server: each forward's batch goes to the others first */
+    int timeout_ms;                /* the communicator's stall timeout */
+    int n_seq, n_ctx, kv_block;    /* the runs' shape (a batch's block table: n_seq x n_ctx / kv_block) */
 } nstf_llama_tp;
 
 /* [lo, hi) of part r of n over total, in whole units. */
@@ -240,6 +243,8 @@ nstf_status nstf_llama_run_create_tp(const nstf_llama *m, nstf_backend *const *b
     if (!g) return NSTF_ERR_OOM;
     g->n = n;
     g->self = self;
+    g->timeout_ms = timeout_ms > 0 ? timeout_ms : NSTF_COMM_TIMEOUT_MS;
+    g->n_seq = shape->n_seq, g->n_ctx = shape->n_ctx, g->kv_block = shape->kv_block;
     const int64_t vu = c->n_vocab % (64 * n) == 0 ? 64 : 1;
     for (int r = 0; r <= n; r++) g->v0[r] = c->n_vocab / vu * r / n * vu;
     nstf_status st = NSTF_OK;
@@ -290,10 +295,123 @@ static nstf_status forward_rank(void *ctx, int r) {
     return nstf_llama_stage_forward(j->g->runs[r], &b, j->g->part[r], NULL);
 }
 
+/* ---- a launch's server: rank 0 leads, the other processes follow ----
+ *
+ * A server takes its requests on rank 0 alone; the other processes must
+ * still run every forward with the same batch. So rank 0's forward first
+ * sends its batch: a header (tp_msg) through the processes' all-gather,
+ * then the batch's int32 arrays (tokens, positions, slots, rows, block
+ * table) the same way; the followers' loop receives each and runs the
+ * forward on its shard, until the end message. */
+enum { TP_MSG_STEP = 1, TP_MSG_END = 2 };
+enum { TPF_SEQ = 1, TPF_ALL = 2, TPF_ARGMAX = 4, TPF_ARGMAX_ROWS = 8, TPF_ROW_INV = 16, TPF_ROWS = 32, TPF_BLOCKS = 64 };
+typedef struct tp_msg {
+    int64_t kind, n, n_rows, host_rows, n_blocks, flags;
+} tp_msg;
+#define TP_FOLLOW_WAIT_MS (7 * 24 * 3600 * 1000) /* a follower waits for the next step at the clients' pace */
+
+static int64_t msg_ints(const tp_msg *h) {
+    return h->n * (2 + ((h->flags & TPF_SEQ) != 0)) + ((h->flags & TPF_ROWS) ? h->n_rows : 0) +
+           ((h->flags & TPF_BLOCKS) ? h->n_blocks : 0);
+}
+
+/* Rank 0's h and payload to every process (a follower's are replaced:
+ * *payload malloc'd there). wait_ms: how long a follower waits for the
+ * header. */
+static nstf_status msg_exchange(nstf_llama_tp *g, tp_msg *h, int32_t **payload, int wait_ms) {
+    tp_msg *hs = nstf_calloc((size_t)g->n, sizeof *hs, "tensor-parallel step");
+    if (!hs) return NSTF_ERR_OOM;
+    nstf_status st = nstf_proc_allgather(h, hs, sizeof *h, g->self == 0 ? g->timeout_ms : wait_ms);
+    if (st == NSTF_OK) *h = hs[0];
+    nstf_free(hs);
+    NSTF_TRY(st);
+    const int64_t ni = msg_ints(h);
+    if (ni <= 0) return NSTF_OK;
+    if (ni > INT32_MAX / 4 / g->n) return nstf_set_error(NSTF_ERR_RANGE, "tensor parallel: a step of %lld values", (long long)ni);
+    if (g->self != 0 && !(*payload = nstf_calloc((size_t)ni, sizeof(int32_t), "tensor-parallel step"))) return NSTF_ERR_OOM;
+    int32_t *all = nstf_alloc((size_t)g->n * (size_t)ni * sizeof(int32_t), "tensor-parallel step");
+    if (!all) return NSTF_ERR_OOM;
+    st = nstf_proc_allgather(*payload, all, (size_t)ni * sizeof(int32_t), g->timeout_ms);
+    if (st == NSTF_OK && g->self != 0) memcpy(*payload, all, (size_t)ni * sizeof(int32_t));
+    nstf_free(all);
+    return st;
+}
+
+/* Rank 0: b to the followers. */
+static nstf_status lead_step(nstf_llama_tp *g, const nstf_batch *b) {
+    tp_msg h = {TP_MSG_STEP, b->n, b->rows ? b->n_rows : 0, b->host_rows, 0, 0};
+    h.flags = (b->seq ? TPF_SEQ : 0) | (b->all_logits ? TPF_ALL : 0) | (b->argmax ? TPF_ARGMAX : 0) |
+              (b->argmax_rows ? TPF_ARGMAX_ROWS : 0) | (b->row_invariant ? TPF_ROW_INV : 0) | (b->rows ? TPF_ROWS : 0) |
+              (b->blocks ? TPF_BLOCKS : 0);
+    if (b->blocks) h.n_blocks = (int64_t)g->n_seq * (g->n_ctx / g->kv_block);
+    int32_t *p = nstf_alloc((size_t)(msg_ints(&h) > 0 ? msg_ints(&h) : 1) * sizeof(int32_t), "tensor-parallel step");
+    if (!p) return NSTF_ERR_OOM;
+    int32_t *q = p;
+    memcpy(q, b->tokens, (size_t)b->n * 4), q += b->n;
+    memcpy(q, b->pos, (size_t)b->n * 4), q += b->n;
+    if (b->seq) memcpy(q, b->seq, (size_t)b->n * 4), q += b->n;
+    if (b->rows) memcpy(q, b->rows, (size_t)h.n_rows * 4), q += h.n_rows;
+    if (b->blocks) memcpy(q, b->blocks, (size_t)h.n_blocks * 4);
+    const nstf_status st = msg_exchange(g, &h, &p, 0);
+    nstf_free(p);
+    return st;
+}
+
+nstf_status nstf_llama_tp_lead(nstf_llama_run *r) {
+    nstf_llama_tp *g = r->tp;
+    if (!g || g->self < 0) return NSTF_OK; /* one process drives every rank */
+    if (g->self != 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: rank %d cannot lead", g->self);
+    g->lead = true;
+    return NSTF_OK;
+}
+
+nstf_status nstf_llama_tp_lead_end(nstf_llama_run *r) {
+    nstf_llama_tp *g = r->tp;
+    if (!g || !g->lead) return NSTF_OK;
+    g->lead = false;
+    tp_msg h = {TP_MSG_END, 0, 0, 0, 0, 0};
+    int32_t *none = NULL;
+    return msg_exchange(g, &h, &none, 0);
+}
+
+nstf_status nstf_llama_tp_follow(nstf_llama_run *r) {
+    nstf_llama_tp *g = r->tp;
+    if (!g || g->self <= 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: only a launch's ranks above 0 follow");
+    for (;;) {
+        tp_msg h = {0};
+        int32_t *p = NULL;
+        nstf_status st = msg_exchange(g, &h, &p, TP_FOLLOW_WAIT_MS);
+        if (st == NSTF_OK && h.kind == TP_MSG_END) return NSTF_OK;
+        if (st == NSTF_OK && (h.kind != TP_MSG_STEP || h.n < 1 || h.n > INT32_MAX))
+            st = nstf_set_error(NSTF_ERR_FORMAT, "tensor parallel: a step message of kind %lld, %lld tokens",
+                                (long long)h.kind, (long long)h.n);
+        if (st == NSTF_OK) {
+            const int32_t *q = p;
+            nstf_batch b = {0};
+            b.n = (int)h.n;
+            b.tokens = q, q += h.n;
+            b.pos = q, q += h.n;
+            if (h.flags & TPF_SEQ) b.seq = q, q += h.n;
+            if (h.flags & TPF_ROWS) b.rows = q, b.n_rows = (int)h.n_rows, q += h.n_rows;
+            if (h.flags & TPF_BLOCKS) b.blocks = q;
+            b.all_logits = (h.flags & TPF_ALL) != 0;
+            b.argmax = (h.flags & TPF_ARGMAX) != 0;
+            b.argmax_rows = (h.flags & TPF_ARGMAX_ROWS) != 0;
+            b.row_invariant = (h.flags & TPF_ROW_INV) != 0;
+            b.host_rows = (int)h.host_rows;
+            st = nstf_llama_forward(r, &b, NULL, NULL);
+        }
+        nstf_free(p);
+        NSTF_TRY(st);
+    }
+}
+
 nstf_status nstf_llama_tp_forward(nstf_llama_run *r, const nstf_batch *b, float *logits, int32_t *argmax) {
     nstf_llama_tp *g = r->tp;
     if (r->tp_rank != (g->self >= 0 ? g->self : 0))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor parallel: forward on rank %d", r->tp_rank);
+    if (g->lead) NSTF_TRY(lead_step(g, b));
     fwd_job j = {g, b};
     NSTF_TRY(nstf_comm_run(g->comm, forward_rank, &j));
     const int64_t nv = g->v0[g->n], rows = b->rows ? b->n_rows : b->all_logits ? b->n : 1;

@@ -541,6 +541,32 @@ static const char *base_name(const char *path) {
     return b;
 }
 
+/* The engine's session: the paged cache of p's shape (shared by
+ * nstf_engine_create and nstf_engine_follow, whose ranks must match). */
+static nstf_status open_session(const nstf_engine_params *p, nstf_session **out) {
+    const int n_blocks = (int)(((int64_t)p->n_ctx + p->kv_block - 1) / p->kv_block);
+    nstf_session_params sp = nstf_session_default_params();
+    sp.n_threads = p->n_threads;
+    sp.device = p->device ? p->device : "auto";
+    sp.n_tp = p->n_tp;
+    sp.gpus = p->gpus;
+    if (p->tp_timeout_ms > 0) sp.tp_timeout_ms = p->tp_timeout_ms;
+    sp.verbose = p->verbose;
+    sp.n_batch = p->n_batch;
+    sp.n_ctx = n_blocks * p->kv_block;
+    const nstf_session_shape shape = {p->n_seq, p->kv_block, n_blocks};
+    return nstf_session_open_shaped(p->model, &sp, &shape, out);
+}
+
+nstf_status nstf_engine_follow(const nstf_engine_params *pp) {
+    const nstf_engine_params p = pp ? *pp : nstf_engine_default_params();
+    nstf_session *s = NULL;
+    nstf_status st = open_session(&p, &s);
+    if (st == NSTF_OK) st = nstf_llama_tp_follow(s->run);
+    nstf_session_close(s);
+    return st;
+}
+
 nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) {
     *out = NULL;
     nstf_engine_params p = *pp;
@@ -564,18 +590,9 @@ nstf_status nstf_engine_create(const nstf_engine_params *pp, nstf_engine **out) 
     e->block = p.kv_block;
     e->n_seq = p.n_seq;
     const int n_blocks = (int)(((int64_t)p.n_ctx + p.kv_block - 1) / p.kv_block);
-
-    nstf_session_params sp = nstf_session_default_params();
-    sp.n_threads = p.n_threads;
-    sp.device = p.device ? p.device : "auto";
-    sp.n_tp = p.n_tp;
-    sp.gpus = p.gpus;
-    if (p.tp_timeout_ms > 0) sp.tp_timeout_ms = p.tp_timeout_ms;
-    sp.verbose = p.verbose;
-    sp.n_batch = p.n_batch;
-    sp.n_ctx = n_blocks * p.kv_block;
-    const nstf_session_shape shape = {p.n_seq, p.kv_block, n_blocks};
-    nstf_status st = nstf_session_open_shaped(p.model, &sp, &shape, &e->s);
+    nstf_status st = open_session(&p, &e->s);
+    /* under mpirun: this process leads the other ranks' forwards */
+    if (st == NSTF_OK) st = nstf_llama_tp_lead(e->s->run);
     if (st == NSTF_OK) { /* a sequence's table spans the pool; its positions stop at the trained context */
         const int64_t train = e->s->model->cfg.n_ctx_train;
         e->seq_ctx = e->s->run->s.n_ctx;
@@ -638,6 +655,9 @@ void nstf_engine_free(nstf_engine *e) {
     while (e->wait_head) finish(e, e->wait_head, NULL, NSTF_ENGINE_FAILED, "the server stopped");
     pthread_mutex_unlock(&e->mu);
     nstf_kv_pages_free(e->pages);
+    /* a launch's other ranks leave their loop of forwards */
+    if (e->s && nstf_llama_tp_lead_end(e->s->run) != NSTF_OK)
+        fprintf(stderr, "nstf serve: the other ranks were not told to stop: %s\n", nstf_last_error());
     nstf_session_close(e->s);
     nstf_free(e->slots);
     nstf_free(e->plan);

@@ -122,6 +122,10 @@ nstf_engine_params nstf_engine_default_params(void);
 /* Load the model, place it for p->n_seq sequences over the paged cache
  * and start the scheduler thread. */
 nstf_status nstf_engine_create(const nstf_engine_params *p, nstf_engine **out);
+/* Under mpirun, a rank other than 0 of a tensor-parallel server: open the
+ * same session as rank 0's engine (p must be its parameters) and run the
+ * forwards rank 0's engine sends until it stops (nstf_llama_tp_follow). */
+nstf_status nstf_engine_follow(const nstf_engine_params *p);
 /* Stop the scheduler (requests still there end with an error) and free
  * everything. Every reader must have released its requests. */
 void nstf_engine_free(nstf_engine *e);

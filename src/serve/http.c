@@ -679,6 +679,30 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
+/* The engine's parameters of a server's. */
+static nstf_engine_params engine_params(const nstf_server_params *p) {
+    nstf_engine_params ep = nstf_engine_default_params();
+    ep.model = p->model;
+    ep.n_seq = p->n_seq;
+    ep.n_ctx = p->n_ctx;
+    ep.kv_block = p->kv_block;
+    ep.n_batch = p->n_batch;
+    ep.max_queue = p->max_queue;
+    ep.n_threads = p->n_threads;
+    ep.device = p->device;
+    ep.n_tp = p->n_tp;
+    ep.gpus = p->gpus;
+    ep.tp_timeout_ms = p->tp_timeout_ms;
+    ep.verbose = p->verbose;
+    return ep;
+}
+
+nstf_status nstf_server_follow(const nstf_server_params *pp) {
+    const nstf_server_params p = pp ? *pp : nstf_server_default_params();
+    const nstf_engine_params ep = engine_params(&p);
+    return nstf_engine_follow(&ep);
+}
+
 nstf_status nstf_server_start(const nstf_server_params *pp, nstf_server **out) {
     *out = NULL;
     const nstf_server_params p = *pp;
@@ -706,19 +730,7 @@ nstf_status nstf_server_start(const nstf_server_params *pp, nstf_server **out) {
     pthread_condattr_destroy(&ca);
     s->created = (int64_t)time(NULL);
     s->id_salt = nstf_time_seed();
-    nstf_engine_params ep = nstf_engine_default_params();
-    ep.model = p.model;
-    ep.n_seq = p.n_seq;
-    ep.n_ctx = p.n_ctx;
-    ep.kv_block = p.kv_block;
-    ep.n_batch = p.n_batch;
-    ep.max_queue = p.max_queue;
-    ep.n_threads = p.n_threads;
-    ep.device = p.device;
-    ep.n_tp = p.n_tp;
-    ep.gpus = p.gpus;
-    ep.tp_timeout_ms = p.tp_timeout_ms;
-    ep.verbose = p.verbose;
+    const nstf_engine_params ep = engine_params(&p);
     nstf_status st = nstf_engine_create(&ep, &s->e);
     if (st == NSTF_OK) {
         snprintf(s->model, sizeof s->model, "%s", p.alias ? p.alias : nstf_engine_model_name(s->e));

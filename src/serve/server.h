@@ -50,6 +50,10 @@ typedef struct nstf_server_params {
 nstf_server_params nstf_server_default_params(void);
 /* Load the model, start the engine, bind and listen. */
 nstf_status nstf_server_start(const nstf_server_params *p, nstf_server **out);
+/* Under mpirun with one tensor-parallel rank per process, the ranks above
+ * 0: load the same model shard and run the forwards rank 0's server sends
+ * until it stops (rank 0 calls nstf_server_start as usual). */
+nstf_status nstf_server_follow(const nstf_server_params *p);
 int nstf_server_port(const nstf_server *s);
 /* Refuse new completions (503) and wait for the accepted ones to finish
  * and their answers (a stream's last chunks) to be sent, at most

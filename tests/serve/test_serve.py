@@ -25,7 +25,11 @@ What must hold (each check prints one line; any failure exits 1):
   - SIGTERM: a running stream still finishes, new requests get 503, the
     server exits 0;
   - --tp 2 on two CPU ranks (not with --device gpu): the greedy chat and
-    completion equal `nstf run --tp 2`'s.
+    completion equal `nstf run --tp 2`'s; so do the completions of
+    `mpirun -np 2 nstf serve` (rank 0 serves, rank 1 follows its forwards),
+    alone and two at once, and SIGTERM to mpirun drains rank 0 and stops
+    every rank without an error (skipped without mpirun or
+    libnstf_mpi.so).
 Exit 77 (skipped) when the openai package cannot be imported or the model
 has not been fetched.
 """
@@ -37,6 +41,7 @@ import os
 import re
 import signal
 import socket
+import shutil
 import subprocess
 import sys
 import threading
@@ -57,8 +62,8 @@ def check(ok, what):
 class Server:
     """One `nstf serve` process on a free port."""
 
-    def __init__(self, nstf, model, *extra):
-        args = [nstf, "serve", "-m", model, "--port", "0", "-t", "2", "--api-key", KEY, *DEVICE, *extra]
+    def __init__(self, nstf, model, *extra, launcher=()):
+        args = [*launcher, nstf, "serve", "-m", model, "--port", "0", "-t", "2", "--api-key", KEY, *DEVICE, *extra]
         self.p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log = []
         self.port = None
@@ -431,6 +436,46 @@ def test_tp(args):
         s.stop()
 
 
+def test_mpirun(args):
+    """mpirun -np 2: rank 0 serves, rank 1 runs the forwards it sends; the
+    greedy answers equal nstf run --tp 2's, alone and side by side; SIGTERM
+    to mpirun drains rank 0, which stops rank 1."""
+    mpirun = shutil.which("mpirun")
+    lib = os.path.join(os.path.dirname(os.path.abspath(args.nstf)), "libnstf_mpi.so")
+    if not mpirun or not os.path.exists(lib):
+        print("skip mpirun -np 2 nstf serve: " + ("no mpirun on PATH" if not mpirun else "no libnstf_mpi.so (no MPI)"))
+        return
+    s = Server(args.nstf, args.model, "--device", "cpu", "-t", "1", "-np", "2", "-c", "1024",
+               launcher=(mpirun, "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", "2"))
+    try:
+        prompts = ["Once upon a time", "The capital of France is"]
+        want = [nstf_run(args.nstf, args.model, q, 16, False, "--tp", "2", "--device", "cpu", "-t", "1") for q in prompts]
+
+        def ask(q):
+            body = json.dumps({"prompt": q, "max_tokens": 16, "temperature": 0}).encode()
+            status, _, data = s.request("POST", "/v1/completions", body=body)
+            return json.loads(data)["choices"][0]["text"] if status == 200 else f"HTTP {status}: {data[:200]!r}"
+
+        alone = [ask(q) for q in prompts]
+        check(alone == want and all(want), f"mpirun -np 2 nstf serve: greedy completions equal nstf run --tp 2's ({alone[0]!r})")
+        got = [None, None]
+        ts = [threading.Thread(target=lambda i=i: got.__setitem__(i, ask(prompts[i]))) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        check(got == want, "mpirun -np 2 nstf serve: two requests at once, the same answers")
+    finally:
+        s.stop()
+    # Open MPI's mpirun exits 1 once it has forwarded a signal, however its
+    # processes ended: what says the ranks ended well is rank 0's last line
+    # and no rank's error
+    log = "".join(s.log)
+    clean = "nstf serve: stopped" in log and "nstf serve: rank" not in log and "exited on signal" not in log
+    check(s.p.returncode in (0, 1) and clean,
+          f"mpirun -np 2 nstf serve: SIGTERM to mpirun drains and stops every rank (exit {s.p.returncode})")
+
+
 def test_sigterm(s):
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 24, "stream": True, "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
@@ -492,6 +537,7 @@ def main():
     test_small_server(args)
     if args.device in (None, "cpu"):
         test_tp(args)
+        test_mpirun(args)
     print(f"test_serve: {len(FAILS)} failed")
     return 1 if FAILS else 0
 
