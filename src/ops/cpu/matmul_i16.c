@@ -229,6 +229,16 @@ static ALWAYS_INLINE void store_tile(const int RN, const __m256 *acc, int rm, fl
     }
 }
 
+/* Bytes of one block of a 32-element kind. */
+static ALWAYS_INLINE int bytes32(const int kind) {
+    return kind == K_Q4_0 || kind == K_IQ4_NL ? 18 : kind == K_Q4_1 ? 20 : kind == K_Q5_0 ? 22 : kind == K_Q5_1 ? 24 : 34;
+}
+
+/* A tile's 8 row pointers: rows past rm repeat row rm - 1 (not stored). */
+static ALWAYS_INLINE void rows8(const uint8_t *w, uint64_t row_bytes, int rm, const uint8_t *wr[8]) {
+    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+}
+
 /* The 32 signed codes of one block. */
 static ALWAYS_INLINE __m256i codes32(const int kind, const uint8_t *bl, __m256i iq4) {
     switch (kind) {
@@ -253,10 +263,12 @@ typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, i
 
 #define I16FN(name) name##_avx2
 #define I16TARGET
+#define I16_IL 0
 #define MADD2(a, x, b, y) _mm256_add_epi32(_mm256_madd_epi16(a, x), _mm256_madd_epi16(b, y))
 #include "ops/cpu/matmul_i16_tiles.h"
 #undef I16FN
 #undef I16TARGET
+#undef I16_IL
 #undef MADD2
 /* The VNNI copy of the tiles: not in sanitizer builds, where this file's
  * tiles already take the compiler many minutes (the AVX2 tiles there
@@ -270,10 +282,12 @@ typedef void (*tile_fn)(const uint8_t *, uint64_t, int, const xq16 *, int64_t, i
 #if I16_VNNI
 #define I16FN(name) name##_vnni
 #define I16TARGET NSTF_TARGET_AVX512VNNI
+#define I16_IL 1
 #define MADD2(a, x, b, y) _mm256_dpwssd_epi32(_mm256_madd_epi16(a, x), b, y)
 #include "ops/cpu/matmul_i16_tiles.h"
 #undef I16FN
 #undef I16TARGET
+#undef I16_IL
 #undef MADD2
 #endif
 

@@ -2,6 +2,7 @@
  * instruction set with
  *   I16FN(name)   the variant's name for a function (name_avx2, name_vnni)
  *   I16TARGET     its target attribute (empty for the build's AVX2)
+ *   I16_IL        1: from 3 tokens the rows interleaved (vpdpwssd: VNNI only)
  *   MADD2(a, x, b, y)  the int32 lanes of a.x + b.y over int16 pairs:
  *                 two vpmaddwd and an add on AVX2, vpmaddwd then vpdpwssd
  *                 with AVX-512 VNNI (the same integers: every sum is exact
@@ -9,14 +10,38 @@
  * and defines I16FN(k_tiles), the table of tiles by kind and token count.
  * It needs matmul_i16.c's xq16, tile_fn, kinds, store_tile and codes32. */
 
+#if I16_IL
+/* v[r] lane c -> o[c] lane r (an 8 x 8 transpose of int32 lanes). */
+static I16TARGET ALWAYS_INLINE void I16FN(tr8)(const __m256i v[8], __m256i o[8]) {
+    __m256i a[8], b[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* per half: rows (2i, 2i+1) of columns (0,1) / (2,3) */
+        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* rows 4h..4h+3: per half, columns 0..3 */
+        b[4 * h] = _mm256_unpacklo_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 1] = _mm256_unpackhi_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 2] = _mm256_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
+        b[4 * h + 3] = _mm256_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        o[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+        o[c + 4] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+    }
+}
+
+#endif
+
 static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
                                     const xq16 *x, int64_t t0, float *y, int64_t ldy) {
-    const int bb = kind == K_Q4_0 || kind == K_IQ4_NL ? 18 : kind == K_Q4_1 ? 20 : kind == K_Q5_0 ? 22
-                 : kind == K_Q5_1 ? 24 : 34;
+    const int bb = bytes32(kind);
     const bool has_m = kind == K_Q4_1 || kind == K_Q5_1;
     const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    rows8(w, row_bytes, rm, wr);
     const int64_t nb = x->nb;
     const int16_t *xq = x->q + t0 * nb * QK;
     const float *xd = x->d + t0 * nb, *xs = x->s + t0 * nb;
@@ -34,6 +59,45 @@ static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, co
         }
         __m256 mv = _mm256_setzero_ps();
         const __m256 dv = nstf_q32_scales8(wr, off, has_m, &mv);
+#if I16_IL
+        /* from 3 tokens, the rows interleaved: the block's int16 codes are
+         * transposed so that int32 lane r of W[p] holds row r's pair p
+         * (elements 2p, 2p+1); vpdpwssd of W[p] with token t's pair p
+         * broadcast then adds pair p of all 8 rows at once, and a token's 8
+         * sums come out in lanes with no reduction tree (the transposes are
+         * shared by the tile's tokens). The same integers (each block's sum
+         * is exact in int32) and the same float steps: the same bits. */
+        if (RN >= 3) {
+            __m256i s8[RN_I16];
+#pragma GCC unroll 8
+            for (int t = 0; t < RN; t++) s8[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) { /* pairs 8h .. 8h + 7: elements 16h .. 16h + 15 */
+                __m256i v[8], W[8];
+#pragma GCC unroll 8
+                for (int r = 0; r < 8; r++) {
+                    const __m256i c = codes32(kind, wr[r] + off, iq4);
+                    v[r] = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c));
+                }
+                I16FN(tr8)(v, W);
+#pragma GCC unroll 8
+                for (int p = 0; p < 8; p++)
+#pragma GCC unroll 8
+                    for (int t = 0; t < RN; t++) {
+                        int32_t xp;
+                        memcpy(&xp, xq + (t * nb + b) * QK + 16 * h + 2 * p, 4);
+                        s8[t] = _mm256_dpwssd_epi32(s8[t], W[p], _mm256_set1_epi32(xp));
+                    }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < RN; t++) {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8[t]),
+                                         _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b)), acc[t]);
+                if (has_m) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
+            }
+            continue;
+        }
+#endif
         __m256i wlo[8], whi[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
@@ -57,6 +121,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, co
     }
     store_tile(RN, acc, rm, y, ldy);
 }
+
 
 /* Super-block tiles (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): per super-block
  * the 8 rows are decoded to int16 into wq[chunk][row][32], with per chunk of
