@@ -137,9 +137,21 @@ static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, co
 
 /* The sums of RN tokens from t0 over super-block b's 8 decoded chunks
  * (wq, dvs, mvs, mhs), added to accm (in registers over the chunks). */
+/* acc + a chunk's sums (lanes: rows) of block xb, scaled, with the mins */
+static I16TARGET ALWAYS_INLINE __m256 I16FN(kadd)(const int kt, __m256 acc, __m256 sum, __m256 dv, __m256 mv, __m256 mh,
+                                                  const xq16 *x, int64_t xb) {
+    acc = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc);
+    if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K) acc = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc);
+    if (kt == NSTF_TYPE_Q2_K) {
+        acc = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc);
+        acc = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc);
+    }
+    return acc;
+}
+
 static I16TARGET ALWAYS_INLINE void I16FN(ktile_tokens)(const int kt, const int RN, const xq16 *x, int64_t t0, int64_t b,
-                                       const int16_t (*wq)[8][32], const float (*dvs)[8], const float (*mvs)[8],
-                                       const float (*mhs)[8], __m256 *accm) {
+                                       const int16_t (*wq)[8][32], const __m256i (*wil)[16], const float (*dvs)[8],
+                                       const float (*mvs)[8], const float (*mhs)[8], __m256 *accm) {
     const int64_t nb = x->nb;
     __m256 acc[RN_I16];
 #pragma GCC unroll 8
@@ -147,6 +159,39 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile_tokens)(const int kt, const int 
     for (int c = 0; c < 8; c++) {
         const __m256 dv = _mm256_load_ps(dvs[c]), mv = _mm256_load_ps(mvs[c]);
         const __m256 mh = kt == NSTF_TYPE_Q2_K ? _mm256_load_ps(mhs[c]) : mv;
+#if I16_IL
+        /* from 3 tokens, the chunk's rows interleaved (wil, as the 32-element
+         * tile's): lane r of a token's two int32 sums is row r's over the
+         * pairs {0..3, 8..11} and {4..7, 12..15}, the two halves the tree
+         * below finishes in fp32, added in its order: the same bits */
+        if (RN >= 3) {
+            __m256i sa[RN_I16], sb[RN_I16];
+#pragma GCC unroll 8
+            for (int t = 0; t < RN; t++) sa[t] = sb[t] = _mm256_setzero_si256();
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) {
+                const __m256i W = _mm256_load_si256(&wil[c][p]);
+#pragma GCC unroll 8
+                for (int t = 0; t < RN; t++) {
+                    int32_t xp;
+                    memcpy(&xp, x->q + ((t0 + t) * nb + 8 * b + c) * QK + 2 * p, 4);
+                    if (p % 8 < 4)
+                        sa[t] = _mm256_dpwssd_epi32(sa[t], W, _mm256_set1_epi32(xp));
+                    else
+                        sb[t] = _mm256_dpwssd_epi32(sb[t], W, _mm256_set1_epi32(xp));
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < RN; t++) {
+                const int64_t xb = (t0 + t) * nb + 8 * b + c;
+                const __m256 sum = _mm256_add_ps(_mm256_cvtepi32_ps(sa[t]), _mm256_cvtepi32_ps(sb[t]));
+                acc[t] = I16FN(kadd)(kt, acc[t], sum, dv, mv, mh, x, xb);
+            }
+            continue;
+        }
+#else
+        (void)wil;
+#endif
 #pragma GCC unroll 8
         for (int t = 0; t < RN; t++) {
             const int64_t xb = (t0 + t) * nb + 8 * b + c;
@@ -166,13 +211,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile_tokens)(const int kt, const int 
             const __m256 b1 = _mm256_cvtepi32_ps(
                 _mm256_add_epi32(_mm256_unpacklo_epi64(a[2], a[3]), _mm256_unpackhi_epi64(a[2], a[3])));
             const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-            acc[t] = _mm256_fmadd_ps(sum, _mm256_mul_ps(dv, _mm256_broadcast_ss(x->d + xb)), acc[t]);
-            if (kt == NSTF_TYPE_Q4_K || kt == NSTF_TYPE_Q5_K)
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->s + xb), acc[t]);
-            if (kt == NSTF_TYPE_Q2_K) {
-                acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(x->sl + xb), acc[t]);
-                acc[t] = _mm256_fmadd_ps(mh, _mm256_broadcast_ss(x->sh + xb), acc[t]);
-            }
+            acc[t] = I16FN(kadd)(kt, acc[t], sum, dv, mv, mh, x, xb);
         }
     }
 #pragma GCC unroll 8
@@ -193,6 +232,11 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile)(const int kt, const int RN, con
         for (int t = 0; t < RN_I16; t++) accs[g][t] = _mm256_setzero_ps();
     _Alignas(32) int16_t wq[8][8][32];
     _Alignas(32) float dvs[8][8], mvs[8][8], mhs[8][8];
+#if I16_IL
+    __m256i wil[8][16]; /* chunk c's rows interleaved: lane r of wil[c][p] is row r's pair p */
+#else
+    const __m256i (*wil)[16] = NULL;
+#endif
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb / 8; b++) {
         for (int r = 0; r < 8; r++) {
@@ -301,8 +345,20 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile)(const int kt, const int RN, con
                 }
             }
         }
-        for (int g = 0; g < n_full; g++) I16FN(ktile_tokens)(kt, RN_I16, x, t0 + 8 * g, b, wq, dvs, mvs, mhs, accs[g]);
-        I16FN(ktile_tokens)(kt, RN, x, t0 + 8 * n_full, b, wq, dvs, mvs, mhs, accs[n_full]);
+#if I16_IL
+        if (n_full > 0 || RN >= 3) /* the interleaved rows of each chunk, for the tokens' tiles */
+            for (int c = 0; c < 8; c++)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m256i v[8];
+#pragma GCC unroll 8
+                    for (int r = 0; r < 8; r++) v[r] = _mm256_load_si256((const __m256i *)(wq[c][r] + 16 * h));
+                    I16FN(tr8)(v, wil[c] + 8 * h);
+                }
+#endif
+        for (int g = 0; g < n_full; g++)
+            I16FN(ktile_tokens)(kt, RN_I16, x, t0 + 8 * g, b, wq, wil, dvs, mvs, mhs, accs[g]);
+        I16FN(ktile_tokens)(kt, RN, x, t0 + 8 * n_full, b, wq, wil, dvs, mvs, mhs, accs[n_full]);
     }
     for (int g = 0; g < n_full; g++) store_tile(RN_I16, accs[g], rm, y + 8 * g * ldy, ldy);
     store_tile(RN, accs[n_full], rm, y + 8 * n_full * ldy, ldy);
