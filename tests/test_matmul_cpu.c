@@ -37,7 +37,8 @@
  *    row and with one for a third of them (rows in chunks); float weights
  *    must give nstf_cpu_matmul's output bit for bit; at the AVX-512 level
  *    of a CPU with VNNI the int16 tiles must give the AVX2 tiles' output
- *    bit for bit (the same integers, summed by vpdpwssd).
+ *    bit for bit (the same integers, summed by vpdpwssd), and so must the
+ *    8-bit path's (nstf_cpu_matmul: vpdpbusd on interleaved rows).
  *  - The slow path (arena too small: dequantized blocks x fp32 x): NMSE <= 1e-7.
  * Outputs are poisoned (NaN bytes) with a guard region after them. */
 #include <math.h>
@@ -298,6 +299,17 @@ static void run_case(nstf_type t, int64_t n_tok, int64_t n_in, int64_t n_out, in
         CHECK(st == NSTF_OK, "reserve(%lld, %lld) failed", (long long)n_tok, (long long)n_in);
     }
     nstf_cpu_matmul(&cpu, t, w, x, y, n_tok, n_in, n_out);
+    /* the 8-bit path's VNNI tiles (interleaved rows, vpdpbusd) sum the AVX2
+     * tiles' integers: the same bits */
+    if (quant && use_arena && x_block(t) == 32 && nstf_cpu_isa_current() == NSTF_ISA_AVX512 && nstf_cpu_has_vnni()) {
+        float *y2 = guarded_alloc(ybytes);
+        CHECK(nstf_cpu_isa_force(NSTF_ISA_AVX2), "force avx2");
+        nstf_cpu_matmul(&cpu, t, w, x, y2, n_tok, n_in, n_out);
+        CHECK(nstf_cpu_isa_force(NSTF_ISA_AVX512), "force avx512");
+        CHECK(!memcmp(y, y2, ybytes), "%s n_tok=%lld n_in=%lld n_out=%lld: the 8-bit VNNI tiles differ from the AVX2 "
+              "tiles", nstf_type_name(t), (long long)n_tok, (long long)n_in, (long long)n_out);
+        free(y2);
+    }
     nstf_cpu_release(&cpu);
     if (quant && arena == ARENA_FIT) { /* the precise path: fp32 x, no arena */
         float *yp = guarded_alloc(ybytes);

@@ -210,6 +210,7 @@ typedef struct {
     float *y;       /* [n_tok, n_out] */
     int64_t n_tok, n_in, n_out;
     int rm, rn;     /* tile shape */
+    bool vnni;      /* AVX-512 with VNNI: the interleaved tiles of 3 and 4 tokens */
 } mm_ctx;
 
 enum { KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_IQ4_NL, N_QKINDS };
@@ -289,6 +290,32 @@ static ALWAYS_INLINE __m256i reduce8_q8(const __m256i p[8]) {
     return nstf_q32_reduce8_i32(q);
 }
 
+/* The 32 codes of a block as stored (unsigned for the 4- and 5-bit kinds,
+ * signed for Q8_0; IQ4_NL's are its table's indices). */
+static ALWAYS_INLINE __m256i quant_codes(const int kind, const uint8_t *bl) {
+    if (kind == KIND_Q8_0) return _mm256_loadu_si256((const __m256i *)(bl + 2));
+    if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
+        const uint8_t *q = bl + (kind == KIND_Q5_1 ? 4 : 2);
+        uint32_t qh;
+        memcpy(&qh, q, 4);
+        return _mm256_or_si256(nstf_q32_nibbles(q + 4), _mm256_and_si256(nstf_q32_bits(qh), _mm256_set1_epi8(0x10)));
+    }
+    return nstf_q32_nibbles(bl + (kind == KIND_Q4_1 ? 4 : 2));
+}
+
+/* acc[t] lane r -> y[t * ldy + r] for r < rm. */
+static ALWAYS_INLINE void store_qtile(const int RN, const __m256 *acc, int rm, float *y, int64_t ldy) {
+    if (rm == 8) {
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm),
+                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
+    }
+}
+
 static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t *w,
                                      uint64_t row_bytes, int rm, const int8_t *xq,
                                      const float *xd, const float *xs, const int32_t *xsum,
@@ -324,21 +351,9 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
 
         __m256i wv[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            if (kind == KIND_Q8_0) {
-                wv[r] = _mm256_loadu_si256((const __m256i *)(wr[r] + off + 2));
-            } else if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
-                const uint8_t *bl = wr[r] + off + (kind == KIND_Q5_1 ? 4 : 2);
-                uint32_t qh;
-                memcpy(&qh, bl, 4);
-                wv[r] = _mm256_or_si256(nstf_q32_nibbles(bl + 4),
-                                        _mm256_and_si256(nstf_q32_bits(qh), _mm256_set1_epi8(0x10)));
-            } else if (kind == KIND_IQ4_NL) {
-                wv[r] = _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2));
-            } else {
-                wv[r] = nstf_q32_nibbles(wr[r] + off + (kind == KIND_Q4_1 ? 4 : 2));
-            }
-        }
+        for (int r = 0; r < 8; r++)
+            wv[r] = kind == KIND_IQ4_NL ? _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2))
+                                        : quant_codes(kind, wr[r] + off);
 #pragma GCC unroll 4
         for (int t = 0; t < RN; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
@@ -362,15 +377,7 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
                 acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
         }
     }
-    if (rm == 8) {
-#pragma GCC unroll 4
-        for (int t = 0; t < RN; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-    } else {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(rm),
-                                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-#pragma GCC unroll 4
-        for (int t = 0; t < RN; t++) _mm256_maskstore_ps(y + t * ldy, mask, acc[t]);
-    }
+    store_qtile(RN, acc, rm, y, ldy);
 }
 
 static ALWAYS_INLINE __m256 load8_w(const int kind, const uint8_t *row, int64_t i) {
@@ -525,6 +532,68 @@ static const qtile_fn k_qtiles[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE_TAB)};
 DEF_QTILES_ALL(DEF_QTILES512_K)
 #define QTILE512_TAB(K) {qtile512_##K##_1, qtile512_##K##_2, qtile512_##K##_3, qtile512_##K##_4},
 static const qtile_fn k_qtiles512[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE512_TAB)};
+
+/* With VNNI, 3 and 4 tokens of the unsigned-code kinds (Q4_0, Q4_1, Q5_0,
+ * Q5_1) take the rows interleaved: a block's 32 codes of the 8 rows are
+ * transposed by groups of 4 (int32 lane r of W[g] = row r's codes 4g ..
+ * 4g + 3), so one vpdpbusd with a token's 4 bytes broadcast adds that
+ * group for all 8 rows; a token's 8 sums come out in lanes, with no
+ * reduction tree. The same integer sums as tile_quant's (exact) and the
+ * same float steps: the same bits. */
+static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, const int RN, const uint8_t *w,
+                                                                uint64_t row_bytes, int rm, const int8_t *xq,
+                                                                const float *xd, const float *xs,
+                                                                const int32_t *xsum, int64_t nb, float *y,
+                                                                int64_t ldy) {
+    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 24;
+    const bool has_m = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    const uint8_t *wr[8];
+    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint64_t off = (uint64_t)b * bbytes;
+        __m256 mv = _mm256_setzero_ps();
+        const __m256 dv = nstf_q32_scales8(wr, off, has_m, &mv);
+        __m256i v[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) v[r] = quant_codes(kind, wr[r] + off);
+        __m256i W[8]; /* v[r] lane g -> W[g] lane r */
+        nstf_q32_tr8(v, W);
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) {
+            const int8_t *xb = xq + (t * nb + b) * QK;
+            __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int32_t x4;
+                memcpy(&x4, xb + 4 * g, 4);
+                isum = _mm256_dpbusd_epi32(isum, W[g], _mm256_set1_epi32(x4));
+            }
+            if (kind == KIND_Q4_0 || kind == KIND_Q5_0) /* q - 8 (q - 16): subtract 8 (16) * sum(xq), exactly */
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]),
+                                                                kind == KIND_Q4_0 ? 3 : 4));
+            __m256 dd = _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+            if (has_m) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
+        }
+    }
+    store_qtile(RN, acc, rm, y, ldy);
+}
+#define DEF_QTILE_IL(K, RN)                                                                          \
+    static NSTF_TARGET_AVX512VNNI void qtile_il_##K##_##RN(const uint8_t *w, uint64_t rb, int rm,      \
+                                                           const int8_t *xq, const float *xd,         \
+                                                           const float *xs, const int32_t *xsum,      \
+                                                           int64_t nb, float *y, int64_t ldy) {       \
+        tile_quant_il(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                         \
+    }
+DEF_QTILE_IL(Q4_0, 3) DEF_QTILE_IL(Q4_0, 4) DEF_QTILE_IL(Q4_1, 3) DEF_QTILE_IL(Q4_1, 4)
+DEF_QTILE_IL(Q5_0, 3) DEF_QTILE_IL(Q5_0, 4) DEF_QTILE_IL(Q5_1, 3) DEF_QTILE_IL(Q5_1, 4)
+/* [kind][rn - 3], NULL where the kind has signed codes */
+static const qtile_fn k_qtiles_il[N_QKINDS][2] = {
+    [KIND_Q4_0] = {qtile_il_Q4_0_3, qtile_il_Q4_0_4}, [KIND_Q4_1] = {qtile_il_Q4_1_3, qtile_il_Q4_1_4},
+    [KIND_Q5_0] = {qtile_il_Q5_0_3, qtile_il_Q5_0_4}, [KIND_Q5_1] = {qtile_il_Q5_1_3, qtile_il_Q5_1_4}};
 #endif
 
 #define DEF_FTILE(K, RM, RN)                                                                 \
@@ -574,6 +643,10 @@ static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
         const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
         const int32_t *xsum = c->xq.sum + t0 * nb;
 #if NSTF_CPU_HAVE_AVX512
+        if (c->vnni && rn >= 3 && k_qtiles_il[c->kind][rn - 3]) {
+            k_qtiles_il[c->kind][rn - 3](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y, c->n_out);
+            return;
+        }
         if (c->isa == NSTF_ISA_AVX512) {
             k_qtiles512[c->kind][rn - 1](w, c->row_bytes, rm, xq, xd, xs, xsum, nb,
                                                       y, c->n_out);
@@ -673,6 +746,7 @@ void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float 
     nstf_pool *pool = cpu ? cpu->pool : NULL;
     mm_ctx c = {.wtype = wtype, .isa = nstf_cpu_isa_current(), .w = w, .x = x, .y = y,
                 .n_tok = n_tok, .n_in = n_in, .n_out = n_out};
+    c.vnni = c.isa == NSTF_ISA_AVX512 && nstf_cpu_has_vnni();
     c.path = nstf_mmk_type(wtype) ? PATH_K : nstf_type_is_quantized(wtype) ? PATH_Q : PATH_F;
 #if NSTF_MATMUL_AVX2
     c.kind = c.path == PATH_Q ? quant_kind(wtype) : c.path == PATH_F ? float_kind(wtype) : 0;

@@ -10,30 +10,6 @@
  * and defines I16FN(k_tiles), the table of tiles by kind and token count.
  * It needs matmul_i16.c's xq16, tile_fn, kinds, store_tile and codes32. */
 
-#if I16_IL
-/* v[r] lane c -> o[c] lane r (an 8 x 8 transpose of int32 lanes). */
-static I16TARGET ALWAYS_INLINE void I16FN(tr8)(const __m256i v[8], __m256i o[8]) {
-    __m256i a[8], b[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) { /* per half: rows (2i, 2i+1) of columns (0,1) / (2,3) */
-        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-        a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-    }
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) { /* rows 4h..4h+3: per half, columns 0..3 */
-        b[4 * h] = _mm256_unpacklo_epi64(a[4 * h], a[4 * h + 2]);
-        b[4 * h + 1] = _mm256_unpackhi_epi64(a[4 * h], a[4 * h + 2]);
-        b[4 * h + 2] = _mm256_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
-        b[4 * h + 3] = _mm256_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        o[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
-        o[c + 4] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
-    }
-}
-
-#endif
 
 static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
                                     const xq16 *x, int64_t t0, float *y, int64_t ldy) {
@@ -79,7 +55,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, co
                     const __m256i c = codes32(kind, wr[r] + off, iq4);
                     v[r] = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(c, 1) : _mm256_castsi256_si128(c));
                 }
-                I16FN(tr8)(v, W);
+                nstf_q32_tr8(v, W);
 #pragma GCC unroll 8
                 for (int p = 0; p < 8; p++)
 #pragma GCC unroll 8
@@ -353,7 +329,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile)(const int kt, const int RN, con
                     __m256i v[8];
 #pragma GCC unroll 8
                     for (int r = 0; r < 8; r++) v[r] = _mm256_load_si256((const __m256i *)(wq[c][r] + 16 * h));
-                    I16FN(tr8)(v, wil[c] + 8 * h);
+                    nstf_q32_tr8(v, wil[c] + 8 * h);
                 }
 #endif
         for (int g = 0; g < n_full; g++)

@@ -58,6 +58,29 @@ static inline __attribute__((always_inline)) void nstf_q32_prefetch(const uint8_
     for (int k = 0; k < n; k += 64) _mm_prefetch((const char *)p + k, _MM_HINT_T0);
 }
 
+/* v[r] lane c -> o[c] lane r: an 8 x 8 transpose of int32 lanes (the
+ * interleaved weight rows of the VNNI tiles). */
+static inline __attribute__((always_inline)) void nstf_q32_tr8(const __m256i v[8], __m256i o[8]) {
+    __m256i a[8], b[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* per half: rows (2i, 2i+1) of columns (0,1) / (2,3) */
+        a[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* rows 4h..4h+3: per half, columns 0..3 */
+        b[4 * h] = _mm256_unpacklo_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 1] = _mm256_unpackhi_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 2] = _mm256_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
+        b[4 * h + 3] = _mm256_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        o[c] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x20);
+        o[c + 4] = _mm256_permute2x128_si256(b[c], b[4 + c], 0x31);
+    }
+}
+
 /* 8 vectors of int32 -> one vector whose lane r is the sum of p[r]'s lanes. */
 static inline __attribute__((always_inline)) __m256i nstf_q32_reduce8_i32(const __m256i q[8]) {
     __m256i a[4];
