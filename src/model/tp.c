@@ -343,7 +343,8 @@ static nstf_status lead_step(nstf_llama_tp *g, const nstf_batch *b) {
     h.flags = (b->seq ? TPF_SEQ : 0) | (b->all_logits ? TPF_ALL : 0) | (b->argmax ? TPF_ARGMAX : 0) |
               (b->argmax_rows ? TPF_ARGMAX_ROWS : 0) | (b->row_invariant ? TPF_ROW_INV : 0) | (b->rows ? TPF_ROWS : 0) |
               (b->blocks ? TPF_BLOCKS : 0);
-    if (b->blocks) h.n_blocks = (int64_t)g->n_seq * (g->n_ctx / g->kv_block);
+    if (b->blocks && g->kv_block > 0) h.n_blocks = (int64_t)g->n_seq * (g->n_ctx / g->kv_block);
+    else h.flags &= ~TPF_BLOCKS; /* (only a paged run takes a block table) */
     int32_t *p = nstf_alloc((size_t)(msg_ints(&h) > 0 ? msg_ints(&h) : 1) * sizeof(int32_t), "tensor-parallel step");
     if (!p) return NSTF_ERR_OOM;
     int32_t *q = p;
@@ -351,7 +352,7 @@ static nstf_status lead_step(nstf_llama_tp *g, const nstf_batch *b) {
     memcpy(q, b->pos, (size_t)b->n * 4), q += b->n;
     if (b->seq) memcpy(q, b->seq, (size_t)b->n * 4), q += b->n;
     if (b->rows) memcpy(q, b->rows, (size_t)h.n_rows * 4), q += h.n_rows;
-    if (b->blocks) memcpy(q, b->blocks, (size_t)h.n_blocks * 4);
+    if (h.flags & TPF_BLOCKS) memcpy(q, b->blocks, (size_t)h.n_blocks * 4);
     const nstf_status st = msg_exchange(g, &h, &p, 0);
     nstf_free(p);
     return st;
