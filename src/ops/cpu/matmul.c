@@ -533,20 +533,26 @@ DEF_QTILES_ALL(DEF_QTILES512_K)
 #define QTILE512_TAB(K) {qtile512_##K##_1, qtile512_##K##_2, qtile512_##K##_3, qtile512_##K##_4},
 static const qtile_fn k_qtiles512[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE512_TAB)};
 
-/* With VNNI, 3 and 4 tokens of the unsigned-code kinds (Q4_0, Q4_1, Q5_0,
- * Q5_1) take the rows interleaved: a block's 32 codes of the 8 rows are
- * transposed by groups of 4 (int32 lane r of W[g] = row r's codes 4g ..
- * 4g + 3), so one vpdpbusd with a token's 4 bytes broadcast adds that
- * group for all 8 rows; a token's 8 sums come out in lanes, with no
- * reduction tree. The same integer sums as tile_quant's (exact) and the
- * same float steps: the same bits. */
+/* With VNNI, 3 and 4 tokens take the rows interleaved: a block's 32 codes
+ * of the 8 rows are transposed by groups of 4 (int32 lane r of W[g] = row
+ * r's codes 4g .. 4g + 3), so one vpdpbusd with a token's 4 bytes
+ * broadcast adds that group for all 8 rows; a token's 8 sums come out in
+ * lanes, with no reduction tree. vpdpbusd takes unsigned codes: the signed
+ * ones (Q8_0, IQ4_NL's table values) go in as c + 128 and 128 sum(xq) is
+ * taken back, as Q4_0's 8 sum(xq). The same integer sums as tile_quant's
+ * (exact) and the same float steps: the same bits. */
 static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, const int RN, const uint8_t *w,
                                                                 uint64_t row_bytes, int rm, const int8_t *xq,
                                                                 const float *xd, const float *xs,
                                                                 const int32_t *xsum, int64_t nb, float *y,
                                                                 int64_t ldy) {
-    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q5_0 ? 22 : 24;
+    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 || kind == KIND_IQ4_NL ? 18 : kind == KIND_Q5_0 ? 22
+                     : kind == KIND_Q5_1 ? 24 : 34;
     const bool has_m = kind == KIND_Q4_1 || kind == KIND_Q5_1;
+    const bool sgn = kind == KIND_Q8_0 || kind == KIND_IQ4_NL;
+    /* the codes' offset, taken back as a multiple of sum(xq): log2 of 8, 16, 128 */
+    const int shift = kind == KIND_Q4_0 ? 3 : kind == KIND_Q5_0 ? 4 : sgn ? 7 : 0;
+    const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
     __m256 acc[4];
@@ -558,7 +564,11 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
         const __m256 dv = nstf_q32_scales8(wr, off, has_m, &mv);
         __m256i v[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) v[r] = quant_codes(kind, wr[r] + off);
+        for (int r = 0; r < 8; r++) {
+            v[r] = kind == KIND_IQ4_NL ? _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2))
+                                       : quant_codes(kind, wr[r] + off);
+            if (sgn) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80)); /* c + 128 */
+        }
         __m256i W[8]; /* v[r] lane g -> W[g] lane r */
         nstf_q32_tr8(v, W);
 #pragma GCC unroll 4
@@ -571,9 +581,8 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
                 memcpy(&x4, xb + 4 * g, 4);
                 isum = _mm256_dpbusd_epi32(isum, W[g], _mm256_set1_epi32(x4));
             }
-            if (kind == KIND_Q4_0 || kind == KIND_Q5_0) /* q - 8 (q - 16): subtract 8 (16) * sum(xq), exactly */
-                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]),
-                                                                kind == KIND_Q4_0 ? 3 : 4));
+            if (shift) /* the codes' offset (8, 16 or 128) times sum(xq), taken back exactly */
+                isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_set1_epi32(xsum[t * nb + b]), shift));
             __m256 dd = _mm256_mul_ps(dv, _mm256_broadcast_ss(xd + t * nb + b));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
             if (has_m) acc[t] = _mm256_fmadd_ps(mv, _mm256_broadcast_ss(xs + t * nb + b), acc[t]);
@@ -590,10 +599,12 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
     }
 DEF_QTILE_IL(Q4_0, 3) DEF_QTILE_IL(Q4_0, 4) DEF_QTILE_IL(Q4_1, 3) DEF_QTILE_IL(Q4_1, 4)
 DEF_QTILE_IL(Q5_0, 3) DEF_QTILE_IL(Q5_0, 4) DEF_QTILE_IL(Q5_1, 3) DEF_QTILE_IL(Q5_1, 4)
-/* [kind][rn - 3], NULL where the kind has signed codes */
+DEF_QTILE_IL(Q8_0, 3) DEF_QTILE_IL(Q8_0, 4) DEF_QTILE_IL(IQ4_NL, 3) DEF_QTILE_IL(IQ4_NL, 4)
+/* [kind][rn - 3] */
 static const qtile_fn k_qtiles_il[N_QKINDS][2] = {
     [KIND_Q4_0] = {qtile_il_Q4_0_3, qtile_il_Q4_0_4}, [KIND_Q4_1] = {qtile_il_Q4_1_3, qtile_il_Q4_1_4},
-    [KIND_Q5_0] = {qtile_il_Q5_0_3, qtile_il_Q5_0_4}, [KIND_Q5_1] = {qtile_il_Q5_1_3, qtile_il_Q5_1_4}};
+    [KIND_Q5_0] = {qtile_il_Q5_0_3, qtile_il_Q5_0_4}, [KIND_Q5_1] = {qtile_il_Q5_1_3, qtile_il_Q5_1_4},
+    [KIND_Q8_0] = {qtile_il_Q8_0_3, qtile_il_Q8_0_4}, [KIND_IQ4_NL] = {qtile_il_IQ4_NL_3, qtile_il_IQ4_NL_4}};
 #endif
 
 #define DEF_FTILE(K, RM, RN)                                                                 \
@@ -643,7 +654,7 @@ static void run_tile(const mm_ctx *c, int64_t r0, int64_t t0, int64_t t_end) {
         const float *xd = c->xq.d + t0 * nb, *xs = c->xq.s + t0 * nb;
         const int32_t *xsum = c->xq.sum + t0 * nb;
 #if NSTF_CPU_HAVE_AVX512
-        if (c->vnni && rn >= 3 && k_qtiles_il[c->kind][rn - 3]) {
+        if (c->vnni && rn >= 3) {
             k_qtiles_il[c->kind][rn - 3](w, c->row_bytes, rm, xq, xd, xs, xsum, nb, y, c->n_out);
             return;
         }
