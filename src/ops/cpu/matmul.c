@@ -218,6 +218,7 @@ enum { KIND_F32, KIND_F16, KIND_BF16 };
 
 #define RM_Q 8 /* rows per quantized tile: the 8 lanes of a vector */
 #define RN_Q 4
+#define RN_QIL 8 /* tokens of the VNNI interleaved tiles (3 .. RN_QIL) */
 #define RM_F 4
 #define RN_F 2
 
@@ -533,7 +534,7 @@ DEF_QTILES_ALL(DEF_QTILES512_K)
 #define QTILE512_TAB(K) {qtile512_##K##_1, qtile512_##K##_2, qtile512_##K##_3, qtile512_##K##_4},
 static const qtile_fn k_qtiles512[N_QKINDS][RN_Q] = {DEF_QTILES_ALL(QTILE512_TAB)};
 
-/* With VNNI, 3 and 4 tokens take the rows interleaved: a block's 32 codes
+/* With VNNI, 3 to 8 tokens take the rows interleaved: a block's 32 codes
  * of the 8 rows are transposed by groups of 4 (int32 lane r of W[g] = row
  * r's codes 4g .. 4g + 3), so one vpdpbusd with a token's 4 bytes
  * broadcast adds that group for all 8 rows; a token's 8 sums come out in
@@ -555,8 +556,8 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
     const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
-    __m256 acc[4];
-#pragma GCC unroll 4
+    __m256 acc[RN_QIL];
+#pragma GCC unroll 8
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint64_t off = (uint64_t)b * bbytes;
@@ -571,7 +572,7 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
         }
         __m256i W[8]; /* v[r] lane g -> W[g] lane r */
         nstf_q32_tr8(v, W);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int t = 0; t < RN; t++) {
             const int8_t *xb = xq + (t * nb + b) * QK;
             __m256i isum = _mm256_setzero_si256();
@@ -597,14 +598,14 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
                                                            int64_t nb, float *y, int64_t ldy) {       \
         tile_quant_il(KIND_##K, RN, w, rb, rm, xq, xd, xs, xsum, nb, y, ldy);                         \
     }
-DEF_QTILE_IL(Q4_0, 3) DEF_QTILE_IL(Q4_0, 4) DEF_QTILE_IL(Q4_1, 3) DEF_QTILE_IL(Q4_1, 4)
-DEF_QTILE_IL(Q5_0, 3) DEF_QTILE_IL(Q5_0, 4) DEF_QTILE_IL(Q5_1, 3) DEF_QTILE_IL(Q5_1, 4)
-DEF_QTILE_IL(Q8_0, 3) DEF_QTILE_IL(Q8_0, 4) DEF_QTILE_IL(IQ4_NL, 3) DEF_QTILE_IL(IQ4_NL, 4)
+#define DEF_QTILES_IL_K(K)                                                                   \
+    DEF_QTILE_IL(K, 3) DEF_QTILE_IL(K, 4) DEF_QTILE_IL(K, 5) DEF_QTILE_IL(K, 6) DEF_QTILE_IL(K, 7) \
+    DEF_QTILE_IL(K, 8)
+DEF_QTILES_ALL(DEF_QTILES_IL_K)
+#define QTILE_IL_TAB(K) {qtile_il_##K##_3, qtile_il_##K##_4, qtile_il_##K##_5, qtile_il_##K##_6, qtile_il_##K##_7, \
+                         qtile_il_##K##_8},
 /* [kind][rn - 3] */
-static const qtile_fn k_qtiles_il[N_QKINDS][2] = {
-    [KIND_Q4_0] = {qtile_il_Q4_0_3, qtile_il_Q4_0_4}, [KIND_Q4_1] = {qtile_il_Q4_1_3, qtile_il_Q4_1_4},
-    [KIND_Q5_0] = {qtile_il_Q5_0_3, qtile_il_Q5_0_4}, [KIND_Q5_1] = {qtile_il_Q5_1_3, qtile_il_Q5_1_4},
-    [KIND_Q8_0] = {qtile_il_Q8_0_3, qtile_il_Q8_0_4}, [KIND_IQ4_NL] = {qtile_il_IQ4_NL_3, qtile_il_IQ4_NL_4}};
+static const qtile_fn k_qtiles_il[N_QKINDS][RN_QIL - 2] = {DEF_QTILES_ALL(QTILE_IL_TAB)};
 #endif
 
 #define DEF_FTILE(K, RM, RN)                                                                 \
@@ -774,7 +775,8 @@ void nstf_cpu_matmul(nstf_cpu *cpu, nstf_type wtype, const void *w, const float 
             return;
         }
         c.rm = RM_Q;
-        c.rn = RN_Q;
+        /* the VNNI tiles of the 32-element kinds hold 8 tokens (32 registers) */
+        c.rn = c.vnni && c.path == PATH_Q ? RN_QIL : RN_Q;
         if (n_tok < 8 || nstf_pool_size(pool) == 1)
             quantize_worker(&c, 0, 1);
         else
