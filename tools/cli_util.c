@@ -454,15 +454,9 @@ int cli_launch_tp(int *n_tp, uint64_t *seed) {
         return cli_launch_end(2);
     }
     *n_tp = n;
-    if (seed) {
-        uint64_t *all = calloc((size_t)n, sizeof *all);
-        if (!all || nstf_proc_allgather(seed, all, sizeof *seed, 30000) != NSTF_OK) {
-            free(all);
-            cli_lib_err();
-            return cli_launch_end(1);
-        }
-        *seed = all[0];
-        free(all);
+    if (seed && nstf_proc_bcast0(seed, sizeof *seed, 30000) != NSTF_OK) {
+        cli_lib_err();
+        return cli_launch_end(1);
     }
     if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
         cli_err("rank %d: cannot quiet stdout", rank);
@@ -472,16 +466,12 @@ int cli_launch_tp(int *n_tp, uint64_t *seed) {
 }
 
 int cli_launch_share(char **text, int timeout_ms) {
-    const int n = nstf_proc_size(), rank = nstf_proc_rank();
+    const int rank = nstf_proc_rank();
     int64_t len = rank == 0 ? (*text ? (int64_t)strlen(*text) : -1) : 0;
-    int64_t *lens = calloc((size_t)n, sizeof *lens);
-    if (!lens || nstf_proc_allgather(&len, lens, sizeof len, timeout_ms) != NSTF_OK) {
-        free(lens);
+    if (nstf_proc_bcast0(&len, sizeof len, timeout_ms) != NSTF_OK) {
         cli_lib_err();
         return 1;
     }
-    len = lens[0];
-    free(lens);
     if (len > INT32_MAX - 1) {
         cli_err("%lld bytes of input to share between the ranks: at most %d", (long long)len, INT32_MAX - 1);
         return 1;
@@ -491,26 +481,14 @@ int cli_launch_share(char **text, int timeout_ms) {
         *text = NULL;
     }
     if (len < 0) return 0; /* none */
-    char *mine = rank == 0 ? *text : calloc((size_t)len + 1, 1);
-    char *all = len ? malloc((size_t)n * (size_t)len) : NULL;
-    if (!mine || (len && !all)) {
-        if (rank != 0) free(mine);
-        free(all);
+    if (rank != 0 && !(*text = calloc((size_t)len + 1, 1))) {
         cli_err("out of memory sharing %lld bytes of input between the ranks", (long long)len);
         return 1;
     }
-    if (len && nstf_proc_allgather(mine, all, (size_t)len, timeout_ms) != NSTF_OK) {
-        if (rank != 0) free(mine);
-        free(all);
+    if (nstf_proc_bcast0(*text, (size_t)len, timeout_ms) != NSTF_OK) {
         cli_lib_err();
         return 1;
     }
-    if (rank != 0) { /* rank 0's bytes: the first block */
-        if (len) memcpy(mine, all, (size_t)len);
-        mine[len] = 0;
-        *text = mine;
-    }
-    free(all);
     return 0;
 }
 

@@ -208,13 +208,8 @@ int cmd_train(int argc, char **argv) {
             fprintf(stderr, "nstf: %s\n", nstf_last_error());
             made = 0;
         }
-        if (nstf_proc_active()) {
-            int *all = calloc((size_t)nstf_proc_size(), sizeof *all);
-            if (!all || nstf_proc_allgather(&made, all, sizeof made, p.dp_timeout_ms ? p.dp_timeout_ms : 30000) != NSTF_OK)
-                return fail(NULL, NULL, NULL, -1);
-            made = made && all[0];
-            free(all);
-        }
+        if (nstf_proc_active() && nstf_proc_bcast0(&made, sizeof made, p.dp_timeout_ms ? p.dp_timeout_ms : 30000) != NSTF_OK)
+            return fail(NULL, NULL, NULL, -1); /* (the others take rank 0's word) */
         if (!made) return cli_launch_end(1);
         p.model = init;
     }

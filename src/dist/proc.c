@@ -142,6 +142,19 @@ nstf_status nstf_proc_allgather(const void *mine, void *all, size_t bytes, int t
     return st;
 }
 
+nstf_status nstf_proc_bcast0(void *buf, size_t bytes, int timeout_ms) {
+    if (!nstf_proc_active()) return not_joined("a broadcast");
+    if (bytes == 0) return NSTF_OK;
+    const size_t n = (size_t)g.size;
+    if (bytes > SIZE_MAX / n) return nstf_set_error(NSTF_ERR_INVALID_ARG, "broadcast of %zu bytes", bytes);
+    char *all = nstf_alloc(n * bytes, "broadcast buffer");
+    if (!all) return NSTF_ERR_OOM;
+    const nstf_status st = nstf_proc_allgather(buf, all, bytes, timeout_ms);
+    if (st == NSTF_OK && g.rank != 0) memcpy(buf, all, bytes);
+    nstf_free(all);
+    return st;
+}
+
 nstf_status nstf_proc_alltoall(const void *send, void *recv, size_t bytes, int timeout_ms) {
     if (!nstf_proc_active()) return not_joined("an all-to-all");
     if (bytes > INT_MAX) return nstf_set_error(NSTF_ERR_INVALID_ARG, "all-to-all of %zu bytes per rank", bytes);

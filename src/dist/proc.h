@@ -42,6 +42,9 @@ const char *nstf_proc_transport(void);
  * (mine may be this rank's place in all); any size (cut in pieces MPI's
  * int counts take). An error past timeout_ms names the ranks behind. */
 nstf_status nstf_proc_allgather(const void *mine, void *all, size_t bytes, int timeout_ms);
+/* buf [bytes]: rank 0's bytes on every rank (the others' replaced),
+ * through the all-gather; nothing to do for 0 bytes. */
+nstf_status nstf_proc_bcast0(void *buf, size_t bytes, int timeout_ms);
 /* recv [size x bytes] receives block `rank` of every rank's send
  * [size x bytes], in rank order (bytes up to INT_MAX). */
 nstf_status nstf_proc_alltoall(const void *send, void *recv, size_t bytes, int timeout_ms);

@@ -299,9 +299,9 @@ static nstf_status forward_rank(void *ctx, int r) {
  *
  * A server takes its requests on rank 0 alone; the other processes must
  * still run every forward with the same batch. So rank 0's forward first
- * sends its batch: a header (tp_msg) through the processes' all-gather,
- * then the batch's int32 arrays (tokens, positions, slots, rows, block
- * table) the same way; the followers' loop receives each and runs the
+ * sends its batch: a header (tp_msg), then the batch's int32 arrays
+ * (tokens, positions, slots, rows, block table), each broadcast from rank
+ * 0 (nstf_proc_bcast0); the followers' loop receives each and runs the
  * forward on its shard, until the end message. */
 enum { TP_MSG_STEP = 1, TP_MSG_END = 2 };
 enum { TPF_SEQ = 1, TPF_ALL = 2, TPF_ARGMAX = 4, TPF_ARGMAX_ROWS = 8, TPF_ROW_INV = 16, TPF_ROWS = 32, TPF_BLOCKS = 64 };
@@ -319,22 +319,12 @@ static int64_t msg_ints(const tp_msg *h) {
  * *payload malloc'd there). wait_ms: how long a follower waits for the
  * header. */
 static nstf_status msg_exchange(nstf_llama_tp *g, tp_msg *h, int32_t **payload, int wait_ms) {
-    tp_msg *hs = nstf_calloc((size_t)g->n, sizeof *hs, "tensor-parallel step");
-    if (!hs) return NSTF_ERR_OOM;
-    nstf_status st = nstf_proc_allgather(h, hs, sizeof *h, g->self == 0 ? g->timeout_ms : wait_ms);
-    if (st == NSTF_OK) *h = hs[0];
-    nstf_free(hs);
-    NSTF_TRY(st);
+    NSTF_TRY(nstf_proc_bcast0(h, sizeof *h, g->self == 0 ? g->timeout_ms : wait_ms));
     const int64_t ni = msg_ints(h);
     if (ni <= 0) return NSTF_OK;
     if (ni > INT32_MAX / 4 / g->n) return nstf_set_error(NSTF_ERR_RANGE, "tensor parallel: a step of %lld values", (long long)ni);
     if (g->self != 0 && !(*payload = nstf_calloc((size_t)ni, sizeof(int32_t), "tensor-parallel step"))) return NSTF_ERR_OOM;
-    int32_t *all = nstf_alloc((size_t)g->n * (size_t)ni * sizeof(int32_t), "tensor-parallel step");
-    if (!all) return NSTF_ERR_OOM;
-    st = nstf_proc_allgather(*payload, all, (size_t)ni * sizeof(int32_t), g->timeout_ms);
-    if (st == NSTF_OK && g->self != 0) memcpy(*payload, all, (size_t)ni * sizeof(int32_t));
-    nstf_free(all);
-    return st;
+    return nstf_proc_bcast0(*payload, (size_t)ni * sizeof(int32_t), g->timeout_ms);
 }
 
 /* Rank 0: b to the followers. */
