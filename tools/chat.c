@@ -42,9 +42,8 @@ static bool on_piece(void *user, int32_t token, const char *piece, size_t len) {
 
 /* command replies go to stderr: stdout keeps only the answers (rank 0's
  * alone under mpirun) */
-static bool g_quiet;
-static void note(const char *msg) {
-    if (!g_quiet) fprintf(stderr, "%s\n", msg);
+static void note(const chat_state *c, const char *msg) {
+    if (c->lead) fprintf(stderr, "%s\n", msg);
 }
 
 /* One line of input without its newline (malloc'd), NULL at the end of
@@ -115,23 +114,23 @@ static bool cmd_is(const char *line, const char *cmd) {
 }
 
 /* Runs a /command; false when it asks to quit. */
-static bool command(nstf_conv *conv, const char *line) {
+static bool command(const chat_state *c, nstf_conv *conv, const char *line) {
     const char *arg;
     if (cmd_is(line, "/exit") || cmd_is(line, "/quit")) return false;
     if (cmd_is(line, "/help")) {
-        if (!g_quiet) help();
+        if (c->lead) help();
     } else if (cmd_is(line, "/clear")) {
         nstf_conv_clear(conv);
-        note("(conversation cleared)");
+        note(c, "(conversation cleared)");
     } else if (cmd_is(line, "/system")) {
         arg = arg_of(line, 7);
         if (nstf_conv_set_system(conv, arg) != NSTF_OK) cli_lib_err();
-        else note(arg ? "(new system message; conversation cleared)" : "(default system message; conversation cleared)");
+        else note(c, arg ? "(new system message; conversation cleared)" : "(default system message; conversation cleared)");
     } else if (cmd_is(line, "/save") || cmd_is(line, "/load")) {
         const bool save = line[1] == 's';
         if (!(arg = arg_of(line, 5))) {
             cli_err("%s needs a file name", save ? "/save" : "/load");
-        } else if (save && g_quiet) {
+        } else if (save && !c->lead) {
             /* the file is rank 0's to write */
         } else if ((save ? nstf_conv_save(conv, arg) : nstf_conv_load(conv, arg)) != NSTF_OK) {
             cli_lib_err();
@@ -139,9 +138,9 @@ static bool command(nstf_conv *conv, const char *line) {
             char msg[600];
             snprintf(msg, sizeof msg, "(%d messages %s %s)", nstf_conv_n_messages(conv), save ? "saved to" : "loaded from",
                      arg);
-            note(msg);
+            note(c, msg);
         }
-    } else if (!g_quiet) {
+    } else if (c->lead) {
         cli_err("unknown command '%s' (/help lists them)", line);
     }
     return true;
@@ -170,7 +169,6 @@ int chat_loop(nstf_session *s, const run_opts *o) {
     chat_state c = {.launched = nstf_proc_active()};
     c.lead = !c.launched || nstf_proc_rank() == 0;
     c.tty = c.lead && isatty(STDIN_FILENO) != 0;
-    g_quiet = !c.lead;
     nstf_conv *conv = NULL;
     if (nstf_conv_open(s, o->system, &o->smp, &conv) != NSTF_OK) {
         cli_lib_err();
@@ -202,7 +200,7 @@ int chat_loop(nstf_session *s, const run_opts *o) {
          * is in: until then, another one quits (from the handler) */
         cli_sigint = 0;
         if (line[0] == '/') {
-            if (!command(conv, line)) c.quit = true;
+            if (!command(&c, conv, line)) c.quit = true;
         } else if (*line) {
             rc = turn(&c, conv, o, line) ? 1 : rc;
         }
