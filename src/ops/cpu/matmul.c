@@ -291,10 +291,16 @@ static ALWAYS_INLINE __m256i reduce8_q8(const __m256i p[8]) {
     return nstf_q32_reduce8_i32(q);
 }
 
-/* The 32 codes of a block as stored (unsigned for the 4- and 5-bit kinds,
- * signed for Q8_0; IQ4_NL's are its table's indices). */
-static ALWAYS_INLINE __m256i quant_codes(const int kind, const uint8_t *bl) {
+/* Bytes of one block of a kind. */
+static ALWAYS_INLINE int qblock_bytes(const int kind) {
+    return kind == KIND_Q4_1 ? 20 : kind == KIND_Q8_0 ? 34 : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 18;
+}
+
+/* The 32 codes of a block: unsigned for the 4- and 5-bit kinds, signed
+ * for Q8_0 and IQ4_NL (its table's values, iq4_table). */
+static ALWAYS_INLINE __m256i quant_codes(const int kind, const uint8_t *bl, __m256i iq4_table) {
     if (kind == KIND_Q8_0) return _mm256_loadu_si256((const __m256i *)(bl + 2));
+    if (kind == KIND_IQ4_NL) return _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(bl + 2));
     if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
         const uint8_t *q = bl + (kind == KIND_Q5_1 ? 4 : 2);
         uint32_t qh;
@@ -321,8 +327,7 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
                                      uint64_t row_bytes, int rm, const int8_t *xq,
                                      const float *xd, const float *xs, const int32_t *xsum,
                                      int64_t nb, float *y, int64_t ldy) {
-    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q8_0 ? 34
-                     : kind == KIND_Q5_0 ? 22 : kind == KIND_Q5_1 ? 24 : 18;
+    const int bbytes = qblock_bytes(kind);
     /* 5-bit codes and signed table values sum past int16 over 16 products:
      * those kinds widen to int32 per pair like Q8_0 */
     const bool wide = kind == KIND_Q8_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1 || kind == KIND_IQ4_NL;
@@ -330,7 +335,7 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
     const bool sgn = kind == KIND_Q8_0 || kind == KIND_IQ4_NL; /* signed weights: sign trick */
     const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    nstf_q32_rows8(w, row_bytes, rm, wr);
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
@@ -352,9 +357,7 @@ static ALWAYS_INLINE void tile_quant(const int kind, const int RN, const uint8_t
 
         __m256i wv[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < 8; r++)
-            wv[r] = kind == KIND_IQ4_NL ? _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2))
-                                        : quant_codes(kind, wr[r] + off);
+        for (int r = 0; r < 8; r++) wv[r] = quant_codes(kind, wr[r] + off, iq4_table);
 #pragma GCC unroll 4
         for (int t = 0; t < RN; t++) {
             const __m256i xv = _mm256_load_si256((const __m256i *)(xq + (t * nb + b) * QK));
@@ -547,15 +550,14 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
                                                                 const float *xd, const float *xs,
                                                                 const int32_t *xsum, int64_t nb, float *y,
                                                                 int64_t ldy) {
-    const int bbytes = kind == KIND_Q4_1 ? 20 : kind == KIND_Q4_0 || kind == KIND_IQ4_NL ? 18 : kind == KIND_Q5_0 ? 22
-                     : kind == KIND_Q5_1 ? 24 : 34;
+    const int bbytes = qblock_bytes(kind);
     const bool has_m = kind == KIND_Q4_1 || kind == KIND_Q5_1;
     const bool sgn = kind == KIND_Q8_0 || kind == KIND_IQ4_NL;
     /* the codes' offset, taken back as a multiple of sum(xq): log2 of 8, 16, 128 */
     const int shift = kind == KIND_Q4_0 ? 3 : kind == KIND_Q5_0 ? 4 : sgn ? 7 : 0;
     const __m256i iq4_table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    nstf_q32_rows8(w, row_bytes, rm, wr);
     __m256 acc[RN_QIL];
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
@@ -566,8 +568,7 @@ static NSTF_TARGET_AVX512VNNI ALWAYS_INLINE void tile_quant_il(const int kind, c
         __m256i v[8];
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            v[r] = kind == KIND_IQ4_NL ? _mm256_shuffle_epi8(iq4_table, nstf_q32_nibbles(wr[r] + off + 2))
-                                       : quant_codes(kind, wr[r] + off);
+            v[r] = quant_codes(kind, wr[r] + off, iq4_table);
             if (sgn) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80)); /* c + 128 */
         }
         __m256i W[8]; /* v[r] lane g -> W[g] lane r */

@@ -234,11 +234,6 @@ static ALWAYS_INLINE int bytes32(const int kind) {
     return kind == K_Q4_0 || kind == K_IQ4_NL ? 18 : kind == K_Q4_1 ? 20 : kind == K_Q5_0 ? 22 : kind == K_Q5_1 ? 24 : 34;
 }
 
-/* A tile's 8 row pointers: rows past rm repeat row rm - 1 (not stored). */
-static ALWAYS_INLINE void rows8(const uint8_t *w, uint64_t row_bytes, int rm, const uint8_t *wr[8]) {
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
-}
-
 /* The 32 signed codes of one block. */
 static ALWAYS_INLINE __m256i codes32(const int kind, const uint8_t *bl, __m256i iq4) {
     switch (kind) {

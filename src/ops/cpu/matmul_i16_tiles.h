@@ -8,7 +8,7 @@
  *                 with AVX-512 VNNI (the same integers: every sum is exact
  *                 in int32, so both variants give the same bits)
  * and defines I16FN(k_tiles), the table of tiles by kind and token count.
- * It needs matmul_i16.c's xq16, tile_fn, kinds, store_tile and codes32. */
+ * It needs matmul_i16.c's xq16, tile_fn, kinds, store_tile, bytes32 and codes32. */
 
 
 static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, const uint8_t *w, uint64_t row_bytes, int rm,
@@ -17,7 +17,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(tile)(const int kind, const int RN, co
     const bool has_m = kind == K_Q4_1 || kind == K_Q5_1;
     const __m256i iq4 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nstf_iq4nl_values));
     const uint8_t *wr[8];
-    rows8(w, row_bytes, rm, wr);
+    nstf_q32_rows8(w, row_bytes, rm, wr);
     const int64_t nb = x->nb;
     const int16_t *xq = x->q + t0 * nb * QK;
     const float *xd = x->d + t0 * nb, *xs = x->s + t0 * nb;
@@ -201,7 +201,7 @@ static I16TARGET ALWAYS_INLINE void I16FN(ktile)(const int kt, const int RN, con
                                      const xq16 *x, int64_t t0, int n_full, float *y, int64_t ldy) {
     const uint64_t bb = (uint64_t)nstf_type_block_bytes((nstf_type)kt);
     const uint8_t *wr[8];
-    for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
+    nstf_q32_rows8(w, row_bytes, rm, wr);
     const int64_t nb = x->nb;
     __m256 accs[TOK_CHUNK / RN_I16][RN_I16];
     for (int g = 0; g <= n_full; g++)
