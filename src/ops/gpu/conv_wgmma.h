@@ -36,17 +36,6 @@
 
 #include "wgmma_common.h"
 
-#define CW_BM 128
-#define CW_BK 64
-#define CW_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
-
-template <int BN> struct cw_cfg {
-    static constexpr int STAGES = BN == 128 ? 6 : 8; /* ~192 KiB of ring */
-    static constexpr int A_BYTES = CW_BM * CW_BK * 2, B_BYTES = BN * CW_BK * 2;
-    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024; /* + the 1024-byte alignment */
-};
-
 /* The output tiling and the taps, as the kernel walks them. */
 struct cw_geom {
     int n, p, q, k;    /* output: images, rows, columns, channels */
@@ -68,11 +57,11 @@ static __device__ __forceinline__ void cw_tma_load4(uint32_t dst, const CUtensor
 #endif
 
 template <int BN>
-__global__ void __launch_bounds__(CW_THREADS, 1)
+__global__ void __launch_bounds__(WG_THREADS, 1)
     conv_wgmma_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                       const cw_geom g, const float *__restrict__ bias, void *__restrict__ y, int y_bf16, int y_pair) {
 #if defined(NSTF_WGMMA_DEVICE)
-    typedef cw_cfg<BN> cfg;
+    typedef wg_cfg<BN> cfg;
     constexpr int S = cfg::STAGES, NR = BN / 2;
     extern __shared__ unsigned char cw_smem_raw[];
     __shared__ __align__(8) uint64_t cw_bars[2 * S]; /* static: cw_usable reads its size */
@@ -108,7 +97,7 @@ __global__ void __launch_bounds__(CW_THREADS, 1)
                     wg_bar_expect_tx(bar_full + 8 * stage, cfg::STAGE_BYTES);
                     cw_tma_load4(s_a + stage * cfg::A_BYTES, &map_x, cc * 64, wb + s * g.dw, hb + r * g.dh, i0,
                                  bar_full + 8 * stage);
-                    wg_tma_load(s_w + stage * cfg::B_BYTES, &map_w, kt * CW_BK, n0, bar_full + 8 * stage);
+                    wg_tma_load(s_w + stage * cfg::B_BYTES, &map_w, kt * WG_BK, n0, bar_full + 8 * stage);
                     if (++cc == g.cs) {
                         cc = 0;
                         if (++s == g.s) s = 0, r++;
@@ -134,26 +123,15 @@ __global__ void __launch_bounds__(CW_THREADS, 1)
         const int sp = (int)(t / n_pn), n0 = (int)(t % n_pn) * BN;
         int prev = -1;
         for (int kt = 0; kt < g.kslices; kt++) {
-            wg_bar_wait(bar_full + 8 * stage, phase);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            wg_slice_begin(bar_full, stage, phase);
             const uint32_t a0 = s_a + stage * cfg::A_BYTES + cw * 64 * 128;
             const uint32_t b0 = s_w + stage * cfg::B_BYTES;
 #pragma unroll
-            for (int kk = 0; kk < CW_BK / 16; kk++)
+            for (int kk = 0; kk < WG_BK / 16; kk++)
                 wg_mma<BN, false>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            wg_fence_regs<NR>(acc);
-            if (prev >= 0 && tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
-            prev = stage;
-            if (++stage == S) {
-                stage = 0;
-                phase ^= 1;
-            }
+            wg_slice_end<NR, S>(acc, bar_empty, tid, prev, stage, phase);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        wg_fence_regs<NR>(acc);
-        if (tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
+        wg_slices_drain<NR>(acc, bar_empty, tid, prev);
 
         /* ---- epilogue: accumulator i is tile row 16 warp + lane/4 (+8 for
          * i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 ---- */
@@ -199,7 +177,7 @@ typedef void (*cw_kernel_fn)(const CUtensorMap, const CUtensorMap, const cw_geom
 
 template <int BN> static int cw_usable(void) {
     static int cached = -1;
-    if (cached < 0) cached = wg_kernel_usable((const void *)(cw_kernel_fn)conv_wgmma_kernel<BN>, 2 * (size_t)cw_cfg<BN>::STAGES * 8);
+    if (cached < 0) cached = wg_kernel_usable((const void *)(cw_kernel_fn)conv_wgmma_kernel<BN>, 2 * (size_t)wg_cfg<BN>::STAGES * 8);
     return cached;
 }
 
@@ -260,7 +238,7 @@ static int cw_bn(int64_t m_tiles, int64_t k, int n_sm) {
 template <int BN>
 static nstf_status cw_launch_bn(const CUtensorMap &mx, const CUtensorMap &mw, const cw_geom &g, const float *bias,
                                 void *y, bool y_bf16, int y_pair, int n_sm, cudaStream_t s) {
-    typedef cw_cfg<BN> cfg;
+    typedef wg_cfg<BN> cfg;
     static unsigned long long attr_set = 0;
     if (!nstf_gpu_device_done(&attr_set)) {
         if (cudaFuncSetAttribute((const void *)(cw_kernel_fn)conv_wgmma_kernel<BN>,
@@ -271,7 +249,7 @@ static nstf_status cw_launch_bn(const CUtensorMap &mx, const CUtensorMap &mw, co
     }
     const int64_t tiles = (int64_t)g.ti * g.tp * g.tq * ((g.k + BN - 1) / BN);
     const int grid = (int)(tiles < n_sm ? tiles : n_sm);
-    conv_wgmma_kernel<BN><<<grid, CW_THREADS, cfg::SMEM, s>>>(mx, mw, g, bias, y, y_bf16, y_pair);
+    conv_wgmma_kernel<BN><<<grid, WG_THREADS, cfg::SMEM, s>>>(mx, mw, g, bias, y, y_bf16, y_pair);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return nstf_set_error(NSTF_ERR_GPU, "conv2d level 4 (wgmma): launch failed: %s", cudaGetErrorString(e));

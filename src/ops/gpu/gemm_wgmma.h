@@ -49,20 +49,6 @@
 
 #include "wgmma_common.h"
 
-#define WG_BM 128
-#define WG_BK 64
-#define WG_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
-
-/* Stages per tile width: as deep as ~192 KiB of shared memory allows. */
-template <int BN> struct wg_cfg {
-    static constexpr int STAGES = BN == 256 ? 4 : BN == 192 ? 5 : BN == 128 ? 6 : 8;
-    static constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2;
-    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    /* dynamic shared memory: the ring + 1024 to align it to the 128-byte
-     * swizzle's 1024-byte period (the mbarriers are static, see the kernel) */
-    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024;
-};
-
 #if defined(NSTF_WGMMA_DEVICE)
 
 /* Two adjacent outputs (row, col), (row, col + 1) of the NONE / RESIDUAL
@@ -259,8 +245,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         void *const C = MN && splits > 1 ? (void *)((float *)C_all + (int64_t)sp * M * N) : C_all;
         int prev = -1;
         for (int kt = k0; kt < k1; kt++) {
-            wg_bar_wait(bar_full + 8 * stage, phase);
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            wg_slice_begin(bar_full, stage, phase);
             /* this warpgroup's 64 rows (K-major) or 64 columns (MN-major: chunk cw) */
             const uint32_t a0 = s_a + stage * cfg::A_BYTES + cw * 64 * 128;
             const uint32_t b0 = s_w + stage * cfg::B_BYTES;
@@ -275,20 +260,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     wg_mma<BN, F16>(acc, wg_desc(a0 + kk * 32), wg_desc(b0 + kk * 32), kt > 0 || kk > 0);
             }
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            /* the previous slice's MMAs have retired: hand its stage back */
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-            wg_fence_regs<NR>(acc);
-            if (prev >= 0 && tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
-            prev = stage;
-            if (++stage == S) {
-                stage = 0;
-                phase ^= 1;
-            }
+            wg_slice_end<NR, S>(acc, bar_empty, tid, prev, stage, phase);
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-        wg_fence_regs<NR>(acc);
-        if (tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
+        wg_slices_drain<NR>(acc, bar_empty, tid, prev);
 
         /* ---- epilogue: accumulator i of this thread is row 16 warp + lane/4
          * (+8 for i % 4 >= 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 ---- */

@@ -11,6 +11,21 @@
 
 #include <cuda.h> /* CUtensorMap and the cuTensorMapEncodeTiled types only; no libcuda link */
 
+/* The GEMM-shaped blocks (gemm_wgmma.h, conv_wgmma.h): 128 rows x BN
+ * columns x 64 k a slice, a producer warpgroup and 2 consumer warpgroups,
+ * stages per tile width as deep as ~192 KiB of shared memory allows. */
+#define WG_BM 128
+#define WG_BK 64
+#define WG_THREADS 384 /* producer warpgroup + 2 consumer warpgroups */
+template <int BN> struct wg_cfg {
+    static constexpr int STAGES = BN == 256 ? 4 : BN == 192 ? 5 : BN == 128 ? 6 : 8;
+    static constexpr int A_BYTES = WG_BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2;
+    static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+    /* dynamic shared memory: the ring + 1024 to align it to the 128-byte
+     * swizzle's 1024-byte period (the mbarriers are static, see the kernels) */
+    static constexpr int SMEM = STAGES * STAGE_BYTES + 1024;
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define NSTF_WGMMA_DEVICE 1
 #include "wgmma_ops.h"
@@ -141,6 +156,37 @@ static __device__ __forceinline__ void wg_named_arrive(int id) {
 template <int NR> static __device__ __forceinline__ void wg_fence_regs(float *d) {
 #pragma unroll
     for (int i = 0; i < NR; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+/* The consumer side of a ring of S stages whose slices a warpgroup
+ * multiplies in order into acc (gemm_wgmma.h, conv_wgmma.h): before a
+ * slice's MMAs, wg_slice_begin waits for its stage to fill; after them,
+ * wg_slice_end commits, lets one slice's MMAs stay in flight, hands the
+ * previous stage back (one arrive per warpgroup) and steps the ring;
+ * after a tile's last slice, wg_slices_drain waits for every MMA and
+ * hands the last stage back. */
+static __device__ __forceinline__ void wg_slice_begin(uint32_t bar_full, int stage, uint32_t phase) {
+    wg_bar_wait(bar_full + 8 * stage, phase);
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+template <int NR, int S>
+static __device__ __forceinline__ void wg_slice_end(float *acc, uint32_t bar_empty, int tid, int &prev, int &stage,
+                                                    uint32_t &phase) {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    /* the previous slice's MMAs have retired: hand its stage back */
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_fence_regs<NR>(acc);
+    if (prev >= 0 && tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
+    prev = stage;
+    if (++stage == S) {
+        stage = 0;
+        phase ^= 1;
+    }
+}
+template <int NR>
+static __device__ __forceinline__ void wg_slices_drain(float *acc, uint32_t bar_empty, int tid, int prev) {
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_regs<NR>(acc);
+    if (tid == 0) wg_bar_arrive(bar_empty + 8 * prev);
 }
 #endif /* NSTF_WGMMA_DEVICE */
 
