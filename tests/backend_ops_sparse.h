@@ -17,10 +17,46 @@
  *    reference's update from the same starting values.
  * Shapes: topk below, at and above the blocks available (the last equals
  * dense attention), a step that opens a new block, window 0 (the current
- * block only), blocks of 16 and 32. */
+ * block only), blocks of 16 and 32; over a thousand candidate blocks (4200
+ * positions in blocks of 4), with random keys and with every key the same
+ * (all bounds tie: the lowest blocks are chosen). */
 
-static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window) {
-    enum { NH = 6, NKV = 2, HD = 64, CTX = 320, CHUNK = 64, STEPS = 2 };
+static void sparse_case_shape(test_rng *r, int64_t P, int topk, int block, int window, int nh, int nkv, int hd,
+                              int64_t ctx, bool flat) {
+    enum { CHUNK = 64, STEPS = 2 };
+    const int NH = nh, NKV = nkv, HD = hd;
+    const int64_t CTX = ctx;
+    const bool big = P > 1000;
+    if (big && !g_be->host_memory && g_be->vt->get_opt(g_be, NSTF_OPT_LEVEL) < 2) {
+        /* a GPU's materialized attention (levels 0, 1) holds the scores of
+         * the planned context (320): a longer prefill is a clear refusal */
+        const int64_t n = 64, p0 = 4000;
+        dbuf dq = up(NULL, act_bytes(n * NH * HD)), dk = up(NULL, act_bytes(n * NKV * HD)),
+             dv = up(NULL, act_bytes(n * NKV * HD)), dout = up(NULL, act_bytes(n * NH * HD));
+        dbuf dck = up(NULL, act_bytes(CTX * NKV * HD)), dcv = up(NULL, act_bytes(CTX * NKV * HD));
+        if (!open_batch((int)n, (int)p0)) return;
+        nstf_op_args a = {.op = NSTF_OP_ATTN_SPARSE, .label = "attn_sparse"};
+        a.attn_sparse.q = (nstf_view){dq.d, g_be->act_type, NH * HD};
+        a.attn_sparse.k = (nstf_view){dk.d, g_be->act_type, NKV * HD};
+        a.attn_sparse.v = (nstf_view){dv.d, g_be->act_type, NKV * HD};
+        a.attn_sparse.k_cache = dck.d, a.attn_sparse.v_cache = dcv.d;
+        a.attn_sparse.out = (nstf_view){dout.d, g_be->act_type, NH * HD};
+        a.attn_sparse.pos = g_io.pos;
+        a.attn_sparse.n = n, a.attn_sparse.n_ctx = CTX, a.attn_sparse.pos0 = p0;
+        a.attn_sparse.n_heads = NH, a.attn_sparse.n_kv_heads = NKV, a.attn_sparse.head_dim = HD;
+        a.attn_sparse.scale = 0.125f, a.attn_sparse.block = block, a.attn_sparse.topk = topk;
+        a.attn_sparse.window = window;
+        const nstf_status st = nstf_backend_op(g_be, &a);
+        CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "score matrix"),
+              "%s: a %lld-key prefill below level 2: %s", g_name, (long long)(p0 + n),
+              st == NSTF_OK ? "ran" : nstf_last_error());
+        nstf_batch bt = {.tokens = g_tok, .pos = g_pos, .n = (int)n};
+        nstf_fwd_out o = {0};
+        bool retry = false;
+        (void)g_be->vt->end(g_be, &bt, st, &o, &retry);
+        drop(dq), drop(dk), drop(dv), drop(dout), drop(dck), drop(dcv);
+        return;
+    }
     const int64_t qd = NH * HD, kvd = NKV * HD, nrow = P + STEPS, nb = (CTX + block - 1) / block;
     const int64_t ms = nstf_sparse_max_sel(topk, block, window);
     const float scale = 0.125f, decay = 0.75f;
@@ -31,7 +67,7 @@ static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window)
     void *hk = act_make(r, kall, nrow * kvd, 1.0f), *hv = act_make(r, vall, nrow * kvd, 1.0f);
     for (int64_t j = 0; j < nrow; j++) {
         const float f = 0.5f + 0.1f * (float)((j / block) * 7 % 11);
-        for (int64_t i = 0; i < kvd; i++) kall[j * kvd + i] = act_round(f * kall[j * kvd + i]);
+        for (int64_t i = 0; i < kvd; i++) kall[j * kvd + i] = flat ? kall[i] : act_round(f * kall[j * kvd + i]);
     }
     void *hq = act_make(r, qall, nrow * qd, 1.0f);
     dbuf dck = up(NULL, act_bytes(CTX * kvd)), dcv = up(NULL, act_bytes(CTX * kvd));
@@ -83,7 +119,7 @@ static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window)
         down(dout, ho, "attn_sparse out");
         act_read(ho, got, n * qd);
         down(dck, NULL, "attn_sparse k cache"), down(dcv, NULL, "attn_sparse v cache"), down(dwork, NULL, "work");
-        if (n > 1) { /* dense causal attention */
+        if (n > 1 && (!big || p0 + n == P)) { /* dense causal attention (of a big case: the last chunk only) */
             double *pr = malloc((size_t)(p0 + n) * 8);
             for (int64_t t = 0; t < n; t++)
                 for (int h = 0; h < NH; h++) {
@@ -106,7 +142,7 @@ static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window)
             free(pr);
             snprintf(what, sizeof what, "attn_sparse prefill %lld tokens at %lld", (long long)n, (long long)p0);
             judge(what, got, ref, n * qd, act_bf16(), 1e-7);
-        } else { /* the sparse step against the reference, selection first */
+        } else if (n == 1) { /* the sparse step against the reference, selection first */
             int32_t *rsel = malloc((size_t)(NKV * ms) * 4), *gsel = malloc((size_t)(NKV * ms) * 4);
             nstf_ref_attn_sparse(qall + p0 * qd, kall, vall, rout, rsel, rmass, decay, p0 + 1, NH, NKV, HD, scale, block,
                                  topk, window);
@@ -156,10 +192,20 @@ static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window)
     free(kall), free(vall), free(qall), free(hk), free(hv), free(hq), free(mass0), free(rmass), free(gmass);
 }
 
+static void sparse_case(test_rng *r, int64_t P, int topk, int block, int window) {
+    sparse_case_shape(r, P, topk, block, window, 6, 2, 64, 320, false);
+}
+
 static void case_attn_sparse(test_rng *r) {
     sparse_case(r, 200, 3, 16, 32);  /* 13 blocks before the window, 3 chosen */
     sparse_case(r, 255, 4, 16, 20);  /* the second step opens block 16 */
     sparse_case(r, 150, 64, 16, 16); /* topk above the blocks: dense attention */
     sparse_case(r, 290, 2, 32, 0);   /* window 0: the current block only */
     sparse_case(r, 100, 0, 16, 40);  /* block 0 and the window */
+    /* over a thousand candidate blocks (the GPU's selection reads them in
+     * rounds of its workgroup); two query heads over one kv head keep the
+     * prefill cheap */
+    sparse_case_shape(r, 4200, 40, 4, 16, 2, 1, 64, 4224, false);
+    /* every key the same, so every bound ties: the lowest blocks win */
+    sparse_case_shape(r, 4200, 40, 4, 16, 2, 1, 64, 4224, true);
 }

@@ -258,6 +258,11 @@ static nstf_status naive_attention(gpu_backend *g, const nstf_op_args *a) {
     const int64_t kvd = (int64_t)nkv * hd, n = a->attention.n, pos0 = g->pos0, n_kv = pos0 + n;
     const uint16_t *q = a->attention.q.data, *k = a->attention.k.data, *v = a->attention.v.data;
     const int64_t kv_stride = a->attention.k.stride;
+    if (n_kv > g->n_ctx || n > g->n_batch || nh > g->n_heads)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG,
+                              "GPU backend: level %d attention over %lld keys, %lld tokens and %d heads does not fit "
+                              "the score matrix planned for context %d, batch %d, %d heads",
+                              g->level, (long long)n_kv, (long long)n, nh, g->n_ctx, g->n_batch, g->n_heads);
     uint16_t *kc = a->attention.k_cache, *vc = a->attention.v_cache;
     const int32_t *pos = a->attention.pos;
     void *s = g->stream;
@@ -400,7 +405,7 @@ nstf_status nstf_gpu_op_attn_sparse(nstf_backend *be, const nstf_op_args *a) {
         at.attention.scale = a->attn_sparse.scale;
         NSTF_TRY(nstf_gpu_op_attention(be, &at));
     }
-    g->n_kernels += a->attn_sparse.n > 1 ? 1 : 5;
+    g->n_kernels += a->attn_sparse.n > 1 ? 1 : 3;
     return nstf_gpu_attn_sparse(a->attn_sparse.q.data, a->attn_sparse.k.data, a->attn_sparse.v.data,
                                 a->attn_sparse.k_cache, a->attn_sparse.v_cache, a->attn_sparse.out.data,
                                 a->attn_sparse.pos, a->attn_sparse.n, a->attn_sparse.n_ctx, a->attn_sparse.n_heads,

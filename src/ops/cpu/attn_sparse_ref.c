@@ -2,6 +2,7 @@
  * (ATTN_SPARSE, ops.h): block statistics from the keys, the Quest bounds,
  * the selection and the softmax over the selected keys, all in double. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "ops/ops.h"
 
@@ -40,16 +41,15 @@ void nstf_ref_attn_sparse(const float *q, const float *k, const float *v, float 
         /* block 0, then the topk of blocks 1..wb0-1 by bound (ties: the lower
          * block), then the window's blocks: ascending */
         if (wb0 > 0) sg[n_sel++] = 0;
+        double *ub = wb0 > 1 ? malloc((size_t)wb0 * sizeof(double)) : NULL;
+        for (int64_t b = 1; ub && b < wb0; b++) ub[b] = bound(q, k, n_keys, kvd, head_dim, group, g, block, b);
         for (int64_t b = 1; b < wb0; b++) {
-            const double ub = bound(q, k, n_keys, kvd, head_dim, group, g, block, b);
             int64_t rank = 0; /* blocks ranked before b */
-            for (int64_t r = 1; r < wb0; r++) {
-                if (r == b) continue;
-                const double ur = bound(q, k, n_keys, kvd, head_dim, group, g, block, r);
-                rank += ur > ub || (ur == ub && r < b);
-            }
+            if (!ub) break; /* out of memory: no candidate chosen (the caller's check fails) */
+            for (int64_t r = 1; r < wb0; r++) rank += r != b && (ub[r] > ub[b] || (ub[r] == ub[b] && r < b));
             if (rank < topk) sg[n_sel++] = (int32_t)b;
         }
+        free(ub);
         for (int64_t b = wb0; b < nb; b++) sg[n_sel++] = (int32_t)b;
         for (int64_t i = n_sel; i < ms; i++) sg[i] = -1;
 
