@@ -769,7 +769,7 @@ bool nstf_engine_req_read(nstf_engine_req *r, int timeout_ms, nstf_gen_chunk *c)
         pthread_mutex_unlock(&e->mu);
         return true;
     }
-    memcpy(c->text, r->text + r->read_text, (size_t)nt);
+    if (nt) memcpy(c->text, r->text + r->read_text, (size_t)nt); /* no text yet: r->text may be NULL */
     c->text[nt] = 0;
     c->n_text = nt;
     if (nk) memcpy(c->toks, r->toks + r->read_toks, (size_t)nk * sizeof *c->toks);
