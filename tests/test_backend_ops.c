@@ -375,12 +375,58 @@ static void matmul_group(test_rng *r, nstf_type t, int n_w, int64_t n) {
     free(wall), free(xv), free(deq), free(hx), free(hy);
 }
 
+/* The residual-input epilogue (NSTF_MM_ADD: out = x W^T + res, fp32),
+ * where the backend says it fuses it (training's o_proj and down): against
+ * the fp64 product plus res (fp32 NMSE <= 1e-7), res unchanged. A backend
+ * that declines is left to the caller's matmul + add (nothing to check). */
+static void matmul_add_case(test_rng *r, int64_t n) {
+    const int64_t n_in = 136, n_out = 72;
+    float *xv = malloc((size_t)(n * n_in) * 4), *deq = malloc((size_t)(n_out * n_in) * 4);
+    float *res = malloc((size_t)(n * n_out) * 4), *got = malloc((size_t)(n * n_out) * 4);
+    float *res2 = malloc((size_t)(n * n_out) * 4);
+    double *ref = malloc((size_t)(n * n_out) * 8);
+    void *hx = act_make(r, xv, n * n_in, 1.0f);
+    size_t wb;
+    void *w = matrix_make(r, NSTF_TYPE_BF16, n_in, n_out, deq, &wb);
+    for (int64_t i = 0; i < n * n_out; i++) res[i] = rng_normal(r);
+    dbuf dw = up(w, wb), dx = up(hx, act_bytes(n * n_in)), dres = up(res, (size_t)(n * n_out) * 4),
+         dy = up(NULL, (size_t)(n * n_out) * 4);
+    nstf_matrix m = {dw.d, NSTF_TYPE_BF16, n_in, n_out, NULL};
+    nstf_op_args a = {.op = NSTF_OP_MATMUL, .label = "matmul_add"};
+    a.matmul.n_w = 1;
+    a.matmul.w[0] = &m;
+    a.matmul.n = n;
+    a.matmul.x = (nstf_view){dx.d, g_be->act_type, n_in};
+    a.matmul.out[0] = (nstf_view){dy.d, NSTF_TYPE_F32, n_out};
+    a.matmul.epi = NSTF_MM_ADD;
+    a.matmul.res = dres.d;
+    if (g_be->vt->can_fuse(g_be, &a)) {
+        run_op(&a, (int)n, 0);
+        down(dy, got, "matmul_add out");
+        down(dres, res2, "matmul_add res");
+        for (int64_t tk = 0; tk < n; tk++)
+            for (int64_t o = 0; o < n_out; o++) {
+                double s = res[tk * n_out + o];
+                for (int64_t k = 0; k < n_in; k++) s += (double)deq[o * n_in + k] * xv[tk * n_in + k];
+                ref[tk * n_out + o] = s;
+            }
+        char what[80];
+        snprintf(what, sizeof what, "matmul with a residual input, %lld tokens", (long long)n);
+        judge(what, got, ref, n * n_out, false, 1e-7);
+        CHECK(memcmp(res, res2, (size_t)(n * n_out) * 4) == 0, "%s: %s: res changed", g_name, what);
+    }
+    drop(dw), drop(dx), drop(dres), drop(dy);
+    free(xv), free(deq), free(res), free(res2), free(got), free(ref), free(hx), free(w);
+}
+
 static void case_matmul(test_rng *r) {
     for (int ti = 0; ti < N_WTYPES; ti++)
         for (int n_w = 1; n_w <= 3; n_w += 2) {
             matmul_group(r, k_wtypes[ti], n_w, 3);
             matmul_group(r, k_wtypes[ti], n_w, 20);
         }
+    matmul_add_case(r, 3);
+    matmul_add_case(r, 40);
 }
 
 /* RoPE, or its backward (the rotation by -theta), on q and k in place. */

@@ -257,6 +257,7 @@ static void rec_matmul(gpu_backend *g, gpu_l4 *l, const nstf_op_args *a) {
         in->y = a->matmul.act.data;
         if (w.n_out % 2) FAIL("an odd gate|up group (%s)", LBL(a));
         break;
+    case NSTF_MM_ADD: FAIL("a matmul with a residual input (%s): training's, not a decode step's", LBL(a));
     }
 }
 

@@ -106,6 +106,16 @@ static nstf_status mm(gpu_backend *g, const nstf_matrix *w, const uint16_t *x, v
     return nstf_gpu_gemm_bf16(x, wb, y, yt, NULL, NSTF_TYPE_F32, n, w->n_out, w->n_in, NSTF_GEMM_EPI_NONE, g->stream);
 }
 
+/* Whether the GEMM takes matmul a with its residual input in the
+ * epilogue (NSTF_MM_ADD: out = x W^T + res): one bf16 matrix, enough
+ * tokens for the GEMM, fp32 rows of out and res packed. */
+static bool mm_add_ok(const gpu_backend *g, const nstf_op_args *a) {
+    const nstf_matrix *w = a->matmul.w[0];
+    return a->matmul.n_w == 1 && !a->matmul.norm_x && !a->matmul.bias[0] && a->matmul.res &&
+           w->type == NSTF_TYPE_BF16 && !mm_few(g, a->matmul.n) && a->matmul.out[0].type == NSTF_TYPE_F32 &&
+           a->matmul.out[0].stride == w->n_out && a->matmul.x.stride == w->n_in;
+}
+
 /* Whether a Q|K|V group that is not one span (its V has another weight
  * type, as llama.cpp's Q4_K_M / Q5_K_M give some layers' V) runs as two
  * fused GEMVs: Q|K with the RoPE epilogue, then V with the same norm
@@ -161,6 +171,7 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
         f.epi = NSTF_GEMV_SWIGLU;
         y = a->matmul.act.data;
         break;
+    case NSTF_MM_ADD: return nstf_set_error(NSTF_ERR_INTERNAL, "GPU backend: the decode GEMV has no residual input");
     }
     g->n_kernels++;
     NSTF_TRY(nstf_gpu_gemv_fused(w.type, w.data, x, y, w.n_in, w.n_out, &f, g->stream));
@@ -173,6 +184,7 @@ static nstf_status mm_fused(gpu_backend *g, const nstf_op_args *a) {
 
 bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->op == NSTF_OP_MATMUL && a->matmul.epi == NSTF_MM_ADD) return mm_add_ok(g, a); /* any level */
     if (a->op != NSTF_OP_MATMUL || g->level < 3 || !g->fused_on || !g->decode_step || a->matmul.n != 1) return false;
     /* a bias or per-head norm (Qwen) fuses into the QKV matmul's RoPE epilogue only */
     bool extras = a->matmul.q_norm != NULL;
@@ -185,6 +197,7 @@ bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
     case NSTF_MM_ACCUM: ok = ok && n_w == 1 && !norm; break;
     case NSTF_MM_ROPE: ok = ok && n_w == 3 && norm && (a->matmul.rope.head_dim / 2) % 8 == 0; break;
     case NSTF_MM_SWIGLU: ok = ok && n_w == 2 && norm; break;
+    case NSTF_MM_ADD: ok = false; break; /* above */
     }
     ok = ok && (!extras || a->matmul.epi == NSTF_MM_ROPE);
     ok = ok && nstf_gpu_gemv_fusable(w.type, w.data, w.n_in, norm);
@@ -194,6 +207,15 @@ bool nstf_gpu_can_fuse(nstf_backend *be, const nstf_op_args *a) {
 
 nstf_status nstf_gpu_op_matmul(nstf_backend *be, const nstf_op_args *a) {
     gpu_backend *g = gpu_of(be);
+    if (a->matmul.epi == NSTF_MM_ADD) {
+        if (!mm_add_ok(g, a))
+            return nstf_set_error(NSTF_ERR_UNSUPPORTED, "GPU backend: %s: a matmul with a residual input that "
+                                  "can_fuse declined", a->label ? a->label : "matmul");
+        const nstf_matrix *w = a->matmul.w[0];
+        g->n_kernels++;
+        return nstf_gpu_gemm_bf16(a->matmul.x.data, w->data, a->matmul.out[0].data, NSTF_TYPE_F32, a->matmul.res,
+                                  NSTF_TYPE_F32, a->matmul.n, w->n_out, w->n_in, NSTF_GEMM_EPI_RESIDUAL, g->stream);
+    }
     if (a->matmul.epi != NSTF_MM_STORE || a->matmul.norm_x) return mm_fused(g, a);
     const int n_w = a->matmul.n_w;
     const int64_t n = a->matmul.n;

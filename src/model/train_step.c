@@ -101,6 +101,23 @@ static nstf_status matmul(nstf_train *t, int l, nstf_block blk, const char *labe
     return run(t, &a);
 }
 
+/* y = x W^T + res in one op where the backend fuses it (*fused), else y
+ * = x W^T and the caller adds res after its LoRA term, as before */
+static nstf_status matmul_res(nstf_train *t, int l, nstf_block blk, const char *label, const nstf_matrix *w,
+                              nstf_view x, nstf_view y, float *res, bool *fused) {
+    nstf_op_args a = op(NSTF_OP_MATMUL, label, l, blk);
+    a.matmul.n_w = 1;
+    a.matmul.w[0] = w;
+    a.matmul.out[0] = y;
+    a.matmul.x = x;
+    a.matmul.n = t->n;
+    a.matmul.epi = NSTF_MM_ADD;
+    a.matmul.res = res;
+    *fused = t->be->vt->can_fuse(t->be, &a);
+    if (!*fused) a.matmul.epi = NSTF_MM_STORE, a.matmul.res = NULL;
+    return run(t, &a);
+}
+
 /* dx (+)= dy W */
 static nstf_status bwd_x(nstf_train *t, int l, nstf_block blk, const nstf_matrix *w, nstf_view dy, nstf_view dx,
                          bool acc) {
@@ -210,11 +227,11 @@ static nstf_status layer_fwd(nstf_train *t, int l, unsigned parts) {
         }
     }
     if (parts & P_OPROJ) {
-        const nstf_matrix *w = &L->w.wo;
         const nstf_view x = aview(t, A->att, qd), y = fview(A->xmid, dim);
-        NSTF_TRY(matmul(t, l, NSTF_BLOCK_ATTN, "o_proj", &w, 1, x, &y));
+        bool fused;
+        NSTF_TRY(matmul_res(t, l, NSTF_BLOCK_ATTN, "o_proj", &L->w.wo, x, y, A->x, &fused));
         NSTF_TRY(lora_fwd(t, l, NSTF_BLOCK_ATTN, LORA_O, x, y));
-        NSTF_TRY(add(t, l, NSTF_BLOCK_ATTN, A->xmid, A->x));
+        if (!fused) NSTF_TRY(add(t, l, NSTF_BLOCK_ATTN, A->xmid, A->x));
     }
     if (parts & P_FFN) {
         NSTF_TRY(rmsnorm(t, l, NSTF_BLOCK_FFN, A->xmid, L->w.ffn_norm, A->xn2));
@@ -240,12 +257,12 @@ static nstf_status layer_fwd(nstf_train *t, int l, unsigned parts) {
         NSTF_TRY(run(t, &sw));
     }
     if (parts & P_DOWN) {
-        const nstf_matrix *w = &L->w.w_down;
         float *xn = t->acts[l + 1].x;
         const nstf_view x = aview(t, A->hs, c->ffn_dim), y = fview(xn, dim);
-        NSTF_TRY(matmul(t, l, NSTF_BLOCK_FFN, "down_proj", &w, 1, x, &y));
+        bool fused;
+        NSTF_TRY(matmul_res(t, l, NSTF_BLOCK_FFN, "down_proj", &L->w.w_down, x, y, A->xmid, &fused));
         NSTF_TRY(lora_fwd(t, l, NSTF_BLOCK_FFN, LORA_DOWN, x, y));
-        NSTF_TRY(add(t, l, NSTF_BLOCK_FFN, xn, A->xmid));
+        if (!fused) NSTF_TRY(add(t, l, NSTF_BLOCK_FFN, xn, A->xmid));
     }
     return NSTF_OK;
 }

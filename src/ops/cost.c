@@ -169,10 +169,11 @@ nstf_op_cost nstf_op_cost_of(const nstf_op_args *a, bool int8_act) {
             cost_add(&c, m);
             n_out += w->n_out;
         }
-        const double sy = a->matmul.epi == NSTF_MM_ACCUM ? 8.0 : esize(a->matmul.out[0].type);
+        const bool resid = a->matmul.epi == NSTF_MM_ACCUM || a->matmul.epi == NSTF_MM_ADD;
+        const double sy = resid ? 8.0 : esize(a->matmul.out[0].type);
         c.bytes += (double)n * ((double)n_in * sx + (double)n_out * sy);
         if (a->matmul.norm_x) c.flops += 4.0 * (double)n * n_in;
-        if (a->matmul.epi == NSTF_MM_ACCUM) c.flops += (double)n * n_out;
+        if (resid) c.flops += (double)n * n_out;
         if (a->matmul.epi == NSTF_MM_ROPE)
             c.flops += nstf_cost_rope(n, a->matmul.rope.n_heads + a->matmul.rope.n_kv_heads, a->matmul.rope.head_dim).flops;
         if (a->matmul.epi == NSTF_MM_SWIGLU) c.flops += nstf_cost_swiglu(n * (n_out / 2)).flops;

@@ -146,6 +146,8 @@ typedef enum nstf_mm_epi {
     NSTF_MM_ACCUM,     /* one matrix: res += x W^T (res: the fp32 residual stream) */
     NSTF_MM_ROPE,      /* q | k | v group: out views, then RoPE on q and k */
     NSTF_MM_SWIGLU,    /* gate | up group: act = silu(x Wg^T) * (x Wu^T) */
+    NSTF_MM_ADD,       /* one matrix: out[0] = x W^T + res (res read only; out[0] fp32): the
+                        * next residual stream kept apart from the last, as training saves both */
 } nstf_mm_epi;
 
 typedef struct nstf_rope_args {
@@ -196,7 +198,7 @@ typedef struct nstf_op_args {
             float eps;
             nstf_rope_args rope; /* ROPE */
             nstf_view act;       /* SWIGLU output [n, n_ff] */
-            float *res;          /* ACCUM: the residual stream [n, n_out] fp32 */
+            float *res;          /* ACCUM, ADD: the residual stream [n, n_out] fp32 */
             /* out[i][t, :] += bias[i] (fp32 [w[i]->n_out]) before the epilogue,
              * where non-NULL (Qwen2's QKV bias): the BIAS op unfused */
             const float *bias[NSTF_MM_MAX_GROUP];
