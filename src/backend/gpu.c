@@ -213,14 +213,18 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
     g->n_batch = p->n_batch;
     g->rope_base = p->rope_base;
     /* the largest layer matmul that prefill must dequantize (none when all
-     * are bf16); the plan does not list the output matrix: a quantized one
-     * runs every-token logits on the GEMV rather than keep a vocabulary-
-     * sized bf16 copy */
+     * are bf16), or a low-rank factor's dequantized and padded copies (a
+     * rank not a multiple of 8: matmul_lr.cu); the plan does not list the
+     * output matrix: a quantized one runs every-token logits on the GEMV
+     * rather than keep a vocabulary-sized bf16 copy */
     g->wtmp_elems = 0;
     for (int i = 0; i < p->n_mats; i++) {
         const nstf_matrix *m = &p->mats[i];
-        if (m->type == NSTF_TYPE_BF16) continue;
-        uint64_t e = (uint64_t)m->n_in * (uint64_t)m->n_out;
+        uint64_t e = m->type == NSTF_TYPE_BF16 ? 0 : (uint64_t)m->n_in * (uint64_t)m->n_out;
+        if (m->n_in % 8) {
+            const uint64_t lr = nstf_gpu_matmul_lr_ws_elems(m->type, p->n_batch, m->n_in, m->n_out);
+            if (lr > e) e = lr;
+        }
         if (e > g->wtmp_elems) g->wtmp_elems = e;
     }
     g->am_bytes = nstf_gpu_argmax_scratch_bytes(p->n_batch, p->n_vocab); /* every selected row of a batch */

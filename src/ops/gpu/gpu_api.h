@@ -501,6 +501,11 @@ nstf_status nstf_gpu_matmul_lr(nstf_type ta, const void *a, nstf_type tb, const 
                                int64_t n_out, const nstf_gpu_lr_ws *ws, void *stream);
 /* Kernels one factor's stage launches (for the backend's kernel count). */
 int nstf_gpu_matmul_lr_kernels(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out, const nstf_gpu_lr_ws *ws);
+/* The workspace elements (bf16) one factor [n_out, n_in] of type wt needs
+ * to run on the GEMM at n tokens: its dequantized copy unless bf16 and,
+ * when n_in (the rank, for the second factor) is not a multiple of 8, the
+ * zero-padded copies of it and of its input. */
+uint64_t nstf_gpu_matmul_lr_ws_elems(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out);
 /* Named ranges for Nsight Systems (NVTX) around layers and ops. */
 void nstf_gpu_range_push(const char *name);
 void nstf_gpu_range_pop(void);

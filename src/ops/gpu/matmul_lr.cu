@@ -31,13 +31,17 @@ static nstf_status lr_pad(const uint16_t *src, uint16_t *dst, int64_t rows, int6
     return NSTF_OK;
 }
 
+extern "C" uint64_t nstf_gpu_matmul_lr_ws_elems(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out) {
+    const int64_t k8 = (n_in + 7) / 8 * 8, deq = wt == NSTF_TYPE_BF16 ? 0 : n_out * n_in;
+    return (uint64_t)(n_in % 8 ? n * k8 + n_out * k8 + deq : deq);
+}
+
 /* The workspace elements lr_stage needs for the GEMM (0: none; -1: the
  * GEMV instead). */
 static int64_t lr_ws_elems(nstf_type wt, int64_t n, int64_t n_in, int64_t n_out, const nstf_gpu_lr_ws *ws) {
     if (n <= ws->gemv_max_tok) return -1;
-    const int64_t k8 = (n_in + 7) / 8 * 8, deq = wt == NSTF_TYPE_BF16 ? 0 : n_out * n_in;
-    const int64_t need = n_in % 8 ? n * k8 + n_out * k8 + deq : deq;
-    return need > 0 && (!ws->wtmp || (uint64_t)need > ws->wtmp_elems) ? -1 : need;
+    const uint64_t need = nstf_gpu_matmul_lr_ws_elems(wt, n, n_in, n_out);
+    return need > 0 && (!ws->wtmp || need > ws->wtmp_elems) ? -1 : (int64_t)need;
 }
 
 /* One factor: y [n, n_out] = x [n, n_in] W^T. The GEMM reads rows in
