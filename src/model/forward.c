@@ -170,13 +170,8 @@ static nstf_status matmul(fwd *f, nstf_op_args *a, void *lr_tmp) {
     case NSTF_MM_ACCUM:
         f->pending = s->y; /* the next norm adds it */
         return NSTF_OK;
-    case NSTF_MM_ADD: { /* not used by the forward; its meaning unfused */
-        nstf_op_args ad = {.op = NSTF_OP_ADD, .label = "residual", .layer = a->layer, .block = a->block};
-        ad.add.x = a->matmul.out[0].data;
-        ad.add.y = a->matmul.res;
-        ad.add.n = n * a->matmul.w[0]->n_out;
-        return run(f, &ad);
-    }
+    case NSTF_MM_ADD: /* training's (train_step.c runs its unfused form) */
+        return nstf_set_error(NSTF_ERR_INTERNAL, "%s: the forward has no residual-input matmul", a->label);
     case NSTF_MM_STORE: return NSTF_OK;
     }
     return NSTF_OK;
