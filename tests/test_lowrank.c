@@ -229,6 +229,34 @@ static void smollm2(void) {
     snprintf(path, sizeof path, "%s/test_lowrank_%ld.gguf", NSTF_BUILD_DIR, (long)getpid());
     CHECK(nstf_lowrank_write(lr, path, NSTF_TYPE_F32) == NSTF_OK, "write: %s", nstf_last_error());
     nstf_lowrank_free(lr);
+    {
+        /* the SVDs ran on the session's two threads, a matrix each: one
+         * thread gives the same file, byte for byte */
+        nstf_session_params sp1 = sp;
+        sp1.n_threads = 1;
+        nstf_session *s1 = NULL;
+        nstf_lowrank *lr1 = NULL;
+        char path1[256];
+        snprintf(path1, sizeof path1, "%s/test_lowrank_%ld_t1.gguf", NSTF_BUILD_DIR, (long)getpid());
+        nstf_lowrank_params p1 = p;
+        p1.alloc = NSTF_LR_ENERGY, p1.reduce = 0; /* made as above: then the same reduction */
+        CHECK(nstf_session_open(MODEL, &sp1, &s1) == NSTF_OK && nstf_lowrank_create(s1, cal, n_cal, &p1, &lr1) ==
+                  NSTF_OK && nstf_lowrank_apply(lr1, &p, &before, &after) == NSTF_OK &&
+                  nstf_lowrank_write(lr1, path1, NSTF_TYPE_F32) == NSTF_OK,
+              "one thread: %s", nstf_last_error());
+        FILE *fa = fopen(path, "rb"), *fb = fopen(path1, "rb");
+        bool same = fa && fb;
+        for (int ca = 0, cb = 0; same && (ca != EOF || cb != EOF);) {
+            ca = fgetc(fa), cb = fgetc(fb);
+            same = ca == cb;
+        }
+        CHECK(same, "the factorized file made on one thread differs from the one made on two");
+        if (fa) fclose(fa);
+        if (fb) fclose(fb);
+        nstf_lowrank_free(lr1);
+        nstf_session_close(s1);
+        remove(path1);
+    }
     nstf_session *s2 = NULL;
     CHECK(nstf_session_open(path, &sp, &s2) == NSTF_OK, "reopen: %s", nstf_last_error());
     if (s2) {

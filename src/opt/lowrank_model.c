@@ -1,10 +1,11 @@
 /* lowrank_model.c — low-rank decomposition of a model in a session:
  * calibration (X^T X of every layer matmul's inputs, gathered through the
  * backend's op hooks while the model runs over a text), one SVD per
- * targeted matrix, ranks by a rule (lowrank.h), the factors put into the
+ * targeted matrix (the matrices spread over the session's CPU threads), ranks by a rule (lowrank.h), the factors put into the
  * session's model (its forward then runs MATMUL_LR for them), and the
  * factorized GGUF written out. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,47 @@ static float *dense_f32(const nstf_matrix *w) {
     return f;
 }
 
+/* The SVDs of nstf_lowrank_create: each worker takes the next matrix until
+ * none is left or one has failed (each SVD depends on its matrix only, so
+ * the results do not depend on the threads); the first error's message
+ * and the progress calls under the lock. */
+typedef struct svd_job {
+    nstf_lowrank *lr;
+    const nstf_lowrank_params *p;
+    const calib *c;
+    int l0;
+    int next, done; /* under mu */
+    pthread_mutex_t mu;
+    nstf_status st;
+    char err[512];
+} svd_job;
+
+static void svd_worker(void *ctx, int ith, int nth) {
+    (void)ith, (void)nth;
+    svd_job *j = ctx;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const int i = j->st == NSTF_OK && j->next < j->lr->n ? j->next++ : -1;
+        pthread_mutex_unlock(&j->mu);
+        if (i < 0) return;
+        lr_mat *e = &j->lr->m[i];
+        nstf_status st = NSTF_OK;
+        float *w = dense_f32(&e->orig);
+        if (!w) st = nstf_set_error(NSTF_ERR_OOM, "cannot hold it as fp32");
+        const double *g = j->p->whiten ? j->c->gram[(e->layer - j->l0) * 4 + k_kinds[e->kind].group] : NULL;
+        if (st == NSTF_OK) st = nstf_svd_compute(w, e->orig.n_in, e->orig.n_out, g, &e->svd);
+        nstf_free(w);
+        pthread_mutex_lock(&j->mu);
+        if (st != NSTF_OK && j->st == NSTF_OK) {
+            j->st = st;
+            snprintf(j->err, sizeof j->err, "%s: %s", e->name, nstf_last_error());
+        }
+        j->done++;
+        if (st == NSTF_OK && j->p->progress) j->p->progress(j->p->progress_user, j->done, j->lr->n, e->name);
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
 nstf_status nstf_lowrank_create(nstf_session *s, const int32_t *tokens, int n, const nstf_lowrank_params *p,
                                 nstf_lowrank **out) {
     *out = NULL;
@@ -211,16 +253,13 @@ nstf_status nstf_lowrank_create(nstf_session *s, const int32_t *tokens, int n, c
                 for (int64_t j = 0; j < i; j++) g[i * d + j] = g[j * d + i];
         }
     }
-    /* one SVD per matrix */
-    for (int i = 0; st == NSTF_OK && i < lr->n; i++) {
-        lr_mat *e = &lr->m[i];
-        float *w = dense_f32(&e->orig);
-        if (!w) st = nstf_set_error(NSTF_ERR_OOM, "%s: cannot hold it as fp32", e->name);
-        const double *g = p->whiten ? c.gram[(e->layer - l0) * 4 + k_kinds[e->kind].group] : NULL;
-        if (st == NSTF_OK) st = nstf_svd_compute(w, e->orig.n_in, e->orig.n_out, g, &e->svd);
-        nstf_free(w);
-        if (st != NSTF_OK) (void)nstf_set_error(st, "%s: %s", e->name, nstf_last_error());
-        if (p->progress) p->progress(p->progress_user, i + 1, lr->n, e->name);
+    /* one SVD per matrix, the matrices spread over the CPU pool */
+    if (st == NSTF_OK) {
+        svd_job job = {lr, p, &c, l0, 0, 0, PTHREAD_MUTEX_INITIALIZER, NSTF_OK, ""};
+        if (c.pool) nstf_pool_run(c.pool, svd_worker, &job);
+        else svd_worker(&job, 0, 1);
+        pthread_mutex_destroy(&job.mu);
+        if (job.st != NSTF_OK) st = nstf_set_error(job.st, "%s", job.err);
     }
     for (int gi = 0; c.gram && gi < n_gram; gi++) nstf_free(c.gram[gi]);
     nstf_free(c.gram);
