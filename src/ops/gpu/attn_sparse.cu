@@ -239,11 +239,13 @@ static __device__ __forceinline__ int sp_scan_incl(int v, int *ws, int *total) {
  * order keys (four 8-bit digits; a shared histogram each, the lanes that
  * share lane 0's digit adding once; the digit found by a scan of the 256
  * counts) finds the k-th largest key T and how many of the blocks at T to
- * take. Candidates are read in rounds of one per thread (coalesced), so
- * the index order is the round and thread order, and two workgroup scans
- * a round (blocks at T before it, chosen blocks before it) place block 0,
- * the chosen blocks and the window's blocks ascending into sel; -1 after
- * them. Also zeroes the kv head's arrival counter for the attention. */
+ * take. Candidates are read in rounds of one per thread (coalesced; the
+ * first SP_SEL_R rounds' keys kept in registers), so the index order is
+ * the round and thread order, and a workgroup scan a round (chosen blocks
+ * before it; first the blocks at T before it, when more tie at T than are
+ * taken) places block 0, the chosen blocks and the window's blocks
+ * ascending into sel; -1 after them. Also zeroes the kv head's arrival
+ * counter for the attention. */
 __global__ void __launch_bounds__(SP_SEL_THREADS)
     sparse_select_kernel(int32_t *__restrict__ sel, const float *__restrict__ work, int32_t *__restrict__ cnt,
                          const int32_t *__restrict__ pos, int block, int topk, int window, int64_t nb_max,
