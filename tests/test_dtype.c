@@ -6,8 +6,8 @@
  *    on random and adversarial blocks;
  *  - nstf_quantize_row equals gguf-py's bytes bit for bit for every type
  *    gguf-py quantizes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, BF16, F16);
- *  - the K-quant quantizers (Q2_K .. Q6_K; gguf-py has none) equal ggml's
- *    own reference quantizer's bytes bit for bit, and gguf-py's
+ *  - the K-quant quantizers (Q2_K .. Q6_K) and IQ4_NL's (gguf-py has none)
+ *    equal ggml's own reference quantizer's bytes bit for bit, and gguf-py's
  *    dequantization of those bytes equals ours (tests/data/kquant_ref.bin,
  *    made by scripts/ref/make_kquant_ref.py).
  * The K-quant quantizers are also held to an error bound relative to each

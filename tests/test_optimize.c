@@ -69,7 +69,9 @@ static void check_keys(const char *path, const char *want, int *n_sparse, int *n
             memcpy(buf, e->ptr, e->len < sizeof buf - 1 ? (size_t)e->len : sizeof buf - 1);
             CHECK(v[l] <= 1, "attn_sparse[%d] = %u", l, v[l]);
             *n_sparse += v[l] == 1;
-            CHECK(strstr(buf, "attn_q=") && strstr(buf, "ffn_down=") && strstr(buf, want) &&
+            /* "=Q": a quantized type (IQ4_NL's name too) */
+            const bool has = strstr(buf, want) || (!strcmp(want, "=Q") && strstr(buf, "=IQ"));
+            CHECK(strstr(buf, "attn_q=") && strstr(buf, "ffn_down=") && has &&
                       strstr(buf, v[l] ? "attn=sparse" : "attn=dense"),
                   "layer %d strategy '%s' (want '%s', flag %u)", l, buf, want, v[l]);
         }

@@ -1,4 +1,4 @@
-/* test_quantize.c — nstf_quantize_file and llama.cpp's per-tensor type
+/* test_quantize.c — nstf_quantize_file (Q4_K_M and IQ4_NL files) and llama.cpp's per-tensor type
  * rules (src/opt/quantize.h) on a small GGUF written here.
  *
  * Checks: the type chosen for every tensor of a 16-layer model under each
@@ -156,6 +156,34 @@ static void test_file(const char *dir) {
     p.allow_requantize = true;
     CHECK(nstf_quantize_file(qin, out, &p) == NSTF_OK, "requantize allowed: %s", nstf_last_error());
     CHECK(nstf_quantize_file("/nonexistent/in.gguf", out, &p) != NSTF_OK, "missing input");
+
+    /* IQ4_NL (llama.cpp's ftype 25): every matrix IQ4_NL (the 288-wide one
+     * too: blocks of 32), the output Q6_K, the data the reference
+     * quantization (ggml's bit for bit: test_dtype); with 2 layers no
+     * ffn_down is in the first eighth */
+    nstf_quant_params pn = {.n_threads = 2};
+    CHECK(nstf_quant_target_parse("iq4_nl", &pn.target), "IQ4_NL target");
+    CHECK(nstf_quantize_file(in, out, &pn) == NSTF_OK, "quantize IQ4_NL: %s", nstf_last_error());
+    gi = go = NULL;
+    CHECK(nstf_gguf_open(in, &gi) == NSTF_OK && nstf_gguf_open(out, &go) == NSTF_OK, "open IQ4_NL");
+    for (int i = 0; gi && go && i < N_T; i++) {
+        const nstf_gguf_tensor *ti = nstf_gguf_find_tensor(gi, k_names[i]), *to = nstf_gguf_find_tensor(go, k_names[i]);
+        const nstf_type want = k_ne[i][1] == 1 ? NSTF_TYPE_F32 : i == N_T - 1 ? NSTF_TYPE_Q6_K : NSTF_TYPE_IQ4_NL;
+        CHECK(ti && to && to->type == want, "IQ4_NL file: %s is %s, want %s", k_names[i],
+              to ? nstf_type_name(to->type) : "missing", nstf_type_name(want));
+        if (!ti || !to || to->type != want || want != NSTF_TYPE_IQ4_NL) continue;
+        float *x = malloc(ti->n_elems * 4);
+        uint8_t *q = malloc(to->n_bytes);
+        nstf_dequantize_row(ti->type, ti->data, x, (int64_t)ti->n_elems);
+        nstf_quantize_row(to->type, x, q, (int64_t)ti->n_elems);
+        CHECK(!memcmp(q, to->data, to->n_bytes), "IQ4_NL file: %s is not the reference quantization", k_names[i]);
+        free(x);
+        free(q);
+    }
+    uint32_t ftn = 0;
+    CHECK(go && nstf_gguf_get_u32(go, "general.file_type", &ftn) == NSTF_OK && ftn == 25, "file_type 25 (IQ4_NL)");
+    nstf_gguf_close(gi);
+    nstf_gguf_close(go);
 
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s/out.gguf.tmp.%ld", dir, (long)getpid());

@@ -633,7 +633,73 @@ static bool quantize_k(nstf_type t, const float *src, uint8_t *dst, int64_t n, c
     return true;
 }
 
+/* The index of the table value nearest x (the upper one on a tie), the
+ * table ascending. */
+static int iq4_nearest(float x) {
+    const int8_t *v = nstf_iq4nl_values;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+/* The weighted fit of x to d * v[L] with the codes L from the scale 1/id:
+ * sum w q x and sum w q^2 (ggml's order, fp32). */
+static void iq4_fit(const float *x, const float *w, float id, uint8_t *L, float *sqx, float *sq2) {
+    float a = 0, b = 0;
+    for (int j = 0; j < 32; j++) {
+        const int l = iq4_nearest(id * x[j]);
+        if (L) L[j] = (uint8_t)l;
+        const float q = nstf_iq4nl_values[l];
+        a += w[j] * q * x[j];
+        b += w[j] * q * q;
+    }
+    *sqx = a, *sq2 = b;
+}
+
+/* IQ4_NL (ggml's quantize_iq4_nl): per block of 32, weights x^2 (with
+ * importance weights qw: qw sqrt(s2 + x^2), s2 the block's sum of x^2 over
+ * 16), a first scale from the value of largest magnitude
+ * (it maps to the table's -127), then 15 scales (itry - 127) / max,
+ * itry = -7..7, the one of least weighted error kept as d = sum w q x /
+ * sum w q^2; the codes are the nearest table values of x / d. */
+static void quant_iq4_nl(const float *x, uint8_t *dst, const float *qw) {
+    float w[32], amax = 0, max = 0, s2 = 0;
+    uint8_t L[32];
+    for (int j = 0; j < 32; j++) s2 += x[j] * x[j];
+    s2 *= 2.f / 32;
+    for (int j = 0; j < 32; j++) {
+        w[j] = qw ? qw[j] * sqrtf(s2 + x[j] * x[j]) : x[j] * x[j];
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    }
+    float d = 0;
+    if (amax >= 1e-15f) {
+        float sqx, sq2;
+        d = -max / (float)nstf_iq4nl_values[0];
+        iq4_fit(x, w, 1 / d, NULL, &sqx, &sq2);
+        d = sqx / sq2;
+        float best = d * sqx;
+        for (int itry = -7; itry <= 7; itry++) {
+            iq4_fit(x, w, (float)(itry + nstf_iq4nl_values[0]) / max, NULL, &sqx, &sq2);
+            if (sq2 > 0 && sqx * sqx > best * sq2) d = sqx / sq2, best = d * sqx;
+        }
+    }
+    f2h(dst, d);
+    const float id = d ? 1 / d : 0;
+    for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_nearest(id * x[j]);
+    for (int j = 0; j < 16; j++) dst[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+}
+
 bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
+    if (t == NSTF_TYPE_IQ4_NL) {
+        for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, dst + 18 * i, NULL);
+        return true;
+    }
     return quantize_k(t, src, dst, n, NULL);
 }
 
@@ -678,6 +744,9 @@ bool nstf_quantize_row_w(nstf_type t, const float *src, void *dst, int64_t n, co
         return true;
     case NSTF_TYPE_Q2_K: case NSTF_TYPE_Q3_K: case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: case NSTF_TYPE_Q6_K:
         return quantize_k(t, src, dst, n, qw);
+    case NSTF_TYPE_IQ4_NL:
+        for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, (uint8_t *)dst + 18 * i, qw + 32 * i);
+        return true;
     default: return nstf_quantize_row(t, src, dst, n); /* F32, F16, BF16, Q8_0: ggml takes no weights */
     }
 }
