@@ -3,7 +3,7 @@
  *  - bit for bit against ggml's own quantizer with an importance matrix
  *    (ggml_quantize_chunk with quant_weights, which runs
  *    quantize_row_*_impl) for Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K,
- *    Q5_K, Q6_K, IQ4_NL (tests/data/imatrix_quant_ref.bin, made by
+ *    Q5_K, Q6_K, IQ4_NL, IQ4_XS (tests/data/imatrix_quant_ref.bin, made by
  *    scripts/ref/make_imatrix_quant_ref.py): every block equal;
  *  - without weights it is nstf_quantize_row, byte for byte, and Q8_0
  *    ignores weights (as ggml);
@@ -25,7 +25,7 @@ static void test_ggml_ref(const char *path) {
     uint32_t vlen = 0, n_sec = 0;
     CHECK(fread(magic, 1, 8, f) == 8 && !memcmp(magic, "NSTFIM01", 8), "magic");
     CHECK(fread(&vlen, 4, 1, f) == 1 && vlen < sizeof ver && fread(ver, 1, vlen, f) == vlen, "version");
-    CHECK(fread(&n_sec, 4, 1, f) == 1 && n_sec == 10, "10 sections (%u)", n_sec);
+    CHECK(fread(&n_sec, 4, 1, f) == 1 && n_sec == 11, "11 sections (%u)", n_sec);
     for (uint32_t s = 0; s < n_sec; s++) {
         uint32_t h[4];
         if (fread(h, 4, 4, f) != 4) { CHECK(0, "section %u header", s); break; }
@@ -65,7 +65,8 @@ static double werr(const float *x, const float *y, const float *w, int n) {
 static void test_weighted_error(void) {
     enum { N = 512, ROWS = 64 };
     static const nstf_type types[] = {NSTF_TYPE_Q4_0, NSTF_TYPE_Q4_1, NSTF_TYPE_Q5_0, NSTF_TYPE_Q5_1, NSTF_TYPE_Q2_K,
-                                      NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_NL};
+                                      NSTF_TYPE_Q3_K, NSTF_TYPE_Q4_K, NSTF_TYPE_Q5_K, NSTF_TYPE_Q6_K, NSTF_TYPE_IQ4_NL,
+                                      NSTF_TYPE_IQ4_XS};
     test_rng r = {77};
     static float x[ROWS][N], w[N], y[N];
     static uint8_t a[N * 2], b[N * 2];

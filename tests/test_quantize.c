@@ -53,6 +53,11 @@ static void test_rules(void) {
     CHECK(nstf_quant_tensor_type(&q3k, "blk.0.attn_q.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q3_K, "plain Q3_K");
     CHECK(nstf_quant_tensor_type(&q2k, "blk.0.attn_q.weight", 2, 576, F, true, 16) == NSTF_TYPE_Q4_0,
           "Q2_K on rows of 576 falls back to Q4_0");
+    nstf_quant_target iq4xs;
+    CHECK(nstf_quant_target_parse("IQ4_XS", &iq4xs) && iq4xs.ftype == 30, "IQ4_XS parses (ftype 30)");
+    CHECK(nstf_quant_tensor_type(&iq4xs, "blk.0.attn_q.weight", 2, 512, F, true, 16) == NSTF_TYPE_IQ4_XS, "IQ4_XS");
+    CHECK(nstf_quant_tensor_type(&iq4xs, "blk.0.attn_q.weight", 2, 576, F, true, 16) == NSTF_TYPE_IQ4_NL,
+          "IQ4_XS on rows of 576 falls back to IQ4_NL");
     CHECK(nstf_quant_tensor_type(&q4km, "output.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q6_K, "output Q6_K");
     CHECK(nstf_quant_tensor_type(&q4km, "output.weight", 2, 576, F, true, 16) == NSTF_TYPE_Q8_0, "output Q8_0");
     CHECK(nstf_quant_tensor_type(&q4km, "token_embd.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q4_K, "embd Q4_K");

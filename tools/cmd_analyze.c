@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "  -m, --model FILE      GGUF model (best an F32/F16/BF16 one: candidates start from its values)\n"
             "  -f, --file FILE       the text\n"
             "  -n, --tokens N        tokens of it evaluated (default 128)\n"
-            "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q4_K,IQ4_NL,Q4_0,Q3_K,Q2_K;\n"
+            "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q4_K,IQ4_NL,IQ4_XS,Q4_0,Q3_K,Q2_K;\n"
             "                        types without a quantizer are skipped and said so)\n"
             "      --lowrank R       also the rank-r factorization removing fraction R of each matrix's\n"
             "                        parameters (default 0.5; 0: none)\n"
@@ -81,7 +81,7 @@ int cmd_analyze(int argc, char **argv) {
     nstf_analyze_params p = {0};
     nstf_session_params sp = nstf_session_default_params();
     sp.device = "cpu";
-    if (!cli_parse_types("--types", "Q8_0,Q6_K,Q5_K,Q4_K,IQ4_NL,Q4_0,Q3_K,Q2_K", types, &n_types, 16, false)) return 2;
+    if (!cli_parse_types("--types", "Q8_0,Q6_K,Q5_K,Q4_K,IQ4_NL,IQ4_XS,Q4_0,Q3_K,Q2_K", types, &n_types, 16, false)) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)

@@ -38,7 +38,7 @@ static void usage(FILE *f) {
             "      --calib FILE      calibration text of the factorization (default: TEXT)\n"
             "      --lowrank R       the low-rank candidate removes fraction R of each matrix's parameters\n"
             "                        (default 0.3; 0: types only)\n"
-            "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,Q4_0,Q3_K,Q2_K)\n"
+            "      --types LIST      candidate types (default Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,IQ4_XS,Q4_0,Q3_K,Q2_K)\n"
             "      --imatrix FILE    importance weights of every quantization (nstf imatrix)\n"
             "      --rest TARGET     the rule of the tensors outside the layer matrices (default Q4_K_M)\n"
             "      --allow-sparse    let layers take sparse decode attention: measured by decode steps past\n"
@@ -71,7 +71,7 @@ int cmd_optimize(int argc, char **argv) {
     nstf_session_params sp = nstf_session_default_params();
     sp.device = "cpu";
     sp.n_threads = cli_default_threads();
-    const char *type_list = "Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,Q4_0,Q3_K,Q2_K";
+    const char *type_list = "Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,IQ4_XS,Q4_0,Q3_K,Q2_K";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)

@@ -18,7 +18,7 @@
 
 int cmd_quantize_auto(int argc, char **argv);
 
-static const char k_default_types[] = "Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,Q4_0,Q3_K,Q2_K";
+static const char k_default_types[] = "Q8_0,Q6_K,Q5_K,Q5_1,Q5_0,Q4_K,Q4_1,IQ4_NL,IQ4_XS,Q4_0,Q3_K,Q2_K";
 
 static void usage(FILE *f) {
     fprintf(f,

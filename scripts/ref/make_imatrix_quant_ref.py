@@ -4,7 +4,7 @@ from ggml itself.
 
 ggml_quantize_chunk with an importance matrix (one weight per column: it
 runs quantize_row_*_impl with quant_weights) on Q4_0, Q4_1, Q5_0, Q5_1,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, called through ctypes from the libggml-base
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, called through ctypes from the libggml-base
 that scripts/build_llama_cpp.sh builds (llama.cpp as vendored by the pinned
 llama-cpp-python sdist). tests/test_dtype.c checks that
 nstf_quantize_row_w gives ggml's bytes bit for bit.
@@ -32,7 +32,7 @@ from gguf import GGMLQuantizationType as T
 from make_kquant_ref import ggml_quantizer
 
 rng = np.random.default_rng(20261127)
-TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 PER_ROW = 512
 
 

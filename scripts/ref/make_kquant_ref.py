@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """make_kquant_ref.py — reference K-quant quantization from ggml itself.
 
-gguf-py quantizes no K-quant type (nor IQ4_NL), so the reference quantizer
-is ggml's own C code: ggml_quantize_chunk (no importance matrix, which runs
-quantize_row_q{2..6}_K_ref, and quantize_iq4_nl), called through ctypes from the libggml-base
+gguf-py quantizes no K-quant type (nor IQ4_NL, IQ4_XS), so the reference
+quantizer is ggml's own C code: ggml_quantize_chunk (no importance matrix,
+which runs quantize_row_q{2..6}_K_ref, quantize_iq4_nl and _xs), called through ctypes from the libggml-base
 that scripts/build_llama_cpp.sh builds (llama.cpp as vendored by the pinned
 llama-cpp-python sdist). gguf-py then dequantizes ggml's bytes, so the file
 holds, per type, both directions: tests/test_dtype.c checks that
@@ -34,7 +34,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from make_dequant_ref import write_sections
 
 rng = np.random.default_rng(20261126)
-TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL]
+TYPES = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 
 
 def inputs():

@@ -70,7 +70,7 @@ bool nstf_type_is_quantized(nstf_type t) {
            t != NSTF_TYPE_BF16;
 }
 bool nstf_type_can_quantize(nstf_type t) {
-    return nstf_type_valid((uint32_t)t) && t != NSTF_TYPE_IQ4_XS;
+    return nstf_type_valid((uint32_t)t);
 }
 
 uint16_t nstf_f32_to_fp16(float f) {

@@ -126,10 +126,10 @@ static inline uint16_t nstf_f32_to_bf16(float f) {
 /* Reference (scalar) conversions of `n` elements; n must be a multiple of
  * the type's block size. Dequantization computes exactly what ggml (and
  * gguf-py) compute, operation for operation in fp32. quantize follows
- * ggml's reference (non-imatrix) algorithms and rounding (IQ4_NL: ggml's
- * quantize_iq4_nl, its scale search included); it returns false (dst
- * untouched) for a type without a quantizer (IQ4_XS: see
- * nstf_type_can_quantize). */
+ * ggml's reference (non-imatrix) algorithms and rounding (IQ4_NL, IQ4_XS:
+ * ggml's quantize_iq4_nl / _xs, their scale search included); it returns
+ * false (dst untouched) for a type without a quantizer (none of the valid
+ * types now: see nstf_type_can_quantize). */
 void nstf_dequantize_row(nstf_type t, const void *src, float *dst, int64_t n);
 bool nstf_quantize_row(nstf_type t, const float *src, void *dst, int64_t n);
 

@@ -662,42 +662,97 @@ static void iq4_fit(const float *x, const float *w, float id, uint8_t *L, float 
     *sqx = a, *sq2 = b;
 }
 
-/* IQ4_NL (ggml's quantize_iq4_nl): per block of 32, weights x^2 (with
- * importance weights qw: qw sqrt(s2 + x^2), s2 the block's sum of x^2 over
- * 16), a first scale from the value of largest magnitude
- * (it maps to the table's -127), then 15 scales (itry - 127) / max,
- * itry = -7..7, the one of least weighted error kept as d = sum w q x /
- * sum w q^2; the codes are the nearest table values of x / d. */
-static void quant_iq4_nl(const float *x, uint8_t *dst, const float *qw) {
-    float w[32], amax = 0, max = 0, s2 = 0;
-    uint8_t L[32];
-    for (int j = 0; j < 32; j++) s2 += x[j] * x[j];
-    s2 *= 2.f / 32;
-    for (int j = 0; j < 32; j++) {
-        w[j] = qw ? qw[j] * sqrtf(s2 + x[j] * x[j]) : x[j] * x[j];
+/* The best scale of one block of 32 (ggml's quantize_row_iq4_nl_impl for
+ * a block): weights w, a first scale from the value of largest magnitude
+ * (it maps to the table's -127), then 15 scales (itry - 127) / max, itry
+ * = -7..7, the one of least weighted error kept as sum w q x / sum w q^2;
+ * 0 for a block of zeros. */
+static float iq4_block_scale(const float *x, const float *w) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++)
         if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+    if (amax < 1e-15f) return 0;
+    float sqx, sq2, d = -max / (float)nstf_iq4nl_values[0];
+    iq4_fit(x, w, 1 / d, NULL, &sqx, &sq2);
+    d = sqx / sq2;
+    float best = d * sqx;
+    for (int itry = -7; itry <= 7; itry++) {
+        iq4_fit(x, w, (float)(itry + nstf_iq4nl_values[0]) / max, NULL, &sqx, &sq2);
+        if (sq2 > 0 && sqx * sqx > best * sq2) d = sqx / sq2, best = d * sqx;
     }
-    float d = 0;
-    if (amax >= 1e-15f) {
-        float sqx, sq2;
-        d = -max / (float)nstf_iq4nl_values[0];
-        iq4_fit(x, w, 1 / d, NULL, &sqx, &sq2);
-        d = sqx / sq2;
-        float best = d * sqx;
-        for (int itry = -7; itry <= 7; itry++) {
-            iq4_fit(x, w, (float)(itry + nstf_iq4nl_values[0]) / max, NULL, &sqx, &sq2);
-            if (sq2 > 0 && sqx * sqx > best * sq2) d = sqx / sq2, best = d * sqx;
-        }
-    }
+    return d;
+}
+
+/* The weights of one block of 32 of a super-block of sb values: x^2, or
+ * with importance weights qw sqrt(s2 + x^2), s2 = 2 / sb sum of the
+ * super-block's x^2. */
+static void iq4_weights(const float *x, const float *qw, float s2, float *w) {
+    for (int j = 0; j < 32; j++) w[j] = qw ? qw[j] * sqrtf(s2 + x[j] * x[j]) : x[j] * x[j];
+}
+
+static float iq4_s2(const float *x, int sb) {
+    float s2 = 0;
+    for (int j = 0; j < sb; j++) s2 += x[j] * x[j];
+    return s2 * (2.f / (float)sb);
+}
+
+/* The 16 bytes of two nibbles per value of one block of 32 codes. */
+static void iq4_pack(const uint8_t *L, uint8_t *qs) {
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+}
+
+/* IQ4_NL (ggml's quantize_iq4_nl): a block's scale as above, stored fp16;
+ * the codes the nearest table values of x / d (d in fp32). */
+static void quant_iq4_nl(const float *x, uint8_t *dst, const float *qw) {
+    float w[32];
+    uint8_t L[32];
+    iq4_weights(x, qw, iq4_s2(x, 32), w);
+    const float d = iq4_block_scale(x, w);
     f2h(dst, d);
     const float id = d ? 1 / d : 0;
     for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_nearest(id * x[j]);
-    for (int j = 0; j < 16; j++) dst[2 + j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+    iq4_pack(L, dst + 2);
+}
+
+/* IQ4_XS (ggml's quantize_iq4_xs): the 8 blocks' scales as above; the
+ * super-block's d = -(the scale of largest magnitude) / 32 in fp16, each
+ * block's scale as a 6-bit l = nearest(scale / d) in -32..31 (stored l +
+ * 32: 4 low bits in scales_l, 2 high bits in scales_h), and its codes the
+ * nearest table values of x / (d l). */
+static void quant_iq4_xs(const float *x, uint8_t *dst, const float *qw) {
+    float w[32], sc[8], max_scale = 0, amax_scale = 0;
+    uint8_t L[32];
+    const float s2 = iq4_s2(x, 256);
+    for (int ib = 0; ib < 8; ib++) {
+        iq4_weights(x + 32 * ib, qw ? qw + 32 * ib : NULL, s2, w);
+        sc[ib] = iq4_block_scale(x + 32 * ib, w);
+        if (fabsf(sc[ib]) > amax_scale) amax_scale = fabsf(sc[ib]), max_scale = sc[ib];
+    }
+    const float d = -max_scale / 32;
+    f2h(dst, d);
+    const float id = d ? 1 / d : 0.f;
+    uint16_t sh = 0;
+    memset(dst + 4, 0, 4);
+    for (int ib = 0; ib < 8; ib++) {
+        int l = nearest_int(id * sc[ib]);
+        l = l < -32 ? -32 : l > 31 ? 31 : l;
+        const float dl = d * (float)l, idl = dl ? 1 / dl : 0.f;
+        for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_nearest(idl * x[32 * ib + j]);
+        iq4_pack(L, dst + 8 + 16 * ib);
+        l += 32;
+        dst[4 + ib / 2] |= (uint8_t)((l & 0xf) << (4 * (ib % 2)));
+        sh |= (uint16_t)((l >> 4) << (2 * ib));
+    }
+    dst[2] = (uint8_t)(sh & 0xff), dst[3] = (uint8_t)(sh >> 8);
 }
 
 bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
     if (t == NSTF_TYPE_IQ4_NL) {
         for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, dst + 18 * i, NULL);
+        return true;
+    }
+    if (t == NSTF_TYPE_IQ4_XS) {
+        for (int64_t i = 0; i < n / 256; i++) quant_iq4_xs(src + 256 * i, dst + 136 * i, NULL);
         return true;
     }
     return quantize_k(t, src, dst, n, NULL);
@@ -746,6 +801,9 @@ bool nstf_quantize_row_w(nstf_type t, const float *src, void *dst, int64_t n, co
         return quantize_k(t, src, dst, n, qw);
     case NSTF_TYPE_IQ4_NL:
         for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, (uint8_t *)dst + 18 * i, qw + 32 * i);
+        return true;
+    case NSTF_TYPE_IQ4_XS:
+        for (int64_t i = 0; i < n / 256; i++) quant_iq4_xs(src + 256 * i, (uint8_t *)dst + 136 * i, qw + 256 * i);
         return true;
     default: return nstf_quantize_row(t, src, dst, n); /* F32, F16, BF16, Q8_0: ggml takes no weights */
     }

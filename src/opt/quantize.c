@@ -23,7 +23,7 @@ static const nstf_quant_target k_targets[] = {
     {"Q5_1", NSTF_TYPE_Q5_1, NSTF_QMIX_PLAIN, 9},  {"Q4_K", NSTF_TYPE_Q4_K, NSTF_QMIX_PLAIN, 14},
     {"Q5_K", NSTF_TYPE_Q5_K, NSTF_QMIX_PLAIN, 16}, {"Q6_K", NSTF_TYPE_Q6_K, NSTF_QMIX_PLAIN, 18},
     {"Q2_K", NSTF_TYPE_Q2_K, NSTF_QMIX_PLAIN, 10},  {"Q3_K", NSTF_TYPE_Q3_K, NSTF_QMIX_PLAIN, 11},
-    {"IQ4_NL", NSTF_TYPE_IQ4_NL, NSTF_QMIX_PLAIN, 25},
+    {"IQ4_NL", NSTF_TYPE_IQ4_NL, NSTF_QMIX_PLAIN, 25}, {"IQ4_XS", NSTF_TYPE_IQ4_XS, NSTF_QMIX_PLAIN, 30},
     {"Q4_K_M", NSTF_TYPE_Q4_K, NSTF_QMIX_Q4_K_M, 15},
     {"Q5_K_M", NSTF_TYPE_Q5_K, NSTF_QMIX_Q5_K_M, 17},
 };
@@ -39,7 +39,7 @@ bool nstf_quant_target_parse(const char *name, nstf_quant_target *out) {
 }
 
 const char *nstf_quant_target_list(void) {
-    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, Q4_K_M, Q5_K_M";
+    return "F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q4_K_M, Q5_K_M";
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -79,6 +79,7 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
         t = t == NSTF_TYPE_Q4_K                          ? NSTF_TYPE_Q5_0
             : t == NSTF_TYPE_Q5_K                        ? NSTF_TYPE_Q5_1
             : t == NSTF_TYPE_Q2_K || t == NSTF_TYPE_Q3_K ? NSTF_TYPE_Q4_0
+            : t == NSTF_TYPE_IQ4_XS                      ? NSTF_TYPE_IQ4_NL
                                                          : NSTF_TYPE_Q8_0;
     return t;
 }
@@ -161,17 +162,19 @@ static nstf_status name_of(const nstf_gguf_tensor *t, char *buf, size_t cap) {
 }
 
 /* The type tensor t (named name, of type cur as read) gets: its override,
- * else the rule; for IQ4_NL without importance weights also llama.cpp's
- * ffn_down of the first eighth of the layers in Q5_K (its Q5_1 fallback on
- * rows that are not a multiple of 256). llama.cpp's other IQ4_NL rule,
- * attn_v in Q5_K for 4 or more query heads per kv head, is not applied. */
+ * else the rule; for IQ4_NL and IQ4_XS without importance weights also
+ * llama.cpp's ffn_down of the first eighth of the layers in Q5_K (its Q5_1
+ * fallback on rows that are not a multiple of 256). llama.cpp's other
+ * rule for them, attn_v in Q5_K for 4 or more query heads per kv head, is
+ * not applied. */
 static nstf_type type_for(const nstf_quant_params *p, const nstf_gguf_tensor *t, const char *name, nstf_type cur,
                           bool has_output, int n_layers) {
     for (int i = 0; i < p->n_overrides; i++)
         if (!strcmp(p->overrides[i].name, name)) return p->overrides[i].type;
     const nstf_type to = nstf_quant_tensor_type(&p->target, name, t->n_dims, t->ne[0], cur, has_output, n_layers);
     const int layer = layer_of(name);
-    if (to == NSTF_TYPE_IQ4_NL && p->target.mix == NSTF_QMIX_PLAIN && !p->imatrix && layer >= 0 &&
+    const bool iq4 = p->target.base == NSTF_TYPE_IQ4_NL || p->target.base == NSTF_TYPE_IQ4_XS;
+    if (iq4 && (to == NSTF_TYPE_IQ4_NL || to == NSTF_TYPE_IQ4_XS) && !p->imatrix && layer >= 0 &&
         layer < n_layers / 8 && strstr(name, "ffn_down"))
         return t->ne[0] % NSTF_QK_K ? NSTF_TYPE_Q5_1 : NSTF_TYPE_Q5_K;
     return to;

@@ -17,9 +17,10 @@
  *     as llama.cpp's does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0;
  *     Q2_K, Q3_K -> Q4_0 (llama.cpp's fallback before IQ4_NL; it now
  *     takes IQ4_NL);
- *   - IQ4_NL: without an importance matrix ffn_down of the first eighth
- *     of the layers in Q5_K, as llama.cpp (not its attn_v rule for 4 or
- *     more query heads per kv head).
+ *   - IQ4_NL, IQ4_XS: without an importance matrix ffn_down of the first
+ *     eighth of the layers in Q5_K, as llama.cpp (not its attn_v rule for 4
+ *     or more query heads per kv head); IQ4_XS on rows that are not a
+ *     multiple of 256 falls back to IQ4_NL.
  * Every other key/value is copied; general.file_type is set to llama.cpp's
  * ftype id and general.quantization_version to 2.
  *
