@@ -21,12 +21,31 @@
  * positions in blocks of 4), with random keys and with every key the same
  * (all bounds tie: the lowest blocks are chosen). */
 
+/* The op's arguments for n tokens at p0 over the cache [ctx, nkv, hd]
+ * (statistics, mass, selection and work left to the caller). */
+static nstf_op_args sparse_args(dbuf dq, dbuf dk, dbuf dv, dbuf dck, dbuf dcv, dbuf dout, int64_t n, int64_t p0,
+                                int nh, int nkv, int hd, int64_t ctx, float scale, int topk, int block, int window) {
+    nstf_op_args a = {.op = NSTF_OP_ATTN_SPARSE, .label = "attn_sparse"};
+    a.attn_sparse.q = (nstf_view){dq.d, g_be->act_type, (int64_t)nh * hd};
+    a.attn_sparse.k = (nstf_view){dk.d, g_be->act_type, (int64_t)nkv * hd};
+    a.attn_sparse.v = (nstf_view){dv.d, g_be->act_type, (int64_t)nkv * hd};
+    a.attn_sparse.k_cache = dck.d, a.attn_sparse.v_cache = dcv.d;
+    a.attn_sparse.out = (nstf_view){dout.d, g_be->act_type, (int64_t)nh * hd};
+    a.attn_sparse.pos = g_io.pos;
+    a.attn_sparse.n = n, a.attn_sparse.n_ctx = ctx, a.attn_sparse.pos0 = p0;
+    a.attn_sparse.n_heads = nh, a.attn_sparse.n_kv_heads = nkv, a.attn_sparse.head_dim = hd;
+    a.attn_sparse.scale = scale;
+    a.attn_sparse.block = block, a.attn_sparse.topk = topk, a.attn_sparse.window = window;
+    return a;
+}
+
 static void sparse_case_shape(test_rng *r, int64_t P, int topk, int block, int window, int nh, int nkv, int hd,
                               int64_t ctx, bool flat) {
     enum { CHUNK = 64, STEPS = 2 };
     const int NH = nh, NKV = nkv, HD = hd;
     const int64_t CTX = ctx;
     const bool big = P > 1000;
+    const float scale = 0.125f;
     if (big && !g_be->host_memory && g_be->vt->get_opt(g_be, NSTF_OPT_LEVEL) < 2) {
         /* a GPU's materialized attention (levels 0, 1) holds the scores of
          * the planned context (320): a longer prefill is a clear refusal */
@@ -35,31 +54,19 @@ static void sparse_case_shape(test_rng *r, int64_t P, int topk, int block, int w
              dv = up(NULL, act_bytes(n * NKV * HD)), dout = up(NULL, act_bytes(n * NH * HD));
         dbuf dck = up(NULL, act_bytes(CTX * NKV * HD)), dcv = up(NULL, act_bytes(CTX * NKV * HD));
         if (!open_batch((int)n, (int)p0)) return;
-        nstf_op_args a = {.op = NSTF_OP_ATTN_SPARSE, .label = "attn_sparse"};
-        a.attn_sparse.q = (nstf_view){dq.d, g_be->act_type, NH * HD};
-        a.attn_sparse.k = (nstf_view){dk.d, g_be->act_type, NKV * HD};
-        a.attn_sparse.v = (nstf_view){dv.d, g_be->act_type, NKV * HD};
-        a.attn_sparse.k_cache = dck.d, a.attn_sparse.v_cache = dcv.d;
-        a.attn_sparse.out = (nstf_view){dout.d, g_be->act_type, NH * HD};
-        a.attn_sparse.pos = g_io.pos;
-        a.attn_sparse.n = n, a.attn_sparse.n_ctx = CTX, a.attn_sparse.pos0 = p0;
-        a.attn_sparse.n_heads = NH, a.attn_sparse.n_kv_heads = NKV, a.attn_sparse.head_dim = HD;
-        a.attn_sparse.scale = 0.125f, a.attn_sparse.block = block, a.attn_sparse.topk = topk;
-        a.attn_sparse.window = window;
+        const nstf_op_args a =
+            sparse_args(dq, dk, dv, dck, dcv, dout, n, p0, NH, NKV, HD, CTX, scale, topk, block, window);
         const nstf_status st = nstf_backend_op(g_be, &a);
         CHECK(st == NSTF_ERR_INVALID_ARG && strstr(nstf_last_error(), "score matrix"),
               "%s: a %lld-key prefill below level 2: %s", g_name, (long long)(p0 + n),
               st == NSTF_OK ? "ran" : nstf_last_error());
-        nstf_batch bt = {.tokens = g_tok, .pos = g_pos, .n = (int)n};
-        nstf_fwd_out o = {0};
-        bool retry = false;
-        (void)g_be->vt->end(g_be, &bt, st, &o, &retry);
+        end_refused((int)n, st);
         drop(dq), drop(dk), drop(dv), drop(dout), drop(dck), drop(dcv);
         return;
     }
     const int64_t qd = NH * HD, kvd = NKV * HD, nrow = P + STEPS, nb = (CTX + block - 1) / block;
     const int64_t ms = nstf_sparse_max_sel(topk, block, window);
-    const float scale = 0.125f, decay = 0.75f;
+    const float decay = 0.75f;
     float *kall = malloc((size_t)(nrow * kvd) * 4), *vall = malloc((size_t)(nrow * kvd) * 4);
     float *qall = malloc((size_t)(nrow * qd) * 4);
     /* each block's keys scaled by its own factor: bounds that differ by far
@@ -98,17 +105,7 @@ static void sparse_case_shape(test_rng *r, int64_t P, int topk, int block, int w
         dbuf dq = up(cq, act_bytes(n * qd)), dk = up(ckk, act_bytes(n * kvd)), dv = up(cvv, act_bytes(n * kvd)),
              dout = up(NULL, act_bytes(n * qd));
         if (!open_batch((int)n, (int)p0)) return;
-        nstf_op_args a = {.op = NSTF_OP_ATTN_SPARSE, .label = "attn_sparse"};
-        a.attn_sparse.q = (nstf_view){dq.d, g_be->act_type, qd};
-        a.attn_sparse.k = (nstf_view){dk.d, g_be->act_type, kvd};
-        a.attn_sparse.v = (nstf_view){dv.d, g_be->act_type, kvd};
-        a.attn_sparse.k_cache = dck.d, a.attn_sparse.v_cache = dcv.d;
-        a.attn_sparse.out = (nstf_view){dout.d, g_be->act_type, qd};
-        a.attn_sparse.pos = g_io.pos;
-        a.attn_sparse.n = n, a.attn_sparse.n_ctx = CTX, a.attn_sparse.pos0 = p0;
-        a.attn_sparse.n_heads = NH, a.attn_sparse.n_kv_heads = NKV, a.attn_sparse.head_dim = HD;
-        a.attn_sparse.scale = scale;
-        a.attn_sparse.block = block, a.attn_sparse.topk = topk, a.attn_sparse.window = window;
+        nstf_op_args a = sparse_args(dq, dk, dv, dck, dcv, dout, n, p0, NH, NKV, HD, CTX, scale, topk, block, window);
         a.attn_sparse.kmin = dmin.d, a.attn_sparse.kmax = dmax.d, a.attn_sparse.mass = dmass.d;
         a.attn_sparse.mass_decay = decay;
         a.attn_sparse.sel = dsel.d, a.attn_sparse.work = dwork.d;

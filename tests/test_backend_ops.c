@@ -164,6 +164,15 @@ static void close_batch(int n, nstf_status st) {
     CHECK(g_be->vt->end(g_be, &b, st, &o, &retry) == st && !retry, "%s: end: %s", g_name, nstf_last_error());
 }
 
+/* Ends the batch of an op the backend refused (the refusal checked by the
+ * caller). */
+static void end_refused(int n, nstf_status st) {
+    nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = n};
+    nstf_fwd_out o = {0};
+    bool retry = false;
+    (void)g_be->vt->end(g_be, &b, st, &o, &retry);
+}
+
 static nstf_status run_op(const nstf_op_args *a, int n, int pos0) {
     if (!open_batch(n, pos0)) return NSTF_ERR_INTERNAL;
     nstf_status st = nstf_backend_op(g_be, a);
@@ -749,10 +758,7 @@ static void attention_q8_case(test_rng *r, int64_t n, int64_t pos0, int window) 
         const nstf_status st = nstf_backend_op(g_be, &a);
         CHECK(st == NSTF_ERR_UNSUPPORTED && strstr(nstf_last_error(), "Q8_0"), "%s: %s below level 2: %s", g_name, what,
               st == NSTF_OK ? "ran" : nstf_last_error());
-        nstf_batch b = {.tokens = g_tok, .pos = g_pos, .n = (int)n};
-        nstf_fwd_out o = {0};
-        bool retry = false;
-        (void)g_be->vt->end(g_be, &b, st, &o, &retry);
+        end_refused((int)n, st);
         drop(dq), drop(dk), drop(dv), drop(dck), drop(dcv), drop(dout);
         free(qv), free(kv), free(vv), free(kf), free(vf), free(tmp), free(ck), free(cv), free(hq), free(hk), free(hv);
         return;
