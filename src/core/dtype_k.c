@@ -648,14 +648,12 @@ static int iq4_nearest(float x) {
     return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
 }
 
-/* The weighted fit of x to d * v[L] with the codes L from the scale 1/id:
+/* The weighted fit of x to d * v[l] with the codes l of the scale 1/id:
  * sum w q x and sum w q^2 (ggml's order, fp32). */
-static void iq4_fit(const float *x, const float *w, float id, uint8_t *L, float *sqx, float *sq2) {
+static void iq4_fit(const float *x, const float *w, float id, float *sqx, float *sq2) {
     float a = 0, b = 0;
     for (int j = 0; j < 32; j++) {
-        const int l = iq4_nearest(id * x[j]);
-        if (L) L[j] = (uint8_t)l;
-        const float q = nstf_iq4nl_values[l];
+        const float q = nstf_iq4nl_values[iq4_nearest(id * x[j])];
         a += w[j] * q * x[j];
         b += w[j] * q * q;
     }
@@ -673,11 +671,11 @@ static float iq4_block_scale(const float *x, const float *w) {
         if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
     if (amax < 1e-15f) return 0;
     float sqx, sq2, d = -max / (float)nstf_iq4nl_values[0];
-    iq4_fit(x, w, 1 / d, NULL, &sqx, &sq2);
+    iq4_fit(x, w, 1 / d, &sqx, &sq2);
     d = sqx / sq2;
     float best = d * sqx;
     for (int itry = -7; itry <= 7; itry++) {
-        iq4_fit(x, w, (float)(itry + nstf_iq4nl_values[0]) / max, NULL, &sqx, &sq2);
+        iq4_fit(x, w, (float)(itry + nstf_iq4nl_values[0]) / max, &sqx, &sq2);
         if (sq2 > 0 && sqx * sqx > best * sq2) d = sqx / sq2, best = d * sqx;
     }
     return d;
@@ -746,13 +744,19 @@ static void quant_iq4_xs(const float *x, uint8_t *dst, const float *qw) {
     dst[2] = (uint8_t)(sh & 0xff), dst[3] = (uint8_t)(sh >> 8);
 }
 
-bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
-    if (t == NSTF_TYPE_IQ4_NL) {
-        for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, dst + 18 * i, NULL);
-        return true;
+/* A row of IQ4_NL or IQ4_XS, importance weights qw or NULL. */
+static void quantize_iq4(nstf_type t, const float *src, uint8_t *dst, int64_t n, const float *qw) {
+    const int64_t be = nstf_type_block_elems(t), bb = nstf_type_block_bytes(t);
+    for (int64_t i = 0; i < n / be; i++) {
+        const float *w = qw ? qw + be * i : NULL;
+        if (t == NSTF_TYPE_IQ4_NL) quant_iq4_nl(src + be * i, dst + bb * i, w);
+        else quant_iq4_xs(src + be * i, dst + bb * i, w);
     }
-    if (t == NSTF_TYPE_IQ4_XS) {
-        for (int64_t i = 0; i < n / 256; i++) quant_iq4_xs(src + 256 * i, dst + 136 * i, NULL);
+}
+
+bool nstf_quantize_row_k(nstf_type t, const float *src, uint8_t *dst, int64_t n) {
+    if (t == NSTF_TYPE_IQ4_NL || t == NSTF_TYPE_IQ4_XS) {
+        quantize_iq4(t, src, dst, n, NULL);
         return true;
     }
     return quantize_k(t, src, dst, n, NULL);
@@ -799,11 +803,8 @@ bool nstf_quantize_row_w(nstf_type t, const float *src, void *dst, int64_t n, co
         return true;
     case NSTF_TYPE_Q2_K: case NSTF_TYPE_Q3_K: case NSTF_TYPE_Q4_K: case NSTF_TYPE_Q5_K: case NSTF_TYPE_Q6_K:
         return quantize_k(t, src, dst, n, qw);
-    case NSTF_TYPE_IQ4_NL:
-        for (int64_t i = 0; i < n / 32; i++) quant_iq4_nl(src + 32 * i, (uint8_t *)dst + 18 * i, qw + 32 * i);
-        return true;
-    case NSTF_TYPE_IQ4_XS:
-        for (int64_t i = 0; i < n / 256; i++) quant_iq4_xs(src + 256 * i, (uint8_t *)dst + 136 * i, qw + 256 * i);
+    case NSTF_TYPE_IQ4_NL: case NSTF_TYPE_IQ4_XS:
+        quantize_iq4(t, src, dst, n, qw);
         return true;
     default: return nstf_quantize_row(t, src, dst, n); /* F32, F16, BF16, Q8_0: ggml takes no weights */
     }

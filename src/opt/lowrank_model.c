@@ -1,9 +1,10 @@
 /* lowrank_model.c — low-rank decomposition of a model in a session:
  * calibration (X^T X of every layer matmul's inputs, gathered through the
  * backend's op hooks while the model runs over a text), one SVD per
- * targeted matrix (the matrices spread over the session's CPU threads), ranks by a rule (lowrank.h), the factors put into the
- * session's model (its forward then runs MATMUL_LR for them), and the
- * factorized GGUF written out. */
+ * targeted matrix (the matrices spread over the session's CPU threads),
+ * ranks by a rule (lowrank.h), the factors put into the session's model
+ * (its forward then runs MATMUL_LR for them), and the factorized GGUF
+ * written out. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -153,7 +154,6 @@ typedef struct svd_job {
     nstf_lowrank *lr;
     const nstf_lowrank_params *p;
     const calib *c;
-    int l0;
     int next, done; /* under mu */
     pthread_mutex_t mu;
     nstf_status st;
@@ -172,7 +172,7 @@ static void svd_worker(void *ctx, int ith, int nth) {
         nstf_status st = NSTF_OK;
         float *w = dense_f32(&e->orig);
         if (!w) st = nstf_set_error(NSTF_ERR_OOM, "cannot hold it as fp32");
-        const double *g = j->p->whiten ? j->c->gram[(e->layer - j->l0) * 4 + k_kinds[e->kind].group] : NULL;
+        const double *g = j->p->whiten ? j->c->gram[(e->layer - j->c->l0) * 4 + k_kinds[e->kind].group] : NULL;
         if (st == NSTF_OK) st = nstf_svd_compute(w, e->orig.n_in, e->orig.n_out, g, &e->svd);
         nstf_free(w);
         pthread_mutex_lock(&j->mu);
@@ -255,7 +255,7 @@ nstf_status nstf_lowrank_create(nstf_session *s, const int32_t *tokens, int n, c
     }
     /* one SVD per matrix, the matrices spread over the CPU pool */
     if (st == NSTF_OK) {
-        svd_job job = {lr, p, &c, l0, 0, 0, PTHREAD_MUTEX_INITIALIZER, NSTF_OK, ""};
+        svd_job job = {lr, p, &c, 0, 0, PTHREAD_MUTEX_INITIALIZER, NSTF_OK, ""};
         if (c.pool) nstf_pool_run(c.pool, svd_worker, &job);
         else svd_worker(&job, 0, 1);
         pthread_mutex_destroy(&job.mu);

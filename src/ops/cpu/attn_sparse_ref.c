@@ -43,9 +43,9 @@ void nstf_ref_attn_sparse(const float *q, const float *k, const float *v, float 
         if (wb0 > 0) sg[n_sel++] = 0;
         double *ub = wb0 > 1 ? malloc((size_t)wb0 * sizeof(double)) : NULL;
         for (int64_t b = 1; ub && b < wb0; b++) ub[b] = bound(q, k, n_keys, kvd, head_dim, group, g, block, b);
-        for (int64_t b = 1; b < wb0; b++) {
+        /* out of memory (no ub): no candidate chosen, the caller's check fails */
+        for (int64_t b = 1; ub && b < wb0; b++) {
             int64_t rank = 0; /* blocks ranked before b */
-            if (!ub) break; /* out of memory: no candidate chosen (the caller's check fails) */
             for (int64_t r = 1; r < wb0; r++) rank += r != b && (ub[r] > ub[b] || (ub[r] == ub[b] && r < b));
             if (rank < topk) sg[n_sel++] = (int32_t)b;
         }

@@ -51,14 +51,14 @@ static inline __attribute__((always_inline)) __m256 nstf_q32_scales8(const uint8
     return _mm256_cvtph_ps(_mm256_castsi256_si128(h));
 }
 
-/* Prefetch n bytes from p into L1 (decode: the next tile's weight rows at
- * the pace a tile consumes its own, so memory runs ahead of the arithmetic). */
 /* A tile's 8 row pointers: rows past rm repeat row rm - 1 (not stored). */
 static inline __attribute__((always_inline)) void nstf_q32_rows8(const uint8_t *w, uint64_t row_bytes, int rm,
                                                                  const uint8_t *wr[8]) {
     for (int r = 0; r < 8; r++) wr[r] = w + (uint64_t)(r < rm ? r : rm - 1) * row_bytes;
 }
 
+/* Prefetch n bytes from p into L1 (decode: the next tile's weight rows at
+ * the pace a tile consumes its own, so memory runs ahead of the arithmetic). */
 static inline __attribute__((always_inline)) void nstf_q32_prefetch(const uint8_t *p, int n) {
 #pragma GCC unroll 6
     for (int k = 0; k < n; k += 64) _mm_prefetch((const char *)p + k, _MM_HINT_T0);
