@@ -60,4 +60,23 @@ static inline double copy_rate_gbs(gpuStream_t stream, int reps) {
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
+/* A kernel study's start (the includer has ops/gpu/gpu_api.h): false,
+ * after saying so, without a GPU; else GPU 0's info, a non-blocking
+ * stream and the copy rate, and the line that names them. */
+static inline bool study_open(const char *name, int reps, nstf_gpu_info *info, gpuStream_t *s, double *copy_gbs) {
+    if (nstf_gpu_device_count() < 1) {
+        printf("%s: no GPU\n", name);
+        return false;
+    }
+    if (nstf_gpu_query(0, info) != NSTF_OK) {
+        fprintf(stderr, "%s: %s\n", name, nstf_last_error());
+        exit(1);
+    }
+    DEV_CHECK(gpuStreamCreateWithFlags(s, gpuStreamNonBlocking));
+    *copy_gbs = copy_rate_gbs(*s, reps); /* the ceiling */
+    printf("device: %s (%s), %d SMs; copy %.0f GB/s (read+write of 1 GiB)\n", info->name, info->arch, info->n_sm,
+           *copy_gbs);
+    return true;
+}
+
 #endif

@@ -203,14 +203,10 @@ static int g_reps = 7;
 int main(int argc, char **argv) {
     if (argc > 1) g_reps = std::max(1, atoi(argv[1]));
     const char *shape_filter = argc > 2 ? argv[2] : "", *var_filter = argc > 3 ? argv[3] : "";
-    if (nstf_gpu_device_count() < 1) { printf("gemv_k_v1: no GPU\n"); return 77; }
     nstf_gpu_info info;
-    NK(nstf_gpu_query(0, &info));
     cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    const double copy_gbs = copy_rate_gbs(s, g_reps); /* the ceiling */
-    printf("device: %s (%s), %d SMs; copy %.0f GB/s (read+write of 1 GiB)\n", info.name, info.arch, info.n_sm,
-           copy_gbs);
+    double copy_gbs;
+    if (!study_open("gemv_k_v1", g_reps, &info, &s, &copy_gbs)) return 77;
 
     const study_shape shapes[] = {{"8B q/o 4096->4096", 4096, 4096},       {"8B k/v 4096->1024", 4096, 1024},
                             {"8B gate/up 4096->14336", 4096, 14336}, {"8B gate|up 4096->28672", 4096, 28672},

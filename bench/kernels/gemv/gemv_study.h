@@ -85,10 +85,10 @@ struct study_case {
 };
 
 static uint64_t g_study_rng = 0x9e3779b97f4a7c15ull;
-static double study_urand(void) { return 0.5 * (bench_uniform(&g_study_rng) + 1.0); } /* [0, 1) */
+static inline double study_urand(void) { return 0.5 * (bench_uniform(&g_study_rng) + 1.0); } /* [0, 1) */
 
 /* false: n_in is not whole blocks of t, or the quantizer refused */
-static bool study_case_make(nstf_type t, const study_shape &sh, study_case &c) {
+static inline bool study_case_make(nstf_type t, const study_shape &sh, study_case &c) {
     c.t = t, c.n_in = sh.n_in, c.n_out = sh.n_out, c.n_check = std::min(sh.n_out, 2048);
     if (!nstf_type_row_bytes(t, sh.n_in, &c.rb)) return false;
     c.hw.assign((size_t)c.rb * c.n_check, 0);
@@ -111,7 +111,7 @@ static bool study_case_make(nstf_type t, const study_shape &sh, study_case &c) {
 
 /* n_copies device copies of a matrix of n_out rows whose rows repeat the
  * n_check host rows of `rows` (the case's, or a re-laid copy of them). */
-static uint8_t *study_upload(const study_case &c, const std::vector<uint8_t> &rows, int n_copies) {
+static inline uint8_t *study_upload(const study_case &c, const std::vector<uint8_t> &rows, int n_copies) {
     const size_t wbytes = (size_t)c.rb * c.n_out;
     uint8_t *w;
     CK(cudaMalloc(&w, wbytes * n_copies));
@@ -124,7 +124,7 @@ static uint8_t *study_upload(const study_case &c, const std::vector<uint8_t> &ro
 
 /* NMSE of the checked rows of y (bf16, device) against the reference, and
  * that of the reference rounded to bf16 (the output's own rounding). */
-static std::pair<double, double> study_nmse(const study_case &c, const uint16_t *y) {
+static inline std::pair<double, double> study_nmse(const study_case &c, const uint16_t *y) {
     std::vector<uint16_t> hy(c.n_check);
     CK(cudaMemcpy(hy.data(), y, (size_t)c.n_check * 2, cudaMemcpyDeviceToHost));
     double e = 0, n2 = 0, bfe = 0;
@@ -143,7 +143,7 @@ struct study_dev {
     int8_t *xh, *xl;
     float2 *ds;
 };
-static study_dev study_dev_make(const study_case &c) {
+static inline study_dev study_dev_make(const study_case &c) {
     study_dev d;
     CK(cudaMalloc(&d.x, c.n_in * 2));
     CK(cudaMalloc(&d.y, (size_t)c.n_out * 2));
@@ -153,14 +153,14 @@ static study_dev study_dev_make(const study_case &c) {
     CK(cudaMemcpy(d.x, c.hx.data(), c.n_in * 2, cudaMemcpyHostToDevice));
     return d;
 }
-static void study_dev_free(study_dev &d) {
+static inline void study_dev_free(study_dev &d) {
     CK(cudaFree(d.x));
     CK(cudaFree(d.y));
     CK(cudaFree(d.xh));
     CK(cudaFree(d.xl));
     CK(cudaFree(d.ds));
 }
-static void study_xq(const study_case &c, const study_dev &d, cudaStream_t s) {
+static inline void study_xq(const study_case &c, const study_dev &d, cudaStream_t s) {
     xq16_kernel<<<(c.n_in / 32 + 7) / 8, 256, 0, s>>>(d.x, c.n_in, d.xh, d.xl, d.ds);
 }
 
@@ -170,7 +170,7 @@ struct study_base {
     double bytes, pms, xms, copy_gbs;
     std::pair<double, double> ep; /* its NMSE, the bf16 rounding's */
 };
-static study_base study_production(const char *name, const study_case &c, const study_dev &d, const uint8_t *w,
+static inline study_base study_production(const char *name, const study_case &c, const study_dev &d, const uint8_t *w,
                                    int n_copies, double copy_gbs, int reps, cudaStream_t s) {
     study_base b;
     const size_t wbytes = (size_t)c.rb * c.n_out;
@@ -192,7 +192,7 @@ static study_base study_production(const char *name, const study_case &c, const 
 
 /* A variant's line: ms a launch, its NMSE; ok when within 2x the bf16
  * rounding of the reference. */
-static bool study_report(const char *name, double ms, std::pair<double, double> ev, const study_base &b) {
+static inline bool study_report(const char *name, double ms, std::pair<double, double> ev, const study_base &b) {
     const bool ok = ev.first <= 2.0 * b.ep.second + 1e-9 && ev.first == ev.first;
     const double gbs = b.bytes / (ms * 1e-3) / 1e9;
     printf("    %-16s %7.2f us (%5.0f GB/s, %4.1f%%) nmse %.1e %s  x%.2f vs production (with xq16 x%.2f)\n", name,
