@@ -60,7 +60,7 @@ static inline double copy_rate_gbs(gpuStream_t stream, int reps) {
     return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
-/* A kernel study's start (the includer has ops/gpu/gpu_api.h): false,
+/* A kernel study's start (gpu_api.h through bench_util.h): false,
  * after saying so, without a GPU; else GPU 0's info, a non-blocking
  * stream and the copy rate, and the line that names them. */
 static inline bool study_open(const char *name, int reps, nstf_gpu_info *info, gpuStream_t *s, double *copy_gbs) {
