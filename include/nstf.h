@@ -54,7 +54,8 @@ typedef struct nstf_session nstf_session;
 
 typedef struct nstf_session_params {
     int n_ctx;          /* KV cache positions; 0 = min(trained context, 4096) */
-    int n_batch;        /* most prompt tokens per forward; default 512 */
+    int n_batch;        /* most prompt tokens per forward; 0 (default): 2048 on a
+                           GPU (512 where that does not fit), 512 on the CPU */
     int n_threads;      /* CPU threads; 0 = the physical cores */
     const char *device; /* "cpu", "gpu" or "auto" (default: GPU if present) */
     bool verbose;       /* log model and device details to stderr */

@@ -70,7 +70,7 @@ class Model:
     bf16 on a GPU) or "q8_0" (keys and values). The other keywords are
     nstf_session_params' fields."""
 
-    def __init__(self, path, device="auto", n_ctx=0, threads=0, n_batch=512, precise=False, deterministic=False,
+    def __init__(self, path, device="auto", n_ctx=0, threads=0, n_batch=0, precise=False, deterministic=False,
                  n_gpu_layers=0, verbose=False, sparse_attn=0, sparse_topk=0, sparse_window=0, sparse_block=0,
                  cache_type="auto"):
         self._lib = L.load()

@@ -38,8 +38,17 @@ nstf_status nstf_session_cache_type(const char *k, const char *v, bool *q8) {
     return NSTF_OK;
 }
 
+/* Prompt tokens per forward pass when the caller leaves n_batch 0. On a
+ * GPU the 8B shape's prefill of 8192 tokens runs at 25.5k tokens/s in
+ * passes of 512 and 32.0k in passes of 2048 (one H200, docs/PERFORMANCE.md,
+ * "The 8B shape against llama.cpp"): the GEMMs need the larger M. The
+ * workspace grows with it (about 1.4 GiB at 2048 for the 8B shape), so a
+ * GPU where it does not fit falls back to SESSION_BATCH_CPU. */
+#define SESSION_BATCH_GPU 2048
+#define SESSION_BATCH_CPU 512
+
 nstf_session_params nstf_session_default_params(void) {
-    nstf_session_params p = {.n_ctx = 0, .n_batch = 512, .n_threads = 0, .device = "auto", .verbose = false};
+    nstf_session_params p = {.n_ctx = 0, .n_batch = 0, .n_threads = 0, .device = "auto", .verbose = false};
     return p;
 }
 
@@ -72,8 +81,16 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         return NSTF_OK;
     }
     const int L = s->model->cfg.n_layers, ngl = p->n_gpu_layers <= 0 || p->n_gpu_layers > L ? L : p->n_gpu_layers;
+    const int batch0 = p->n_batch; /* 0: the default, larger on a GPU (SESSION_BATCH_GPU) */
+    if (!batch0) s->params.n_batch = SESSION_BATCH_GPU;
     nstf_status st = nstf_backend_gpu_create(0, &s->be);
     if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, ngl, true, ngl == L, &s->run);
+    if (st == NSTF_ERR_OOM && !batch0) { /* the default's larger workspace does not fit: the CPU's default */
+        if (p->verbose) fprintf(stderr, "nstf: batch %d does not fit on the GPU (%s); batch %d\n", SESSION_BATCH_GPU,
+                                nstf_last_error(), SESSION_BATCH_CPU);
+        s->params.n_batch = SESSION_BATCH_CPU;
+        st = run_create(s, s->be, n_ctx, 0, ngl, true, ngl == L, &s->run);
+    }
     if (st == NSTF_OK && ngl < L) { /* the rest of the layers and the output head on the CPU */
         const nstf_cpu_params cp = {p->n_threads, p->precise, p->deterministic, p->cpu_act_bits};
         st = nstf_backend_cpu_create(&cp, &s->be_cpu);
@@ -87,6 +104,7 @@ static nstf_status open_gpu(nstf_session *s, int n_ctx) {
         nstf_backend_free(s->be);
         s->run = s->run_cpu = NULL;
         s->be = s->be_cpu = NULL;
+        s->params.n_batch = batch0;
         if (want) return st;
         if (p->verbose) fprintf(stderr, "nstf: GPU not used (%s); running on the CPU\n", nstf_last_error());
     }
@@ -131,6 +149,7 @@ static nstf_status open_tp(nstf_session *s, int n_ctx) {
     }
     if (st == NSTF_OK) {
         const nstf_session_shape *h = &s->shape;
+        if (!p->n_batch) s->params.n_batch = cpu ? SESSION_BATCH_CPU : SESSION_BATCH_GPU;
         const nstf_llama_run_shape sh = {n_ctx, p->n_batch, h->n_seq, 0, s->model->cfg.n_layers, true, true,
                                          h->kv_block, h->kv_blocks, s->kv_q8};
         st = nstf_llama_run_create_tp(s->model, s->be_tp, n, &sh, p->tp_timeout_ms, &s->run);
@@ -180,7 +199,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
     nstf_session_params p = pp ? *pp : nstf_session_default_params();
     if (!path || !*path) return nstf_set_error(NSTF_ERR_INVALID_ARG, "no model path given");
     if (p.n_ctx < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "context size %d must be positive", p.n_ctx);
-    if (p.n_batch < 1) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
+    if (p.n_batch < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "batch size %d must be positive", p.n_batch);
     if (p.n_threads < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "thread count %d must be positive", p.n_threads);
     if (p.n_tp < 0) return nstf_set_error(NSTF_ERR_INVALID_ARG, "tensor-parallel rank count %d", p.n_tp);
     if (p.n_gpu_layers < 0)
@@ -221,6 +240,7 @@ nstf_status nstf_session_open_shaped(const char *path, const nstf_session_params
         if (p.n_tp > 1) st = open_tp(s, n_ctx);
         else st = open_gpu(s, n_ctx);
         if (st == NSTF_OK && !s->run) {
+            if (!s->params.n_batch) s->params.n_batch = SESSION_BATCH_CPU;
             const nstf_cpu_params cp = {p.n_threads, p.precise, p.deterministic, p.cpu_act_bits};
             st = nstf_backend_cpu_create(&cp, &s->be);
             if (st == NSTF_OK) st = run_create(s, s->be, n_ctx, 0, s->model->cfg.n_layers, true, true, &s->run);
