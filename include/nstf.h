@@ -184,6 +184,8 @@ typedef struct nstf_model_info {
     bool add_bos;        /* whether the model's tokenizer adds BOS to a prompt */
     const char *backend; /* "CPU", "CUDA" or "HIP" */
     const char *device;  /* one line describing the device */
+    int n_batch;         /* the session's prompt tokens per forward pass (its
+                            default resolved for the device) */
 } nstf_model_info;
 
 /* The model's shape and where it runs. Strings are owned by the session. */

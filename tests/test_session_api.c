@@ -49,6 +49,27 @@ int main(void) {
     CHECK(mi.backend && strcmp(mi.backend, "CPU") == 0 && mi.device && *mi.device, "backend %s", mi.backend);
     CHECK(mi.eos >= 0 && mi.eos < mi.n_vocab, "eos %d", mi.eos);
     CHECK(nstf_session_info(s, NULL) == NSTF_ERR_INVALID_ARG, "NULL output accepted");
+    /* the default batch on the CPU (512) held to the 64 positions */
+    CHECK(mi.n_batch == 64, "n_batch %d at a context of 64", mi.n_batch);
+    {
+        nstf_session_params q = p;
+        q.n_ctx = 1024;
+        nstf_session *s2 = NULL;
+        nstf_model_info m2;
+        CHECK(nstf_session_open(MODEL, &q, &s2) == NSTF_OK && nstf_session_info(s2, &m2) == NSTF_OK &&
+                  m2.n_batch == 512,
+              "default batch on the CPU: %d (%s)", s2 ? m2.n_batch : -1, nstf_last_error());
+        nstf_session_close(s2);
+        q.n_batch = 100;
+        s2 = NULL;
+        CHECK(nstf_session_open(MODEL, &q, &s2) == NSTF_OK && nstf_session_info(s2, &m2) == NSTF_OK &&
+                  m2.n_batch == 100,
+              "batch 100 given: %d", s2 ? m2.n_batch : -1);
+        nstf_session_close(s2);
+        q.n_batch = -1;
+        s2 = NULL;
+        CHECK(nstf_session_open(MODEL, &q, &s2) == NSTF_ERR_INVALID_ARG && !s2, "batch -1 accepted");
+    }
 
     /* 2. tokenize */
     const char *text = "The capital of France is Paris.";

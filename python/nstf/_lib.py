@@ -98,6 +98,7 @@ class ModelInfo(ctypes.Structure):
         ("add_bos", c_bool),
         ("backend", c_char_p),
         ("device", c_char_p),
+        ("n_batch", c_int),
     ]
 
 

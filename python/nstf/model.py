@@ -110,6 +110,7 @@ class Model:
         self.bos = info.bos if info.bos >= 0 else None
         self.eos = info.eos if info.eos >= 0 else None
         self.add_bos = bool(info.add_bos)
+        self.n_batch = info.n_batch
         self.backend = info.backend.decode()
         self.device = info.device.decode("utf-8", "replace")
         self.path = str(path)

@@ -26,6 +26,7 @@ nstf_status nstf_session_info(const nstf_session *s, nstf_model_info *out) {
     out->add_bos = nstf_tokenizer_wants_bos(s->tok);
     out->backend = s->be->vt->name;
     out->device = s->be->device;
+    out->n_batch = s->n_batch;
     return NSTF_OK;
 }
 
