@@ -1,7 +1,8 @@
 /* gpu_model_test.h — what the C GPU tests share: the random-weight model
  * they run on when given no file (<build>/tests/random-smollm2-135m-
  * <type>.gguf, written by `nstf gen-model` on first use; needs
- * NSTF_BUILD_DIR, set for these tests in cmake/gpu.cmake), and a model
+ * NSTF_BUILD_DIR, set for these tests in cmake/gpu.cmake, or the
+ * environment's NSTF_TEST_MODEL_DIR and NSTF_TEST_NSTF), and a model
  * placed on the GPU backend or the CPU backend for comparison. */
 #ifndef NSTF_TESTS_GPU_MODEL_TEST_H
 #define NSTF_TESTS_GPU_MODEL_TEST_H
@@ -16,14 +17,19 @@
 #include "model/llama.h"
 
 /* Puts the model's path in path; generates the file if it is missing.
- * False when it cannot be generated. */
+ * False when it cannot be generated. Where the tests run from a copy of
+ * the build (another machine), NSTF_TEST_MODEL_DIR names the directory
+ * for the files and NSTF_TEST_NSTF the nstf binary that writes them. */
 static inline bool random_model_path(char *path, size_t cap, const char *type) {
     struct stat sb;
-    snprintf(path, cap, "%s/tests/random-smollm2-135m-%s.gguf", NSTF_BUILD_DIR, type);
+    const char *dir = getenv("NSTF_TEST_MODEL_DIR"), *bin = getenv("NSTF_TEST_NSTF");
+    if (dir && *dir) snprintf(path, cap, "%s/random-smollm2-135m-%s.gguf", dir, type);
+    else snprintf(path, cap, "%s/tests/random-smollm2-135m-%s.gguf", NSTF_BUILD_DIR, type);
     if (stat(path, &sb) == 0) return true;
     char cmd[2600];
-    snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type %s -o '%s'", NSTF_BUILD_DIR, type,
-             path);
+    if (bin && *bin) snprintf(cmd, sizeof cmd, "'%s' gen-model --shape smollm2-135m --type %s -o '%s'", bin, type, path);
+    else snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type %s -o '%s'", NSTF_BUILD_DIR, type,
+                  path);
     return system(cmd) == 0;
 }
 
