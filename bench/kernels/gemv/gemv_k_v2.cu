@@ -2,7 +2,7 @@
  * kernel's loads alone, without its arithmetic, to learn whether the
  * access pattern or the arithmetic keeps gemvk_i8.cu's Q4_K GEMV at
  * 45-55% of the copy rate on the 8B shapes (its measurements are in
- * docs/PERFORMANCE.md, "Q4_K GEMV: the loads alone").
+ * docs/PERFORMANCE.md, "Q4_K decode GEMV: the loads alone").
  *
  * Every probe reads the whole Q4_K matrix once, folds the words it read
  * into one value per row (so nothing is dead) and stores it; no x, no
@@ -14,9 +14,10 @@
  *             contiguous bytes a step (32 lanes x 16 bytes);
  *  - "flat":  the matrix as one run of bytes, 512 per warp step (the
  *             read-only ceiling at that occupancy).
- * Occupancy is set by dynamic shared memory (none: as many blocks as the
- * 256-thread blocks' registers allow; or enough for 2 or 3 blocks per SM,
- * what the production kernel's 94 / 74 registers give).
+ * Occupancy can be capped by dynamic shared memory (bpsm in main: 0 as
+ * many blocks as the registers allow; 2 or 3 per SM, what the production
+ * kernel's 94 / 74 registers give). A first run with all three read the
+ * same within 3%, so only 0 is on the list.
  * Usage: gemv_k_v2 [REPS]. Not a production kernel. */
 #include "gemv_study.h" /* study_ld_w, CK */
 
