@@ -23,13 +23,12 @@
 static inline bool random_model_path(char *path, size_t cap, const char *type) {
     struct stat sb;
     const char *dir = getenv("NSTF_TEST_MODEL_DIR"), *bin = getenv("NSTF_TEST_NSTF");
-    if (dir && *dir) snprintf(path, cap, "%s/random-smollm2-135m-%s.gguf", dir, type);
-    else snprintf(path, cap, "%s/tests/random-smollm2-135m-%s.gguf", NSTF_BUILD_DIR, type);
+    if (!dir || !*dir) dir = NSTF_BUILD_DIR "/tests";
+    if (!bin || !*bin) bin = NSTF_BUILD_DIR "/nstf";
+    snprintf(path, cap, "%s/random-smollm2-135m-%s.gguf", dir, type);
     if (stat(path, &sb) == 0) return true;
     char cmd[2600];
-    if (bin && *bin) snprintf(cmd, sizeof cmd, "'%s' gen-model --shape smollm2-135m --type %s -o '%s'", bin, type, path);
-    else snprintf(cmd, sizeof cmd, "'%s/nstf' gen-model --shape smollm2-135m --type %s -o '%s'", NSTF_BUILD_DIR, type,
-                  path);
+    snprintf(cmd, sizeof cmd, "'%s' gen-model --shape smollm2-135m --type %s -o '%s'", bin, type, path);
     return system(cmd) == 0;
 }
 

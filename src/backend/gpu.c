@@ -220,11 +220,7 @@ static nstf_status gpu_plan(nstf_backend *be, const nstf_backend_plan *p, uint64
     g->wtmp_elems = 0;
     for (int i = 0; i < p->n_mats; i++) {
         const nstf_matrix *m = &p->mats[i];
-        uint64_t e = m->type == NSTF_TYPE_BF16 ? 0 : (uint64_t)m->n_in * (uint64_t)m->n_out;
-        if (m->n_in % 8) {
-            const uint64_t lr = nstf_gpu_matmul_lr_ws_elems(m->type, p->n_batch, m->n_in, m->n_out);
-            if (lr > e) e = lr;
-        }
+        const uint64_t e = nstf_gpu_matmul_lr_ws_elems(m->type, p->n_batch, m->n_in, m->n_out);
         if (e > g->wtmp_elems) g->wtmp_elems = e;
     }
     g->am_bytes = nstf_gpu_argmax_scratch_bytes(p->n_batch, p->n_vocab); /* every selected row of a batch */
