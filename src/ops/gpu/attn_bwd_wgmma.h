@@ -68,10 +68,11 @@ __global__ void __launch_bounds__(256)
  * the owned operand, chunks BW_ROWS * 128 B apart), B a streamed tile of 64
  * rows (chunks BW_T * 128 B apart); issued, not committed. */
 template <int HD> static __device__ __forceinline__ void bw_ss(float *acc, uint32_t a_wg, uint32_t b) {
+    const uint64_t da = wg_desc(a_wg), db = wg_desc(b);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const int c = kk / 4, off = (kk % 4) * 32;
-        nstf_wgmma_m64n64(acc, wg_desc(a_wg + c * BW_ROWS * 128 + off), wg_desc(b + c * BW_T * 128 + off), kk > 0);
+        nstf_wgmma_m64n64(acc, wg_desc_add(da, c * BW_ROWS * 128 + off), wg_desc_add(db, c * BW_T * 128 + off), kk > 0);
     }
 }
 static __device__ __forceinline__ void bw_commit_wait0(void) {

@@ -89,11 +89,11 @@ static __device__ __forceinline__ void fw_qk(float *s, uint32_t q_wg, uint32_t s
     const int st = j % S;
     wg_bar_wait(bar_fk + 8 * st, (uint32_t)(j / S) & 1);
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    const uint32_t kb = s_k + st * fw_cfg<HD>::KV_BYTES;
+    const uint64_t dq = wg_desc(q_wg), dk = wg_desc(s_k + st * fw_cfg<HD>::KV_BYTES);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const int c = kk / 4, off = (kk % 4) * 32;
-        nstf_wgmma_m64n128(s, wg_desc(q_wg + c * FW_BM * 128 + off), wg_desc(kb + c * FW_BN * 128 + off), kk > 0);
+        nstf_wgmma_m64n128(s, wg_desc_add(dq, c * FW_BM * 128 + off), wg_desc_add(dk, c * FW_BN * 128 + off), kk > 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }

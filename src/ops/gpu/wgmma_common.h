@@ -78,6 +78,14 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
+/* The descriptor of the operand `bytes` further on in shared memory: the
+ * start address field (bits 0-13, the address >> 4) advanced, nothing else
+ * (every shared address here is below 256 KiB, so the field cannot carry).
+ * One add to a descriptor made once, where wg_desc of each address costs
+ * a mask, a shift and an or per wgmma. */
+static __device__ __forceinline__ uint64_t wg_desc_add(uint64_t d, uint32_t bytes) {
+    return (d & 0xffffffff00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
 /* The same for an "MN-major" operand (B transposed: its N elements
  * contiguous), 128-byte swizzle: rows of the tile are K (128 B apart, 8-row
  * groups 1024 B apart: the stride offset), and each 64-element run of N is
@@ -115,12 +123,13 @@ static __device__ __forceinline__ void wg_mma_tt(float *d, uint64_t da, uint64_t
  * not committed. Flash attention's P V, and the backward's dQ, dK, dV. */
 template <int HD, int ROWS>
 static __device__ __forceinline__ void wg_rs_tb(float *acc, const uint32_t *p, uint32_t b) {
+    const uint64_t d0 = wg_desc_mn(b, ROWS * 128);
 #pragma unroll
     for (int j = 0; j < ROWS / 16; j++) {
         if constexpr (HD == 64)
-            nstf_wgmma_rs_tb_m64n64(acc, &p[4 * j], wg_desc_mn(b + j * 2048, ROWS * 128), 1);
+            nstf_wgmma_rs_tb_m64n64(acc, &p[4 * j], wg_desc_add(d0, j * 2048), 1);
         else
-            nstf_wgmma_rs_tb_m64n128(acc, &p[4 * j], wg_desc_mn(b + j * 2048, ROWS * 128), 1);
+            nstf_wgmma_rs_tb_m64n128(acc, &p[4 * j], wg_desc_add(d0, j * 2048), 1);
     }
 }
 /* The barriers of a producer / consumer ring (flash attention forward and
