@@ -178,6 +178,25 @@ static nstf_status flash_attn_launch(const u16 *q, int64_t q_stride, const u16 *
     return NSTF_OK;
 }
 
+#if defined(NSTF_GPU_CUDA)
+/* The new k, v rows into the cache (the wgmma path's): blockIdx.y 0
+ * copies k, 1 v; rows of w 16-byte units, source rows k_ld / v_ld units
+ * apart, cache rows packed (a tensor already in place copies onto
+ * itself). flash_check_args has asked for the 16-byte alignment and
+ * strides in multiples of 8 elements. */
+__global__ void __launch_bounds__(256)
+    flash_rows_copy_kernel(const uint4 *k, int64_t k_ld, const uint4 *v, int64_t v_ld, uint4 *kc, uint4 *vc,
+                           int64_t rows, int64_t w) {
+    const uint4 *src = blockIdx.y ? v : k;
+    uint4 *dst = blockIdx.y ? vc : kc;
+    const int64_t ld = blockIdx.y ? v_ld : k_ld, n = rows * w, step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const int64_t r = i / w, c = i - r * w;
+        dst[i] = src[r * ld + c];
+    }
+}
+#endif
+
 /* n_seq > 1 (training): no cache, pos0 0, n_ctx n_tok. */
 static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
                                   const uint16_t *v, int64_t v_stride, uint16_t *k_cache, uint16_t *v_cache,
@@ -207,14 +226,16 @@ static nstf_status flash_attn_any(const uint16_t *q, int64_t q_stride, const uin
     const uint16_t *ks = cached ? k_cache : k, *vs = cached ? v_cache : v;
     const int64_t k_ld = cached ? kvd : k_stride, v_ld = cached ? kvd : v_stride;
     if (nstf_switch_int(NSTF_SW_FLASH) != 0 && flash_wgmma_usable() && n_tok <= FW_MAX_TOK) {
-        if (cached) {
-            const uint16_t *src[2] = {k, v};
-            const int64_t sld[2] = {k_stride, v_stride};
-            uint16_t *dst[2] = {k_cache + pos0 * kvd, v_cache + pos0 * kvd};
-            for (int i = 0; i < 2; i++)
-                if (dst[i] != src[i] || sld[i] != kvd) /* rows already in place need no copy */
-                    GPU_CHECK(cudaMemcpy2DAsync(dst[i], (size_t)kvd * 2, src[i], (size_t)sld[i] * 2, (size_t)kvd * 2,
-                                                (size_t)n_tok, cudaMemcpyDeviceToDevice, s));
+        if (cached && (k != k_cache + pos0 * kvd || v != v_cache + pos0 * kvd || k_stride != kvd ||
+                       v_stride != kvd)) { /* rows already in place need no copy */
+            /* one kernel for both, not cudaMemcpy2DAsync: k and v lie
+             * strided in the fused Q|K|V rows */
+            const int64_t vecs = n_tok * (kvd / 8), want = (vecs + 255) / 256;
+            const unsigned gx = (unsigned)(want < 4096 ? want : 4096);
+            flash_rows_copy_kernel<<<dim3(gx, 2), 256, 0, s>>>((const uint4 *)k, k_stride / 8, (const uint4 *)v,
+                                                               v_stride / 8, (uint4 *)(k_cache + pos0 * kvd),
+                                                               (uint4 *)(v_cache + pos0 * kvd), n_tok, kvd / 8);
+            GPU_LAUNCH_CHECK(s);
         }
         const int64_t kv_rows = cached ? pos0 + n_tok : n_seq * n_tok, kv_seq = cached ? 0 : n_tok;
         if (head_dim == 64)
