@@ -65,17 +65,29 @@ static void test_rules(void) {
           "tied embd is the output: Q6_K");
     CHECK(nstf_quant_tensor_type(&q80, "output.weight", 2, 512, F, true, 16) == NSTF_TYPE_Q8_0, "Q8_0 output");
     CHECK(nstf_quant_tensor_type(&f16, "output.weight", 2, 512, NSTF_TYPE_F32, true, 16) == NSTF_TYPE_F16, "F16 output");
+    /* rows no block divides (a rank-201 factor): F16, BF16 kept */
+    CHECK(nstf_quant_tensor_type(&q4km, "blk.0.attn_q.lr_b.weight", 2, 201, F, true, 16) == NSTF_TYPE_F16,
+          "factor rows of 201: F16");
+    CHECK(nstf_quant_tensor_type(&q80, "blk.0.attn_q.lr_b.weight", 2, 201, NSTF_TYPE_F32, true, 16) == NSTF_TYPE_F16,
+          "factor rows of 201 from F32: F16");
+    CHECK(nstf_quant_tensor_type(&q2k, "blk.0.attn_q.lr_b.weight", 2, 201, NSTF_TYPE_BF16, true, 16) ==
+              NSTF_TYPE_BF16, "factor rows of 201 in BF16: kept");
+    CHECK(nstf_quant_tensor_type(&q4km, "blk.0.attn_q.lr_b.weight", 2, 224, F, true, 16) == NSTF_TYPE_Q5_0,
+          "factor rows of 224: the 32-block fallback");
     CHECK(nstf_quant_tensor_type(&q4km, "blk.0.attn_norm.weight", 1, 512, NSTF_TYPE_F32, true, 16) == NSTF_TYPE_F32,
           "vectors stay");
 }
 
-/* A 2-layer model: dim 256 (K types apply), one 288-wide matrix (fallback). */
+/* A 2-layer model: dim 256 (K types apply), one 288-wide matrix (fallback),
+ * and a low-rank factor of rank 40 (rows of 40: no block divides them; F16
+ * in every input). */
 static const char *k_names[] = {"token_embd.weight", "blk.0.attn_norm.weight", "blk.0.attn_v.weight",
                                 "blk.0.ffn_down.weight", "blk.1.attn_v.weight", "blk.1.ffn_down.weight",
-                                "blk.1.odd.weight", "output.weight"};
-static const int64_t k_ne[][2] = {{256, 40}, {256, 1}, {256, 64}, {512, 256},
-                                  {256, 64}, {512, 256}, {288, 8}, {256, 40}};
-#define N_T 8
+                                "blk.1.odd.weight", "output.weight", "blk.1.attn_q.lr_b.weight"};
+static const int64_t k_ne[][2] = {{256, 40}, {256, 1}, {256, 64}, {512, 256}, {256, 64},
+                                  {512, 256}, {288, 8}, {256, 40}, {40, 64}};
+#define N_T 9
+#define I_LR 8 /* the factor */
 
 static void write_model(const char *path, nstf_type mtype) {
     nstf_gguf_writer *w;
@@ -90,7 +102,7 @@ static void write_model(const char *path, nstf_type mtype) {
         int64_t n = k_ne[i][0] * k_ne[i][1];
         float *x = malloc((size_t)n * 4);
         for (int64_t j = 0; j < n; j++) x[j] = 0.05f * rng_normal(&r);
-        nstf_type t = k_ne[i][1] == 1 ? NSTF_TYPE_F32 : mtype;
+        nstf_type t = k_ne[i][1] == 1 ? NSTF_TYPE_F32 : i == I_LR ? NSTF_TYPE_F16 : mtype;
         uint64_t bytes;
         nstf_type_row_bytes(t, n, &bytes);
         void *q = malloc(bytes);
@@ -119,7 +131,8 @@ static void test_file(const char *dir) {
     if (gi && go) {
         /* layer 1 of 2 is use_more_bits (i >= 7n/8) */
         const nstf_type want[N_T] = {NSTF_TYPE_Q4_K, NSTF_TYPE_F32, NSTF_TYPE_Q4_K, NSTF_TYPE_Q4_K,
-                                     NSTF_TYPE_Q6_K, NSTF_TYPE_Q6_K, NSTF_TYPE_Q5_0, NSTF_TYPE_Q6_K};
+                                     NSTF_TYPE_Q6_K, NSTF_TYPE_Q6_K, NSTF_TYPE_Q5_0, NSTF_TYPE_Q6_K,
+                                     NSTF_TYPE_F16};
         for (int i = 0; i < N_T; i++) {
             const nstf_gguf_tensor *ti = nstf_gguf_find_tensor(gi, k_names[i]);
             const nstf_gguf_tensor *to = nstf_gguf_find_tensor(go, k_names[i]);
@@ -149,15 +162,21 @@ static void test_file(const char *dir) {
 
     /* quantized input: refused, OUT untouched; accepted with allow_requantize */
     FILE *f = fopen(out, "rb");
-    fseek(f, 0, SEEK_END);
-    long size_before = ftell(f);
-    fclose(f);
+    CHECK(f != NULL, "OUT written");
+    long size_before = -1;
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        size_before = ftell(f);
+        fclose(f);
+    }
     CHECK(nstf_quantize_file(qin, out, &p) == NSTF_ERR_INVALID_ARG &&
               strstr(nstf_last_error(), "--allow-requantize"), "requantize refused: %s", nstf_last_error());
     f = fopen(out, "rb");
-    fseek(f, 0, SEEK_END);
-    CHECK(ftell(f) == size_before, "a refused run leaves OUT as it was");
-    fclose(f);
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        CHECK(ftell(f) == size_before, "a refused run leaves OUT as it was");
+        fclose(f);
+    }
     p.allow_requantize = true;
     CHECK(nstf_quantize_file(qin, out, &p) == NSTF_OK, "requantize allowed: %s", nstf_last_error());
     CHECK(nstf_quantize_file("/nonexistent/in.gguf", out, &p) != NSTF_OK, "missing input");
@@ -173,7 +192,10 @@ static void test_file(const char *dir) {
     CHECK(nstf_gguf_open(in, &gi) == NSTF_OK && nstf_gguf_open(out, &go) == NSTF_OK, "open IQ4_NL");
     for (int i = 0; gi && go && i < N_T; i++) {
         const nstf_gguf_tensor *ti = nstf_gguf_find_tensor(gi, k_names[i]), *to = nstf_gguf_find_tensor(go, k_names[i]);
-        const nstf_type want = k_ne[i][1] == 1 ? NSTF_TYPE_F32 : i == N_T - 1 ? NSTF_TYPE_Q6_K : NSTF_TYPE_IQ4_NL;
+        const nstf_type want = k_ne[i][1] == 1 ? NSTF_TYPE_F32
+                               : i == I_LR     ? NSTF_TYPE_F16
+                               : !strcmp(k_names[i], "output.weight") ? NSTF_TYPE_Q6_K
+                                                                      : NSTF_TYPE_IQ4_NL;
         CHECK(ti && to && to->type == want, "IQ4_NL file: %s is %s, want %s", k_names[i],
               to ? nstf_type_name(to->type) : "missing", nstf_type_name(want));
         if (!ti || !to || to->type != want || want != NSTF_TYPE_IQ4_NL) continue;

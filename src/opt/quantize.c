@@ -81,6 +81,11 @@ nstf_type nstf_quant_tensor_type(const nstf_quant_target *tg, const char *name, 
             : t == NSTF_TYPE_Q2_K || t == NSTF_TYPE_Q3_K ? NSTF_TYPE_Q4_0
             : t == NSTF_TYPE_IQ4_XS                      ? NSTF_TYPE_IQ4_NL
                                                          : NSTF_TYPE_Q8_0;
+    /* rows no block of the type divides (a low-rank factor of rank r: rows
+     * of r): a float type, as llama.cpp's last fallback (F16); BF16 and
+     * F16 tensors keep theirs */
+    const int64_t be = nstf_type_block_elems(t);
+    if (be > 1 && ne0 % be != 0) t = cur == NSTF_TYPE_BF16 ? NSTF_TYPE_BF16 : NSTF_TYPE_F16;
     return t;
 }
 
