@@ -224,6 +224,31 @@ static void smollm2(void) {
     CHECK(nstf_lowrank_apply(lr, &p, &before, &after) == NSTF_OK, "apply: %s", nstf_last_error());
     CHECK(after <= 0.7 * (double)before && after > 0.69 * (double)before, "30%% fewer: %llu of %llu",
           (unsigned long long)after, (unsigned long long)before);
+    {
+        /* ranks rounded down to multiples of 32 (so that both factors
+         * quantize): each a multiple, none above the rule's, the reduction
+         * at least the one asked; then the plain ranks again */
+        int64_t r0[16] = {0};
+        const int nm = nstf_lowrank_count(lr) < 16 ? nstf_lowrank_count(lr) : 16;
+        for (int i = 0; i < nm; i++) r0[i] = nstf_lowrank_rank_of(lr, i, NULL);
+        nstf_lowrank_params pm = p;
+        pm.rank_multiple = 32;
+        uint64_t b2 = 0, a2 = 0;
+        CHECK(nstf_lowrank_apply(lr, &pm, &b2, &a2) == NSTF_OK, "apply (multiples of 32): %s", nstf_last_error());
+        for (int i = 0; i < nm; i++) {
+            const char *name = NULL;
+            const int64_t r = nstf_lowrank_rank_of(lr, i, &name);
+            CHECK(r >= 32 && r % 32 == 0 && r <= r0[i], "%s: rank %lld rounded from %lld", name ? name : "?",
+                  (long long)r, (long long)r0[i]);
+        }
+        CHECK(b2 == before && a2 <= after, "multiples of 32: %llu parameters (plain ranks %llu)",
+              (unsigned long long)a2, (unsigned long long)after);
+        pm.rank_multiple = -1;
+        CHECK(nstf_lowrank_apply(lr, &pm, NULL, NULL) == NSTF_ERR_INVALID_ARG, "rank multiple -1 refused");
+        CHECK(nstf_lowrank_apply(lr, &p, &before, &after) == NSTF_OK, "apply again: %s", nstf_last_error());
+        for (int i = 0; i < nm; i++)
+            CHECK(nstf_lowrank_rank_of(lr, i, NULL) == r0[i], "matrix %d back at rank %lld", i, (long long)r0[i]);
+    }
     CHECK(nstf_eval_logprobs(s, ids, n, lp) == NSTF_OK, "factorized: %s", nstf_last_error());
     char path[256];
     snprintf(path, sizeof path, "%s/test_lowrank_%ld.gguf", NSTF_BUILD_DIR, (long)getpid());

@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "      --layers A-B      layers A..B only (default all)\n"
             "      --type T          factor type: f32, f16 (default) or bf16\n"
             "  -t, --threads N       CPU threads (default all)\n"
+            "      --rank-multiple N round every rank down to a multiple of N (at least N), so that both\n"
+            "                        factors quantize: 32 for Q8_0/Q4_0/Q5_0, 256 for the K-quants (default 1)\n"
             "      --ranks           print the rank each matrix got (0: left dense)\n"
             "      --eval FILE       measure on this text instead of writing (with --sweep)\n"
             "      --eval-tokens N   tokens of it scored (default 512)\n"
@@ -157,6 +159,7 @@ int cmd_lowrank(int argc, char **argv) {
         else if (!strcmp(a, "--eval-tokens")) { VAL(); if (!cli_parse_int(a, v, 2, 1 << 20, &eval_tokens)) return 2; }
         else if (!strcmp(a, "--sweep")) { VAL(); sweep_list = v; }
         else if (!strcmp(a, "--ranks")) ranks = true;
+        else if (!strcmp(a, "--rank-multiple")) { VAL(); if (!cli_parse_int(a, v, 1, 1 << 16, &p.rank_multiple)) return 2; }
         else { fprintf(stderr, "nstf lowrank: unknown option '%s'\n", a); usage(stderr); return 2; }
 #undef VAL
     }

@@ -99,6 +99,10 @@ typedef struct nstf_lowrank_params {
     double min_saving;     /* ENERGY: the cap (default 0.1 when 0) */
     double reduce;         /* UNIFORM / ENERGY_AT: fraction of the targeted parameters removed */
     int layer0, layer1;    /* layers [layer0, layer1) (both 0: every layer) */
+    /* every rank rounded down to a multiple of this (at least one multiple,
+     * within the matrix's full rank), so that both factors quantize (32:
+     * Q8_0, Q4_0, Q5_0; 256: the K-quants); 0 or 1: as the rule gives */
+    int rank_multiple;
     /* progress: done / total matrices decomposed, the name of the last */
     void (*progress)(void *user, int done, int total, const char *name);
     void *progress_user;

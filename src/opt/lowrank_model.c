@@ -276,7 +276,7 @@ nstf_status nstf_lowrank_create(nstf_session *s, const int32_t *tokens, int n, c
 
 static uint64_t dense_params(const lr_mat *e) { return (uint64_t)e->orig.n_in * (uint64_t)e->orig.n_out; }
 
-static int64_t rank_for(const lr_mat *e, const nstf_lowrank_params *p, double keep) {
+static int64_t rank_rule(const lr_mat *e, const nstf_lowrank_params *p, double keep) {
     const int64_t ni = e->orig.n_in, no = e->orig.n_out;
     switch (p->alloc) {
     case NSTF_LR_UNIFORM: return nstf_lowrank_rank_budget(ni, no, 1.0 - p->reduce);
@@ -284,6 +284,15 @@ static int64_t rank_for(const lr_mat *e, const nstf_lowrank_params *p, double ke
     case NSTF_LR_ENERGY: break;
     }
     return nstf_lowrank_rank_rule(e->svd.s, e->svd.k, ni, no, keep, p->min_saving > 0 ? p->min_saving : 0.1);
+}
+
+/* The rule's rank, rounded down to a multiple of p->rank_multiple (never
+ * below one multiple; a matrix whose full rank is below it keeps the
+ * rule's rank); 0 stays 0 (dense). */
+static int64_t rank_for(const lr_mat *e, const nstf_lowrank_params *p, double keep) {
+    const int64_t r = rank_rule(e, p, keep), m = p->rank_multiple;
+    if (r < 1 || m <= 1 || e->svd.k < m) return r;
+    return r < m ? m : r - r % m;
 }
 
 static uint64_t params_at(const nstf_lowrank *lr, const nstf_lowrank_params *p, double keep) {
@@ -305,6 +314,8 @@ nstf_status nstf_lowrank_apply(nstf_lowrank *lr, const nstf_lowrank_params *p, u
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "reduction %g must be in (0, 1)", p->reduce);
     if (p->alloc == NSTF_LR_ENERGY && !(p->keep > 0 && p->keep <= 1))
         return nstf_set_error(NSTF_ERR_INVALID_ARG, "energy fraction %g must be in (0, 1]", p->keep);
+    if (p->rank_multiple < 0)
+        return nstf_set_error(NSTF_ERR_INVALID_ARG, "rank multiple %d must be >= 0", p->rank_multiple);
     nstf_lowrank_restore(lr);
     uint64_t total = 0;
     for (int i = 0; i < lr->n; i++) total += dense_params(&lr->m[i]);
