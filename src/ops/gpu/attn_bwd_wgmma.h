@@ -110,10 +110,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
 
     wg_ring_init(bar_own, bar_fx, bar_fy, bar_e, S, 1, t0 + 64 < n_tok ? 2 : 1); /* consumers with rows */
 
-    /* through a shuffle: the compiler then knows it is uniform over the
-     * warp, so what derives from it (tile bounds, ring stages, the wgmma
-     * descriptors) can live in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    const int wg = wg_index(); /* warp-uniform to the compiler */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (threadIdx.x == 0) {
@@ -240,10 +237,7 @@ __global__ void __launch_bounds__(BW_THREADS, 1)
     /* Y full: TMA's bytes (thread 0) and the statistics (warp 1) */
     wg_ring_init(bar_own, bar_fx, bar_fy, bar_e, S, 2, j0 + 64 < nk ? 2 : 1);
 
-    /* through a shuffle: the compiler then knows it is uniform over the
-     * warp, so what derives from it (tile bounds, ring stages, the wgmma
-     * descriptors) can live in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    const int wg = wg_index(); /* warp-uniform to the compiler */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         const int pw = threadIdx.x / 32, pl = threadIdx.x % 32;

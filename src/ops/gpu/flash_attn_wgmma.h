@@ -132,10 +132,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
      * with rows to compute) */
     wg_ring_init(bar_q, bar_fk, bar_fv, bar_e, S, 1, t0 + 64 < n_tok ? 2 : 1);
 
-    /* through a shuffle: the compiler then knows it is uniform over the
-     * warp, so what derives from it (tile bounds, ring stages, the wgmma
-     * descriptors) can live in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    const int wg = wg_index(); /* warp-uniform to the compiler */
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (threadIdx.x == 0) {

@@ -190,10 +190,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     }
     __syncthreads();
 
-    /* through a shuffle: the compiler then knows it is uniform over the
-     * warp, so what derives from it (tile bounds, ring stages, the wgmma
-     * descriptors) can live in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+    const int wg = wg_index(); /* warp-uniform to the compiler */
     const int64_t n_pm = (M + WG_BM - 1) / WG_BM, n_pn = (N + BN - 1) / BN, n_tiles = n_pm * n_pn;
     const int ktiles = (int)((K + WG_BK - 1) / WG_BK), k_per = (ktiles + splits - 1) / splits;
     const int64_t n_items = n_tiles * splits;

@@ -155,6 +155,13 @@ static __device__ __forceinline__ void wg_ring_init(uint32_t bar_own, uint32_t b
 /* Named barriers 1 and 2 over the two consumer warpgroups of a flash
  * attention block (256 threads): the ping-pong turns (sync waits for the
  * other warpgroup's arrive). */
+/* The warpgroup of the calling thread (threadIdx.x / 128), read through a
+ * shuffle: the compiler then knows it is uniform over the warp, so what
+ * derives from it (tile bounds, ring stages, the wgmma descriptors) lives
+ * in uniform registers instead of being moved there before every wgmma. */
+static __device__ __forceinline__ int wg_index(void) {
+    return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+}
 static __device__ __forceinline__ void wg_named_sync(int id) {
     asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
 }
